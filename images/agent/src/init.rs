@@ -1,0 +1,101 @@
+//! Bringing the guest up as PID 1: the kernel filesystems and the modules the channel needs.
+
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::kmod::{finit_module, ModuleInitFlags};
+use nix::mount::{mount, MsFlags};
+
+/// Lists the modules to load, one absolute path per line, in dependency order. Written by the image builder.
+pub const MODULE_LIST: &str = "/etc/vm-agent/modules";
+
+/// Why the guest could not be brought up.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    /// A kernel filesystem did not mount.
+    #[error("cannot mount {fstype} on {target}")]
+    Mount {
+        /// Filesystem type.
+        fstype: &'static str,
+        /// Mount point.
+        target: &'static str,
+        /// The errno.
+        #[source]
+        source: Errno,
+    },
+    /// The module list could not be read.
+    #[error("cannot read the module list {MODULE_LIST}")]
+    ModuleList(#[source] std::io::Error),
+    /// A module did not load.
+    #[error("cannot load module {path}")]
+    LoadModule {
+        /// The module file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Mounts `/proc`, `/sys`, `/dev`, `/dev/pts` and `/run`, then loads the listed modules.
+///
+/// # Errors
+/// The first mount or module that failed.
+pub fn boot() -> Result<(), InitError> {
+    let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mount_fs("proc", "/proc", nosuid_nodev | MsFlags::MS_NOEXEC)?;
+    mount_fs("sysfs", "/sys", nosuid_nodev | MsFlags::MS_NOEXEC)?;
+    mount_fs("devtmpfs", "/dev", MsFlags::MS_NOSUID)?;
+    mount_fs(
+        "devpts",
+        "/dev/pts",
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+    )?;
+    mount_fs("tmpfs", "/run", nosuid_nodev)?;
+    load_modules(Path::new(MODULE_LIST))
+}
+
+fn mount_fs(fstype: &'static str, target: &'static str, flags: MsFlags) -> Result<(), InitError> {
+    // The mount point may be missing from a user's own image.
+    let _ = fs::create_dir_all(target);
+    match mount(Some(fstype), target, Some(fstype), flags, None::<&str>) {
+        Ok(()) | Err(Errno::EBUSY) => Ok(()),
+        Err(source) => Err(InitError::Mount {
+            fstype,
+            target,
+            source,
+        }),
+    }
+}
+
+fn load_modules(list: &Path) -> Result<(), InitError> {
+    let text = match fs::read_to_string(list) {
+        Ok(text) => text,
+        // An image with the drivers built in needs no list.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(InitError::ModuleList(e)),
+    };
+    for line in text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        let path = PathBuf::from(line);
+        let file = File::open(&path).map_err(|source| InitError::LoadModule {
+            path: path.clone(),
+            source,
+        })?;
+        match finit_module(&file, c"", ModuleInitFlags::empty()) {
+            // Already loaded or built in.
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => {
+                return Err(InitError::LoadModule {
+                    path,
+                    source: e.into(),
+                })
+            }
+        }
+    }
+    Ok(())
+}

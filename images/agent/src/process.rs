@@ -1,0 +1,300 @@
+//! The process table: spawning, output pumps, stdin writers, and the rule that `Exited` follows the last
+//! byte of output.
+//!
+//! A process leaves the table when it has been reaped *and* both output pumps reached EOF. Pumps send all
+//! their output before they count themselves closed, and `Exited` is sent after removal, so the order on
+//! the wire is always `Started`, `Output`..., `Exited`.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::thread;
+
+use nix::unistd::Pid;
+use vm_protocol::flow::DEFAULT_WINDOW_BYTES;
+use vm_protocol::frame::MAX_DATA_BYTES;
+use vm_protocol::message::Refusal;
+use vm_protocol::{ExitStatus, ProcId, Spawn, Stream, ToHost, Window};
+
+use crate::credit::Credit;
+use crate::session::{Config, Shared};
+
+/// Exit code for a command that was not found, as shells report it.
+pub(crate) const EXIT_NOT_FOUND: i32 = 127;
+/// Exit code for a command that was found but could not be started, as shells report it.
+pub(crate) const EXIT_CANNOT_RUN: i32 = 126;
+
+pub(crate) enum StdinCmd {
+    Data(Vec<u8>),
+    Eof,
+}
+
+/// One running (or not yet fully drained) process.
+pub(crate) struct Proc {
+    pub(crate) pid: Pid,
+    pub(crate) credit: Arc<Credit>,
+    /// `None` once the host sent `StdinEof`.
+    pub(crate) stdin: Option<Sender<StdinCmd>>,
+    pub(crate) stdin_window: Window,
+    open_streams: u8,
+    status: Option<ExitStatus>,
+}
+
+/// What the host's message refers to.
+pub(crate) enum Lookup<'a> {
+    Live(&'a mut Proc),
+    /// An id that existed and has exited: a late message is a benign race.
+    Finished,
+    /// An id that was never spawned: a protocol violation.
+    Unknown,
+}
+
+#[derive(Default)]
+pub(crate) struct Table {
+    live: HashMap<ProcId, Proc>,
+    by_pid: HashMap<Pid, ProcId>,
+    highest: Option<ProcId>,
+    pub(crate) stopping: bool,
+    /// Counts spawns, so the reaper can tell whether a child appeared while it was not looking.
+    pub(crate) spawned: u64,
+}
+
+impl Table {
+    pub(crate) fn lookup(&mut self, id: ProcId) -> Lookup<'_> {
+        match self.live.get_mut(&id) {
+            Some(p) => Lookup::Live(p),
+            None if self.highest.is_some_and(|h| id <= h) => Lookup::Finished,
+            None => Lookup::Unknown,
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+
+    pub(crate) fn pids(&self) -> Vec<Pid> {
+        self.live.values().map(|p| p.pid).collect()
+    }
+
+    pub(crate) fn credits(&self) -> Vec<Arc<Credit>> {
+        self.live.values().map(|p| Arc::clone(&p.credit)).collect()
+    }
+
+    /// Records a reaped child. Returns the `Exited` to send if that finished the process.
+    pub(crate) fn reaped(&mut self, pid: Pid, status: ExitStatus) -> Option<ToHost> {
+        let id = self.by_pid.remove(&pid)?;
+        self.live.get_mut(&id)?.status = Some(status);
+        self.finish_if_done(id)
+    }
+
+    /// Records that one output stream reached EOF. Returns the `Exited` to send if that finished it.
+    fn stream_closed(&mut self, id: ProcId) -> Option<ToHost> {
+        let proc = self.live.get_mut(&id)?;
+        proc.open_streams = proc.open_streams.saturating_sub(1);
+        self.finish_if_done(id)
+    }
+
+    fn finish_if_done(&mut self, id: ProcId) -> Option<ToHost> {
+        let proc = self.live.get(&id)?;
+        let status = proc.status.filter(|_| proc.open_streams == 0)?;
+        self.live.remove(&id);
+        Some(ToHost::Exited { id, status })
+    }
+}
+
+/// Handles one `Spawn`. Never blocks on the process itself.
+pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
+    let id = req.id;
+    if let Err(reason) = admit(shared, config, &req) {
+        shared.send(&ToHost::Refused { id, reason });
+        return;
+    }
+    let output = Arc::new(Credit::new(req.output_window));
+    if let Some(cwd) = req.cwd.as_deref().filter(|d| !Path::new(d).is_dir()) {
+        let msg = format!("vm-agent: cannot change to directory '{cwd}': not a directory\n");
+        return fail_early(shared, id, &output, &msg, EXIT_CANNOT_RUN);
+    }
+
+    let mut cmd = Command::new(&req.argv[0]);
+    cmd.args(&req.argv[1..])
+        .env_clear()
+        .envs(
+            config
+                .default_env
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+        )
+        .envs(req.env.iter().map(|e| (e.key.as_str(), e.value.as_str())))
+        .current_dir(req.cwd.as_deref().unwrap_or(&config.default_cwd))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own group, so signals reach the whole job, as a terminal's would.
+        .process_group(0);
+
+    // The table lock is held across spawn and insert: the reaper takes it before reaping, so it cannot
+    // reap this child before the child is registered.
+    let mut table = shared.table();
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            drop(table);
+            let (code, msg) = match e.kind() {
+                io::ErrorKind::NotFound => (
+                    EXIT_NOT_FOUND,
+                    format!("vm-agent: {}: command not found\n", req.argv[0]),
+                ),
+                io::ErrorKind::PermissionDenied => (
+                    EXIT_CANNOT_RUN,
+                    format!("vm-agent: {}: permission denied\n", req.argv[0]),
+                ),
+                _ => (
+                    EXIT_CANNOT_RUN,
+                    format!("vm-agent: {}: cannot execute ({e})\n", req.argv[0]),
+                ),
+            };
+            return fail_early(shared, id, &output, &msg, code);
+        }
+    };
+    let (Some(stdin), Some(stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        // Unreachable with piped stdio; refuse rather than run a process we cannot serve.
+        let _ = child.kill();
+        drop(table);
+        shared.send(&ToHost::Refused {
+            id,
+            reason: Refusal::Invalid,
+        });
+        return;
+    };
+    let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+    let (stdin_tx, stdin_rx) = mpsc::channel();
+    table.live.insert(
+        id,
+        Proc {
+            pid,
+            credit: Arc::clone(&output),
+            stdin: Some(stdin_tx),
+            stdin_window: Window::new(DEFAULT_WINDOW_BYTES),
+            open_streams: 2,
+            status: None,
+        },
+    );
+    table.by_pid.insert(pid, id);
+    table.spawned += 1;
+    drop(table);
+    shared.children_changed();
+
+    // `Started` goes out before any pump exists, so it precedes all output.
+    shared.send(&ToHost::Started {
+        id,
+        pid: child.id(),
+        stdin_window: DEFAULT_WINDOW_BYTES,
+    });
+    start_thread(shared, "stdin", move |s| {
+        write_stdin(&s, id, stdin, &stdin_rx)
+    });
+    let credit = Arc::clone(&output);
+    start_thread(shared, "stdout", move |s| {
+        pump(&s, id, Stream::Stdout, stdout, &credit)
+    });
+    start_thread(shared, "stderr", move |s| {
+        pump(&s, id, Stream::Stderr, stderr, &output)
+    });
+}
+
+fn admit(shared: &Shared, config: &Config, req: &Spawn) -> Result<(), Refusal> {
+    let mut table = shared.table();
+    if table.stopping {
+        return Err(Refusal::ShuttingDown);
+    }
+    if table.highest.is_some_and(|h| req.id <= h) {
+        return Err(Refusal::IdNotIncreasing);
+    }
+    table.highest = Some(req.id);
+    if table.live.len() >= config.max_processes {
+        return Err(Refusal::TooManyProcesses);
+    }
+    // No PTY capability is advertised yet; a PTY request is malformed.
+    if req.argv.is_empty() || req.pty.is_some() {
+        return Err(Refusal::Invalid);
+    }
+    Ok(())
+}
+
+/// A process that never started: its message on stderr (within credit), then its exit status.
+fn fail_early(shared: &Shared, id: ProcId, credit: &Credit, msg: &str, code: i32) {
+    let bytes = msg.as_bytes();
+    let n = credit.try_reserve(bytes.len());
+    if n > 0 {
+        shared.send(&ToHost::Output {
+            id,
+            stream: Stream::Stderr,
+            data: bytes[..n].to_vec().into(),
+        });
+    }
+    shared.send(&ToHost::Exited {
+        id,
+        status: ExitStatus::Code(code),
+    });
+}
+
+fn start_thread(shared: &Arc<Shared>, role: &str, body: impl FnOnce(Arc<Shared>) + Send + 'static) {
+    let s = Arc::clone(shared);
+    if let Err(e) = thread::Builder::new()
+        .name(format!("vm-agent-{role}"))
+        .spawn(move || body(s))
+    {
+        shared.log(&format!("cannot start {role} thread: {e}"));
+    }
+}
+
+/// Copies one output stream to the host. Data is read first and credit waited for second, so a quiet
+/// stream never holds credit that a busy one needs; at most one chunk per stream waits in memory.
+fn pump(shared: &Shared, id: ProcId, stream: Stream, mut src: impl Read, credit: &Credit) {
+    let mut buf = vec![0u8; MAX_DATA_BYTES];
+    let mut scratch = Vec::with_capacity(MAX_DATA_BYTES + 64);
+    'read: loop {
+        let len = match src.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        let mut sent = 0;
+        while sent < len {
+            let Some(n) = credit.reserve(len - sent) else {
+                break 'read;
+            };
+            let msg = ToHost::Output {
+                id,
+                stream,
+                data: buf[sent..sent + n].to_vec().into(),
+            };
+            if shared.outbox.send_with(&msg, &mut scratch).is_err() {
+                break 'read;
+            }
+            sent += n;
+        }
+    }
+    // Everything this pump will ever send is on the wire; only now may `Exited` follow.
+    let exited = shared.table().stream_closed(id);
+    shared.finish(exited);
+}
+
+/// Writes stdin chunks into the process in arrival order and returns credit for each. After the process
+/// stops reading (EPIPE) chunks are dropped but still credited, so the host never stalls on a dead pipe.
+fn write_stdin(shared: &Shared, id: ProcId, mut pipe: impl Write, rx: &Receiver<StdinCmd>) {
+    let mut broken = false;
+    while let Ok(StdinCmd::Data(data)) = rx.recv() {
+        broken = broken || pipe.write_all(&data).is_err();
+        let bytes = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        shared.send(&ToHost::StdinCredit { id, bytes });
+    }
+    // `Eof`, or the process left the table: dropping `pipe` closes the process's stdin.
+}

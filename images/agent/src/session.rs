@@ -1,0 +1,353 @@
+//! One boundary session: handshake, then the host's requests until it asks to shut down or goes away.
+//!
+//! ```text
+//! guest                                   host
+//!   | -- Hello(version, capabilities) -->  |
+//!   | <-- Hello(version, capabilities) --  |   mismatch on either side: close
+//!   | <-- Spawn / Stdin / Signal / ... --  |
+//!   | -- Started / Output / Exited ... --> |
+//!   | <-------- Shutdown{grace} ---------- |   or EOF: the host went away
+//! ```
+//!
+//! The calling thread reads; each process has a stdin writer and two output pumps; one reaper thread
+//! collects exit statuses. Nothing the host sends is ignored: a late message for a process that already
+//! exited is a benign race, and anything else unexpected ends the session as a violation.
+
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{killpg, Signal};
+use vm_protocol::handshake::{self, FirstFrameError};
+use vm_protocol::message::Refusal;
+use vm_protocol::{frame, Capabilities, FrameError, Hello, ProcId, SignalName, ToGuest, ToHost};
+
+use crate::outbox::Outbox;
+use crate::process::{self, Lookup, StdinCmd, Table};
+use crate::reaper;
+
+/// What this agent can do.
+pub const CAPABILITIES: Capabilities = Capabilities::EXEC
+    .union(Capabilities::SIGNALS)
+    .union(Capabilities::POWER_OFF)
+    .union(Capabilities::PING);
+
+/// After SIGKILL, how long to wait for the last `Exited` frames before giving up on them.
+const KILL_DRAIN_MS: u64 = 1000;
+
+/// Guest-side settings for processes.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Environment every process starts with, before the request's own variables.
+    pub default_env: Vec<(String, String)>,
+    /// Working directory when the request names none.
+    pub default_cwd: String,
+    /// Most processes alive at once.
+    pub max_processes: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            default_env: vec![
+                (
+                    "PATH".into(),
+                    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+                ),
+                ("HOME".into(), "/root".into()),
+            ],
+            default_cwd: "/".into(),
+            max_processes: 1024,
+        }
+    }
+}
+
+/// How a session ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    /// The host asked for a shutdown; every process was stopped.
+    Shutdown,
+    /// The channel closed: the host side is gone. Every process was killed.
+    HostGone,
+}
+
+/// Why a session failed. Every process was killed before this is returned.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// Sending our hello failed.
+    #[error("cannot send hello")]
+    SendHello(#[source] FrameError),
+    /// The host's hello never came, or did not match.
+    #[error("host handshake failed")]
+    Handshake(#[source] FirstFrameError),
+    /// The host closed the channel during the handshake.
+    #[error("host closed the channel during the handshake")]
+    ClosedDuringHandshake,
+    /// The host sent something the protocol forbids.
+    #[error("protocol violation by the host: {what}")]
+    Violation {
+        /// What was wrong (fixed text plus ids).
+        what: String,
+    },
+    /// The host sent bytes that are not a frame.
+    #[error("malformed frame from the host")]
+    Frame(#[source] FrameError),
+}
+
+/// State shared by the reader, the pumps, the stdin writers and the reaper.
+pub(crate) struct Shared {
+    pub(crate) outbox: Outbox,
+    table: Mutex<Table>,
+    /// The reaper waits here when there are no children.
+    pub(crate) children: Condvar,
+    /// Notified whenever a process leaves the table.
+    drained: Condvar,
+    /// Set when the session is over; the reaper then stops.
+    pub(crate) ended: AtomicBool,
+}
+
+impl Shared {
+    pub(crate) fn table(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn children_changed(&self) {
+        self.children.notify_all();
+    }
+
+    /// Sends a control frame; a failure means the host is gone, which the reader notices on its own.
+    pub(crate) fn send(&self, msg: &ToHost) {
+        let _ = self.outbox.send(msg);
+    }
+
+    /// Sends the `Exited` of a process that just left the table.
+    pub(crate) fn finish(&self, exited: Option<ToHost>) {
+        if let Some(msg) = exited {
+            self.send(&msg);
+            self.drained.notify_all();
+        }
+    }
+
+    pub(crate) fn log(&self, msg: &str) {
+        eprintln!("vm-agent: {msg}");
+    }
+}
+
+/// Serves one session on `reader`/`writer` (the two halves of the channel) until it ends.
+///
+/// # Errors
+/// A [`SessionError`] when the handshake fails or the host breaks the protocol.
+pub fn serve(
+    mut reader: impl Read,
+    writer: Box<dyn Write + Send>,
+    config: &Config,
+) -> Result<End, SessionError> {
+    let shared = Arc::new(Shared {
+        outbox: Outbox::new(writer),
+        table: Mutex::new(Table::default()),
+        children: Condvar::new(),
+        drained: Condvar::new(),
+        ended: AtomicBool::new(false),
+    });
+    let mut scratch = Vec::new();
+    handshake(&shared, &mut reader, &mut scratch)?;
+
+    let reaper_shared = Arc::clone(&shared);
+    thread::Builder::new()
+        .name("vm-agent-reaper".into())
+        .spawn(move || reaper::run(&reaper_shared))
+        .map_err(|_| SessionError::Violation {
+            what: "cannot start the reaper thread".into(),
+        })?;
+
+    let outcome = serve_requests(&shared, config, &mut reader, &mut scratch);
+    let grace = match &outcome {
+        Ok(Some(grace)) => *grace,
+        Ok(None) | Err(_) => Duration::ZERO,
+    };
+    stop_all(&shared, grace);
+    shared.ended.store(true, Ordering::Release);
+    shared.children_changed();
+    match outcome {
+        Ok(Some(_)) => Ok(End::Shutdown),
+        Ok(None) => Ok(End::HostGone),
+        Err(e) => Err(e),
+    }
+}
+
+fn handshake(
+    shared: &Shared,
+    reader: &mut impl Read,
+    scratch: &mut Vec<u8>,
+) -> Result<Hello, SessionError> {
+    let ours = Hello::ours(
+        CAPABILITIES,
+        concat!("vm-agent ", env!("CARGO_PKG_VERSION")),
+    );
+    shared
+        .outbox
+        .send(&ToHost::Hello(ours))
+        .map_err(SessionError::SendHello)?;
+    match frame::read_body(reader, scratch) {
+        Ok(true) => {}
+        Ok(false) => return Err(SessionError::ClosedDuringHandshake),
+        Err(e) => return Err(SessionError::Handshake(e.into())),
+    }
+    handshake::accept_first(scratch, Capabilities::NONE, |m| match m {
+        ToGuest::Hello(h) => Some(h),
+        _ => None,
+    })
+    .map_err(SessionError::Handshake)
+}
+
+/// Returns `Some(grace)` on `Shutdown`, `None` when the host went away.
+fn serve_requests(
+    shared: &Arc<Shared>,
+    config: &Config,
+    reader: &mut impl Read,
+    scratch: &mut Vec<u8>,
+) -> Result<Option<Duration>, SessionError> {
+    loop {
+        let msg = match frame::read::<ToGuest, _>(reader, scratch) {
+            Ok(Some(msg)) => msg,
+            Ok(None) | Err(FrameError::Io(_) | FrameError::Truncated) => return Ok(None),
+            Err(e) => return Err(SessionError::Frame(e)),
+        };
+        match msg {
+            ToGuest::Spawn(req) => process::spawn(shared, config, req),
+            ToGuest::Stdin { id, data } => {
+                let mut table = shared.table();
+                if let Lookup::Live(p) = known(&mut table, id)? {
+                    p.stdin_window
+                        .consume(data.len())
+                        .map_err(|e| violation(id, &e.to_string()))?;
+                    let tx = p
+                        .stdin
+                        .as_ref()
+                        .ok_or_else(|| violation(id, "stdin after EOF"))?;
+                    // A closed receiver means the process is finishing; its stdin no longer matters.
+                    let _ = tx.send(StdinCmd::Data(data.into_vec()));
+                }
+            }
+            ToGuest::StdinEof { id } => {
+                let mut table = shared.table();
+                if let Lookup::Live(p) = known(&mut table, id)? {
+                    let tx = p
+                        .stdin
+                        .take()
+                        .ok_or_else(|| violation(id, "second stdin EOF"))?;
+                    let _ = tx.send(StdinCmd::Eof);
+                }
+            }
+            ToGuest::Signal { id, signal } => {
+                let mut table = shared.table();
+                if let Lookup::Live(p) = known(&mut table, id)? {
+                    // ESRCH: the group is already gone, a benign race with its exit.
+                    let _ = killpg(p.pid, to_nix(signal));
+                }
+            }
+            ToGuest::Credit { id, bytes } => {
+                let mut table = shared.table();
+                if let Lookup::Live(p) = known(&mut table, id)? {
+                    p.credit.grant(bytes);
+                }
+            }
+            ToGuest::Resize { id, .. } => {
+                let mut table = shared.table();
+                if let Lookup::Live(_) = known(&mut table, id)? {
+                    drop(table);
+                    shared.send(&ToHost::Refused {
+                        id,
+                        reason: Refusal::Invalid,
+                    });
+                }
+            }
+            ToGuest::Ping { nonce } => shared.send(&ToHost::Pong { nonce }),
+            ToGuest::Shutdown { grace_ms } => {
+                return Ok(Some(Duration::from_millis(u64::from(grace_ms))))
+            }
+            ToGuest::Hello(_) | ToGuest::Reserved => {
+                return Err(SessionError::Violation {
+                    what: "unexpected hello after the handshake".into(),
+                })
+            }
+        }
+    }
+}
+
+/// Resolves an id, turning a never-spawned id into a violation.
+fn known(table: &mut Table, id: ProcId) -> Result<Lookup<'_>, SessionError> {
+    match table.lookup(id) {
+        Lookup::Unknown => Err(violation(
+            id,
+            "message for a process that was never spawned",
+        )),
+        other => Ok(other),
+    }
+}
+
+fn violation(id: ProcId, what: &str) -> SessionError {
+    SessionError::Violation {
+        what: format!("process {id}: {what}"),
+    }
+}
+
+fn to_nix(signal: SignalName) -> Signal {
+    match signal {
+        SignalName::Hup => Signal::SIGHUP,
+        SignalName::Int => Signal::SIGINT,
+        SignalName::Quit => Signal::SIGQUIT,
+        SignalName::Kill => Signal::SIGKILL,
+        SignalName::Usr1 => Signal::SIGUSR1,
+        SignalName::Usr2 => Signal::SIGUSR2,
+        SignalName::Pipe => Signal::SIGPIPE,
+        SignalName::Alrm => Signal::SIGALRM,
+        SignalName::Term => Signal::SIGTERM,
+        SignalName::Cont => Signal::SIGCONT,
+        SignalName::Stop => Signal::SIGSTOP,
+        SignalName::Tstp => Signal::SIGTSTP,
+        SignalName::Winch => Signal::SIGWINCH,
+    }
+}
+
+/// SIGTERM to every process group, up to `grace` for them to finish, then SIGKILL and a short drain so
+/// their `Exited` frames still reach the host. Refuses new spawns from here on.
+fn stop_all(shared: &Shared, grace: Duration) {
+    let pids = {
+        let mut table = shared.table();
+        table.stopping = true;
+        table.pids()
+    };
+    if !grace.is_zero() {
+        for pid in &pids {
+            let _ = killpg(*pid, Signal::SIGTERM);
+        }
+        wait_drained(shared, grace);
+    }
+    let pids = shared.table().pids();
+    for pid in &pids {
+        let _ = killpg(*pid, Signal::SIGKILL);
+    }
+    wait_drained(shared, Duration::from_millis(KILL_DRAIN_MS));
+    // Whatever is still blocked on credit will never be read now.
+    for credit in shared.table().credits() {
+        credit.close();
+    }
+}
+
+fn wait_drained(shared: &Shared, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let mut table = shared.table();
+    while !table.is_empty() {
+        let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+            return;
+        };
+        table = shared
+            .drained
+            .wait_timeout(table, left)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+    }
+}

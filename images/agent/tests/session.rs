@@ -1,0 +1,454 @@
+//! The agent's session logic driven over a Unix socket pair on the host, with real processes.
+//!
+//! The reaper waits for any child of the process, so sessions run one at a time (`SERIAL`).
+#![allow(missing_docs)]
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::sync::Mutex;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use vm_agent::session::{self, End, SessionError};
+use vm_protocol::handshake::{FirstFrameError, HandshakeError};
+use vm_protocol::message::{EnvVar, Refusal};
+use vm_protocol::{
+    frame, Capabilities, ExitStatus, Hello, ProcId, SignalName, Spawn, Stream, ToGuest, ToHost,
+};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+struct Host {
+    stream: UnixStream,
+    agent: Option<JoinHandle<Result<End, SessionError>>>,
+    scratch: Vec<u8>,
+}
+
+#[derive(Debug, Default)]
+struct Run {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    status: Option<ExitStatus>,
+    started: bool,
+    refused: Option<Refusal>,
+}
+
+impl Host {
+    fn start() -> Self {
+        let (host, guest) = UnixStream::pair().unwrap();
+        let writer = guest.try_clone().unwrap();
+        let agent = thread::spawn(move || {
+            session::serve(guest, Box::new(writer), &session::Config::default())
+        });
+        let mut host = Self {
+            stream: host,
+            agent: Some(agent),
+            scratch: Vec::new(),
+        };
+        host.stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        match host.recv() {
+            Some(ToHost::Hello(h)) => h
+                .check(Capabilities::EXEC.union(Capabilities::SIGNALS))
+                .unwrap(),
+            other => panic!("expected hello, got {other:?}"),
+        }
+        host.send(&ToGuest::Hello(Hello::ours(
+            Capabilities::NONE,
+            "test-host",
+        )));
+        host
+    }
+
+    fn send(&mut self, msg: &ToGuest) {
+        frame::write(&mut self.stream, msg, &mut Vec::new()).unwrap();
+    }
+
+    fn recv(&mut self) -> Option<ToHost> {
+        frame::read(&mut self.stream, &mut self.scratch).unwrap()
+    }
+
+    fn spawn(&mut self, id: u32, argv: &[&str], window: u32) {
+        self.send(&ToGuest::Spawn(Spawn {
+            id: ProcId(id),
+            argv: argv.iter().map(|s| (*s).to_string()).collect(),
+            env: vec![],
+            cwd: None,
+            pty: None,
+            output_window: window,
+        }));
+    }
+
+    /// Collects one process's frames until `Exited`, granting credit for every byte it receives.
+    fn collect(&mut self, id: u32) -> Run {
+        let mut run = Run::default();
+        loop {
+            match self.recv().expect("channel closed before Exited") {
+                ToHost::Started { id: got, .. } if got == ProcId(id) => run.started = true,
+                ToHost::Output {
+                    id: got,
+                    stream,
+                    data,
+                } if got == ProcId(id) => {
+                    assert!(run.status.is_none(), "output after exit");
+                    match stream {
+                        Stream::Stdout => run.stdout.extend_from_slice(&data),
+                        Stream::Stderr => run.stderr.extend_from_slice(&data),
+                    }
+                    let bytes = u32::try_from(data.len()).unwrap();
+                    self.send(&ToGuest::Credit {
+                        id: ProcId(id),
+                        bytes,
+                    });
+                }
+                ToHost::Exited { id: got, status } if got == ProcId(id) => {
+                    run.status = Some(status);
+                    return run;
+                }
+                ToHost::Refused { id: got, reason } if got == ProcId(id) => {
+                    run.refused = Some(reason);
+                    return run;
+                }
+                ToHost::StdinCredit { .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
+    fn finish(mut self) -> Result<End, SessionError> {
+        self.send(&ToGuest::Shutdown { grace_ms: 1000 });
+        self.agent.take().unwrap().join().unwrap()
+    }
+}
+
+fn run_one(argv: &[&str]) -> Run {
+    let mut host = Host::start();
+    host.spawn(1, argv, 1 << 20);
+    let run = host.collect(1);
+    assert_eq!(host.finish().unwrap(), End::Shutdown);
+    run
+}
+
+#[test]
+fn separates_streams_and_reports_the_exit_code() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let run = run_one(&["/bin/sh", "-c", "echo out; echo err >&2; exit 7"]);
+    assert!(run.started);
+    assert_eq!(run.stdout, b"out\n");
+    assert_eq!(run.stderr, b"err\n");
+    assert_eq!(run.status, Some(ExitStatus::Code(7)));
+}
+
+#[test]
+fn a_signal_death_is_reported_as_a_signal() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let run = run_one(&["/bin/sh", "-c", "kill -KILL $$"]);
+    assert_eq!(run.status, Some(ExitStatus::Signaled(9)));
+    assert_eq!(run.status.unwrap().shell_code(), 137);
+}
+
+#[test]
+fn a_missing_command_exits_127_with_a_message() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let run = run_one(&["no-such-command-xyz"]);
+    assert!(!run.started);
+    assert_eq!(run.status, Some(ExitStatus::Code(127)));
+    assert_eq!(
+        String::from_utf8_lossy(&run.stderr),
+        "vm-agent: no-such-command-xyz: command not found\n"
+    );
+}
+
+#[test]
+fn a_missing_working_directory_is_a_clear_error() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut host = Host::start();
+    host.send(&ToGuest::Spawn(Spawn {
+        id: ProcId(1),
+        argv: vec!["true".into()],
+        env: vec![],
+        cwd: Some("/no/such/dir".into()),
+        pty: None,
+        output_window: 4096,
+    }));
+    let run = host.collect(1);
+    assert_eq!(run.status, Some(ExitStatus::Code(126)));
+    assert!(String::from_utf8_lossy(&run.stderr).contains("/no/such/dir"));
+    host.finish().unwrap();
+}
+
+#[test]
+fn stdin_reaches_the_process_and_eof_is_explicit() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut host = Host::start();
+    host.spawn(1, &["cat"], 1 << 20);
+    host.send(&ToGuest::Stdin {
+        id: ProcId(1),
+        data: b"abc".to_vec().into(),
+    });
+    // Without EOF, cat keeps running: nothing but output may arrive.
+    host.stream
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut seen = Vec::new();
+    while let Ok(Some(msg)) = frame::read::<ToHost, _>(&mut host.stream, &mut host.scratch) {
+        assert!(
+            !matches!(msg, ToHost::Exited { .. }),
+            "cat exited without stdin EOF"
+        );
+        if let ToHost::Output { data, .. } = msg {
+            seen.extend_from_slice(&data);
+        }
+    }
+    host.stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    host.send(&ToGuest::StdinEof { id: ProcId(1) });
+    let run = host.collect(1);
+    seen.extend_from_slice(&run.stdout);
+    assert_eq!(seen, b"abc");
+    assert_eq!(run.status, Some(ExitStatus::Code(0)));
+    host.finish().unwrap();
+}
+
+#[test]
+fn env_and_cwd_reach_the_process() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut host = Host::start();
+    host.send(&ToGuest::Spawn(Spawn {
+        id: ProcId(1),
+        argv: vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            "echo \"$GREETING\"; pwd".into(),
+        ],
+        env: vec![EnvVar {
+            key: "GREETING".into(),
+            value: "hello there".into(),
+        }],
+        cwd: Some("/tmp".into()),
+        pty: None,
+        output_window: 4096,
+    }));
+    let run = host.collect(1);
+    assert_eq!(String::from_utf8_lossy(&run.stdout), "hello there\n/tmp\n");
+    host.finish().unwrap();
+}
+
+#[test]
+fn output_stops_at_the_credit_window_and_resumes_when_granted() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    const WINDOW: u32 = 64 * 1024;
+    const TOTAL: usize = 4 << 20;
+    let mut host = Host::start();
+    host.spawn(1, &["head", "-c", &TOTAL.to_string(), "/dev/zero"], WINDOW);
+    // Take no credit back for a while: the agent must stop at the window.
+    host.stream
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut held = 0usize;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        match frame::read::<ToHost, _>(&mut host.stream, &mut host.scratch) {
+            Ok(Some(ToHost::Output { data, .. })) => held += data.len(),
+            Ok(Some(ToHost::Started { .. })) => {}
+            Ok(Some(other)) => panic!("unexpected {other:?}"),
+            Ok(None) => panic!("closed"),
+            Err(_) => {}
+        }
+    }
+    assert_eq!(
+        held, WINDOW as usize,
+        "the agent sent exactly its window and then waited"
+    );
+    host.stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    host.send(&ToGuest::Credit {
+        id: ProcId(1),
+        bytes: WINDOW,
+    });
+    let run = host.collect(1);
+    assert_eq!(held + run.stdout.len(), TOTAL);
+    assert_eq!(run.status, Some(ExitStatus::Code(0)));
+    host.finish().unwrap();
+}
+
+#[test]
+fn every_output_byte_arrives_before_exited() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // Output on both streams right up to the exit; `collect` fails on any output after `Exited`.
+    let run = run_one(&[
+        "/bin/sh",
+        "-c",
+        "head -c 3000000 /dev/zero; head -c 1000000 /dev/zero >&2; exit 3",
+    ]);
+    assert_eq!(run.stdout.len(), 3_000_000);
+    assert_eq!(run.stderr.len(), 1_000_000);
+    assert_eq!(run.status, Some(ExitStatus::Code(3)));
+}
+
+/// Waits until a process named `comm` runs in process group `pgid`.
+fn wait_for_group_member(pgid: u32, comm: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            // pid (comm) state ppid pgrp ...
+            let Some((head, tail)) = stat.rsplit_once(") ") else {
+                continue;
+            };
+            let fields: Vec<&str> = tail.split(' ').collect();
+            if head.ends_with(&format!("({comm}"))
+                && fields.get(2) == Some(&pgid.to_string().as_str())
+            {
+                return;
+            }
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    panic!("no {comm} appeared in group {pgid}");
+}
+
+#[test]
+fn signals_reach_the_process_group() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut host = Host::start();
+    // The shell waits on sleep; SIGINT to the group interrupts both, as Ctrl-C in a terminal would.
+    host.spawn(1, &["/bin/sh", "-c", "sleep 30; echo not reached"], 4096);
+    let pid = match host.recv().unwrap() {
+        ToHost::Started { pid, .. } => pid,
+        other => panic!("{other:?}"),
+    };
+    // Signal only once sleep has exec'd: a signal that lands between fork and exec hits the shell's
+    // handler in the child and is lost, which would test dash rather than us.
+    wait_for_group_member(pid, "sleep");
+    host.send(&ToGuest::Signal {
+        id: ProcId(1),
+        signal: SignalName::Int,
+    });
+    let run = host.collect(1);
+    assert_eq!(run.status, Some(ExitStatus::Signaled(2)));
+    assert!(run.stdout.is_empty());
+    host.finish().unwrap();
+}
+
+#[test]
+fn ids_must_increase() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut host = Host::start();
+    host.spawn(5, &["true"], 4096);
+    assert_eq!(host.collect(5).status, Some(ExitStatus::Code(0)));
+    host.spawn(5, &["true"], 4096);
+    assert_eq!(host.collect(5).refused, Some(Refusal::IdNotIncreasing));
+    // A late message for an exited process is a benign race, not a violation.
+    host.send(&ToGuest::Credit {
+        id: ProcId(5),
+        bytes: 1,
+    });
+    host.spawn(6, &["true"], 4096);
+    assert_eq!(host.collect(6).status, Some(ExitStatus::Code(0)));
+    host.finish().unwrap();
+}
+
+#[test]
+fn a_message_for_a_never_spawned_id_is_a_violation() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut host = Host::start();
+    host.send(&ToGuest::StdinEof { id: ProcId(99) });
+    let result = host.agent.take().unwrap().join().unwrap();
+    assert!(
+        matches!(result, Err(SessionError::Violation { .. })),
+        "{result:?}"
+    );
+}
+
+#[test]
+fn stdin_beyond_the_granted_window_is_a_violation() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut host = Host::start();
+    host.spawn(1, &["sleep", "30"], 4096);
+    let window = match host.recv().unwrap() {
+        ToHost::Started { stdin_window, .. } => stdin_window as usize,
+        other => panic!("{other:?}"),
+    };
+    let chunk = vec![0u8; frame::MAX_DATA_BYTES];
+    for _ in 0..=window / chunk.len() {
+        host.send(&ToGuest::Stdin {
+            id: ProcId(1),
+            data: chunk.clone().into(),
+        });
+    }
+    let result = host.agent.take().unwrap().join().unwrap();
+    assert!(
+        matches!(result, Err(SessionError::Violation { .. })),
+        "{result:?}"
+    );
+}
+
+#[test]
+fn shutdown_stops_running_processes_and_reports_them() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut host = Host::start();
+    host.spawn(1, &["sleep", "300"], 4096);
+    assert!(matches!(host.recv(), Some(ToHost::Started { .. })));
+    host.send(&ToGuest::Shutdown { grace_ms: 2000 });
+    let run = host.collect(1);
+    assert_eq!(
+        run.status,
+        Some(ExitStatus::Signaled(15)),
+        "SIGTERM within the grace period"
+    );
+    assert_eq!(
+        host.agent.take().unwrap().join().unwrap().unwrap(),
+        End::Shutdown
+    );
+}
+
+#[test]
+fn host_going_away_kills_everything() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut host = Host::start();
+    host.spawn(1, &["/bin/sh", "-c", "echo $$; exec sleep 300"], 4096);
+    let pid: i32 = loop {
+        if let Some(ToHost::Output { data, .. }) = host.recv() {
+            break String::from_utf8_lossy(&data).trim().parse().unwrap();
+        }
+    };
+    host.stream.shutdown(std::net::Shutdown::Both).unwrap();
+    assert_eq!(
+        host.agent.take().unwrap().join().unwrap().unwrap(),
+        End::HostGone
+    );
+    // The agent reaped it, so the pid is gone from /proc.
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(state.is_empty(), "workload survived the host: {state}");
+}
+
+#[test]
+fn rejects_a_host_of_another_version() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (mut host, guest) = UnixStream::pair().unwrap();
+    let writer = guest.try_clone().unwrap();
+    let agent =
+        thread::spawn(move || session::serve(guest, Box::new(writer), &session::Config::default()));
+    let mut scratch = Vec::new();
+    let _hello: Option<ToHost> = frame::read(&mut host, &mut scratch).unwrap();
+    let mut theirs = Hello::ours(Capabilities::NONE, "future-host");
+    theirs.version += 1;
+    frame::write(&mut host, &ToGuest::Hello(theirs), &mut scratch).unwrap();
+    host.flush().unwrap();
+    let result = agent.join().unwrap();
+    assert!(
+        matches!(
+            result,
+            Err(SessionError::Handshake(FirstFrameError::Handshake(
+                HandshakeError::VersionMismatch { .. }
+            )))
+        ),
+        "{result:?}"
+    );
+}

@@ -1,0 +1,303 @@
+//! Length-prefixed frames with a hard size limit.
+//!
+//! ```text
+//! +-------------------------+----------------------------------+
+//! | body length: u32, LE    | body: one bincode-encoded message |
+//! +-------------------------+----------------------------------+
+//! ```
+//!
+//! - The body length is `1..=MAX_FRAME_BYTES`. A longer length is refused from the four header bytes alone,
+//!   before any buffer is grown, so a hostile peer cannot make us allocate.
+//! - bincode runs with fixed-width little-endian integers, enum tags as `u32`, lengths as `u64`, a byte limit
+//!   equal to the body length, and trailing bytes rejected.
+//! - Enum tag 0 is reserved in every message type, so an all-zero body never decodes to a message.
+//!
+//! Decoding never panics on any input; `protocol/tests/decoder_props.rs` holds that claim.
+
+use std::io::{self, Read, Write};
+
+use bincode::Options;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// Bytes in the length prefix.
+pub const HEADER_BYTES: usize = 4;
+
+/// Largest frame body. Large enough for a full [`MAX_DATA_BYTES`] chunk plus its envelope.
+pub const MAX_FRAME_BYTES: usize = 128 * 1024;
+
+/// Largest payload of one `Output` or `Stdin` message. Half the frame limit leaves room for the envelope.
+pub const MAX_DATA_BYTES: usize = 64 * 1024;
+
+/// Why a frame could not be read, decoded or encoded.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The header announced more than [`MAX_FRAME_BYTES`].
+    #[error("frame of {len} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")]
+    TooLarge {
+        /// The announced body length.
+        len: u64,
+    },
+    /// The header announced a zero-length body.
+    #[error("frame has an empty body")]
+    Empty,
+    /// The body is not a valid message.
+    #[error("frame body does not decode as a message")]
+    Malformed(#[source] bincode::Error),
+    /// The message does not encode (or encodes beyond the limit).
+    #[error("message does not encode within the frame limit")]
+    Encode(#[source] bincode::Error),
+    /// The stream ended inside a frame.
+    #[error("stream ended inside a frame")]
+    Truncated,
+    /// Reading or writing the underlying stream failed.
+    #[error("frame stream I/O failed")]
+    Io(#[source] io::Error),
+}
+
+impl FrameError {
+    /// Whether the peer sent bytes that break the protocol (as opposed to the stream failing or ending).
+    pub fn is_violation(&self) -> bool {
+        matches!(
+            self,
+            Self::TooLarge { .. } | Self::Empty | Self::Malformed(_)
+        )
+    }
+}
+
+fn options(limit: usize) -> impl Options {
+    bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .with_little_endian()
+        .with_limit(limit as u64)
+        .reject_trailing_bytes()
+}
+
+/// The body length `msg` encodes to, checked against [`MAX_FRAME_BYTES`].
+///
+/// # Errors
+/// [`FrameError::Encode`] if the message does not serialize within the limit.
+pub fn body_size<M: Serialize>(msg: &M) -> Result<u32, FrameError> {
+    let size = options(MAX_FRAME_BYTES)
+        .serialized_size(msg)
+        .map_err(FrameError::Encode)?;
+    // The limit bounds `size` to MAX_FRAME_BYTES, which fits in u32.
+    u32::try_from(size).map_err(|_| FrameError::TooLarge { len: size })
+}
+
+/// Writes `msg` as one frame (header and body) to `out`, which should buffer: it sees several writes.
+///
+/// # Errors
+/// [`FrameError::Encode`] if the message does not serialize within the limit, or the writer fails.
+pub fn encode_to<M: Serialize, W: Write>(msg: &M, mut out: W) -> Result<(), FrameError> {
+    let len = body_size(msg)?;
+    out.write_all(&len.to_le_bytes()).map_err(FrameError::Io)?;
+    options(MAX_FRAME_BYTES)
+        .serialize_into(out, msg)
+        .map_err(FrameError::Encode)
+}
+
+/// Appends `msg` as one frame to `out`.
+///
+/// # Errors
+/// [`FrameError::Encode`] if the message does not serialize within [`MAX_FRAME_BYTES`]; `out` is then
+/// unchanged.
+pub fn encode<M: Serialize>(msg: &M, out: &mut Vec<u8>) -> Result<(), FrameError> {
+    let len = body_size(msg)?;
+    out.reserve(HEADER_BYTES + len as usize);
+    encode_to(msg, out)
+}
+
+/// Checks a frame header and returns the body length it announces.
+///
+/// # Errors
+/// [`FrameError::Empty`] or [`FrameError::TooLarge`].
+pub fn body_len(header: [u8; HEADER_BYTES]) -> Result<usize, FrameError> {
+    let len = u32::from_le_bytes(header);
+    match usize::try_from(len) {
+        Ok(0) => Err(FrameError::Empty),
+        Ok(n) if n <= MAX_FRAME_BYTES => Ok(n),
+        _ => Err(FrameError::TooLarge {
+            len: u64::from(len),
+        }),
+    }
+}
+
+/// Decodes one message body (the bytes after the header).
+///
+/// # Errors
+/// [`FrameError::Malformed`] if the bytes are not exactly one message.
+pub fn decode_body<M: DeserializeOwned>(body: &[u8]) -> Result<M, FrameError> {
+    options(body.len())
+        .deserialize(body)
+        .map_err(FrameError::Malformed)
+}
+
+/// Decodes the first frame in `buf`.
+///
+/// Returns `Ok(None)` when `buf` holds only part of a frame, or `Ok(Some((message, bytes_used)))`.
+///
+/// # Errors
+/// Any header or body error; the stream is unusable after one.
+pub fn decode<M: DeserializeOwned>(buf: &[u8]) -> Result<Option<(M, usize)>, FrameError> {
+    let Some(header) = buf.first_chunk::<HEADER_BYTES>() else {
+        return Ok(None);
+    };
+    let len = body_len(*header)?;
+    let Some(body) = buf.get(HEADER_BYTES..HEADER_BYTES + len) else {
+        return Ok(None);
+    };
+    Ok(Some((decode_body(body)?, HEADER_BYTES + len)))
+}
+
+/// Reads one frame's body from a blocking stream into `scratch`. `Ok(false)` is a clean end of stream at a
+/// frame boundary.
+///
+/// `scratch` is reused between calls; it never grows beyond [`MAX_FRAME_BYTES`].
+///
+/// # Errors
+/// [`FrameError::Truncated`] if the stream ends inside a frame, or a header or I/O error.
+pub fn read_body<R: Read>(reader: &mut R, scratch: &mut Vec<u8>) -> Result<bool, FrameError> {
+    let mut header = [0u8; HEADER_BYTES];
+    let mut filled = 0;
+    while filled < HEADER_BYTES {
+        match reader.read(&mut header[filled..]) {
+            Ok(0) if filled == 0 => return Ok(false),
+            Ok(0) => return Err(FrameError::Truncated),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(FrameError::Io(e)),
+        }
+    }
+    let len = body_len(header)?;
+    scratch.clear();
+    scratch.resize(len, 0);
+    reader.read_exact(scratch).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => FrameError::Truncated,
+        _ => FrameError::Io(e),
+    })?;
+    Ok(true)
+}
+
+/// Reads and decodes one frame from a blocking stream. `Ok(None)` is a clean end of stream at a frame
+/// boundary.
+///
+/// # Errors
+/// As [`read_body`], plus [`FrameError::Malformed`].
+pub fn read<M: DeserializeOwned, R: Read>(
+    reader: &mut R,
+    scratch: &mut Vec<u8>,
+) -> Result<Option<M>, FrameError> {
+    if read_body(reader, scratch)? {
+        decode_body(scratch).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+/// Writes one frame to a blocking stream in a single `write_all`, so concurrent writers that share a lock
+/// never interleave frames.
+///
+/// # Errors
+/// [`FrameError::Encode`] or [`FrameError::Io`].
+pub fn write<M: Serialize, W: Write>(
+    writer: &mut W,
+    msg: &M,
+    scratch: &mut Vec<u8>,
+) -> Result<(), FrameError> {
+    scratch.clear();
+    encode(msg, scratch)?;
+    writer.write_all(scratch).map_err(FrameError::Io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ProcId, Stream, ToGuest, ToHost};
+
+    #[test]
+    fn rejects_oversized_length_from_header_alone() {
+        let header = u32::try_from(MAX_FRAME_BYTES + 1).unwrap().to_le_bytes();
+        assert!(matches!(
+            decode::<ToHost>(&header),
+            Err(FrameError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn rejects_empty_body() {
+        assert!(matches!(
+            decode::<ToHost>(&[0, 0, 0, 0]),
+            Err(FrameError::Empty)
+        ));
+    }
+
+    #[test]
+    fn all_zero_body_is_not_a_message() {
+        let mut wire = 8u32.to_le_bytes().to_vec();
+        wire.extend_from_slice(&[0; 8]);
+        assert!(matches!(
+            decode::<ToGuest>(&wire),
+            Err(FrameError::Malformed(_))
+        ));
+        assert!(matches!(
+            decode::<ToHost>(&wire),
+            Err(FrameError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn partial_frames_ask_for_more() {
+        let mut wire = Vec::new();
+        encode(&ToGuest::StdinEof { id: ProcId(3) }, &mut wire).unwrap();
+        for cut in 0..wire.len() {
+            assert!(
+                decode::<ToGuest>(&wire[..cut]).unwrap().is_none(),
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_trailing_bytes_inside_a_frame() {
+        let mut wire = Vec::new();
+        encode(&ToGuest::StdinEof { id: ProcId(3) }, &mut wire).unwrap();
+        wire.push(0);
+        let len = u32::try_from(wire.len() - HEADER_BYTES).unwrap();
+        wire[..HEADER_BYTES].copy_from_slice(&len.to_le_bytes());
+        assert!(matches!(
+            decode::<ToGuest>(&wire),
+            Err(FrameError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn refuses_to_encode_beyond_the_limit() {
+        let msg = ToHost::Output {
+            id: ProcId(1),
+            stream: Stream::Stdout,
+            data: vec![7; MAX_FRAME_BYTES].into(),
+        };
+        let mut out = b"keep".to_vec();
+        assert!(matches!(encode(&msg, &mut out), Err(FrameError::Encode(_))));
+        assert_eq!(out, b"keep", "a failed encode leaves the buffer as it was");
+    }
+
+    #[test]
+    fn blocking_read_reports_truncation_and_clean_eof() {
+        let mut wire = Vec::new();
+        encode(&ToGuest::Ping { nonce: 9 }, &mut wire).unwrap();
+        let mut scratch = Vec::new();
+        let mut whole = &wire[..];
+        assert_eq!(
+            read::<ToGuest, _>(&mut whole, &mut scratch).unwrap(),
+            Some(ToGuest::Ping { nonce: 9 })
+        );
+        assert_eq!(read::<ToGuest, _>(&mut whole, &mut scratch).unwrap(), None);
+        let mut cut = &wire[..wire.len() - 1];
+        assert!(matches!(
+            read::<ToGuest, _>(&mut cut, &mut scratch),
+            Err(FrameError::Truncated)
+        ));
+    }
+}

@@ -1,0 +1,48 @@
+//! The boundary protocol between the host (supervisor, driver) and the guest agent.
+//!
+//! One byte stream (a virtio-serial port today, vsock elsewhere) carries length-prefixed frames, each
+//! holding one bincode-encoded message. The same frames travel on the supervisor's attach socket, so a
+//! driver speaks to the supervisor exactly as the supervisor speaks to the guest.
+//!
+//! - [`frame`]: the wire format, its hard size limit, and a decoder that never panics on hostile bytes.
+//! - [`message`]: what each side may send ([`ToGuest`], [`ToHost`]).
+//! - [`handshake`]: the versioned hello that opens every connection.
+//! - [`process`]: process ids, exit statuses, named signals, output streams.
+//! - [`flow`]: credit windows that bound buffering on both sides.
+//! - [`ids`]: validated sandbox ids.
+//! - [`status`]: the supervisor's status lines to the driver.
+//!
+//! The wire format is documented in `docs/protocol.md`.
+//!
+//! ```
+//! use vm_protocol::{frame, ToHost, ProcId, Stream};
+//!
+//! let msg = ToHost::Output { id: ProcId(1), stream: Stream::Stdout, data: b"hi".to_vec().into() };
+//! let mut wire = Vec::new();
+//! frame::encode(&msg, &mut wire).unwrap();
+//! let (back, used) = frame::decode::<ToHost>(&wire).unwrap().unwrap();
+//! assert_eq!(back, msg);
+//! assert_eq!(used, wire.len());
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+#[cfg(feature = "tokio")]
+pub mod codec;
+pub mod flow;
+pub mod frame;
+pub mod handshake;
+pub mod ids;
+pub mod message;
+pub mod process;
+pub mod status;
+
+/// Name of the virtio-serial port that carries the boundary channel (`/sys/class/virtio-ports/*/name`).
+pub const CHANNEL_PORT_NAME: &str = "vm.boundary";
+
+pub use flow::{CreditError, Window};
+pub use frame::FrameError;
+pub use handshake::{Capabilities, HandshakeError, Hello, PROTOCOL_VERSION};
+pub use ids::{SandboxId, SandboxIdError};
+pub use message::{Spawn, ToGuest, ToHost};
+pub use process::{ExitStatus, ProcId, PtySize, SignalName, Stream};

@@ -1,0 +1,172 @@
+//! Process-level types shared by every hop: ids, streams, exit statuses, named signals, terminal sizes.
+
+use serde::{Deserialize, Serialize};
+
+/// A process on one connection, chosen by the side that sends `Spawn`.
+///
+/// Ids on one connection strictly increase, so a late message for a process that already exited (a benign
+/// race) can be told apart from a message for an id that never existed (a protocol violation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ProcId(pub u32);
+
+impl std::fmt::Display for ProcId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Which output stream a chunk belongs to. With a PTY, everything arrives as `Stdout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Stream {
+    /// Standard output (or the PTY).
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExitStatus {
+    /// It exited with this code.
+    Code(i32),
+    /// A signal with this number killed it.
+    Signaled(i32),
+}
+
+impl ExitStatus {
+    /// The status a shell would report: the code, or 128 + the signal number.
+    pub fn shell_code(self) -> i32 {
+        match self {
+            Self::Code(code) => code,
+            Self::Signaled(signal) => 128 + signal,
+        }
+    }
+}
+
+/// The signals a host may send to a workload. A named set, never raw numbers, so a peer cannot ask for a
+/// signal the product has not decided to allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SignalName {
+    /// SIGHUP
+    Hup,
+    /// SIGINT (Ctrl-C)
+    Int,
+    /// SIGQUIT
+    Quit,
+    /// SIGKILL
+    Kill,
+    /// SIGUSR1
+    Usr1,
+    /// SIGUSR2
+    Usr2,
+    /// SIGPIPE
+    Pipe,
+    /// SIGALRM
+    Alrm,
+    /// SIGTERM
+    Term,
+    /// SIGCONT
+    Cont,
+    /// SIGSTOP
+    Stop,
+    /// SIGTSTP (Ctrl-Z)
+    Tstp,
+    /// SIGWINCH
+    Winch,
+}
+
+impl SignalName {
+    /// Every named signal, for parsers and tests.
+    pub const ALL: [Self; 13] = [
+        Self::Hup,
+        Self::Int,
+        Self::Quit,
+        Self::Kill,
+        Self::Usr1,
+        Self::Usr2,
+        Self::Pipe,
+        Self::Alrm,
+        Self::Term,
+        Self::Cont,
+        Self::Stop,
+        Self::Tstp,
+        Self::Winch,
+    ];
+
+    /// The signal's number on Linux x86-64 (the only guest architecture).
+    pub fn number(self) -> i32 {
+        match self {
+            Self::Hup => 1,
+            Self::Int => 2,
+            Self::Quit => 3,
+            Self::Kill => 9,
+            Self::Usr1 => 10,
+            Self::Usr2 => 12,
+            Self::Pipe => 13,
+            Self::Alrm => 14,
+            Self::Term => 15,
+            Self::Cont => 18,
+            Self::Stop => 19,
+            Self::Tstp => 20,
+            Self::Winch => 28,
+        }
+    }
+
+    /// The conventional name without the `SIG` prefix, e.g. `INT`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Hup => "HUP",
+            Self::Int => "INT",
+            Self::Quit => "QUIT",
+            Self::Kill => "KILL",
+            Self::Usr1 => "USR1",
+            Self::Usr2 => "USR2",
+            Self::Pipe => "PIPE",
+            Self::Alrm => "ALRM",
+            Self::Term => "TERM",
+            Self::Cont => "CONT",
+            Self::Stop => "STOP",
+            Self::Tstp => "TSTP",
+            Self::Winch => "WINCH",
+        }
+    }
+
+    /// Parses `INT`, `SIGINT` or `int`.
+    pub fn parse(text: &str) -> Option<Self> {
+        let upper = text.to_ascii_uppercase();
+        let bare = upper.strip_prefix("SIG").unwrap_or(&upper);
+        Self::ALL.into_iter().find(|s| s.name() == bare)
+    }
+}
+
+/// A terminal size in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtySize {
+    /// Rows.
+    pub rows: u16,
+    /// Columns.
+    pub cols: u16,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_code_adds_128_to_signals() {
+        assert_eq!(ExitStatus::Code(7).shell_code(), 7);
+        assert_eq!(ExitStatus::Signaled(9).shell_code(), 137);
+    }
+
+    #[test]
+    fn signal_names_round_trip() {
+        for s in SignalName::ALL {
+            assert_eq!(SignalName::parse(s.name()), Some(s));
+            assert_eq!(
+                SignalName::parse(&format!("sig{}", s.name().to_lowercase())),
+                Some(s)
+            );
+        }
+        assert_eq!(SignalName::parse("SIGBOGUS"), None);
+    }
+}
