@@ -1,6 +1,11 @@
 //! Property tests for the frame decoder: hostile bytes never panic it, and never make it allocate beyond
 //! the frame limit. A counting allocator measures the largest single allocation made while decoding.
 #![allow(missing_docs)]
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+#![allow(
+    clippy::tests_outside_test_module,
+    reason = "an integration test crate is test-only as a whole"
+)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

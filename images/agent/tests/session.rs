@@ -2,6 +2,11 @@
 //!
 //! The reaper waits for any child of the process, so sessions run one at a time (`SERIAL`).
 #![allow(missing_docs)]
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+#![allow(
+    clippy::tests_outside_test_module,
+    reason = "an integration test crate is test-only as a whole"
+)]
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;
