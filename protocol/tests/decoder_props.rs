@@ -18,6 +18,9 @@ use vm_protocol::frame::{self, FrameError, HEADER_BYTES, MAX_FRAME_BYTES};
 use vm_protocol::message::EnvVar;
 use vm_protocol::{Capabilities, ExitStatus, Hello, ProcId, Spawn, Stream, ToGuest, ToHost};
 
+#[expect(clippy::cast_possible_truncation, reason = "128 KiB fits in u32")]
+const MAX_FRAME_BYTES_U32: u32 = MAX_FRAME_BYTES as u32;
+
 /// Wraps the system allocator and records, per thread, the largest allocation requested.
 struct Counting;
 
@@ -187,7 +190,7 @@ proptest! {
     }
 
     #[test]
-    fn oversized_lengths_are_refused_without_allocating(len in (MAX_FRAME_BYTES as u32 + 1)..=u32::MAX, tail in prop::collection::vec(any::<u8>(), 0..64)) {
+    fn oversized_lengths_are_refused_without_allocating(len in (MAX_FRAME_BYTES_U32 + 1)..=u32::MAX, tail in prop::collection::vec(any::<u8>(), 0..64)) {
         let mut wire = len.to_le_bytes().to_vec();
         wire.extend_from_slice(&tail);
         let mut result = None;
