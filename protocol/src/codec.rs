@@ -1,13 +1,85 @@
-//! A `tokio_util` codec over [`crate::frame`], for async users.
+//! Async framing for tokio users (supervisor, driver): a `tokio_util` codec over [`crate::frame`], and the
+//! two halves of the handshake.
 
 use std::marker::PhantomData;
 
 use bytes::{Buf, BufMut, BytesMut};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::codec::{Decoder, Encoder};
 
 use crate::frame::{self, FrameError, HEADER_BYTES};
+use crate::handshake::{self, FirstFrameError};
+use crate::{Capabilities, Hello, ToGuest, ToHost};
+
+/// Reads one frame's body.
+///
+/// # Errors
+/// [`FrameError::Truncated`] on EOF, or a header or I/O error.
+pub async fn read_body<R: AsyncRead + Unpin>(reader: &mut R) -> Result<Vec<u8>, FrameError> {
+    let mut header = [0u8; HEADER_BYTES];
+    reader.read_exact(&mut header).await.map_err(eof_is_truncation)?;
+    let mut body = vec![0u8; frame::body_len(header)?];
+    reader.read_exact(&mut body).await.map_err(eof_is_truncation)?;
+    Ok(body)
+}
+
+/// Writes one frame and flushes.
+///
+/// # Errors
+/// [`FrameError::Encode`] or [`FrameError::Io`].
+pub async fn write_frame<W: AsyncWrite + Unpin, M: Serialize>(writer: &mut W, msg: &M) -> Result<(), FrameError> {
+    let mut buf = Vec::new();
+    frame::encode(msg, &mut buf)?;
+    writer.write_all(&buf).await?;
+    writer.flush().await?;
+    Ok(())
+}
+
+fn eof_is_truncation(e: std::io::Error) -> FrameError {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        FrameError::Truncated
+    } else {
+        FrameError::Io(e)
+    }
+}
+
+/// The host's half of the handshake: read the guest's hello, answer with ours (even on a mismatch, so the
+/// guest can report it too), then check theirs.
+///
+/// # Errors
+/// [`FirstFrameError`] for a bad first frame or a mismatch.
+pub async fn host_handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    ours: Hello,
+    required: Capabilities,
+) -> Result<Hello, FirstFrameError> {
+    let body = read_body(stream).await?;
+    write_frame(stream, &ToGuest::Hello(ours)).await?;
+    handshake::accept_first(&body, required, |m| match m {
+        ToHost::Hello(h) => Some(h),
+        _ => None,
+    })
+}
+
+/// The guest's half (the supervisor plays it on the attach socket): send our hello, then read and check
+/// the host's.
+///
+/// # Errors
+/// [`FirstFrameError`] for a bad first frame or a mismatch.
+pub async fn guest_handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    ours: Hello,
+    required: Capabilities,
+) -> Result<Hello, FirstFrameError> {
+    write_frame(stream, &ToHost::Hello(ours)).await?;
+    let body = read_body(stream).await?;
+    handshake::accept_first(&body, required, |m| match m {
+        ToGuest::Hello(h) => Some(h),
+        _ => None,
+    })
+}
 
 /// Decodes `In` frames and encodes `Out` frames.
 #[derive(Debug)]
@@ -18,9 +90,7 @@ pub struct FrameCodec<In, Out> {
 impl<In, Out> FrameCodec<In, Out> {
     /// A new codec.
     pub fn new() -> Self {
-        Self {
-            _types: PhantomData,
-        }
+        Self { _types: PhantomData }
     }
 }
 
@@ -71,5 +141,43 @@ impl<In, Out: Serialize> Encoder<Out> for FrameCodec<In, Out> {
 impl From<std::io::Error> for FrameError {
     fn from(e: std::io::Error) -> Self {
         Self::Io(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handshake::HandshakeError;
+
+    #[tokio::test]
+    async fn both_halves_agree_and_both_report_a_mismatch() {
+        let (mut a, mut b) = tokio::io::duplex(1024);
+        let guest = tokio::spawn(async move {
+            guest_handshake(&mut b, Hello::ours(Capabilities::EXEC, "g"), Capabilities::NONE).await
+        });
+        let host = host_handshake(&mut a, Hello::ours(Capabilities::NONE, "h"), Capabilities::EXEC)
+            .await
+            .unwrap();
+        assert_eq!(host.software, "g");
+        assert_eq!(guest.await.unwrap().unwrap().software, "h");
+
+        let (mut a, mut b) = tokio::io::duplex(1024);
+        let guest = tokio::spawn(async move {
+            guest_handshake(&mut b, Hello::ours(Capabilities::NONE, "g"), Capabilities::NONE).await
+        });
+        let mut old = Hello::ours(Capabilities::NONE, "h");
+        old.version = 0;
+        let host = host_handshake(&mut a, old, Capabilities::EXEC).await;
+        assert!(matches!(
+            host,
+            Err(FirstFrameError::Handshake(HandshakeError::MissingCapabilities { .. }))
+        ));
+        assert!(matches!(
+            guest.await.unwrap(),
+            Err(FirstFrameError::Handshake(HandshakeError::VersionMismatch {
+                theirs: 0,
+                ..
+            }))
+        ));
     }
 }

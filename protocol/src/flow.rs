@@ -88,13 +88,7 @@ mod tests {
         let mut w = Window::new(10);
         w.consume(4).unwrap();
         w.consume(6).unwrap();
-        assert_eq!(
-            w.consume(1),
-            Err(CreditError::Overrun {
-                sent: 1,
-                available: 0
-            })
-        );
+        assert_eq!(w.consume(1), Err(CreditError::Overrun { sent: 1, available: 0 }));
         w.grant(5).unwrap();
         assert_eq!(w.available(), 5);
     }

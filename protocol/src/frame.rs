@@ -58,10 +58,7 @@ pub enum FrameError {
 impl FrameError {
     /// Whether the peer sent bytes that break the protocol (as opposed to the stream failing or ending).
     pub fn is_violation(&self) -> bool {
-        matches!(
-            self,
-            Self::TooLarge { .. } | Self::Empty | Self::Malformed(_)
-        )
+        matches!(self, Self::TooLarge { .. } | Self::Empty | Self::Malformed(_))
     }
 }
 
@@ -117,9 +114,7 @@ pub fn body_len(header: [u8; HEADER_BYTES]) -> Result<usize, FrameError> {
     match usize::try_from(len) {
         Ok(0) => Err(FrameError::Empty),
         Ok(n) if n <= MAX_FRAME_BYTES => Ok(n),
-        _ => Err(FrameError::TooLarge {
-            len: u64::from(len),
-        }),
+        _ => Err(FrameError::TooLarge { len: u64::from(len) }),
     }
 }
 
@@ -128,9 +123,7 @@ pub fn body_len(header: [u8; HEADER_BYTES]) -> Result<usize, FrameError> {
 /// # Errors
 /// [`FrameError::Malformed`] if the bytes are not exactly one message.
 pub fn decode_body<M: DeserializeOwned>(body: &[u8]) -> Result<M, FrameError> {
-    options(body.len())
-        .deserialize(body)
-        .map_err(FrameError::Malformed)
+    options(body.len()).deserialize(body).map_err(FrameError::Malformed)
 }
 
 /// Decodes the first frame in `buf`.
@@ -184,10 +177,7 @@ pub fn read_body<R: Read>(reader: &mut R, scratch: &mut Vec<u8>) -> Result<bool,
 ///
 /// # Errors
 /// As [`read_body`], plus [`FrameError::Malformed`].
-pub fn read<M: DeserializeOwned, R: Read>(
-    reader: &mut R,
-    scratch: &mut Vec<u8>,
-) -> Result<Option<M>, FrameError> {
+pub fn read<M: DeserializeOwned, R: Read>(reader: &mut R, scratch: &mut Vec<u8>) -> Result<Option<M>, FrameError> {
     if read_body(reader, scratch)? {
         decode_body(scratch).map(Some)
     } else {
@@ -200,11 +190,7 @@ pub fn read<M: DeserializeOwned, R: Read>(
 ///
 /// # Errors
 /// [`FrameError::Encode`] or [`FrameError::Io`].
-pub fn write<M: Serialize, W: Write>(
-    writer: &mut W,
-    msg: &M,
-    scratch: &mut Vec<u8>,
-) -> Result<(), FrameError> {
+pub fn write<M: Serialize, W: Write>(writer: &mut W, msg: &M, scratch: &mut Vec<u8>) -> Result<(), FrameError> {
     scratch.clear();
     encode(msg, scratch)?;
     writer.write_all(scratch).map_err(FrameError::Io)
@@ -218,32 +204,20 @@ mod tests {
     #[test]
     fn rejects_oversized_length_from_header_alone() {
         let header = u32::try_from(MAX_FRAME_BYTES + 1).unwrap().to_le_bytes();
-        assert!(matches!(
-            decode::<ToHost>(&header),
-            Err(FrameError::TooLarge { .. })
-        ));
+        assert!(matches!(decode::<ToHost>(&header), Err(FrameError::TooLarge { .. })));
     }
 
     #[test]
     fn rejects_empty_body() {
-        assert!(matches!(
-            decode::<ToHost>(&[0, 0, 0, 0]),
-            Err(FrameError::Empty)
-        ));
+        assert!(matches!(decode::<ToHost>(&[0, 0, 0, 0]), Err(FrameError::Empty)));
     }
 
     #[test]
     fn all_zero_body_is_not_a_message() {
         let mut wire = 8u32.to_le_bytes().to_vec();
         wire.extend_from_slice(&[0; 8]);
-        assert!(matches!(
-            decode::<ToGuest>(&wire),
-            Err(FrameError::Malformed(_))
-        ));
-        assert!(matches!(
-            decode::<ToHost>(&wire),
-            Err(FrameError::Malformed(_))
-        ));
+        assert!(matches!(decode::<ToGuest>(&wire), Err(FrameError::Malformed(_))));
+        assert!(matches!(decode::<ToHost>(&wire), Err(FrameError::Malformed(_))));
     }
 
     #[test]
@@ -251,10 +225,7 @@ mod tests {
         let mut wire = Vec::new();
         encode(&ToGuest::StdinEof { id: ProcId(3) }, &mut wire).unwrap();
         for cut in 0..wire.len() {
-            assert!(
-                decode::<ToGuest>(&wire[..cut]).unwrap().is_none(),
-                "cut at {cut}"
-            );
+            assert!(decode::<ToGuest>(&wire[..cut]).unwrap().is_none(), "cut at {cut}");
         }
     }
 
@@ -265,10 +236,7 @@ mod tests {
         wire.push(0);
         let len = u32::try_from(wire.len() - HEADER_BYTES).unwrap();
         wire[..HEADER_BYTES].copy_from_slice(&len.to_le_bytes());
-        assert!(matches!(
-            decode::<ToGuest>(&wire),
-            Err(FrameError::Malformed(_))
-        ));
+        assert!(matches!(decode::<ToGuest>(&wire), Err(FrameError::Malformed(_))));
     }
 
     #[test]

@@ -225,12 +225,7 @@ mod tests {
     #[test]
     fn rejects_missing_capabilities() {
         let body = body_of(&ToHost::Hello(Hello::ours(Capabilities::EXEC, "old")));
-        let err = accept_first(
-            &body,
-            Capabilities::EXEC.union(Capabilities::PTY),
-            host_hello,
-        )
-        .unwrap_err();
+        let err = accept_first(&body, Capabilities::EXEC.union(Capabilities::PTY), host_hello).unwrap_err();
         assert!(matches!(
             err,
             FirstFrameError::Handshake(HandshakeError::MissingCapabilities { missing }) if missing == Capabilities::PTY
@@ -253,9 +248,6 @@ mod tests {
             peek_version(&body_of(&ToHost::Hello(hello.clone()))),
             Ok(PROTOCOL_VERSION)
         );
-        assert_eq!(
-            peek_version(&body_of(&ToGuest::Hello(hello))),
-            Ok(PROTOCOL_VERSION)
-        );
+        assert_eq!(peek_version(&body_of(&ToGuest::Hello(hello))), Ok(PROTOCOL_VERSION));
     }
 }

@@ -89,10 +89,7 @@ mod tests {
 
     #[test]
     fn rejects_paths_and_odd_characters() {
-        assert!(matches!(
-            SandboxId::parse(""),
-            Err(SandboxIdError::Length { len: 0 })
-        ));
+        assert!(matches!(SandboxId::parse(""), Err(SandboxIdError::Length { len: 0 })));
         assert!(matches!(
             SandboxId::parse(&"x".repeat(MAX_SANDBOX_ID_BYTES + 1)),
             Err(SandboxIdError::Length { .. })
@@ -103,13 +100,7 @@ mod tests {
                 "{bad:?}"
             );
         }
-        assert!(matches!(
-            SandboxId::parse("."),
-            Err(SandboxIdError::DotName)
-        ));
-        assert!(matches!(
-            SandboxId::parse(".."),
-            Err(SandboxIdError::DotName)
-        ));
+        assert!(matches!(SandboxId::parse("."), Err(SandboxIdError::DotName)));
+        assert!(matches!(SandboxId::parse(".."), Err(SandboxIdError::DotName)));
     }
 }

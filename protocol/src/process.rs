@@ -162,10 +162,7 @@ mod tests {
     fn signal_names_round_trip() {
         for s in SignalName::ALL {
             assert_eq!(SignalName::parse(s.name()), Some(s));
-            assert_eq!(
-                SignalName::parse(&format!("sig{}", s.name().to_lowercase())),
-                Some(s)
-            );
+            assert_eq!(SignalName::parse(&format!("sig{}", s.name().to_lowercase())), Some(s));
         }
         assert_eq!(SignalName::parse("SIGBOGUS"), None);
     }

@@ -56,9 +56,8 @@ pub enum SupervisorStatus {
 impl SupervisorStatus {
     /// One line of JSON, newline included.
     pub fn to_line(&self) -> String {
-        let mut line = serde_json::to_string(self).unwrap_or_else(|_| {
-            String::from("{\"status\":\"failed\",\"error\":\"status encoding\"}")
-        });
+        let mut line = serde_json::to_string(self)
+            .unwrap_or_else(|_| String::from("{\"status\":\"failed\",\"error\":\"status encoding\"}"));
         line.push('\n');
         line
     }

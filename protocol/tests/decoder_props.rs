@@ -94,10 +94,7 @@ fn to_guest() -> impl Strategy<Value = ToGuest> {
             .prop_map(|(id, argv, env, cwd, window)| ToGuest::Spawn(Spawn {
                 id: ProcId(id),
                 argv,
-                env: env
-                    .into_iter()
-                    .map(|(key, value)| EnvVar { key, value })
-                    .collect(),
+                env: env.into_iter().map(|(key, value)| EnvVar { key, value }).collect(),
                 cwd,
                 pty: None,
                 output_window: window,
@@ -109,10 +106,7 @@ fn to_guest() -> impl Strategy<Value = ToGuest> {
             }
         }),
         any::<u32>().prop_map(|id| ToGuest::StdinEof { id: ProcId(id) }),
-        (any::<u32>(), any::<u32>()).prop_map(|(id, bytes)| ToGuest::Credit {
-            id: ProcId(id),
-            bytes
-        }),
+        (any::<u32>(), any::<u32>()).prop_map(|(id, bytes)| ToGuest::Credit { id: ProcId(id), bytes }),
         any::<u64>().prop_map(|nonce| ToGuest::Ping { nonce }),
         text().prop_map(|s| ToGuest::Hello(Hello::ours(Capabilities::EXEC, s))),
     ]
@@ -120,18 +114,13 @@ fn to_guest() -> impl Strategy<Value = ToGuest> {
 
 fn to_host() -> impl Strategy<Value = ToHost> {
     prop_oneof![
-        (
-            any::<u32>(),
-            any::<bool>(),
-            prop::collection::vec(any::<u8>(), 0..512)
-        )
-            .prop_map(|(id, err, d)| {
-                ToHost::Output {
-                    id: ProcId(id),
-                    stream: if err { Stream::Stderr } else { Stream::Stdout },
-                    data: d.into(),
-                }
-            }),
+        (any::<u32>(), any::<bool>(), prop::collection::vec(any::<u8>(), 0..512)).prop_map(|(id, err, d)| {
+            ToHost::Output {
+                id: ProcId(id),
+                stream: if err { Stream::Stderr } else { Stream::Stdout },
+                data: d.into(),
+            }
+        }),
         (any::<u32>(), any::<i32>()).prop_map(|(id, c)| ToHost::Exited {
             id: ProcId(id),
             status: ExitStatus::Code(c)

@@ -34,16 +34,11 @@ impl Credit {
                 return None;
             }
             if state.available > 0 {
-                let n = usize::try_from(state.available)
-                    .unwrap_or(usize::MAX)
-                    .min(max);
+                let n = usize::try_from(state.available).unwrap_or(usize::MAX).min(max);
                 state.available -= n as u64;
                 return Some(n);
             }
-            state = self
-                .changed
-                .wait(state)
-                .unwrap_or_else(PoisonError::into_inner);
+            state = self.changed.wait(state).unwrap_or_else(PoisonError::into_inner);
         }
     }
 
@@ -53,9 +48,7 @@ impl Credit {
         if state.closed {
             return 0;
         }
-        let n = usize::try_from(state.available)
-            .unwrap_or(usize::MAX)
-            .min(max);
+        let n = usize::try_from(state.available).unwrap_or(usize::MAX).min(max);
         state.available -= n as u64;
         n
     }
@@ -69,10 +62,7 @@ impl Credit {
 
     /// Wakes every blocked pump and makes it stop: used when the VM is going down.
     pub(crate) fn close(&self) {
-        self.state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .closed = true;
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).closed = true;
         self.changed.notify_all();
     }
 }

@@ -47,11 +47,7 @@ pub fn boot() -> Result<(), InitError> {
     mount_fs("proc", "/proc", nosuid_nodev | MsFlags::MS_NOEXEC)?;
     mount_fs("sysfs", "/sys", nosuid_nodev | MsFlags::MS_NOEXEC)?;
     mount_fs("devtmpfs", "/dev", MsFlags::MS_NOSUID)?;
-    mount_fs(
-        "devpts",
-        "/dev/pts",
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-    )?;
+    mount_fs("devpts", "/dev/pts", MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC)?;
     mount_fs("tmpfs", "/run", nosuid_nodev)?;
     load_modules(Path::new(MODULE_LIST))
 }
@@ -61,11 +57,7 @@ fn mount_fs(fstype: &'static str, target: &'static str, flags: MsFlags) -> Resul
     let _ = fs::create_dir_all(target);
     match mount(Some(fstype), target, Some(fstype), flags, None::<&str>) {
         Ok(()) | Err(Errno::EBUSY) => Ok(()),
-        Err(source) => Err(InitError::Mount {
-            fstype,
-            target,
-            source,
-        }),
+        Err(source) => Err(InitError::Mount { fstype, target, source }),
     }
 }
 
@@ -89,12 +81,7 @@ fn load_modules(list: &Path) -> Result<(), InitError> {
         match finit_module(&file, c"", ModuleInitFlags::empty()) {
             // Already loaded or built in.
             Ok(()) | Err(Errno::EEXIST) => {}
-            Err(e) => {
-                return Err(InitError::LoadModule {
-                    path,
-                    source: e.into(),
-                })
-            }
+            Err(e) => return Err(InitError::LoadModule { path, source: e.into() }),
         }
     }
     Ok(())

@@ -13,9 +13,7 @@ const PORT_TIMEOUT_MS: u64 = 10_000;
 
 fn main() -> ExitCode {
     if std::process::id() != 1 {
-        eprintln!(
-            "vm-agent: must run as PID 1 inside the guest; refusing (it powers the machine off)"
-        );
+        eprintln!("vm-agent: must run as PID 1 inside the guest; refusing (it powers the machine off)");
         return ExitCode::from(2);
     }
     power::install_panic_hook();

@@ -56,9 +56,7 @@ pub fn open(name: &str, timeout: Duration) -> Result<File, PortError> {
     loop {
         match OpenOptions::new().read(true).write(true).open(&path) {
             Ok(file) => return Ok(file),
-            Err(source) if Instant::now() >= deadline => {
-                return Err(PortError::Open { path, source })
-            }
+            Err(source) if Instant::now() >= deadline => return Err(PortError::Open { path, source }),
             Err(_) => thread::sleep(Duration::from_millis(POLL_MS)),
         }
     }

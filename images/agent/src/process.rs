@@ -122,12 +122,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
     let mut cmd = Command::new(&req.argv[0]);
     cmd.args(&req.argv[1..])
         .env_clear()
-        .envs(
-            config
-                .default_env
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str())),
-        )
+        .envs(config.default_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .envs(req.env.iter().map(|e| (e.key.as_str(), e.value.as_str())))
         .current_dir(req.cwd.as_deref().unwrap_or(&config.default_cwd))
         .stdin(Stdio::piped())
@@ -160,8 +155,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
             return fail_early(shared, id, &output, &msg, code);
         }
     };
-    let (Some(stdin), Some(stdout), Some(stderr)) =
-        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {
         // Unreachable with piped stdio; refuse rather than run a process we cannot serve.
         let _ = child.kill();
@@ -196,16 +190,10 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
         pid: child.id(),
         stdin_window: DEFAULT_WINDOW_BYTES,
     });
-    start_thread(shared, "stdin", move |s| {
-        write_stdin(&s, id, stdin, &stdin_rx)
-    });
+    start_thread(shared, "stdin", move |s| write_stdin(&s, id, stdin, &stdin_rx));
     let credit = Arc::clone(&output);
-    start_thread(shared, "stdout", move |s| {
-        pump(&s, id, Stream::Stdout, stdout, &credit)
-    });
-    start_thread(shared, "stderr", move |s| {
-        pump(&s, id, Stream::Stderr, stderr, &output)
-    });
+    start_thread(shared, "stdout", move |s| pump(&s, id, Stream::Stdout, stdout, &credit));
+    start_thread(shared, "stderr", move |s| pump(&s, id, Stream::Stderr, stderr, &output));
 }
 
 fn admit(shared: &Shared, config: &Config, req: &Spawn) -> Result<(), Refusal> {
@@ -294,6 +282,12 @@ fn write_stdin(shared: &Shared, id: ProcId, mut pipe: impl Write, rx: &Receiver<
     while let Ok(StdinCmd::Data(data)) = rx.recv() {
         broken = broken || pipe.write_all(&data).is_err();
         let bytes = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        // Widen our own view of the window before the host can use the credit.
+        if let Lookup::Live(p) = shared.table().lookup(id) {
+            if p.stdin_window.grant(bytes).is_err() {
+                return;
+            }
+        }
         shared.send(&ToHost::StdinCredit { id, bytes });
     }
     // `Eof`, or the process left the table: dropping `pipe` closes the process's stdin.

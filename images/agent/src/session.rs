@@ -139,11 +139,7 @@ impl Shared {
 ///
 /// # Errors
 /// A [`SessionError`] when the handshake fails or the host breaks the protocol.
-pub fn serve(
-    mut reader: impl Read,
-    writer: Box<dyn Write + Send>,
-    config: &Config,
-) -> Result<End, SessionError> {
+pub fn serve(mut reader: impl Read, writer: Box<dyn Write + Send>, config: &Config) -> Result<End, SessionError> {
     let shared = Arc::new(Shared {
         outbox: Outbox::new(writer),
         table: Mutex::new(Table::default()),
@@ -177,15 +173,8 @@ pub fn serve(
     }
 }
 
-fn handshake(
-    shared: &Shared,
-    reader: &mut impl Read,
-    scratch: &mut Vec<u8>,
-) -> Result<Hello, SessionError> {
-    let ours = Hello::ours(
-        CAPABILITIES,
-        concat!("vm-agent ", env!("CARGO_PKG_VERSION")),
-    );
+fn handshake(shared: &Shared, reader: &mut impl Read, scratch: &mut Vec<u8>) -> Result<Hello, SessionError> {
+    let ours = Hello::ours(CAPABILITIES, concat!("vm-agent ", env!("CARGO_PKG_VERSION")));
     shared
         .outbox
         .send(&ToHost::Hello(ours))
@@ -223,10 +212,7 @@ fn serve_requests(
                     p.stdin_window
                         .consume(data.len())
                         .map_err(|e| violation(id, &e.to_string()))?;
-                    let tx = p
-                        .stdin
-                        .as_ref()
-                        .ok_or_else(|| violation(id, "stdin after EOF"))?;
+                    let tx = p.stdin.as_ref().ok_or_else(|| violation(id, "stdin after EOF"))?;
                     // A closed receiver means the process is finishing; its stdin no longer matters.
                     let _ = tx.send(StdinCmd::Data(data.into_vec()));
                 }
@@ -234,10 +220,7 @@ fn serve_requests(
             ToGuest::StdinEof { id } => {
                 let mut table = shared.table();
                 if let Lookup::Live(p) = known(&mut table, id)? {
-                    let tx = p
-                        .stdin
-                        .take()
-                        .ok_or_else(|| violation(id, "second stdin EOF"))?;
+                    let tx = p.stdin.take().ok_or_else(|| violation(id, "second stdin EOF"))?;
                     let _ = tx.send(StdinCmd::Eof);
                 }
             }
@@ -265,9 +248,7 @@ fn serve_requests(
                 }
             }
             ToGuest::Ping { nonce } => shared.send(&ToHost::Pong { nonce }),
-            ToGuest::Shutdown { grace_ms } => {
-                return Ok(Some(Duration::from_millis(u64::from(grace_ms))))
-            }
+            ToGuest::Shutdown { grace_ms } => return Ok(Some(Duration::from_millis(u64::from(grace_ms)))),
             ToGuest::Hello(_) | ToGuest::Reserved => {
                 return Err(SessionError::Violation {
                     what: "unexpected hello after the handshake".into(),
@@ -280,10 +261,7 @@ fn serve_requests(
 /// Resolves an id, turning a never-spawned id into a violation.
 fn known(table: &mut Table, id: ProcId) -> Result<Lookup<'_>, SessionError> {
     match table.lookup(id) {
-        Lookup::Unknown => Err(violation(
-            id,
-            "message for a process that was never spawned",
-        )),
+        Lookup::Unknown => Err(violation(id, "message for a process that was never spawned")),
         other => Ok(other),
     }
 }

@@ -17,9 +17,7 @@ use std::time::{Duration, Instant};
 use vm_agent::session::{self, End, SessionError};
 use vm_protocol::handshake::{FirstFrameError, HandshakeError};
 use vm_protocol::message::{EnvVar, Refusal};
-use vm_protocol::{
-    frame, Capabilities, ExitStatus, Hello, ProcId, SignalName, Spawn, Stream, ToGuest, ToHost,
-};
+use vm_protocol::{frame, Capabilities, ExitStatus, Hello, ProcId, SignalName, Spawn, Stream, ToGuest, ToHost};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -42,27 +40,18 @@ impl Host {
     fn start() -> Self {
         let (host, guest) = UnixStream::pair().unwrap();
         let writer = guest.try_clone().unwrap();
-        let agent = thread::spawn(move || {
-            session::serve(guest, Box::new(writer), &session::Config::default())
-        });
+        let agent = thread::spawn(move || session::serve(guest, Box::new(writer), &session::Config::default()));
         let mut host = Self {
             stream: host,
             agent: Some(agent),
             scratch: Vec::new(),
         };
-        host.stream
-            .set_read_timeout(Some(Duration::from_secs(20)))
-            .unwrap();
+        host.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         match host.recv() {
-            Some(ToHost::Hello(h)) => h
-                .check(Capabilities::EXEC.union(Capabilities::SIGNALS))
-                .unwrap(),
+            Some(ToHost::Hello(h)) => h.check(Capabilities::EXEC.union(Capabilities::SIGNALS)).unwrap(),
             other => panic!("expected hello, got {other:?}"),
         }
-        host.send(&ToGuest::Hello(Hello::ours(
-            Capabilities::NONE,
-            "test-host",
-        )));
+        host.send(&ToGuest::Hello(Hello::ours(Capabilities::NONE, "test-host")));
         host
     }
 
@@ -91,21 +80,14 @@ impl Host {
         loop {
             match self.recv().expect("channel closed before Exited") {
                 ToHost::Started { id: got, .. } if got == ProcId(id) => run.started = true,
-                ToHost::Output {
-                    id: got,
-                    stream,
-                    data,
-                } if got == ProcId(id) => {
+                ToHost::Output { id: got, stream, data } if got == ProcId(id) => {
                     assert!(run.status.is_none(), "output after exit");
                     match stream {
                         Stream::Stdout => run.stdout.extend_from_slice(&data),
                         Stream::Stderr => run.stderr.extend_from_slice(&data),
                     }
                     let bytes = u32::try_from(data.len()).unwrap();
-                    self.send(&ToGuest::Credit {
-                        id: ProcId(id),
-                        bytes,
-                    });
+                    self.send(&ToGuest::Credit { id: ProcId(id), bytes });
                 }
                 ToHost::Exited { id: got, status } if got == ProcId(id) => {
                     run.status = Some(status);
@@ -193,22 +175,15 @@ fn stdin_reaches_the_process_and_eof_is_explicit() {
         data: b"abc".to_vec().into(),
     });
     // Without EOF, cat keeps running: nothing but output may arrive.
-    host.stream
-        .set_read_timeout(Some(Duration::from_millis(500)))
-        .unwrap();
+    host.stream.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
     let mut seen = Vec::new();
     while let Ok(Some(msg)) = frame::read::<ToHost, _>(&mut host.stream, &mut host.scratch) {
-        assert!(
-            !matches!(msg, ToHost::Exited { .. }),
-            "cat exited without stdin EOF"
-        );
+        assert!(!matches!(msg, ToHost::Exited { .. }), "cat exited without stdin EOF");
         if let ToHost::Output { data, .. } = msg {
             seen.extend_from_slice(&data);
         }
     }
-    host.stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
+    host.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     host.send(&ToGuest::StdinEof { id: ProcId(1) });
     let run = host.collect(1);
     seen.extend_from_slice(&run.stdout);
@@ -218,16 +193,54 @@ fn stdin_reaches_the_process_and_eof_is_explicit() {
 }
 
 #[test]
+fn stdin_larger_than_the_window_flows_with_credit() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    const TOTAL: usize = 5 << 20;
+    let mut host = Host::start();
+    host.spawn(1, &["sha256sum"], 4096);
+    let mut credit = match host.recv().unwrap() {
+        ToHost::Started { stdin_window, .. } => stdin_window as usize,
+        other => panic!("{other:?}"),
+    };
+    let input: Vec<u8> = (0..TOTAL).map(|i| (i * 7 % 251) as u8).collect();
+    let mut sent = 0;
+    while sent < TOTAL {
+        while credit == 0 {
+            match host.recv().unwrap() {
+                ToHost::StdinCredit { bytes, .. } => credit += bytes as usize,
+                other => panic!("{other:?}"),
+            }
+        }
+        let n = credit.min(frame::MAX_DATA_BYTES).min(TOTAL - sent);
+        host.send(&ToGuest::Stdin {
+            id: ProcId(1),
+            data: input[sent..sent + n].to_vec().into(),
+        });
+        sent += n;
+        credit -= n;
+    }
+    host.send(&ToGuest::StdinEof { id: ProcId(1) });
+    let run = host.collect(1);
+    let expected = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().unwrap().write_all(&input)?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert_eq!(run.stdout, expected.stdout);
+    host.finish().unwrap();
+}
+
+#[test]
 fn env_and_cwd_reach_the_process() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut host = Host::start();
     host.send(&ToGuest::Spawn(Spawn {
         id: ProcId(1),
-        argv: vec![
-            "/bin/sh".into(),
-            "-c".into(),
-            "echo \"$GREETING\"; pwd".into(),
-        ],
+        argv: vec!["/bin/sh".into(), "-c".into(), "echo \"$GREETING\"; pwd".into()],
         env: vec![EnvVar {
             key: "GREETING".into(),
             value: "hello there".into(),
@@ -249,9 +262,7 @@ fn output_stops_at_the_credit_window_and_resumes_when_granted() {
     let mut host = Host::start();
     host.spawn(1, &["head", "-c", &TOTAL.to_string(), "/dev/zero"], WINDOW);
     // Take no credit back for a while: the agent must stop at the window.
-    host.stream
-        .set_read_timeout(Some(Duration::from_millis(300)))
-        .unwrap();
+    host.stream.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
     let mut held = 0usize;
     let deadline = Instant::now() + Duration::from_secs(2);
     while Instant::now() < deadline {
@@ -267,9 +278,7 @@ fn output_stops_at_the_credit_window_and_resumes_when_granted() {
         held, WINDOW as usize,
         "the agent sent exactly its window and then waited"
     );
-    host.stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
+    host.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     host.send(&ToGuest::Credit {
         id: ProcId(1),
         bytes: WINDOW,
@@ -307,9 +316,7 @@ fn wait_for_group_member(pgid: u32, comm: &str) {
                 continue;
             };
             let fields: Vec<&str> = tail.split(' ').collect();
-            if head.ends_with(&format!("({comm}"))
-                && fields.get(2) == Some(&pgid.to_string().as_str())
-            {
+            if head.ends_with(&format!("({comm}")) && fields.get(2) == Some(&pgid.to_string().as_str()) {
                 return;
             }
         }
@@ -365,10 +372,7 @@ fn a_message_for_a_never_spawned_id_is_a_violation() {
     let mut host = Host::start();
     host.send(&ToGuest::StdinEof { id: ProcId(99) });
     let result = host.agent.take().unwrap().join().unwrap();
-    assert!(
-        matches!(result, Err(SessionError::Violation { .. })),
-        "{result:?}"
-    );
+    assert!(matches!(result, Err(SessionError::Violation { .. })), "{result:?}");
 }
 
 #[test]
@@ -380,18 +384,19 @@ fn stdin_beyond_the_granted_window_is_a_violation() {
         ToHost::Started { stdin_window, .. } => stdin_window as usize,
         other => panic!("{other:?}"),
     };
+    // sleep never reads, so after its pipe fills no more credit comes back: twice the window must overrun.
     let chunk = vec![0u8; frame::MAX_DATA_BYTES];
-    for _ in 0..=window / chunk.len() {
-        host.send(&ToGuest::Stdin {
+    for _ in 0..2 * window / chunk.len() {
+        let msg = ToGuest::Stdin {
             id: ProcId(1),
             data: chunk.clone().into(),
-        });
+        };
+        if frame::write(&mut host.stream, &msg, &mut Vec::new()).is_err() {
+            break; // the agent already hung up on us
+        }
     }
     let result = host.agent.take().unwrap().join().unwrap();
-    assert!(
-        matches!(result, Err(SessionError::Violation { .. })),
-        "{result:?}"
-    );
+    assert!(matches!(result, Err(SessionError::Violation { .. })), "{result:?}");
 }
 
 #[test]
@@ -407,10 +412,7 @@ fn shutdown_stops_running_processes_and_reports_them() {
         Some(ExitStatus::Signaled(15)),
         "SIGTERM within the grace period"
     );
-    assert_eq!(
-        host.agent.take().unwrap().join().unwrap().unwrap(),
-        End::Shutdown
-    );
+    assert_eq!(host.agent.take().unwrap().join().unwrap().unwrap(), End::Shutdown);
 }
 
 #[test]
@@ -424,10 +426,7 @@ fn host_going_away_kills_everything() {
         }
     };
     host.stream.shutdown(std::net::Shutdown::Both).unwrap();
-    assert_eq!(
-        host.agent.take().unwrap().join().unwrap().unwrap(),
-        End::HostGone
-    );
+    assert_eq!(host.agent.take().unwrap().join().unwrap().unwrap(), End::HostGone);
     // The agent reaped it, so the pid is gone from /proc.
     let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     assert!(state.is_empty(), "workload survived the host: {state}");
@@ -438,8 +437,7 @@ fn rejects_a_host_of_another_version() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (mut host, guest) = UnixStream::pair().unwrap();
     let writer = guest.try_clone().unwrap();
-    let agent =
-        thread::spawn(move || session::serve(guest, Box::new(writer), &session::Config::default()));
+    let agent = thread::spawn(move || session::serve(guest, Box::new(writer), &session::Config::default()));
     let mut scratch = Vec::new();
     let _hello: Option<ToHost> = frame::read(&mut host, &mut scratch).unwrap();
     let mut theirs = Hello::ours(Capabilities::NONE, "future-host");

@@ -70,10 +70,7 @@ pub fn write(out: &mut impl Write, entries: &[Entry], mtime: u32) -> io::Result<
     member(out, TRAILER, 0, 1, &[], (0, 0), 0, 0)
 }
 
-#[expect(
-    clippy::too_many_arguments,
-    reason = "one argument per header field that varies"
-)]
+#[expect(clippy::too_many_arguments, reason = "one argument per header field that varies")]
 fn member(
     out: &mut impl Write,
     name: &str,
@@ -90,9 +87,7 @@ fn member(
     let mut header = Vec::with_capacity(110 + name.len() + 4);
     header.extend_from_slice(MAGIC);
     // ino mode uid gid nlink mtime filesize devmajor devminor rdevmajor rdevminor namesize check
-    for field in [
-        ino, mode, 0, 0, nlink, mtime, size, 0, 0, rdev.0, rdev.1, namesize, 0,
-    ] {
+    for field in [ino, mode, 0, 0, nlink, mtime, size, 0, 0, rdev.0, rdev.1, namesize, 0] {
         header.extend_from_slice(format!("{field:08x}").as_bytes());
     }
     header.extend_from_slice(name.as_bytes());
@@ -144,13 +139,8 @@ mod tests {
             perm: 0o600,
             kind: Kind::CharDevice(5, 1),
         }]);
-        let field = |i: usize| {
-            u32::from_str_radix(
-                std::str::from_utf8(&out[6 + i * 8..14 + i * 8]).unwrap(),
-                16,
-            )
-            .unwrap()
-        };
+        let field =
+            |i: usize| u32::from_str_radix(std::str::from_utf8(&out[6 + i * 8..14 + i * 8]).unwrap(), 16).unwrap();
         assert_eq!(field(0), 1, "inode numbers count from 1");
         assert_eq!(field(1), S_IFCHR | 0o600);
         assert_eq!((field(2), field(3)), (0, 0), "owned by root");

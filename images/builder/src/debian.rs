@@ -36,8 +36,7 @@ pub struct ChecksumMismatch {
 /// # Errors
 /// The file cannot be read.
 pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut file =
-        fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut file = fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
     loop {
@@ -68,11 +67,7 @@ fn hex(bytes: &[u8]) -> String {
 pub fn fetch(pin: &Pin, cache: &Path) -> Result<PathBuf> {
     let debs = cache.join("debs");
     fs::create_dir_all(&debs).with_context(|| format!("cannot create {}", debs.display()))?;
-    let name = format!(
-        "{}_{}_amd64.deb",
-        pin.package,
-        pin.version.replace(':', "%3a")
-    );
+    let name = format!("{}_{}_amd64.deb", pin.package, pin.version.replace(':', "%3a"));
     let cached = debs.join(&name);
     if cached.exists() && sha256_file(&cached)? == pin.sha256 {
         return Ok(cached);
@@ -116,8 +111,7 @@ fn download(pin: &Pin, staging: &Path, cached: &Path) -> Result<()> {
         }
         .into());
     }
-    fs::rename(&deb, cached)
-        .with_context(|| format!("cannot move {} into the cache", deb.display()))
+    fs::rename(&deb, cached).with_context(|| format!("cannot move {} into the cache", deb.display()))
 }
 
 /// Unpacks a `.deb`'s files into `dest` with `dpkg-deb -x`.

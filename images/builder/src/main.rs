@@ -27,10 +27,7 @@ use crate::debian::Pin;
 const DEFAULT_PINS: &str = include_str!("../../pins.json");
 
 #[derive(Debug, Parser)]
-#[command(
-    version,
-    about = "Builds the guest image for vm-driver from pinned Debian packages"
-)]
+#[command(version, about = "Builds the guest image for vm-driver from pinned Debian packages")]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -114,9 +111,9 @@ fn run(cli: Cli) -> Result<()> {
     };
     let out = out.unwrap_or_else(|| cache.join("images/default"));
     let pins: Pins = match &pins {
-        Some(p) => serde_json::from_str(
-            &fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
-        ),
+        Some(p) => {
+            serde_json::from_str(&fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?)
+        }
         None => serde_json::from_str(DEFAULT_PINS),
     }
     .context("pins file is not valid")?;
@@ -129,14 +126,12 @@ fn default_cache() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(dir).join("vm-driver"));
     }
-    let home =
-        std::env::var_os("HOME").context("neither XDG_CACHE_HOME nor HOME is set; pass --cache")?;
+    let home = std::env::var_os("HOME").context("neither XDG_CACHE_HOME nor HOME is set; pass --cache")?;
     Ok(PathBuf::from(home).join(".cache/vm-driver"))
 }
 
 fn build(agent: &Path, out: &Path, cache: &Path, pins: &Pins, mtime: u32) -> Result<()> {
-    let agent_bytes =
-        fs::read(agent).with_context(|| format!("cannot read the agent {}", agent.display()))?;
+    let agent_bytes = fs::read(agent).with_context(|| format!("cannot read the agent {}", agent.display()))?;
     let kernel_deb = debian::fetch(&pins.kernel, cache)?;
     let busybox_deb = debian::fetch(&pins.busybox, cache)?;
 
@@ -147,21 +142,13 @@ fn build(agent: &Path, out: &Path, cache: &Path, pins: &Pins, mtime: u32) -> Res
     let result = assemble(&work, &agent_bytes, &kernel_deb, &busybox_deb, pins, mtime);
     if result.is_ok() {
         let _ = fs::remove_dir_all(out);
-        fs::rename(work.join("image"), out)
-            .with_context(|| format!("cannot move the image to {}", out.display()))?;
+        fs::rename(work.join("image"), out).with_context(|| format!("cannot move the image to {}", out.display()))?;
     }
     let _ = fs::remove_dir_all(&work);
     result
 }
 
-fn assemble(
-    work: &Path,
-    agent: &[u8],
-    kernel_deb: &Path,
-    busybox_deb: &Path,
-    pins: &Pins,
-    mtime: u32,
-) -> Result<()> {
+fn assemble(work: &Path, agent: &[u8], kernel_deb: &Path, busybox_deb: &Path, pins: &Pins, mtime: u32) -> Result<()> {
     let kernel_root = work.join("kernel");
     let busybox_root = work.join("busybox");
     let image = work.join("image");
@@ -171,10 +158,7 @@ fn assemble(
 
     let (vmlinuz, release) = find_kernel(&kernel_root)?;
     fs::copy(&vmlinuz, image.join("vmlinuz")).context("cannot copy the kernel")?;
-    let modules = modules::resolve(
-        &kernel_root.join("lib/modules").join(&release),
-        &pins.modules,
-    )?;
+    let modules = modules::resolve(&kernel_root.join("lib/modules").join(&release), &pins.modules)?;
 
     let busybox_bin = busybox_root.join("bin/busybox");
     let listed = Command::new(&busybox_bin)
@@ -196,8 +180,7 @@ fn assemble(
             .map(|m| {
                 Ok((
                     m.name.clone(),
-                    fs::read(&m.path)
-                        .with_context(|| format!("cannot read {}", m.path.display()))?,
+                    fs::read(&m.path).with_context(|| format!("cannot read {}", m.path.display()))?,
                 ))
             })
             .collect::<Result<_>>()?,

@@ -147,8 +147,7 @@ mod tests {
 
     #[test]
     fn reads_depends_from_modinfo() {
-        let ko =
-            b"\x7fELF...\0license=GPL\0depends=virtio,virtio_ring\0retpoline=Y\0name=virtio_mmio\0";
+        let ko = b"\x7fELF...\0license=GPL\0depends=virtio,virtio_ring\0retpoline=Y\0name=virtio_mmio\0";
         assert_eq!(depends(ko), ["virtio", "virtio_ring"]);
         assert!(depends(b"\0depends=\0name=virtio\0").is_empty());
         assert!(depends(b"no modinfo here").is_empty());
@@ -167,10 +166,7 @@ mod tests {
         let names: Vec<_> = order.iter().map(|m| m.name.as_str()).collect();
         assert_eq!(names, ["c", "b", "a", "d_e"]);
         fs::write(sub.join("c.ko"), b"\0depends=a\0").unwrap();
-        assert!(matches!(
-            resolve(&dir, &["a".into()]),
-            Err(ModuleError::Cycle { .. })
-        ));
+        assert!(matches!(resolve(&dir, &["a".into()]), Err(ModuleError::Cycle { .. })));
         assert!(matches!(
             resolve(&dir, &["zzz".into()]),
             Err(ModuleError::NotFound { .. })

@@ -115,14 +115,8 @@ mod tests {
         ] {
             assert!(paths.contains(&must), "{must} missing");
         }
-        let list = entries
-            .iter()
-            .find(|e| e.path == "etc/vm-agent/modules")
-            .unwrap();
-        assert_eq!(
-            list.kind,
-            Kind::File(b"/lib/modules/vm/virtio.ko\n".to_vec())
-        );
+        let list = entries.iter().find(|e| e.path == "etc/vm-agent/modules").unwrap();
+        assert_eq!(list.kind, Kind::File(b"/lib/modules/vm/virtio.ko\n".to_vec()));
         assert_eq!(paths.iter().filter(|p| **p == "bin/busybox").count(), 1);
     }
 }

@@ -1,0 +1,271 @@
+//! Starting a supervisor, waiting for its VM, and stopping it in the one safe order.
+//!
+//! **Parent liveness.** The driver makes a pipe with both ends close-on-exec. The read end becomes the
+//! supervisor's stdin through `Stdio` (so no raw descriptor number is passed), and the supervisor runs with
+//! `--parent-liveness-stdin`. The write end stays in this process only: close-on-exec keeps it out of every
+//! child, and [`SupervisorProcess`] holds it until the stop is over. If the driver dies, the kernel closes it
+//! and the supervisor sees EOF.
+//!
+//! **Stop ordering.** SIGTERM, then wait (bounded) for the supervisor to exit, and only then close the pipe;
+//! on timeout, SIGKILL and then close. Closing the pipe first would make the supervisor take its "driver
+//! gone" path while it is still flushing what SIGTERM asked it to flush.
+
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+use vm_protocol::status::{Accelerator, SupervisorStatus};
+use vm_protocol::SandboxId;
+
+use crate::image::Image;
+
+/// Default bound on the wait between SIGTERM and SIGKILL.
+pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The supervisor's stderr, in the sandbox directory.
+pub const SUPERVISOR_LOG: &str = "supervisor.log";
+
+/// Environment variables a supervisor may inherit; everything else is cleared.
+const PASSED_ENV: &[&str] = &["PATH", "RUST_LOG"];
+
+/// What a supervisor is started with. All of it is trusted input.
+#[derive(Debug, Clone)]
+pub struct SupervisorSpec {
+    /// The `vm-supervisor` binary.
+    pub binary: PathBuf,
+    /// The sandbox.
+    pub sandbox_id: SandboxId,
+    /// Its private directory.
+    pub sandbox_dir: PathBuf,
+    /// What to boot.
+    pub image: Image,
+    /// vCPUs.
+    pub cpus: u8,
+    /// Memory in MiB.
+    pub memory_mib: u32,
+    /// `auto`, `kvm` or `tcg`.
+    pub accel: String,
+    /// How long the guest may take to boot.
+    pub boot_timeout: Duration,
+    /// Grace between SIGTERM and SIGKILL for workload processes when stopping.
+    pub stop_grace: Duration,
+}
+
+/// Why a supervisor did not start or its VM did not come up.
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    /// No supervisor binary next to the driver.
+    #[error("vm-supervisor not found at {}", .0.display())]
+    NotFound(PathBuf),
+    /// The liveness pipe or the log could not be made.
+    #[error("cannot prepare the supervisor's stdio")]
+    Stdio(#[source] std::io::Error),
+    /// The process could not be started.
+    #[error("cannot start vm-supervisor")]
+    Spawn(#[source] std::io::Error),
+    /// The supervisor reported a failed start.
+    #[error("{0}")]
+    StartFailed(String),
+    /// The supervisor exited without a verdict.
+    #[error("vm-supervisor exited during start-up ({status}); see {}", log.display())]
+    Died {
+        /// Its exit status.
+        status: String,
+        /// Its log.
+        log: PathBuf,
+    },
+    /// No verdict in time.
+    #[error("the sandbox was not ready within {} s", .0.as_secs())]
+    Timeout(Duration),
+}
+
+/// The VM is up and the attach socket accepts connections.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ready {
+    /// The accelerator used.
+    pub accel: Accelerator,
+    /// Why `auto` did not use KVM, if it did not.
+    pub fallback: Option<String>,
+    /// The attach socket's file name in the sandbox directory.
+    pub attach_socket: String,
+    /// The VMM's pid.
+    pub vmm_pid: u32,
+}
+
+/// How a stop ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stopped {
+    /// It exited within the bound, with this status.
+    Exited(std::process::ExitStatus),
+    /// It had to be killed.
+    Killed,
+}
+
+/// A running supervisor and the write end of its liveness pipe.
+#[derive(Debug)]
+pub struct SupervisorProcess {
+    child: Child,
+    /// Held, never written: its closing is the message.
+    liveness: Option<OwnedFd>,
+    status: mpsc::UnboundedReceiver<SupervisorStatus>,
+    log: PathBuf,
+}
+
+/// The `vm-supervisor` next to this executable.
+///
+/// # Errors
+/// [`SupervisorError::NotFound`].
+pub fn locate() -> Result<PathBuf, SupervisorError> {
+    let exe = std::env::current_exe().map_err(SupervisorError::Stdio)?;
+    let path = exe.with_file_name("vm-supervisor");
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(SupervisorError::NotFound(path))
+    }
+}
+
+impl SupervisorProcess {
+    /// Starts a supervisor for `spec` with the liveness pipe as its stdin, its status on a pipe, and its
+    /// stderr in `supervisor.log`. It gets its own process group, so a Ctrl-C at the terminal reaches only
+    /// the driver, which decides what to do with it.
+    ///
+    /// # Errors
+    /// [`SupervisorError`] when the pipe, the log or the process cannot be made.
+    pub fn spawn(spec: &SupervisorSpec) -> Result<Self, SupervisorError> {
+        let (read_end, write_end) =
+            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| SupervisorError::Stdio(e.into()))?;
+        let log = spec.sandbox_dir.join(SUPERVISOR_LOG);
+        let stderr = std::fs::File::create(&log).map_err(SupervisorError::Stdio)?;
+        let mut cmd = Command::new(&spec.binary);
+        cmd.args(args(spec))
+            .env_clear()
+            .envs(PASSED_ENV.iter().filter_map(|k| std::env::var_os(k).map(|v| (k, v))))
+            .current_dir(&spec.sandbox_dir)
+            .stdin(Stdio::from(read_end))
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .process_group(0);
+        let mut child = cmd.spawn().map_err(SupervisorError::Spawn)?;
+        // Drop our copy of the read end now (it lives in `cmd`): only the supervisor may hold it.
+        drop(cmd);
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| SupervisorError::Stdio(std::io::ErrorKind::BrokenPipe.into()))?;
+        let (tx, status) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                match SupervisorStatus::from_line(&line) {
+                    Ok(s) => {
+                        if tx.send(s).is_err() {
+                            return;
+                        }
+                    }
+                    Err(_) => tracing::warn!("unreadable status line from vm-supervisor"),
+                }
+            }
+        });
+        Ok(Self {
+            child,
+            liveness: Some(write_end),
+            status,
+            log,
+        })
+    }
+
+    /// The supervisor's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Waits until the VM is ready or the start failed.
+    ///
+    /// # Errors
+    /// [`SupervisorError`] with the supervisor's own explanation where it gave one.
+    pub async fn ready(&mut self, timeout: Duration) -> Result<Ready, SupervisorError> {
+        let mut accel = (Accelerator::Tcg, None);
+        let verdict = async {
+            loop {
+                match self.status.recv().await {
+                    Some(SupervisorStatus::Accelerator { accel: a, fallback }) => accel = (a, fallback),
+                    Some(SupervisorStatus::Ready {
+                        attach_socket, vmm_pid, ..
+                    }) => {
+                        return Ok(Ready {
+                            accel: accel.0,
+                            fallback: accel.1.clone(),
+                            attach_socket,
+                            vmm_pid,
+                        });
+                    }
+                    Some(SupervisorStatus::Failed { error }) => return Err(SupervisorError::StartFailed(error)),
+                    None => {
+                        let status = self
+                            .child
+                            .wait()
+                            .await
+                            .map_or_else(|e| e.to_string(), |s| s.to_string());
+                        return Err(SupervisorError::Died {
+                            status,
+                            log: self.log.clone(),
+                        });
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(timeout, verdict)
+            .await
+            .map_err(|_| SupervisorError::Timeout(timeout))?
+    }
+
+    /// Stops the supervisor: SIGTERM, wait up to `timeout`, and only then close the liveness pipe; SIGKILL
+    /// (then close) if it does not exit in time.
+    pub async fn stop(mut self, timeout: Duration) -> Stopped {
+        if let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok()) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        }
+        let outcome = match tokio::time::timeout(timeout, self.child.wait()).await {
+            Ok(Ok(status)) => Stopped::Exited(status),
+            Ok(Err(_)) | Err(_) => {
+                let _ = self.child.start_kill();
+                let _ = self.child.wait().await;
+                Stopped::Killed
+            }
+        };
+        drop(self.liveness.take());
+        outcome
+    }
+
+    /// The supervisor's log file.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+}
+
+fn args(spec: &SupervisorSpec) -> Vec<OsString> {
+    let mut args: Vec<OsString> = Vec::new();
+    let mut flag = |name: &str, value: OsString| {
+        args.push(name.into());
+        args.push(value);
+    };
+    flag("--sandbox-id", spec.sandbox_id.as_str().into());
+    flag("--sandbox-dir", spec.sandbox_dir.clone().into());
+    flag("--kernel", spec.image.kernel.clone().into());
+    flag("--initrd", spec.image.initrd.clone().into());
+    flag("--cpus", spec.cpus.to_string().into());
+    flag("--memory-mib", spec.memory_mib.to_string().into());
+    flag("--accel", spec.accel.clone().into());
+    flag("--boot-timeout-ms", spec.boot_timeout.as_millis().to_string().into());
+    flag("--stop-grace-ms", spec.stop_grace.as_millis().to_string().into());
+    args.push("--parent-liveness-stdin".into());
+    args
+}

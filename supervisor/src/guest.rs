@@ -1,0 +1,87 @@
+//! The boundary channel to the guest agent: accept QEMU's connection, check the agent's hello, then pump
+//! frames between the socket and the event loop.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc::{self, UnboundedSender};
+use tokio_util::codec::FramedRead;
+use vm_protocol::codec::{self, FrameCodec};
+use vm_protocol::handshake::FirstFrameError;
+use vm_protocol::{Capabilities, Hello, ToGuest, ToHost};
+
+use crate::Event;
+
+/// What the supervisor needs from any agent.
+pub const REQUIRED: Capabilities = Capabilities::EXEC
+    .union(Capabilities::SIGNALS)
+    .union(Capabilities::POWER_OFF);
+
+/// Why the guest link did not come up.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// QEMU never connected to the channel socket.
+    #[error("the VMM did not connect to the boundary channel")]
+    Accept(#[source] std::io::Error),
+    /// The agent did not say hello in time.
+    #[error("the guest agent did not answer within {} ms", .0.as_millis())]
+    Timeout(Duration),
+    /// The agent's hello was wrong.
+    #[error("the guest agent's handshake failed")]
+    Handshake(#[source] FirstFrameError),
+}
+
+/// A connected, handshaken guest.
+#[derive(Debug)]
+pub struct GuestLink {
+    /// The agent's hello.
+    pub hello: Hello,
+    /// Messages to the guest, in order.
+    pub tx: UnboundedSender<ToGuest>,
+}
+
+/// Accepts the VMM's connection and completes the handshake within `timeout`, then starts the reader and
+/// writer tasks. Guest messages arrive as [`Event::Guest`], the end as [`Event::GuestClosed`].
+///
+/// # Errors
+/// An [`AttachError`].
+pub async fn attach(
+    listener: &UnixListener,
+    timeout: Duration,
+    events: UnboundedSender<Event>,
+) -> Result<GuestLink, AttachError> {
+    let start = tokio::time::Instant::now();
+    let (mut stream, _) = listener.accept().await.map_err(AttachError::Accept)?;
+    let ours = Hello::ours(Capabilities::NONE, concat!("vm-supervisor ", env!("CARGO_PKG_VERSION")));
+    let hello = tokio::time::timeout_at(start + timeout, codec::host_handshake(&mut stream, ours, REQUIRED))
+        .await
+        .map_err(|_| AttachError::Timeout(timeout))?
+        .map_err(AttachError::Handshake)?;
+    Ok(GuestLink {
+        hello,
+        tx: pump(stream, events),
+    })
+}
+
+fn pump(stream: UnixStream, events: UnboundedSender<Event>) -> UnboundedSender<ToGuest> {
+    let (read, write) = stream.into_split();
+    let (tx, rx) = mpsc::unbounded_channel::<ToGuest>();
+    tokio::spawn(crate::framed::drain_into(write, rx));
+    tokio::spawn(async move {
+        let mut frames = FramedRead::new(read, FrameCodec::<ToHost, ToGuest>::new());
+        let end = loop {
+            match frames.next().await {
+                Some(Ok(msg)) => {
+                    if events.send(Event::Guest(msg)).is_err() {
+                        return;
+                    }
+                }
+                Some(Err(e)) => break Some(e),
+                None => break None,
+            }
+        };
+        let _ = events.send(Event::GuestClosed(end));
+    });
+    tx
+}

@@ -1,0 +1,41 @@
+//! The supervisor: one process per microVM, and the VM's only keeper.
+//!
+//! It chooses the accelerator ([`accel`]), starts QEMU hardened ([`vmm`]), attaches the boundary channel
+//! and checks the agent's handshake ([`guest`]), serves the attach socket through which the driver runs
+//! processes ([`attach`], routed by [`mux`]), reports its progress to the driver on stdout ([`status`]) and
+//! treats EOF on stdin as the driver's death ([`liveness`]). [`supervisor`] ties these into one event loop
+//! and the orderly stop.
+//!
+//! The crate forbids unsafe code: everything that needs a syscall goes through `rustix`, `tokio` or `std`.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod accel;
+pub mod attach;
+pub mod config;
+mod framed;
+pub mod guest;
+pub mod liveness;
+pub mod mux;
+pub mod status;
+pub mod supervisor;
+pub mod vmm;
+
+/// Everything that reaches the event loop.
+#[derive(Debug)]
+pub enum Event {
+    /// A message from the guest agent.
+    Guest(vm_protocol::ToHost),
+    /// The guest channel closed (with the reason, if it was not a clean EOF).
+    GuestClosed(Option<vm_protocol::FrameError>),
+    /// A client finished its handshake.
+    ClientConnected(mux::ClientId, attach::ClientHandle),
+    /// A message from a client.
+    Client(mux::ClientId, vm_protocol::ToGuest),
+    /// A client disconnected or sent bytes that are not frames.
+    ClientClosed(mux::ClientId),
+    /// SIGTERM, SIGINT or SIGHUP.
+    Terminate,
+    /// The parent-liveness pipe reached EOF: the driver is gone.
+    DriverGone,
+}

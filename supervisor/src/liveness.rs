@@ -1,0 +1,32 @@
+//! The parent-liveness pipe: stdin is the read end of a pipe whose write end only the driver holds. When
+//! the driver exits, however it exits, the kernel closes that end and this reader sees EOF.
+//!
+//! A dedicated thread does the blocking read, so a busy or stuck event loop cannot delay the verdict, and
+//! nothing else ever reads stdin in this mode.
+
+use std::io::Read;
+use std::thread;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::Event;
+
+/// Starts the reader thread.
+///
+/// # Errors
+/// The thread cannot be started.
+pub fn watch_stdin(events: UnboundedSender<Event>) -> std::io::Result<()> {
+    thread::Builder::new().name("parent-liveness".into()).spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = [0u8; 64];
+        loop {
+            match stdin.read(&mut buf) {
+                // EOF or an error: either way the driver can no longer vouch for us.
+                Ok(0) | Err(_) => break,
+                Ok(_) => tracing::warn!("unexpected bytes on the parent-liveness pipe; ignored"),
+            }
+        }
+        let _ = events.send(Event::DriverGone);
+    })?;
+    Ok(())
+}
