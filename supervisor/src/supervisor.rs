@@ -36,6 +36,10 @@ const STOP_MARGIN_MS: u64 = 5_000;
 /// How long client writers get to deliver their last frames after the VM is gone.
 const CLIENT_DRAIN_MS: u64 = 2_000;
 
+/// After the channel failed during boot, how long to wait for QEMU's own exit before calling it a guest
+/// failure.
+const VMM_EXIT_GRACE_MS: u64 = 500;
+
 /// Lines of `vmm.log` and `console.log` quoted in a boot failure.
 const LOG_TAIL_LINES: usize = 12;
 
@@ -66,13 +70,13 @@ pub enum StartError {
     #[error("cannot start the VMM")]
     SpawnVmm(#[source] std::io::Error),
     /// QEMU exited before the agent answered.
-    #[error("the VMM exited during boot ({status}){}", tails())]
+    #[error("the VMM exited during boot ({status})")]
     VmmExitedDuringBoot {
         /// QEMU's exit status.
         status: String,
     },
     /// The agent did not come up.
-    #[error("the VM did not boot{}", tails())]
+    #[error("the VM did not boot")]
     Boot(#[source] AttachError),
     /// Told to stop before the VM was ready.
     #[error("stopped during boot")]
@@ -114,7 +118,11 @@ pub async fn run(config: SupervisorConfig) -> Result<StopReason, StartError> {
     let (mut vmm, link) = match boot(&config, &events, &mut rx).await {
         Ok(ready) => ready,
         Err(e) => {
-            status::report(&SupervisorStatus::Failed { error: chain(&e) });
+            let mut error = chain(&e);
+            if matches!(e, StartError::Boot(_) | StartError::VmmExitedDuringBoot { .. }) {
+                error.push_str(&tails());
+            }
+            status::report(&SupervisorStatus::Failed { error });
             return Err(e);
         }
     };
@@ -171,6 +179,10 @@ async fn boot(
         link = guest::attach(&channel, config.boot_timeout(), events.clone()) => match link {
             Ok(link) => Ok((vmm, link)),
             Err(e) => {
+                // QEMU exiting also closes the channel; name the exit, the real cause, when that is what happened.
+                if let Ok(Ok(exit)) = tokio::time::timeout(Duration::from_millis(VMM_EXIT_GRACE_MS), vmm.wait()).await {
+                    return Err(StartError::VmmExitedDuringBoot { status: exit.to_string() });
+                }
                 kill(&mut vmm).await;
                 Err(StartError::Boot(e))
             }

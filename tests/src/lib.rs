@@ -1,1 +1,271 @@
-//! e2e harness
+//! The end-to-end harness: real `vm-driver` binaries, the real guest image, real QEMU.
+//!
+//! Every launch gets a scratch state directory of its own. While the driver runs, a watcher thread polls
+//! `/proc` for every process whose working directory or command line lies inside that scratch directory
+//! (the supervisor, QEMU, later the watchdog), recording pid and start time. From that record, and not from
+//! anything the code under test reports, the harness learns the accelerator QEMU really ran with and checks
+//! that nothing it started is left once the driver has exited. A failing test keeps its scratch directory
+//! (console.log, vmm.log, supervisor.log) and prints where it is.
+//!
+//! The binaries must be built first (`scripts/test` does it); a missing binary or image fails the test.
+#![allow(missing_docs)]
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test harness fails loudly")]
+
+pub mod image;
+pub mod procs;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use procs::{ProcInfo, Watcher};
+
+/// Where the binaries and the image are, and which accelerator the tests ask for.
+#[derive(Debug)]
+pub struct Harness {
+    pub driver: PathBuf,
+    pub supervisor: PathBuf,
+    pub image: PathBuf,
+    /// `auto`, `kvm` or `tcg`, from `VM_TEST_ACCEL` (default `auto`). CI on KVM runners sets `kvm`.
+    pub accel: String,
+}
+
+/// The shared harness; the first call checks that everything exists.
+pub fn harness() -> &'static Harness {
+    static HARNESS: OnceLock<Harness> = OnceLock::new();
+    HARNESS.get_or_init(|| {
+        // target/<profile>/deps/<test-binary> -> target/<profile>
+        let exe = std::env::current_exe().unwrap();
+        let bin_dir = exe.parent().and_then(Path::parent).unwrap().to_owned();
+        let driver = bin_dir.join("vm-driver");
+        let supervisor = bin_dir.join("vm-supervisor");
+        for bin in [&driver, &supervisor] {
+            assert!(
+                bin.is_file(),
+                "{} is missing: run scripts/test (it builds the binaries first)",
+                bin.display()
+            );
+        }
+        let image = std::env::var_os("VM_DRIVER_IMAGE").map_or_else(default_image, PathBuf::from);
+        for file in ["vmlinuz", "initramfs.cpio"] {
+            assert!(
+                image.join(file).is_file(),
+                "guest image {} is missing {file}: run scripts/build-image (scripts/test does)",
+                image.display()
+            );
+        }
+        let accel = std::env::var("VM_TEST_ACCEL").unwrap_or_else(|_| "auto".into());
+        assert!(
+            ["auto", "kvm", "tcg"].contains(&accel.as_str()),
+            "VM_TEST_ACCEL must be auto, kvm or tcg"
+        );
+        Harness {
+            driver,
+            supervisor,
+            image,
+            accel,
+        }
+    })
+}
+
+fn default_image() -> PathBuf {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache"));
+    cache.join("vm-driver/images/default")
+}
+
+/// A per-test scratch directory, removed when the test passes and kept (and printed) when it fails.
+#[derive(Debug)]
+pub struct Scratch {
+    pub dir: PathBuf,
+}
+
+impl Scratch {
+    pub fn new(name: &str) -> Self {
+        // Short, so socket paths stay well inside sun_path.
+        let dir = std::env::temp_dir().join(format!("e2e-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self { dir }
+    }
+
+    /// The state directory to pass to the driver.
+    pub fn state(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "e2e: kept {} for inspection (console.log, vmm.log, supervisor.log)",
+                self.dir.display()
+            );
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// One finished `vm-driver` run, with what the watcher saw.
+#[derive(Debug)]
+pub struct Outcome {
+    pub code: Option<i32>,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub elapsed: Duration,
+    /// Every process seen inside the scratch directory while the driver ran.
+    pub seen: Vec<ProcInfo>,
+}
+
+impl Outcome {
+    /// Stderr without the driver's own `vm-driver: ` lines (what the workload wrote).
+    pub fn workload_stderr(&self) -> String {
+        String::from_utf8_lossy(&self.stderr)
+            .lines()
+            .filter(|l| !l.starts_with("vm-driver: "))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    }
+
+    pub fn stdout_text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    /// The accelerator QEMU ran with, read from its command line.
+    pub fn accel(&self) -> Option<String> {
+        self.seen.iter().find(|p| p.is_qemu()).and_then(ProcInfo::accel)
+    }
+
+    /// Asserts that nothing this run started is still alive.
+    pub fn assert_nothing_left(&self) {
+        let alive: Vec<_> = self.seen.iter().filter(|p| p.is_alive()).collect();
+        assert!(alive.is_empty(), "processes left behind: {alive:#?}");
+    }
+}
+
+/// Builder for one `vm-driver launch`.
+#[derive(Debug)]
+pub struct Launch<'a> {
+    scratch: &'a Scratch,
+    flags: Vec<String>,
+    cmd: Vec<String>,
+    stdin: Option<Vec<u8>>,
+    accel: Option<String>,
+    image: Option<PathBuf>,
+}
+
+impl<'a> Launch<'a> {
+    pub fn new(scratch: &'a Scratch, cmd: &[&str]) -> Self {
+        Self {
+            scratch,
+            flags: Vec::new(),
+            cmd: cmd.iter().map(|s| (*s).to_owned()).collect(),
+            stdin: None,
+            accel: None,
+            image: None,
+        }
+    }
+
+    pub fn flag(mut self, flag: &str) -> Self {
+        self.flags.push(flag.to_owned());
+        self
+    }
+
+    pub fn stdin(mut self, bytes: Vec<u8>) -> Self {
+        self.stdin = Some(bytes);
+        self
+    }
+
+    /// Overrides the harness image directory.
+    pub fn image(mut self, dir: &Path) -> Self {
+        self.image = Some(dir.to_owned());
+        self
+    }
+
+    /// Overrides the accelerator the harness would ask for.
+    pub fn accel(mut self, accel: &str) -> Self {
+        self.accel = Some(accel.to_owned());
+        self
+    }
+
+    pub fn command(&self) -> Command {
+        let h = harness();
+        let mut cmd = Command::new(&h.driver);
+        cmd.arg("launch")
+            .arg("--state-dir")
+            .arg(self.scratch.state())
+            .arg("--image")
+            .arg(self.image.as_deref().unwrap_or(&h.image))
+            .arg("--accel")
+            .arg(self.accel.as_deref().unwrap_or(&h.accel))
+            .arg("--keep")
+            .args(&self.flags)
+            .arg("--")
+            .args(&self.cmd);
+        cmd
+    }
+
+    /// Runs the driver to completion.
+    pub fn run(self) -> Outcome {
+        let mut cmd = self.command();
+        cmd.stdin(if self.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        let watcher = Watcher::start(&self.scratch.dir);
+        let start = Instant::now();
+        let mut child = cmd.spawn().expect("cannot start vm-driver");
+        if let Some(bytes) = self.stdin {
+            let mut stdin = child.stdin.take().unwrap();
+            std::thread::spawn(move || {
+                let _ = stdin.write_all(&bytes);
+            });
+        }
+        let out = child.wait_with_output().expect("vm-driver did not finish");
+        let elapsed = start.elapsed();
+        let seen = watcher.stop();
+        let outcome = Outcome {
+            code: out.status.code(),
+            stdout: out.stdout,
+            stderr: out.stderr,
+            elapsed,
+            seen,
+        };
+        report_accel(&outcome);
+        outcome
+    }
+}
+
+/// Says which accelerator a test's VM used, as the tests must.
+pub fn report_accel(outcome: &Outcome) {
+    match outcome.accel() {
+        Some(accel) => eprintln!("e2e: accelerator used: {accel} (requested {})", harness().accel),
+        None => eprintln!("e2e: no VM was started in this run"),
+    }
+}
+
+/// Hex sha256.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Polls `check` every 10 ms until it holds or `limit` passes.
+pub fn wait_until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    check()
+}

@@ -49,6 +49,10 @@ pub fn boot() -> Result<(), InitError> {
     mount_fs("devtmpfs", "/dev", MsFlags::MS_NOSUID)?;
     mount_fs("devpts", "/dev/pts", MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC)?;
     mount_fs("tmpfs", "/run", nosuid_nodev)?;
+    if let Ok(name) = fs::read_to_string("/etc/hostname") {
+        // Cosmetic: a failure leaves the kernel's "(none)".
+        let _ = nix::unistd::sethostname(name.trim());
+    }
     load_modules(Path::new(MODULE_LIST))
 }
 

@@ -202,7 +202,7 @@ fn stdin_larger_than_the_window_flows_with_credit() {
         ToHost::Started { stdin_window, .. } => stdin_window as usize,
         other => panic!("{other:?}"),
     };
-    let input: Vec<u8> = (0..TOTAL).map(|i| (i * 7 % 251) as u8).collect();
+    let input: Vec<u8> = (0..TOTAL).map(|i| u8::try_from(i * 7 % 251).unwrap()).collect();
     let mut sent = 0;
     while sent < TOTAL {
         while credit == 0 {

@@ -8,11 +8,6 @@
 //! `manifest.json` (versions and hashes). Same inputs, same bytes: the archive is sorted, owned by root,
 //! and every mtime is `--mtime` (default 0). `scripts/build-image` builds the agent and calls this.
 
-mod cpio;
-mod debian;
-mod modules;
-mod rootfs;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -21,7 +16,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use serde::{Deserialize, Serialize};
 
-use crate::debian::Pin;
+use vm_image::debian::{self, Pin};
+use vm_image::{cpio, modules, rootfs};
 
 /// The pins compiled in; `--pins` overrides them.
 const DEFAULT_PINS: &str = include_str!("../../pins.json");

@@ -1,0 +1,96 @@
+//! Deliberately broken guest images, made from the real one: read its `newc` archive, swap `/init`, write
+//! it back with the image builder's own writer.
+
+use std::path::{Path, PathBuf};
+
+use vm_image::cpio::{self, Entry, Kind, S_IFCHR, S_IFDIR, S_IFLNK, S_IFREG};
+
+/// Parses a `newc` archive (enough of it for images this project builds).
+pub fn read_cpio(bytes: &[u8]) -> Vec<Entry> {
+    let mut entries = Vec::new();
+    let mut at = 0;
+    let field = |at: usize, i: usize| -> u32 {
+        let text = std::str::from_utf8(&bytes[at + 6 + i * 8..at + 14 + i * 8]).unwrap();
+        u32::from_str_radix(text, 16).unwrap()
+    };
+    let align = |n: usize| (n + 3) & !3;
+    loop {
+        assert_eq!(&bytes[at..at + 6], b"070701", "not a newc archive");
+        let mode = field(at, 1);
+        let size = field(at, 6) as usize;
+        let namesize = field(at, 11) as usize;
+        let rdev = (field(at, 9), field(at, 10));
+        let name = std::str::from_utf8(&bytes[at + 110..at + 110 + namesize - 1])
+            .unwrap()
+            .to_owned();
+        let data_at = align(at + 110 + namesize);
+        let data = bytes[data_at..data_at + size].to_vec();
+        at = align(data_at + size);
+        if name == "TRAILER!!!" {
+            return entries;
+        }
+        let kind = match mode & 0o170_000 {
+            S_IFDIR => Kind::Dir,
+            S_IFREG => Kind::File(data),
+            S_IFLNK => Kind::Symlink(String::from_utf8(data).unwrap()),
+            S_IFCHR => Kind::CharDevice(rdev.0, rdev.1),
+            other => panic!("unexpected file type {other:o} for {name}"),
+        };
+        entries.push(Entry {
+            path: name,
+            perm: mode & 0o7777,
+            kind,
+        });
+    }
+}
+
+/// Writes a copy of the harness image's initramfs with `/init` replaced by `script` (run by busybox sh),
+/// into `dir`, and returns its path.
+pub fn with_init_script(dir: &Path, script: &str) -> PathBuf {
+    let original = std::fs::read(crate::harness().image.join("initramfs.cpio")).unwrap();
+    let mut entries = read_cpio(&original);
+    let init = entries
+        .iter_mut()
+        .find(|e| e.path == "init")
+        .expect("the image has /init");
+    init.kind = Kind::File(format!("#!/bin/busybox sh\n{script}\n").into_bytes());
+    let mut out = Vec::new();
+    cpio::write(&mut out, &entries, 0).unwrap();
+    let path = dir.join("broken-initramfs.cpio");
+    std::fs::write(&path, out).unwrap();
+    path
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_back_what_the_builder_writes() {
+        let entries = vec![
+            Entry {
+                path: "bin".into(),
+                perm: 0o755,
+                kind: Kind::Dir,
+            },
+            Entry {
+                path: "bin/sh".into(),
+                perm: 0o777,
+                kind: Kind::Symlink("busybox".into()),
+            },
+            Entry {
+                path: "dev/console".into(),
+                perm: 0o600,
+                kind: Kind::CharDevice(5, 1),
+            },
+            Entry {
+                path: "init".into(),
+                perm: 0o755,
+                kind: Kind::File(b"#!x\n".to_vec()),
+            },
+        ];
+        let mut out = Vec::new();
+        cpio::write(&mut out, &entries, 0).unwrap();
+        assert_eq!(read_cpio(&out), entries);
+    }
+}

@@ -1,0 +1,141 @@
+//! Observing processes from the outside, through `/proc` only.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+/// A process seen by the watcher. `(pid, start_time)` names it even after the pid is reused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcInfo {
+    pub pid: i32,
+    /// Field 22 of `/proc/<pid>/stat`, in clock ticks since boot.
+    pub start_time: u64,
+    pub comm: String,
+    pub cmdline: Vec<String>,
+}
+
+impl ProcInfo {
+    /// Reads a live process.
+    pub fn read(pid: i32) -> Option<Self> {
+        let (comm, start_time) = stat(pid)?;
+        let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let cmdline = raw
+            .split(|b| *b == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect();
+        Some(Self {
+            pid,
+            start_time,
+            comm,
+            cmdline,
+        })
+    }
+
+    /// Whether this very process (same pid and start time) still exists and is not a zombie.
+    pub fn is_alive(&self) -> bool {
+        let Ok(text) = fs::read_to_string(format!("/proc/{}/stat", self.pid)) else {
+            return false;
+        };
+        let Some((_, rest)) = text.rsplit_once(") ") else {
+            return false;
+        };
+        let fields: Vec<&str> = rest.split(' ').collect();
+        let same = fields.get(19).and_then(|s| s.parse::<u64>().ok()) == Some(self.start_time);
+        same && fields.first() != Some(&"Z")
+    }
+
+    pub fn is_qemu(&self) -> bool {
+        self.comm.starts_with("qemu-system")
+    }
+
+    pub fn is_supervisor(&self) -> bool {
+        self.cmdline.first().is_some_and(|a| a.ends_with("vm-supervisor"))
+    }
+
+    /// The value after `-accel` on a QEMU command line.
+    pub fn accel(&self) -> Option<String> {
+        let at = self.cmdline.iter().position(|a| a == "-accel")?;
+        self.cmdline.get(at + 1).cloned()
+    }
+}
+
+/// `(comm, start_time)` from `/proc/<pid>/stat`.
+pub fn stat(pid: i32) -> Option<(String, u64)> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let open = text.find('(')?;
+    let (head, rest) = text.rsplit_once(") ")?;
+    let comm = head.get(open + 1..)?.to_owned();
+    let fields: Vec<&str> = rest.split(' ').collect();
+    Some((comm, fields.get(19)?.parse().ok()?))
+}
+
+/// Every pid whose working directory or command line is inside `dir`.
+pub fn inside(dir: &Path) -> Vec<ProcInfo> {
+    let needle = dir.to_string_lossy().into_owned();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| *pid != std::process::id() as i32)
+        .filter_map(|pid| {
+            let cwd: Option<PathBuf> = fs::read_link(format!("/proc/{pid}/cwd")).ok();
+            let info = ProcInfo::read(pid)?;
+            let by_cwd = cwd.is_some_and(|c| c.starts_with(dir));
+            let by_args = info.cmdline.iter().any(|a| a.contains(&needle));
+            (by_cwd || by_args).then_some(info)
+        })
+        .collect()
+}
+
+/// Polls `/proc` every 10 ms and remembers every process found inside a directory.
+#[derive(Debug)]
+pub struct Watcher {
+    stop: Arc<AtomicBool>,
+    seen: Arc<Mutex<Vec<ProcInfo>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watcher {
+    pub fn start(dir: &Path) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(Vec::<ProcInfo>::new()));
+        let (dir, stop2, seen2) = (dir.to_owned(), Arc::clone(&stop), Arc::clone(&seen));
+        let thread = thread::spawn(move || {
+            while !stop2.load(Ordering::Acquire) {
+                let found = inside(&dir);
+                let mut seen = seen2.lock().unwrap_or_else(|e| e.into_inner());
+                for p in found {
+                    if !seen.iter().any(|s| s.pid == p.pid && s.start_time == p.start_time) {
+                        seen.push(p);
+                    }
+                }
+                drop(seen);
+                thread::sleep(Duration::from_millis(10));
+            }
+        });
+        Self {
+            stop,
+            seen,
+            thread: Some(thread),
+        }
+    }
+
+    /// What has been seen so far.
+    pub fn seen(&self) -> Vec<ProcInfo> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn stop(mut self) -> Vec<ProcInfo> {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.seen()
+    }
+}

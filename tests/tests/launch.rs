@@ -1,0 +1,190 @@
+//! `vm-driver launch` end to end: real QEMU, the real guest image, real processes in the guest.
+//!
+//! Every test checks afterwards that no process it started is left (by pid and start time, from /proc).
+#![allow(missing_docs)]
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+#![allow(
+    clippy::tests_outside_test_module,
+    reason = "an integration test crate is test-only as a whole"
+)]
+
+use std::time::Duration;
+
+use vm_e2e::{harness, sha256_hex, Launch, Scratch};
+
+#[test]
+fn streams_are_separate_and_the_exit_code_is_ours() {
+    let s = Scratch::new("exit7");
+    let out = Launch::new(&s, &["/bin/sh", "-c", "echo out; echo err >&2; exit 7"]).run();
+    assert_eq!(out.stdout_text(), "out\n");
+    assert_eq!(out.workload_stderr(), "err\n");
+    assert_eq!(out.code, Some(7));
+    assert!(out.accel().is_some(), "a real VM ran");
+    out.assert_nothing_left();
+}
+
+#[test]
+fn stdin_eof_reaches_the_guest() {
+    let s = Scratch::new("stdin");
+    let out = Launch::new(&s, &["cat"]).stdin(b"abc".to_vec()).run();
+    assert_eq!(out.stdout, b"abc");
+    assert_eq!(out.code, Some(0));
+    out.assert_nothing_left();
+}
+
+#[test]
+fn sixty_four_mib_round_trip_through_cat_is_byte_exact() {
+    let s = Scratch::new("bulkin");
+    let input: Vec<u8> = {
+        // Deterministic but incompressible-looking: a xorshift stream.
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        (0..64usize << 20)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x.to_le_bytes()[3]
+            })
+            .collect()
+    };
+    let out = Launch::new(&s, &["cat"]).stdin(input.clone()).run();
+    assert_eq!(out.code, Some(0));
+    assert_eq!(out.stdout.len(), input.len());
+    assert_eq!(sha256_hex(&out.stdout), sha256_hex(&input));
+    out.assert_nothing_left();
+}
+
+#[test]
+fn sixty_four_mib_generated_in_the_guest_arrive_whole_before_the_exit() {
+    let s = Scratch::new("bulkout");
+    // The guest hashes what it sends; the last bytes are written right before the exit.
+    let script = "head -c 67108864 /dev/urandom > /tmp/blob && sha256sum /tmp/blob >&2 && cat /tmp/blob && exit 5";
+    let out = Launch::new(&s, &["/bin/sh", "-c", script])
+        .flag("--memory")
+        .flag("512")
+        .run();
+    assert_eq!(out.code, Some(5), "the exit status comes after the data");
+    assert_eq!(out.stdout.len(), 64 << 20, "no tail lost");
+    let guest_hash = out
+        .workload_stderr()
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(sha256_hex(&out.stdout), guest_hash);
+    out.assert_nothing_left();
+}
+
+#[test]
+fn a_signal_death_exits_128_plus_the_signal() {
+    let s = Scratch::new("signal");
+    let out = Launch::new(&s, &["/bin/sh", "-c", "kill -KILL $$"]).run();
+    assert_eq!(out.code, Some(137));
+    let out = Launch::new(&s, &["/bin/sh", "-c", "kill -TERM $$"]).run();
+    assert_eq!(out.code, Some(143));
+    out.assert_nothing_left();
+}
+
+#[test]
+fn a_missing_command_fails_fast_with_127() {
+    let s = Scratch::new("missing");
+    // Boot time is measured by a `true` launched at the same moment, so both see the same machine load.
+    let baseline = std::thread::spawn({
+        let s = Scratch::new("missing-base");
+        move || {
+            let out = Launch::new(&s, &["true"]).run();
+            assert_eq!(out.code, Some(0));
+            out.elapsed
+        }
+    });
+    let out = Launch::new(&s, &["no-such-command"]).run();
+    let boot = baseline.join().unwrap();
+    assert_eq!(out.code, Some(127));
+    assert!(
+        out.workload_stderr().contains("no-such-command: command not found"),
+        "{}",
+        out.workload_stderr()
+    );
+    assert!(
+        out.elapsed <= boot + Duration::from_secs(2),
+        "127 took {:?}, a `true` launch took {boot:?}",
+        out.elapsed
+    );
+    out.assert_nothing_left();
+}
+
+#[test]
+fn env_and_workdir_reach_the_process() {
+    let s = Scratch::new("envcwd");
+    let out = Launch::new(&s, &["/bin/sh", "-c", "echo \"$GREETING\"; pwd"])
+        .flag("--env")
+        .flag("GREETING=hello there")
+        .flag("--workdir")
+        .flag("/proc")
+        .run();
+    assert_eq!(out.stdout_text(), "hello there\n/proc\n");
+    assert_eq!(out.code, Some(0));
+    let out = Launch::new(&s, &["pwd"]).flag("--workdir").flag("/no/such/dir").run();
+    assert_eq!(out.code, Some(126));
+    assert!(out.workload_stderr().contains("/no/such/dir"));
+    out.assert_nothing_left();
+}
+
+#[test]
+fn ctrl_c_reaches_the_workload_as_sigint() {
+    let s = Scratch::new("ctrlc");
+    let launch = Launch::new(
+        &s,
+        &[
+            "/bin/sh",
+            "-c",
+            "trap 'echo got-int; exit 42' INT; echo ready; while :; do sleep 0.1; done",
+        ],
+    );
+    let mut cmd = launch.command();
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let watcher = vm_e2e::procs::Watcher::start(&s.dir);
+    let mut child = cmd.spawn().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert_eq!(line, "ready\n", "canary from the guest");
+    // What a terminal does on Ctrl-C, aimed at the driver only (it is the foreground process).
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    let seen = watcher.stop();
+    assert_eq!(rest, "got-int\n");
+    assert_eq!(status.code(), Some(42));
+    assert!(seen.iter().all(|p| !p.is_alive()), "left behind: {seen:#?}");
+}
+
+#[test]
+fn timeout_stops_the_sandbox_with_124() {
+    let s = Scratch::new("timeout");
+    let out = Launch::new(&s, &["sleep", "600"]).flag("--timeout").flag("3").run();
+    assert_eq!(out.code, Some(124));
+    assert!(out.elapsed < Duration::from_secs(120), "bounded");
+    assert!(out.accel().is_some());
+    out.assert_nothing_left();
+}
+
+#[test]
+fn the_default_image_boots_a_real_kernel() {
+    let s = Scratch::new("uname");
+    let out = Launch::new(&s, &["/bin/sh", "-c", "uname -r; cat /proc/1/comm; hostname"]).run();
+    let text = out.stdout_text();
+    let mut lines = text.lines();
+    assert!(lines.next().is_some_and(|r| r.ends_with("-cloud-amd64")), "{text}");
+    assert_eq!(lines.next(), Some("init"), "the agent is PID 1");
+    assert_eq!(lines.next(), Some("sandbox"), "not the host's hostname");
+    out.assert_nothing_left();
+    eprintln!("e2e: image {}", harness().image.display());
+}
