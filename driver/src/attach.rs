@@ -66,7 +66,13 @@ pub struct Attached {
     sink: FramedWrite<OwnedWriteHalf, FrameCodec<ToHost, ToGuest>>,
     /// The sandbox's capabilities (the agent's, as the supervisor relays them).
     pub capabilities: Capabilities,
+    /// Output bytes written locally but not yet credited back.
+    consumed: u64,
 }
+
+/// Output credit is returned once this much has been written locally. A quarter of the window keeps the
+/// guest streaming while the credit travels back.
+const CREDIT_BATCH_BYTES: u64 = DEFAULT_WINDOW_BYTES as u64 / 4;
 
 /// Connects to `dir/socket` and completes the handshake.
 ///
@@ -83,6 +89,7 @@ pub async fn connect(dir: &Path, socket: &str) -> Result<Attached, AttachError> 
         frames: FramedRead::new(read, FrameCodec::new()),
         sink: FramedWrite::new(write, FrameCodec::new()),
         capabilities: theirs.capabilities,
+        consumed: 0,
     })
 }
 
@@ -166,8 +173,13 @@ impl Attached {
                 };
                 sink.write_all(&data).await.map_err(AttachError::Output)?;
                 sink.flush().await.map_err(AttachError::Output)?;
-                let bytes = u32::try_from(data.len()).unwrap_or(u32::MAX);
-                self.send(ToGuest::Credit { id, bytes }).await?;
+                // Credit goes back in batches: one small frame per quarter window, not one per chunk.
+                self.consumed += data.len() as u64;
+                if self.consumed >= CREDIT_BATCH_BYTES {
+                    let bytes = u32::try_from(self.consumed).unwrap_or(u32::MAX);
+                    self.consumed -= u64::from(bytes);
+                    self.send(ToGuest::Credit { id, bytes }).await?;
+                }
             }
             ToHost::StdinCredit { bytes, .. } => stdin.credit += u64::from(bytes),
             ToHost::Exited { status, .. } => return Ok(Some(status)),

@@ -9,7 +9,7 @@
 
 /// Default window per process and direction. Large enough to keep the channel busy across one credit round
 /// trip, small enough that a hundred stalled processes cost little memory.
-pub const DEFAULT_WINDOW_BYTES: u32 = 1024 * 1024;
+pub const DEFAULT_WINDOW_BYTES: u32 = 4 * 1024 * 1024;
 
 /// Largest window a peer may build up by granting credit; more is a protocol violation.
 pub const MAX_WINDOW_BYTES: u64 = 64 * 1024 * 1024;

@@ -20,14 +20,40 @@ use bincode::Options;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::process::{ProcId, Stream};
+
 /// Bytes in the length prefix.
 pub const HEADER_BYTES: usize = 4;
 
-/// Largest frame body. Large enough for a full [`MAX_DATA_BYTES`] chunk plus its envelope.
-pub const MAX_FRAME_BYTES: usize = 128 * 1024;
+/// Largest frame body: a full [`MAX_DATA_BYTES`] chunk plus room for its envelope.
+pub const MAX_FRAME_BYTES: usize = MAX_DATA_BYTES + 64 * 1024;
 
-/// Largest payload of one `Output` or `Stdin` message. Half the frame limit leaves room for the envelope.
-pub const MAX_DATA_BYTES: usize = 64 * 1024;
+/// Largest payload of one `Output` or `Stdin` message. Large chunks matter under emulation, where each
+/// frame's syscalls and context switches cost more than its bytes.
+pub const MAX_DATA_BYTES: usize = 1024 * 1024;
+
+/// Bytes in front of the data of an `Output` frame: body length (4), message tag (4), process id (4),
+/// stream tag (4), data length (8).
+pub const OUTPUT_PREFIX_BYTES: usize = 24;
+
+/// The first [`OUTPUT_PREFIX_BYTES`] of the frame `ToHost::Output { id, stream, data }` for `data_len`
+/// bytes of data, so a sender can move the data itself without copying it through the encoder (the
+/// guest agent splices pipe pages straight into the channel). `frame::tests` holds it to the encoder.
+pub fn output_prefix(id: ProcId, stream: Stream, data_len: usize) -> [u8; OUTPUT_PREFIX_BYTES] {
+    const OUTPUT_TAG: u32 = 3;
+    let body_len = OUTPUT_PREFIX_BYTES - HEADER_BYTES + data_len;
+    let mut prefix = [0u8; OUTPUT_PREFIX_BYTES];
+    prefix[0..4].copy_from_slice(&u32::try_from(body_len).unwrap_or(u32::MAX).to_le_bytes());
+    prefix[4..8].copy_from_slice(&OUTPUT_TAG.to_le_bytes());
+    prefix[8..12].copy_from_slice(&id.0.to_le_bytes());
+    let stream_tag: u32 = match stream {
+        Stream::Stdout => 0,
+        Stream::Stderr => 1,
+    };
+    prefix[12..16].copy_from_slice(&stream_tag.to_le_bytes());
+    prefix[16..24].copy_from_slice(&(data_len as u64).to_le_bytes());
+    prefix
+}
 
 /// Why a frame could not be read, decoded or encoded.
 #[derive(Debug, thiserror::Error)]
@@ -199,7 +225,31 @@ pub fn write<M: Serialize, W: Write>(writer: &mut W, msg: &M, scratch: &mut Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ProcId, Stream, ToGuest, ToHost};
+    use crate::{ToGuest, ToHost};
+
+    #[test]
+    fn output_prefix_matches_the_encoder() {
+        for (stream, len) in [
+            (Stream::Stdout, 0),
+            (Stream::Stderr, 5),
+            (Stream::Stdout, MAX_DATA_BYTES),
+        ] {
+            let data = vec![0xAB; len];
+            let mut wire = Vec::new();
+            encode(
+                &ToHost::Output {
+                    id: ProcId(0x0102_0304),
+                    stream,
+                    data: data.clone().into(),
+                },
+                &mut wire,
+            )
+            .unwrap();
+            let mut manual = output_prefix(ProcId(0x0102_0304), stream, len).to_vec();
+            manual.extend_from_slice(&data);
+            assert_eq!(manual, wire);
+        }
+    }
 
     #[test]
     fn rejects_oversized_length_from_header_alone() {

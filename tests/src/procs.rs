@@ -111,8 +111,10 @@ impl Watcher {
                 let found = inside(&dir);
                 let mut seen = seen2.lock().unwrap_or_else(|e| e.into_inner());
                 for p in found {
-                    if !seen.iter().any(|s| s.pid == p.pid && s.start_time == p.start_time) {
-                        seen.push(p);
+                    // exec keeps pid and start time: a fork caught before its exec is updated, not duplicated.
+                    match seen.iter_mut().find(|s| s.pid == p.pid && s.start_time == p.start_time) {
+                        Some(known) => *known = p,
+                        None => seen.push(p),
                     }
                 }
                 drop(seen);

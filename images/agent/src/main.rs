@@ -27,7 +27,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     init::boot()?;
     let port = port::open(CHANNEL_PORT_NAME, Duration::from_millis(PORT_TIMEOUT_MS))?;
     let writer = port.try_clone()?;
-    let end = session::serve(port, Box::new(writer), &session::Config::default())?;
+    let end = session::serve(port, writer, &session::Config::default())?;
     eprintln!("vm-agent: session ended ({end:?}); powering off");
     Ok(())
 }

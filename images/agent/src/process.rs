@@ -6,7 +6,9 @@
 //! the wire is always `Started`, `Output`..., `Exited`.
 
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -15,18 +17,25 @@ use std::sync::Arc;
 use std::thread;
 
 use nix::unistd::Pid;
+use rustix::event::{poll, PollFd, PollFlags};
+use rustix::io::{ioctl_fionread, Errno};
 use vm_protocol::flow::DEFAULT_WINDOW_BYTES;
 use vm_protocol::frame::MAX_DATA_BYTES;
 use vm_protocol::message::Refusal;
 use vm_protocol::{ExitStatus, ProcId, Spawn, Stream, ToHost, Window};
 
 use crate::credit::Credit;
+use crate::outbox::OutputFrame;
 use crate::session::{Config, Shared};
 
 /// Exit code for a command that was not found, as shells report it.
 pub(crate) const EXIT_NOT_FOUND: i32 = 127;
 /// Exit code for a command that was found but could not be started, as shells report it.
 pub(crate) const EXIT_CANNOT_RUN: i32 = 126;
+
+/// Capacity asked for each output pipe. A writer that can run ahead by a megabyte trades the CPU with the
+/// pump far less often, which under emulation costs more than the copies.
+const PIPE_BYTES: usize = 1024 * 1024;
 
 pub(crate) enum StdinCmd {
     Data(Vec<u8>),
@@ -192,8 +201,12 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
     });
     start_thread(shared, "stdin", move |s| write_stdin(&s, id, stdin, &stdin_rx));
     let credit = Arc::clone(&output);
-    start_thread(shared, "stdout", move |s| pump(&s, id, Stream::Stdout, stdout, &credit));
-    start_thread(shared, "stderr", move |s| pump(&s, id, Stream::Stderr, stderr, &output));
+    start_thread(shared, "stdout", move |s| {
+        pump(&s, id, Stream::Stdout, stdout.into(), &credit)
+    });
+    start_thread(shared, "stderr", move |s| {
+        pump(&s, id, Stream::Stderr, stderr.into(), &output)
+    });
 }
 
 fn admit(shared: &Shared, config: &Config, req: &Spawn) -> Result<(), Refusal> {
@@ -242,32 +255,30 @@ fn start_thread(shared: &Arc<Shared>, role: &str, body: impl FnOnce(Arc<Shared>)
     }
 }
 
-/// Copies one output stream to the host. Data is read first and credit waited for second, so a quiet
-/// stream never holds credit that a busy one needs; at most one chunk per stream waits in memory.
-fn pump(shared: &Shared, id: ProcId, stream: Stream, mut src: impl Read, credit: &Credit) {
-    let mut buf = vec![0u8; MAX_DATA_BYTES];
-    let mut scratch = Vec::with_capacity(MAX_DATA_BYTES + 64);
-    'read: loop {
-        let len = match src.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+/// Moves one output stream to the host. It waits for data first and for credit second, so a quiet stream
+/// never holds credit a busy one needs, and it takes only as many bytes as are waiting: the data stays in
+/// the pipe (bounded by the kernel) until it can be sent.
+fn pump(shared: &Shared, id: ProcId, stream: Stream, src: OwnedFd, credit: &Credit) {
+    // Best effort: the default size still works, only slower.
+    let _ = rustix::pipe::fcntl_setpipe_size(&src, PIPE_BYTES);
+    let src = File::from(src);
+    let mut frame = OutputFrame::default();
+    loop {
+        let mut fds = [PollFd::new(&src, PollFlags::IN)];
+        match poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(Errno::INTR) => continue,
             Err(_) => break,
+        }
+        // With the write end closed and nothing left, the pipe reports 0 bytes: EOF.
+        let waiting = match ioctl_fionread(&src) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => usize::try_from(n).unwrap_or(MAX_DATA_BYTES).min(MAX_DATA_BYTES),
         };
-        let mut sent = 0;
-        while sent < len {
-            let Some(n) = credit.reserve(len - sent) else {
-                break 'read;
-            };
-            let msg = ToHost::Output {
-                id,
-                stream,
-                data: buf[sent..sent + n].to_vec().into(),
-            };
-            if shared.outbox.send_with(&msg, &mut scratch).is_err() {
-                break 'read;
-            }
-            sent += n;
+        let Some(n) = credit.reserve(waiting) else { break };
+        if let Err(e) = shared.outbox.send_output(id, stream, &src, n, &mut frame) {
+            shared.log(&format!("process {id}: {stream:?} not delivered: {e}"));
+            break;
         }
     }
     // Everything this pump will ever send is on the wire; only now may `Exited` follow.

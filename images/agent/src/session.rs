@@ -13,7 +13,8 @@
 //! collects exit statuses. Nothing the host sends is ignored: a late message for a process that already
 //! exited is a benign race, and anything else unexpected ends the session as a violation.
 
-use std::io::{Read, Write};
+use std::fs::File;
+use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
@@ -139,7 +140,7 @@ impl Shared {
 ///
 /// # Errors
 /// A [`SessionError`] when the handshake fails or the host breaks the protocol.
-pub fn serve(mut reader: impl Read, writer: Box<dyn Write + Send>, config: &Config) -> Result<End, SessionError> {
+pub fn serve(mut reader: impl Read, writer: File, config: &Config) -> Result<End, SessionError> {
     let shared = Arc::new(Shared {
         outbox: Outbox::new(writer),
         table: Mutex::new(Table::default()),
