@@ -1,27 +1,27 @@
 //! `vm-driver launch`: one sandbox for one command, from boot to stop.
 //!
 //! ```text
-//! resolve image -> create sandbox dir -> start supervisor (liveness pipe) -> wait Ready
+//! reap orphans -> resolve image -> sandbox dir + cgroup -> start supervisor (liveness pipe) -> Ready
 //!   -> attach: Spawn, stream stdio, forward Ctrl-C -> Exited
-//!   -> stop: SIGTERM, wait (bounded), close pipe -> remove the sandbox dir (kept on failure or --keep)
+//!   -> stop: SIGTERM, wait (bounded), close pipe; cgroup sweep; tombstone
 //! ```
 //!
-//! Ctrl-C is forwarded to the workload as SIGINT; the third one stops the sandbox. SIGTERM and SIGHUP
-//! stop the sandbox in order. `--timeout` stops it and exits 124.
+//! Ctrl-C is forwarded to the workload as SIGINT; the third one stops the sandbox. SIGTERM and SIGHUP stop
+//! it in order, and so does `--timeout` (exit 124). While a stop is under way the workload's remaining
+//! output is still written out: the orderly stop loses nothing the workload wrote.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
 use vm_protocol::{ExitStatus, SandboxId, SignalName};
 
 use crate::attach::{self, ProcessIo};
-use crate::image;
 use crate::state::{self, StateDir};
-use crate::supervisor::{self, SupervisorProcess, SupervisorSpec, DEFAULT_STOP_TIMEOUT};
-use crate::EXIT_TIMEOUT;
+use crate::supervisor::{self, Stopped, SupervisorProcess, SupervisorSpec};
+use crate::{cgroup, image, reap, EXIT_TIMEOUT};
 
 /// Ctrl-Cs after which `launch` stops the sandbox instead of forwarding.
 const INTERRUPTS_TO_STOP: u32 = 3;
@@ -54,6 +54,8 @@ pub struct LaunchConfig {
     pub timeout: Option<Duration>,
     /// Boot timeout.
     pub boot_timeout: Duration,
+    /// Bound on the wait between SIGTERM and SIGKILL of the supervisor.
+    pub stop_timeout: Duration,
     /// State directory.
     pub state_dir: Option<PathBuf>,
     /// Sandbox id (random when `None`).
@@ -62,7 +64,17 @@ pub struct LaunchConfig {
     pub keep: bool,
 }
 
-/// How `launch` ended, as an exit code.
+/// The signals that end a launch, watched from before the supervisor starts.
+struct Signals {
+    terminate: Signal,
+    hangup: Signal,
+    interrupt: Signal,
+}
+
+/// Runs one command in a new sandbox; returns the exit code.
+///
+/// # Errors
+/// Anything that kept the workload from producing an exit status.
 pub async fn run(config: LaunchConfig) -> Result<u8> {
     let image = image::resolve(
         config.image.as_deref(),
@@ -72,6 +84,14 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
     let binary = supervisor::locate()?;
     let root = config.state_dir.clone().unwrap_or_else(state::default_root);
     let state = StateDir::open(&root)?;
+    for reaped in reap::reap_all(&state.sandboxes_dir()) {
+        if reaped.killed {
+            eprintln!(
+                "vm-driver: reaped orphaned sandbox {} (its supervisor was gone)",
+                reaped.sandbox
+            );
+        }
+    }
     let id = match &config.id {
         Some(id) => id.clone(),
         None => state::random_id("launch").context("cannot make a sandbox id")?,
@@ -87,43 +107,59 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
         accel: config.accel.clone(),
         boot_timeout: config.boot_timeout,
         stop_grace: Duration::from_secs(3),
+        cgroup: cgroup::create(&id, &dir),
     };
+    let mut signals = Signals {
+        terminate: signal(SignalKind::terminate()).context("cannot watch SIGTERM")?,
+        hangup: signal(SignalKind::hangup()).context("cannot watch SIGHUP")?,
+        interrupt: signal(SignalKind::interrupt()).context("cannot watch SIGINT")?,
+    };
+    let sup = SupervisorProcess::spawn(&spec)?;
+    let (code, stopped) = drive(&config, &dir, sup, &mut signals).await;
+    finish(&dir, &spec, code.is_ok(), &stopped, config.keep);
+    code
+}
 
-    let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
-    let mut hangup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
-    let mut interrupt = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
-
-    let mut sup = SupervisorProcess::spawn(&spec)?;
+/// Everything between the supervisor's start and its exit. Always ends with the supervisor stopped.
+async fn drive(
+    config: &LaunchConfig,
+    dir: &Path,
+    mut sup: SupervisorProcess,
+    signals: &mut Signals,
+) -> (Result<u8>, Stopped) {
     let ready = tokio::select! {
         ready = sup.ready(config.boot_timeout + READY_MARGIN) => ready,
-        _ = terminate.recv() => return stop_early(sup, &dir, 143).await,
-        _ = hangup.recv() => return stop_early(sup, &dir, 129).await,
-        _ = interrupt.recv() => return stop_early(sup, &dir, 130).await,
+        _ = signals.terminate.recv() => return (Ok(143), sup.stop(config.stop_timeout).await),
+        _ = signals.hangup.recv() => return (Ok(129), sup.stop(config.stop_timeout).await),
+        _ = signals.interrupt.recv() => return (Ok(130), sup.stop(config.stop_timeout).await),
     };
     let ready = match ready {
         Ok(ready) => ready,
         Err(e) => {
-            sup.stop(DEFAULT_STOP_TIMEOUT).await;
-            return Err(anyhow::Error::new(e).context(format!("sandbox {id} failed to start (kept {})", dir.display())));
+            let stopped = sup.stop(config.stop_timeout).await;
+            let id = dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            return (
+                Err(anyhow::Error::new(e).context(format!("sandbox {id} failed to start"))),
+                stopped,
+            );
         }
     };
     if let Some(why) = &ready.fallback {
         eprintln!("vm-driver: using TCG software emulation: {why}");
     }
-
-    let attached = match attach::connect(&dir, &ready.attach_socket).await {
+    let attached = match attach::connect(dir, &ready.attach_socket).await {
         Ok(a) => a,
-        Err(e) => {
-            sup.stop(DEFAULT_STOP_TIMEOUT).await;
-            return Err(e.into());
-        }
+        Err(e) => return (Err(e.into()), sup.stop(config.stop_timeout).await),
     };
-    let (signal_tx, signals) = mpsc::unbounded_channel();
+    let (signal_tx, signal_rx) = mpsc::unbounded_channel();
     let io = ProcessIo {
         stdin: attach::stdin_chunks(),
         stdout: Box::new(tokio::io::stdout()),
         stderr: Box::new(tokio::io::stderr()),
-        signals,
+        signals: signal_rx,
     };
     let process = attached.run(config.argv.clone(), config.env.clone(), config.workdir.clone(), io);
     tokio::pin!(process);
@@ -136,39 +172,61 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
     tokio::pin!(deadline);
 
     let mut interrupts = 0;
-    let outcome: Result<u8> = loop {
+    let stop_code = loop {
         tokio::select! {
-            status = &mut process => break status.map(exit_code).map_err(anyhow::Error::from),
+            status = &mut process => {
+                let code = status.map(exit_code).map_err(anyhow::Error::from);
+                return (code, sup.stop(config.stop_timeout).await);
+            }
             () = &mut deadline => {
                 eprintln!("vm-driver: --timeout expired; stopping the sandbox");
-                break Ok(EXIT_TIMEOUT);
+                break EXIT_TIMEOUT;
             }
-            _ = interrupt.recv() => {
+            _ = signals.interrupt.recv() => {
                 interrupts += 1;
                 if interrupts >= INTERRUPTS_TO_STOP {
                     eprintln!("vm-driver: interrupted {interrupts} times; stopping the sandbox");
-                    break Ok(130);
+                    break 130;
                 }
                 let _ = signal_tx.send(SignalName::Int);
             }
-            _ = terminate.recv() => break Ok(143),
-            _ = hangup.recv() => break Ok(129),
+            _ = signals.terminate.recv() => break 143,
+            _ = signals.hangup.recv() => break 129,
         }
     };
-    let stopped = sup.stop(DEFAULT_STOP_TIMEOUT).await;
-    let clean = outcome.is_ok() && matches!(stopped, supervisor::Stopped::Exited(s) if s.success());
-    if clean && !config.keep {
-        let _ = std::fs::remove_dir_all(&dir);
+    // Stop in order while still writing out what the workload already produced.
+    let (stopped, _) = tokio::join!(sup.stop(config.stop_timeout), &mut process);
+    (Ok(stop_code), stopped)
+}
+
+/// After the supervisor exited: reap whatever it left (it may have been killed), sweep the cgroup, mark the
+/// sandbox terminated, and remove its directory unless it should be kept.
+fn finish(dir: &Path, spec: &SupervisorSpec, ok: bool, stopped: &Stopped, keep: bool) {
+    let clean = ok && matches!(stopped, Stopped::Exited(s) if s.success());
+    match stopped {
+        Stopped::Exited(s) if !s.success() => eprintln!("vm-driver: vm-supervisor ended with {s} (see supervisor.log)"),
+        Stopped::Killed => eprintln!("vm-driver: vm-supervisor did not stop in time and was killed"),
+        Stopped::Exited(_) => {}
+    }
+    if !clean {
+        // A supervisor that died without its orderly stop may have left its VMM behind.
+        if let Some(reaped) = reap::reap_one(dir) {
+            if reaped.killed {
+                eprintln!("vm-driver: the supervisor died; killed the VM it left behind");
+            }
+        }
+    }
+    if let Some(cg) = &spec.cgroup {
+        if cgroup::sweep(cg) {
+            eprintln!("vm-driver: the cgroup sweep found processes after the stop and killed them");
+        }
+    }
+    reap::mark_terminated(dir, if clean { "stopped" } else { "failed" });
+    if clean && !keep {
+        let _ = std::fs::remove_dir_all(dir);
     } else if !clean {
         eprintln!("vm-driver: sandbox directory kept at {}", dir.display());
     }
-    outcome
-}
-
-async fn stop_early(sup: SupervisorProcess, dir: &std::path::Path, code: u8) -> Result<u8> {
-    sup.stop(DEFAULT_STOP_TIMEOUT).await;
-    let _ = std::fs::remove_dir_all(dir);
-    Ok(code)
 }
 
 /// The process's status as our exit code: the code, or 128 + signal.

@@ -4,6 +4,7 @@
 //! - [`state`]: the state directory and each sandbox's private directory.
 //! - [`supervisor`]: starting a supervisor with the parent-liveness pipe, and the orderly stop.
 //! - [`attach`]: running a process through the supervisor's attach socket.
+//! - [`reap`]: killing the VMs of sandboxes whose supervisor is gone ([`procs`], [`cgroup`]).
 //! - [`launch`]: `vm-driver launch`, which ties them together.
 //!
 //! The driver never links the supervisor: it starts the `vm-supervisor` binary, so the supervisor's
@@ -11,10 +12,15 @@
 #![warn(missing_docs)]
 
 pub mod attach;
+pub mod cgroup;
 pub mod image;
 pub mod launch;
+pub mod procs;
+pub mod reap;
 pub mod state;
 pub mod supervisor;
+#[cfg(feature = "test-controls")]
+pub mod test_controls;
 mod unix;
 
 /// Exit status of `vm-driver` when it fails before the workload produced one (as `docker run` uses 125).

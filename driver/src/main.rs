@@ -33,7 +33,15 @@ enum Command {
                             otherwise.\nLogs of a failed start (console.log, vmm.log, supervisor.log) are kept in \
                             the sandbox directory, whose path is printed."
     )]
-    Launch(LaunchArgs),
+    Launch(Box<LaunchArgs>),
+    /// Kill the VMs of sandboxes whose supervisor is gone, and mark them terminated.
+    ///
+    /// Every `launch` does this first; run it by hand after a crash.
+    Reap {
+        /// State directory (as for launch).
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -78,6 +86,9 @@ struct LaunchArgs {
     /// How long the guest may take to boot, in seconds.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     boot_timeout: u64,
+    /// On stop, how long to wait for the supervisor after SIGTERM before SIGKILL, in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    stop_timeout: u64,
     /// State directory (default: $VM_DRIVER_STATE_DIR, else $XDG_RUNTIME_DIR/vm-driver, else /run/vm-driver for root).
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
@@ -106,7 +117,10 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_DRIVER_ERROR);
         }
     };
-    let Command::Launch(args) = cli.command;
+    let args = match cli.command {
+        Command::Launch(args) => args,
+        Command::Reap { state_dir } => return reap(state_dir),
+    };
     let config = LaunchConfig {
         argv: args.cmd,
         env: args.env,
@@ -119,6 +133,7 @@ fn main() -> ExitCode {
         accel: format!("{:?}", args.accel).to_lowercase(),
         timeout: args.timeout.map(Duration::from_secs),
         boot_timeout: Duration::from_secs(args.boot_timeout),
+        stop_timeout: Duration::from_secs(args.stop_timeout),
         state_dir: args.state_dir,
         id: args.id,
         keep: args.keep,
@@ -133,4 +148,24 @@ fn main() -> ExitCode {
     // The stdin thread may be blocked in read(); it must not hold the process open.
     runtime.shutdown_background();
     ExitCode::from(code)
+}
+
+fn reap(state_dir: Option<PathBuf>) -> ExitCode {
+    let root = state_dir.unwrap_or_else(vm_driver::state::default_root);
+    let state = match vm_driver::state::StateDir::open(&root) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("vm-driver: {:#}", anyhow::Error::new(e));
+            return ExitCode::from(EXIT_DRIVER_ERROR);
+        }
+    };
+    for reaped in vm_driver::reap::reap_all(&state.sandboxes_dir()) {
+        let what = if reaped.killed {
+            "killed its VM"
+        } else {
+            "nothing left running"
+        };
+        println!("{}: supervisor gone; {what}; marked terminated", reaped.sandbox);
+    }
+    ExitCode::SUCCESS
 }

@@ -69,9 +69,14 @@ impl StateDir {
         Ok(Self { root: root.to_owned() })
     }
 
+    /// The directory holding every sandbox's directory.
+    pub fn sandboxes_dir(&self) -> PathBuf {
+        self.root.join("sandboxes")
+    }
+
     /// The directory of sandbox `id` (whether or not it exists).
     pub fn sandbox_dir(&self, id: &SandboxId) -> PathBuf {
-        self.root.join("sandboxes").join(id.as_str())
+        self.sandboxes_dir().join(id.as_str())
     }
 
     /// Creates a new sandbox directory.

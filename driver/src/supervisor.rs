@@ -33,7 +33,12 @@ pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 pub const SUPERVISOR_LOG: &str = "supervisor.log";
 
 /// Environment variables a supervisor may inherit; everything else is cleared.
-const PASSED_ENV: &[&str] = &["PATH", "RUST_LOG"];
+fn passed_env() -> &'static [&'static str] {
+    #[cfg(feature = "test-controls")]
+    return &["PATH", "RUST_LOG", crate::test_controls::VAR];
+    #[cfg(not(feature = "test-controls"))]
+    &["PATH", "RUST_LOG"]
+}
 
 /// What a supervisor is started with. All of it is trusted input.
 #[derive(Debug, Clone)]
@@ -56,6 +61,8 @@ pub struct SupervisorSpec {
     pub boot_timeout: Duration,
     /// Grace between SIGTERM and SIGKILL for workload processes when stopping.
     pub stop_grace: Duration,
+    /// The sandbox's cgroup, which the supervisor joins before starting anything.
+    pub cgroup: Option<PathBuf>,
 }
 
 /// Why a supervisor did not start or its VM did not come up.
@@ -142,12 +149,17 @@ impl SupervisorProcess {
     pub fn spawn(spec: &SupervisorSpec) -> Result<Self, SupervisorError> {
         let (read_end, write_end) =
             rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| SupervisorError::Stdio(e.into()))?;
+        #[cfg(feature = "test-controls")]
+        if crate::test_controls::enabled("leak-liveness-write-end") {
+            // Control: the write end leaks into the supervisor, and from there into QEMU.
+            let _ = rustix::io::fcntl_setfd(&write_end, rustix::io::FdFlags::empty());
+        }
         let log = spec.sandbox_dir.join(SUPERVISOR_LOG);
         let stderr = std::fs::File::create(&log).map_err(SupervisorError::Stdio)?;
         let mut cmd = Command::new(&spec.binary);
         cmd.args(args(spec))
             .env_clear()
-            .envs(PASSED_ENV.iter().filter_map(|k| std::env::var_os(k).map(|v| (k, v))))
+            .envs(passed_env().iter().filter_map(|k| std::env::var_os(k).map(|v| (k, v))))
             .current_dir(&spec.sandbox_dir)
             .stdin(Stdio::from(read_end))
             .stdout(Stdio::piped())
@@ -230,6 +242,11 @@ impl SupervisorProcess {
     /// Stops the supervisor: SIGTERM, wait up to `timeout`, and only then close the liveness pipe; SIGKILL
     /// (then close) if it does not exit in time.
     pub async fn stop(mut self, timeout: Duration) -> Stopped {
+        #[cfg(feature = "test-controls")]
+        if crate::test_controls::enabled("close-liveness-first") {
+            // Control: the wrong order, which makes the supervisor take its "driver gone" path.
+            drop(self.liveness.take());
+        }
         if let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok()) {
             let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
         }
@@ -266,6 +283,9 @@ fn args(spec: &SupervisorSpec) -> Vec<OsString> {
     flag("--accel", spec.accel.clone().into());
     flag("--boot-timeout-ms", spec.boot_timeout.as_millis().to_string().into());
     flag("--stop-grace-ms", spec.stop_grace.as_millis().to_string().into());
+    if let Some(cgroup) = &spec.cgroup {
+        flag("--cgroup", cgroup.clone().into());
+    }
     args.push("--parent-liveness-stdin".into());
     args
 }

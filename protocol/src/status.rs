@@ -53,6 +53,31 @@ pub enum SupervisorStatus {
     },
 }
 
+/// File in the sandbox directory where the supervisor records the processes of its sandbox, for the
+/// driver's orphan reaper.
+pub const PIDS_FILE: &str = "pids.json";
+
+/// A process named by pid and start time (field 22 of `/proc/<pid>/stat`), so a reused pid is never
+/// mistaken for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessRecord {
+    /// The pid.
+    pub pid: i32,
+    /// Start time in clock ticks since boot.
+    pub start_time: u64,
+}
+
+/// The contents of [`PIDS_FILE`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxPids {
+    /// The supervisor itself.
+    pub supervisor: ProcessRecord,
+    /// The VMM, once started.
+    pub vmm: Option<ProcessRecord>,
+    /// The lease watchdog, once started.
+    pub watchdog: Option<ProcessRecord>,
+}
+
 impl SupervisorStatus {
     /// One line of JSON, newline included.
     pub fn to_line(&self) -> String {

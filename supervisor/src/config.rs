@@ -43,6 +43,9 @@ pub struct SupervisorConfig {
     /// The QEMU binary (default: qemu-system-x86_64 on PATH).
     #[arg(long)]
     pub qemu: Option<PathBuf>,
+    /// A cgroup v2 directory to join before starting anything (the driver's final sweep kills it).
+    #[arg(long)]
+    pub cgroup: Option<PathBuf>,
     /// Stdin is the driver's liveness pipe: EOF means the driver is gone.
     #[arg(long)]
     pub parent_liveness_stdin: bool,

@@ -3,8 +3,9 @@
 //! It chooses the accelerator ([`accel`]), starts QEMU hardened ([`vmm`]), attaches the boundary channel
 //! and checks the agent's handshake ([`guest`]), serves the attach socket through which the driver runs
 //! processes ([`attach`], routed by [`mux`]), reports its progress to the driver on stdout ([`status`]) and
-//! treats EOF on stdin as the driver's death ([`liveness`]). [`supervisor`] ties these into one event loop
-//! and the orderly stop.
+//! treats EOF on stdin as the driver's death ([`liveness`]), keeps the lease with the watchdog ([`lease`])
+//! and records its processes for the driver's reaper ([`pids`]). [`supervisor`] boots the VM; `serve` runs
+//! the event loop and the stop.
 //!
 //! The crate forbids unsafe code: everything that needs a syscall goes through `rustix`, `tokio` or `std`.
 #![forbid(unsafe_code)]
@@ -15,10 +16,15 @@ pub mod attach;
 pub mod config;
 mod framed;
 pub mod guest;
+pub mod lease;
 pub mod liveness;
 pub mod mux;
+pub mod pids;
+mod serve;
 pub mod status;
 pub mod supervisor;
+#[cfg(feature = "test-controls")]
+pub mod test_controls;
 pub mod vmm;
 
 /// Everything that reaches the event loop.

@@ -1,7 +1,8 @@
 //! `vm-supervisor`: runs one microVM for `vm-driver`.
 //!
-//! Exit status: 0 after an orderly stop (SIGTERM or the driver going away), 1 when the VM never became
-//! ready, 3 when the VM stopped on its own or broke the protocol, 2 for a bad command line.
+//! Exit status: 0 after an orderly stop (SIGTERM); 1 when the VM never became ready; 2 for a bad command
+//! line; 3 when the VM stopped on its own or broke the protocol; 4 when the driver went away (liveness EOF);
+//! 5 when the lease with the watchdog was lost. In every case the VMM has exited.
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
@@ -27,10 +28,11 @@ fn main() -> ExitCode {
         }
     };
     match runtime.block_on(supervisor::run(config)) {
-        Ok(reason) if reason.is_orderly() => ExitCode::SUCCESS,
         Ok(reason) => {
-            tracing::error!(?reason, "the VM stopped on its own");
-            ExitCode::from(3)
+            if reason != supervisor::StopReason::Terminated {
+                tracing::warn!(?reason, "the sandbox ended without an orderly stop");
+            }
+            ExitCode::from(reason.exit_code())
         }
         Err(e) => {
             tracing::error!(error = %chain(&e), "start-up failed");

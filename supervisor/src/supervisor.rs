@@ -1,14 +1,12 @@
-//! The supervisor's event loop: boot, serve, and the orderly stop.
+//! Booting a sandbox: from the trusted arguments to a VM whose agent answered, under a live lease.
 //!
 //! ```text
-//! choose accelerator -> bind chan.sock -> start QEMU -> agent hello (boot timeout) -> bind attach.sock
-//!   -> Ready -> loop { guest frames, client frames, signals, liveness, VMM exit }
-//! stop (SIGTERM, driver gone, guest violation): refuse new processes, Shutdown{grace} to the agent (which
-//!   SIGTERMs, waits, SIGKILLs, powers off), forward the last Exited frames, wait for QEMU to exit
-//!   (SIGKILL after grace + STOP_MARGIN_MS), let client writers drain, return.
+//! choose accelerator -> bind chan.sock -> start QEMU -> record pids -> start the watchdog (ready in 5 s)
+//!   -> agent hello (boot timeout; pulses flow meanwhile) -> bind attach.sock -> Ready -> serve
 //! ```
+//!
+//! Nothing is left running when boot fails: QEMU is killed and the watchdog closed.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -17,24 +15,16 @@ use signal_hook::iterator::Signals;
 use tokio::net::UnixListener;
 use tokio::process::Child;
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
-use tokio::time::Instant;
-use vm_protocol::status::SupervisorStatus;
-use vm_protocol::ToGuest;
+use vm_protocol::status::{SandboxPids, SupervisorStatus};
 
 use crate::accel::{self, KvmUnusable};
-use crate::attach::{self, ClientHandle, ATTACH_SOCKET};
+use crate::attach::{self, ATTACH_SOCKET};
 use crate::config::SupervisorConfig;
 use crate::guest::{self, AttachError};
-use crate::mux::{Action, ClientId, Mux};
-use crate::status;
+use crate::lease::{Lease, LeaseError};
 use crate::vmm::{self, files, VmmConfig};
 use crate::Event;
-
-/// After the agent's grace period, how long QEMU gets to exit on its own before SIGKILL.
-const STOP_MARGIN_MS: u64 = 5_000;
-
-/// How long client writers get to deliver their last frames after the VM is gone.
-const CLIENT_DRAIN_MS: u64 = 2_000;
+use crate::{pids, status};
 
 /// After the channel failed during boot, how long to wait for QEMU's own exit before calling it a guest
 /// failure.
@@ -69,6 +59,15 @@ pub enum StartError {
     /// QEMU could not be started.
     #[error("cannot start the VMM")]
     SpawnVmm(#[source] std::io::Error),
+    /// No watchdog binary next to the supervisor.
+    #[error("vm-watchdog not found at {}", .0.display())]
+    NoWatchdog(PathBuf),
+    /// The lease could not be established or was lost during boot.
+    #[error("the VM was refused: no lease")]
+    Lease(#[source] LeaseError),
+    /// The pids file could not be written; without it the reaper could not find an orphaned VM.
+    #[error("cannot record the sandbox's pids")]
+    Pids(#[source] std::io::Error),
     /// QEMU exited before the agent answered.
     #[error("the VMM exited during boot ({status})")]
     VmmExitedDuringBoot {
@@ -88,8 +87,10 @@ pub enum StartError {
 pub enum StopReason {
     /// SIGTERM (or SIGINT/SIGHUP): an orderly stop.
     Terminated,
-    /// The liveness pipe closed.
+    /// The liveness pipe closed: the VM was killed at once.
     DriverGone,
+    /// The watchdog stopped answering: the VM was killed at once.
+    LeaseLost(String),
     /// QEMU exited without being asked (guest crash or power-off).
     VmmExited(String),
     /// The guest broke the protocol; the VM was stopped.
@@ -97,9 +98,14 @@ pub enum StopReason {
 }
 
 impl StopReason {
-    /// Whether this was a stop the driver asked for (directly or by going away).
-    pub fn is_orderly(&self) -> bool {
-        matches!(self, Self::Terminated | Self::DriverGone)
+    /// The supervisor's exit status for this ending (documented in `main.rs`).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Terminated => 0,
+            Self::VmmExited(_) | Self::GuestViolation(_) => 3,
+            Self::DriverGone => 4,
+            Self::LeaseLost(_) => 5,
+        }
     }
 }
 
@@ -115,8 +121,12 @@ pub async fn run(config: SupervisorConfig) -> Result<StopReason, StartError> {
         crate::liveness::watch_stdin(events.clone())
             .map_err(|e| StartError::SandboxDir(config.sandbox_dir.clone(), e))?;
     }
-    let (mut vmm, link) = match boot(&config, &events, &mut rx).await {
-        Ok(ready) => ready,
+    let Booted {
+        mut vmm,
+        mut lease,
+        link,
+    } = match boot(&config, &events, &mut rx).await {
+        Ok(booted) => booted,
         Err(e) => {
             let mut error = chain(&e);
             if matches!(e, StartError::Boot(_) | StartError::VmmExitedDuringBoot { .. }) {
@@ -126,7 +136,14 @@ pub async fn run(config: SupervisorConfig) -> Result<StopReason, StartError> {
             return Err(e);
         }
     };
-    let listener = UnixListener::bind(ATTACH_SOCKET).map_err(|e| StartError::Bind(ATTACH_SOCKET, e))?;
+    let listener = match UnixListener::bind(ATTACH_SOCKET) {
+        Ok(l) => l,
+        Err(e) => {
+            kill(&mut vmm).await;
+            lease.close().await;
+            return Err(StartError::Bind(ATTACH_SOCKET, e));
+        }
+    };
     attach::serve(listener, link.hello.capabilities, events.clone());
     status::report(&SupervisorStatus::Ready {
         attach_socket: ATTACH_SOCKET.into(),
@@ -134,16 +151,34 @@ pub async fn run(config: SupervisorConfig) -> Result<StopReason, StartError> {
         agent: link.hello.software.clone(),
     });
     tracing::info!(sandbox = %config.sandbox_id, agent = %link.hello.software, "sandbox ready");
-    Ok(serve(&config, &mut vmm, link.tx, &mut rx).await)
+    let reason = crate::serve::serve(&config, &mut vmm, &mut lease, link.tx, &mut rx).await;
+    if lease.close().await.is_none() {
+        tracing::warn!("the lease watchdog did not exit after the VM stopped; killed it");
+    }
+    Ok(reason)
+}
+
+/// A VM whose agent answered, under a live lease.
+struct Booted {
+    vmm: Child,
+    lease: Lease,
+    link: guest::GuestLink,
 }
 
 async fn boot(
     config: &SupervisorConfig,
     events: &UnboundedSender<Event>,
     rx: &mut UnboundedReceiver<Event>,
-) -> Result<(Child, guest::GuestLink), StartError> {
+) -> Result<Booted, StartError> {
     std::env::set_current_dir(&config.sandbox_dir)
         .map_err(|e| StartError::SandboxDir(config.sandbox_dir.clone(), e))?;
+    if let Some(cgroup) = &config.cgroup {
+        // Before anything is started, so QEMU and the watchdog inherit it. Not fatal: it is the last sweep,
+        // not the first line of defence.
+        if std::fs::write(cgroup.join("cgroup.procs"), std::process::id().to_string()).is_err() {
+            tracing::warn!(cgroup = %cgroup.display(), "cannot join the sandbox's cgroup");
+        }
+    }
     for (what, path) in [("kernel", &config.kernel), ("initramfs", &config.initrd)] {
         if !path.is_file() {
             return Err(StartError::MissingImage {
@@ -151,6 +186,12 @@ async fn boot(
                 path: path.clone(),
             });
         }
+    }
+    let watchdog = std::env::current_exe()
+        .map(|exe| exe.with_file_name("vm-watchdog"))
+        .map_err(|e| StartError::SandboxDir(config.sandbox_dir.clone(), e))?;
+    if !watchdog.is_file() {
+        return Err(StartError::NoWatchdog(watchdog));
     }
     let (accel, fallback) = accel::Host::default().choose(config.accel).map_err(StartError::Kvm)?;
     if let Some(why) = &fallback {
@@ -175,163 +216,99 @@ async fn boot(
         accel,
     };
     let mut vmm = vmm_config.spawn().map_err(StartError::SpawnVmm)?;
-    tokio::select! {
-        link = guest::attach(&channel, config.boot_timeout(), events.clone()) => match link {
-            Ok(link) => Ok((vmm, link)),
-            Err(e) => {
-                // QEMU exiting also closes the channel; name the exit, the real cause, when that is what happened.
-                if let Ok(Ok(exit)) = tokio::time::timeout(Duration::from_millis(VMM_EXIT_GRACE_MS), vmm.wait()).await {
-                    return Err(StartError::VmmExitedDuringBoot { status: exit.to_string() });
-                }
-                kill(&mut vmm).await;
-                Err(StartError::Boot(e))
-            }
-        },
-        exit = vmm.wait() => Err(StartError::VmmExitedDuringBoot {
-            status: exit.map_or_else(|e| e.to_string(), |s| s.to_string()),
-        }),
-        () = stop_requested(rx) => {
+    match supervise(config, &mut vmm, &channel, &watchdog, events, rx).await {
+        Ok((lease, link)) => Ok(Booted { vmm, lease, link }),
+        Err(e) => {
             kill(&mut vmm).await;
-            Err(StartError::StoppedDuringBoot)
+            Err(e)
         }
     }
+}
+
+/// Everything after QEMU started: pids, lease, handshake. The caller kills QEMU on error.
+async fn supervise(
+    config: &SupervisorConfig,
+    vmm: &mut Child,
+    channel: &UnixListener,
+    watchdog: &Path,
+    events: &UnboundedSender<Event>,
+    rx: &mut UnboundedReceiver<Event>,
+) -> Result<(Lease, guest::GuestLink), StartError> {
+    let vmm_record = vmm.id().and_then(|p| pids::record(i32::try_from(p).ok()?));
+    let mut recorded = SandboxPids {
+        supervisor: pids::record(i32::try_from(std::process::id()).unwrap_or(0))
+            .ok_or_else(|| StartError::Pids(std::io::ErrorKind::NotFound.into()))?,
+        vmm: vmm_record,
+        watchdog: None,
+    };
+    pids::write(&recorded).map_err(StartError::Pids)?;
+    let Some(vmm_record) = vmm_record else {
+        return Err(StartError::VmmExitedDuringBoot {
+            status: "before it could be recorded".into(),
+        });
+    };
+    let mut lease = Lease::start(watchdog, vmm_record, &child_env())
+        .await
+        .map_err(StartError::Lease)?;
+    recorded.watchdog = lease.record;
+    if let Err(e) = pids::write(&recorded) {
+        lease.close().await;
+        return Err(StartError::Pids(e));
+    }
+    let result = handshake(config, vmm, channel, &mut lease, events, rx).await;
+    match result {
+        Ok(link) => Ok((lease, link)),
+        Err(e) => {
+            lease.close().await;
+            Err(e)
+        }
+    }
+}
+
+async fn handshake(
+    config: &SupervisorConfig,
+    vmm: &mut Child,
+    channel: &UnixListener,
+    lease: &mut Lease,
+    events: &UnboundedSender<Event>,
+    rx: &mut UnboundedReceiver<Event>,
+) -> Result<guest::GuestLink, StartError> {
+    let attach = guest::attach(channel, config.boot_timeout(), events.clone());
+    tokio::pin!(attach);
+    loop {
+        tokio::select! {
+            link = &mut attach => return match link {
+                Ok(link) => Ok(link),
+                Err(e) => {
+                    // QEMU exiting also closes the channel; name the exit, the real cause, when that is what happened.
+                    match tokio::time::timeout(Duration::from_millis(VMM_EXIT_GRACE_MS), vmm.wait()).await {
+                        Ok(Ok(exit)) => Err(StartError::VmmExitedDuringBoot { status: exit.to_string() }),
+                        _ => Err(StartError::Boot(e)),
+                    }
+                }
+            },
+            exit = vmm.wait() => return Err(StartError::VmmExitedDuringBoot {
+                status: exit.map_or_else(|e| e.to_string(), |s| s.to_string()),
+            }),
+            step = lease.step() => step.map_err(StartError::Lease)?,
+            () = stop_requested(rx) => return Err(StartError::StoppedDuringBoot),
+        }
+    }
+}
+
+/// The environment of the supervisor's children: nothing, except test switches in test builds.
+fn child_env() -> Vec<(&'static str, String)> {
+    #[cfg(feature = "test-controls")]
+    if let Ok(value) = std::env::var(crate::test_controls::VAR) {
+        return vec![(crate::test_controls::VAR, value)];
+    }
+    Vec::new()
 }
 
 async fn stop_requested(rx: &mut UnboundedReceiver<Event>) {
     while let Some(event) = rx.recv().await {
         if matches!(event, Event::Terminate | Event::DriverGone) {
             return;
-        }
-    }
-}
-
-/// The state of a running sandbox.
-struct Serving<'a> {
-    config: &'a SupervisorConfig,
-    mux: Mux,
-    guest: UnboundedSender<ToGuest>,
-    clients: HashMap<ClientId, ClientHandle>,
-    /// Why we are stopping, and when QEMU gets SIGKILL if it has not exited.
-    stopping: Option<(StopReason, Instant)>,
-}
-
-async fn serve(
-    config: &SupervisorConfig,
-    vmm: &mut Child,
-    guest: UnboundedSender<ToGuest>,
-    rx: &mut UnboundedReceiver<Event>,
-) -> StopReason {
-    let mut state = Serving {
-        config,
-        mux: Mux::default(),
-        guest,
-        clients: HashMap::new(),
-        stopping: None,
-    };
-    let mut killed = false;
-    let reason = loop {
-        let kill_at = state.stopping.as_ref().map(|(_, at)| *at);
-        tokio::select! {
-            exit = vmm.wait() => {
-                let status = exit.map_or_else(|e| e.to_string(), |s| s.to_string());
-                break state.stopping.take().map_or(StopReason::VmmExited(status), |(reason, _)| reason);
-            }
-            () = sleep_until_some(kill_at), if !killed => {
-                tracing::warn!("the VM did not power off in time; killing the VMM");
-                let _ = vmm.start_kill();
-                killed = true;
-            }
-            event = rx.recv() => state.handle(event),
-        }
-    };
-    // Closing each client's queue lets its writer deliver what is queued (the last `Exited` frames), then end.
-    let writers: Vec<_> = state.clients.into_values().map(|c| c.writer).collect();
-    let _ = tokio::time::timeout(
-        Duration::from_millis(CLIENT_DRAIN_MS),
-        futures_util::future::join_all(writers),
-    )
-    .await;
-    reason
-}
-
-async fn sleep_until_some(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-impl Serving<'_> {
-    fn handle(&mut self, event: Option<Event>) {
-        match event {
-            Some(Event::Guest(msg)) => match self.mux.from_guest(msg) {
-                Ok(actions) => self.apply(actions),
-                Err(violation) => {
-                    tracing::error!(error = %violation, "protocol violation by the guest");
-                    self.stop(StopReason::GuestViolation(violation.to_string()));
-                }
-            },
-            Some(Event::Client(id, msg)) => match self.mux.from_client(id, msg) {
-                Ok(actions) => self.apply(actions),
-                Err(violation) => {
-                    tracing::warn!(error = %violation, "protocol violation by an attach client; disconnected");
-                    self.drop_client(id);
-                }
-            },
-            Some(Event::ClientConnected(id, handle)) => {
-                self.mux.add_client(id);
-                self.clients.insert(id, handle);
-            }
-            Some(Event::ClientClosed(id)) => self.drop_client(id),
-            Some(Event::GuestClosed(error)) => {
-                if self.stopping.is_none() {
-                    tracing::warn!(error = ?error.map(|e| e.to_string()), "the guest channel closed unexpectedly");
-                }
-            }
-            Some(Event::Terminate) => self.stop(StopReason::Terminated),
-            Some(Event::DriverGone) => self.stop(StopReason::DriverGone),
-            // Senders live as long as the loop; unreachable, but never spin on a closed queue.
-            None => self.stop(StopReason::Terminated),
-        }
-    }
-
-    /// Begins the orderly stop once; later requests only keep the first reason.
-    fn stop(&mut self, reason: StopReason) {
-        if self.stopping.is_some() {
-            return;
-        }
-        tracing::info!(?reason, "stopping the sandbox");
-        self.mux.stop_accepting();
-        let grace = self.config.stop_grace_ms;
-        let _ = self.guest.send(ToGuest::Shutdown { grace_ms: grace });
-        let kill_at = Instant::now() + Duration::from_millis(u64::from(grace) + STOP_MARGIN_MS);
-        self.stopping = Some((reason, kill_at));
-    }
-
-    fn drop_client(&mut self, id: ClientId) {
-        self.clients.remove(&id);
-        let actions = self.mux.remove_client(id);
-        self.apply(actions);
-    }
-
-    fn apply(&mut self, actions: Vec<Action>) {
-        for action in actions {
-            match action {
-                Action::ToGuest(msg) => {
-                    let _ = self.guest.send(msg);
-                }
-                Action::ToClient(id, msg) => {
-                    if let Some(client) = self.clients.get(&id) {
-                        let _ = client.tx.send(msg);
-                    }
-                }
-                Action::Started { guest_id, pid, argv } => {
-                    tracing::info!(process = %guest_id, pid, argv0 = argv.first().map(String::as_str), "process started");
-                }
-                Action::Exited { guest_id, status, .. } => {
-                    tracing::info!(process = %guest_id, exit = status.shell_code(), "process exited");
-                }
-            }
         }
     }
 }

@@ -52,6 +52,10 @@ impl ProcInfo {
         self.comm.starts_with("qemu-system")
     }
 
+    pub fn is_watchdog(&self) -> bool {
+        self.cmdline.first().is_some_and(|a| a.ends_with("vm-watchdog"))
+    }
+
     pub fn is_supervisor(&self) -> bool {
         self.cmdline.first().is_some_and(|a| a.ends_with("vm-supervisor"))
     }
@@ -140,4 +144,35 @@ impl Watcher {
         }
         self.seen()
     }
+}
+
+/// Sends `signal` to `pid`, ignoring a process that is already gone.
+pub fn signal(pid: i32, signal: nix::sys::signal::Signal) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+}
+
+/// `(inode, flags)` of every pipe descriptor `pid` holds, from `/proc/<pid>/fd` and `fdinfo`.
+pub fn pipe_fds(pid: i32) -> Vec<(u64, u32)> {
+    let Ok(entries) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let target = fs::read_link(e.path()).ok()?.to_string_lossy().into_owned();
+            let inode = target.strip_prefix("pipe:[")?.strip_suffix(']')?.parse().ok()?;
+            let info = fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", e.file_name().to_string_lossy())).ok()?;
+            let flags = info.lines().find_map(|l| l.strip_prefix("flags:"))?.trim();
+            Some((inode, u32::from_str_radix(flags, 8).ok()?))
+        })
+        .collect()
+}
+
+/// The pipe inode behind `pid`'s stdin.
+pub fn stdin_pipe(pid: i32) -> Option<u64> {
+    let target = fs::read_link(format!("/proc/{pid}/fd/0"))
+        .ok()?
+        .to_string_lossy()
+        .into_owned();
+    target.strip_prefix("pipe:[")?.strip_suffix(']')?.parse().ok()
 }

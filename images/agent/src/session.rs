@@ -16,6 +16,7 @@
 use std::fs::File;
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -138,9 +139,12 @@ impl Shared {
 
 /// Serves one session on `reader`/`writer` (the two halves of the channel) until it ends.
 ///
+/// The host's requests are read on a thread of their own, which keeps running while a stop is under way:
+/// the credit the host returns during the stop is what lets the last output drain.
+///
 /// # Errors
 /// A [`SessionError`] when the handshake fails or the host breaks the protocol.
-pub fn serve(mut reader: impl Read, writer: File, config: &Config) -> Result<End, SessionError> {
+pub fn serve(mut reader: impl Read + Send + 'static, writer: File, config: &Config) -> Result<End, SessionError> {
     let shared = Arc::new(Shared {
         outbox: Outbox::new(writer),
         table: Mutex::new(Table::default()),
@@ -159,18 +163,34 @@ pub fn serve(mut reader: impl Read, writer: File, config: &Config) -> Result<End
             what: "cannot start the reaper thread".into(),
         })?;
 
-    let outcome = serve_requests(&shared, config, &mut reader, &mut scratch);
-    let grace = match &outcome {
-        Ok(Some(grace)) => *grace,
-        Ok(None) | Err(_) => Duration::ZERO,
-    };
-    stop_all(&shared, grace);
+    let (ends, end) = mpsc::channel();
+    let (reader_shared, reader_config) = (Arc::clone(&shared), config.clone());
+    thread::Builder::new()
+        .name("vm-agent-reader".into())
+        .spawn(move || {
+            let mut scratch = scratch;
+            serve_requests(&reader_shared, &reader_config, &mut reader, &mut scratch, &ends);
+        })
+        .map_err(|_| SessionError::Violation {
+            what: "cannot start the reader thread".into(),
+        })?;
+
+    // The first ending decides; a shutdown request lets the workload drain within its grace period.
+    let ending = end.recv().unwrap_or(Ending::HostGone);
+    stop_all(
+        &shared,
+        if let Ending::Shutdown(grace) = ending {
+            grace
+        } else {
+            Duration::ZERO
+        },
+    );
     shared.ended.store(true, Ordering::Release);
     shared.children_changed();
-    match outcome {
-        Ok(Some(_)) => Ok(End::Shutdown),
-        Ok(None) => Ok(End::HostGone),
-        Err(e) => Err(e),
+    match ending {
+        Ending::Shutdown(_) => Ok(End::Shutdown),
+        Ending::HostGone => Ok(End::HostGone),
+        Ending::Violation(e) => Err(e),
     }
 }
 
@@ -192,71 +212,105 @@ fn handshake(shared: &Shared, reader: &mut impl Read, scratch: &mut Vec<u8>) -> 
     .map_err(SessionError::Handshake)
 }
 
-/// Returns `Some(grace)` on `Shutdown`, `None` when the host went away.
+/// How the reading of requests ended, or a shutdown request (after which reading goes on).
+#[derive(Debug)]
+enum Ending {
+    /// `Shutdown { grace }` from the host.
+    Shutdown(Duration),
+    /// The channel closed or failed: the host is gone.
+    HostGone,
+    /// The host broke the protocol.
+    Violation(SessionError),
+}
+
+/// Reads and handles the host's requests until the channel ends or breaks, reporting each ending on `ends`
+/// (the first one counts) and going on after a shutdown request.
 fn serve_requests(
     shared: &Arc<Shared>,
     config: &Config,
     reader: &mut impl Read,
     scratch: &mut Vec<u8>,
-) -> Result<Option<Duration>, SessionError> {
+    ends: &Sender<Ending>,
+) {
     loop {
         let msg = match frame::read::<ToGuest, _>(reader, scratch) {
             Ok(Some(msg)) => msg,
-            Ok(None) | Err(FrameError::Io(_) | FrameError::Truncated) => return Ok(None),
-            Err(e) => return Err(SessionError::Frame(e)),
+            Ok(None) | Err(FrameError::Io(_) | FrameError::Truncated) => {
+                let _ = ends.send(Ending::HostGone);
+                return;
+            }
+            Err(e) => {
+                let _ = ends.send(Ending::Violation(SessionError::Frame(e)));
+                return;
+            }
         };
-        match msg {
-            ToGuest::Spawn(req) => process::spawn(shared, config, req),
-            ToGuest::Stdin { id, data } => {
-                let mut table = shared.table();
-                if let Lookup::Live(p) = known(&mut table, id)? {
-                    p.stdin_window
-                        .consume(data.len())
-                        .map_err(|e| violation(id, &e.to_string()))?;
-                    let tx = p.stdin.as_ref().ok_or_else(|| violation(id, "stdin after EOF"))?;
-                    // A closed receiver means the process is finishing; its stdin no longer matters.
-                    let _ = tx.send(StdinCmd::Data(data.into_vec()));
-                }
+        match handle(shared, config, msg) {
+            Ok(None) => {}
+            Ok(Some(grace)) => {
+                let _ = ends.send(Ending::Shutdown(grace));
             }
-            ToGuest::StdinEof { id } => {
-                let mut table = shared.table();
-                if let Lookup::Live(p) = known(&mut table, id)? {
-                    let tx = p.stdin.take().ok_or_else(|| violation(id, "second stdin EOF"))?;
-                    let _ = tx.send(StdinCmd::Eof);
-                }
-            }
-            ToGuest::Signal { id, signal } => {
-                let mut table = shared.table();
-                if let Lookup::Live(p) = known(&mut table, id)? {
-                    // ESRCH: the group is already gone, a benign race with its exit.
-                    let _ = killpg(p.pid, to_nix(signal));
-                }
-            }
-            ToGuest::Credit { id, bytes } => {
-                let mut table = shared.table();
-                if let Lookup::Live(p) = known(&mut table, id)? {
-                    p.credit.grant(bytes);
-                }
-            }
-            ToGuest::Resize { id, .. } => {
-                let mut table = shared.table();
-                if let Lookup::Live(_) = known(&mut table, id)? {
-                    drop(table);
-                    shared.send(&ToHost::Refused {
-                        id,
-                        reason: Refusal::Invalid,
-                    });
-                }
-            }
-            ToGuest::Ping { nonce } => shared.send(&ToHost::Pong { nonce }),
-            ToGuest::Shutdown { grace_ms } => return Ok(Some(Duration::from_millis(u64::from(grace_ms)))),
-            ToGuest::Hello(_) | ToGuest::Reserved => {
-                return Err(SessionError::Violation {
-                    what: "unexpected hello after the handshake".into(),
-                })
+            Err(violation) => {
+                let _ = ends.send(Ending::Violation(violation));
+                return;
             }
         }
     }
+}
+
+/// Handles one request; `Ok(Some(grace))` is a shutdown request.
+fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<Duration>, SessionError> {
+    match msg {
+        ToGuest::Spawn(req) => process::spawn(shared, config, req),
+        ToGuest::Stdin { id, data } => {
+            let mut table = shared.table();
+            if let Lookup::Live(p) = known(&mut table, id)? {
+                p.stdin_window
+                    .consume(data.len())
+                    .map_err(|e| violation(id, &e.to_string()))?;
+                let tx = p.stdin.as_ref().ok_or_else(|| violation(id, "stdin after EOF"))?;
+                // A closed receiver means the process is finishing; its stdin no longer matters.
+                let _ = tx.send(StdinCmd::Data(data.into_vec()));
+            }
+        }
+        ToGuest::StdinEof { id } => {
+            let mut table = shared.table();
+            if let Lookup::Live(p) = known(&mut table, id)? {
+                let tx = p.stdin.take().ok_or_else(|| violation(id, "second stdin EOF"))?;
+                let _ = tx.send(StdinCmd::Eof);
+            }
+        }
+        ToGuest::Signal { id, signal } => {
+            let mut table = shared.table();
+            if let Lookup::Live(p) = known(&mut table, id)? {
+                // ESRCH: the group is already gone, a benign race with its exit.
+                let _ = killpg(p.pid, to_nix(signal));
+            }
+        }
+        ToGuest::Credit { id, bytes } => {
+            let mut table = shared.table();
+            if let Lookup::Live(p) = known(&mut table, id)? {
+                p.credit.grant(bytes);
+            }
+        }
+        ToGuest::Resize { id, .. } => {
+            let mut table = shared.table();
+            if let Lookup::Live(_) = known(&mut table, id)? {
+                drop(table);
+                shared.send(&ToHost::Refused {
+                    id,
+                    reason: Refusal::Invalid,
+                });
+            }
+        }
+        ToGuest::Ping { nonce } => shared.send(&ToHost::Pong { nonce }),
+        ToGuest::Shutdown { grace_ms } => return Ok(Some(Duration::from_millis(u64::from(grace_ms)))),
+        ToGuest::Hello(_) | ToGuest::Reserved => {
+            return Err(SessionError::Violation {
+                what: "unexpected hello after the handshake".into(),
+            })
+        }
+    }
+    Ok(None)
 }
 
 /// Resolves an id, turning a never-spawned id into a violation.

@@ -1,0 +1,46 @@
+//! Killing recorded processes safely: by pidfd, only after checking the start time, confirmed by the pidfd.
+
+use std::os::fd::OwnedFd;
+use std::time::Duration;
+
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
+use vm_protocol::status::ProcessRecord;
+
+/// How long to wait for a killed process to be gone.
+const KILL_CONFIRM_MS: i64 = 2_000;
+
+/// Start time (field 22 of `/proc/<pid>/stat`) of a live pid.
+pub fn start_time(pid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = text.rsplit_once(") ")?.1.split(' ').collect();
+    // A zombie has exited; it only waits to be reaped.
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+/// Whether the very process `record` names is still running.
+pub fn is_alive(record: &ProcessRecord) -> bool {
+    start_time(record.pid) == Some(record.start_time)
+}
+
+/// A pidfd for `record`, if that very process still exists. The start time is checked after opening, so
+/// the pidfd cannot refer to a process that merely reused the pid.
+fn open(record: &ProcessRecord) -> Option<OwnedFd> {
+    let fd = pidfd_open(Pid::from_raw(record.pid)?, PidfdFlags::empty()).ok()?;
+    is_alive(record).then_some(fd)
+}
+
+/// SIGKILLs the process `record` names, if it still exists, and waits until it is gone. Returns whether
+/// it had to be killed.
+pub fn kill(record: &ProcessRecord) -> bool {
+    let Some(fd) = open(record) else { return false };
+    let _ = pidfd_send_signal(&fd, Signal::KILL);
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    let limit = Duration::from_millis(u64::try_from(KILL_CONFIRM_MS).unwrap_or(0));
+    let timeout = Timespec::try_from(limit).unwrap_or(Timespec { tv_sec: 2, tv_nsec: 0 });
+    let _ = poll(&mut fds, Some(&timeout));
+    true
+}

@@ -1,0 +1,226 @@
+//! The supervisor's side of the lease with the watchdog (`vm-watchdog`).
+//!
+//! Every [`PULSE_INTERVAL_MS`] the event loop writes a pulse byte and the watchdog echoes it. A write that
+//! succeeds proves nothing (the pipe buffers), so the supervisor demands each echo within
+//! [`ACK_TIMEOUT_MS`]; when one is late, or the watchdog's pipe closes, the supervisor stops the VM itself.
+//! The pulses are a branch of the loop that drives the VM and the boundary: if that loop hangs, the pulses
+//! stop and the watchdog kills the VMM.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::time::{Instant, Interval, MissedTickBehavior};
+use vm_protocol::status::ProcessRecord;
+
+/// Time between pulses.
+pub const PULSE_INTERVAL_MS: u64 = 250;
+/// Longest wait for a pulse's echo.
+pub const ACK_TIMEOUT_MS: u64 = 1_000;
+/// Longest wait for the watchdog's ready byte.
+pub const READY_TIMEOUT_MS: u64 = 5_000;
+/// Longest wait for the watchdog to exit after a normal close.
+const CLOSE_TIMEOUT_MS: u64 = 2_000;
+
+const PULSE: u8 = b'P';
+const READY: u8 = b'R';
+
+/// Why the lease failed. Each one means the VM must stop now.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// The watchdog binary could not be started.
+    #[error("cannot start the lease watchdog")]
+    Spawn(#[source] std::io::Error),
+    /// No ready byte in time.
+    #[error("the lease watchdog was not ready within {READY_TIMEOUT_MS} ms")]
+    NotReady,
+    /// An echo is overdue.
+    #[error("the lease watchdog did not echo a pulse within {ACK_TIMEOUT_MS} ms")]
+    EchoLate,
+    /// The watchdog's pipes closed: it is gone.
+    #[error("the lease watchdog is gone")]
+    WatchdogGone,
+    /// An echo that matches no pulse, or a wrong byte.
+    #[error("the lease watchdog sent an unexpected byte")]
+    Unexpected,
+}
+
+/// Pulses sent and not yet echoed. Pure bookkeeping, tested with made-up instants.
+#[derive(Debug)]
+pub struct Ledger {
+    unechoed: VecDeque<Instant>,
+    /// Off only in the "write success is enough" control.
+    require_echo: bool,
+}
+
+impl Ledger {
+    /// A ledger that demands echoes (or not, for the control).
+    pub fn new(require_echo: bool) -> Self {
+        Self {
+            unechoed: VecDeque::new(),
+            require_echo,
+        }
+    }
+
+    /// A pulse went out at `now`.
+    pub fn sent(&mut self, now: Instant) {
+        self.unechoed.push_back(now);
+    }
+
+    /// An echo came back.
+    ///
+    /// # Errors
+    /// [`LeaseError::Unexpected`] when no pulse is outstanding.
+    pub fn echoed(&mut self) -> Result<(), LeaseError> {
+        self.unechoed.pop_front().map(drop).ok_or(LeaseError::Unexpected)
+    }
+
+    /// Whether every pulse older than the ack timeout has been echoed.
+    ///
+    /// # Errors
+    /// [`LeaseError::EchoLate`].
+    pub fn check(&self, now: Instant) -> Result<(), LeaseError> {
+        match self.unechoed.front() {
+            Some(sent) if self.require_echo && now.duration_since(*sent) > Duration::from_millis(ACK_TIMEOUT_MS) => {
+                Err(LeaseError::EchoLate)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A running watchdog and its two pipes.
+#[derive(Debug)]
+pub struct Lease {
+    child: Child,
+    pulses: ChildStdin,
+    echoes: ChildStdout,
+    ledger: Ledger,
+    interval: Interval,
+    /// The watchdog, for the pids file.
+    pub record: Option<ProcessRecord>,
+}
+
+impl Lease {
+    /// Starts the watchdog on `vmm` and waits for its ready byte.
+    ///
+    /// # Errors
+    /// [`LeaseError::Spawn`] or [`LeaseError::NotReady`]; the VM must then be refused.
+    pub async fn start(binary: &Path, vmm: ProcessRecord, env: &[(&str, String)]) -> Result<Self, LeaseError> {
+        let mut child = Command::new(binary)
+            .args([
+                "--vmm-pid",
+                &vmm.pid.to_string(),
+                "--vmm-start-time",
+                &vmm.start_time.to_string(),
+            ])
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(LeaseError::Spawn)?;
+        let (Some(pulses), Some(mut echoes)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(LeaseError::Spawn(std::io::ErrorKind::BrokenPipe.into()));
+        };
+        let mut ready = [0u8];
+        match tokio::time::timeout(Duration::from_millis(READY_TIMEOUT_MS), echoes.read_exact(&mut ready)).await {
+            Ok(Ok(_)) if ready[0] == READY => {}
+            _ => return Err(LeaseError::NotReady),
+        }
+        let record = child.id().and_then(|pid| crate::pids::record(i32::try_from(pid).ok()?));
+        let mut interval = tokio::time::interval(Duration::from_millis(PULSE_INTERVAL_MS));
+        interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        Ok(Self {
+            child,
+            pulses,
+            echoes,
+            ledger: Ledger::new(require_echo()),
+            interval,
+            record,
+        })
+    }
+
+    /// One step of the lease: a pulse when one is due (after checking the echoes), or an echo. A select
+    /// branch of the event loop; cancelling it between steps loses nothing.
+    ///
+    /// # Errors
+    /// Any [`LeaseError`]: stop the VM.
+    pub async fn step(&mut self) -> Result<(), LeaseError> {
+        let mut echo = [0u8];
+        tokio::select! {
+            _ = self.interval.tick() => {
+                self.ledger.check(Instant::now())?;
+                self.pulses.write_all(&[PULSE]).await.map_err(|_| LeaseError::WatchdogGone)?;
+                self.ledger.sent(Instant::now());
+                Ok(())
+            }
+            read = self.echoes.read(&mut echo) => match read {
+                Ok(1) if echo[0] == PULSE => self.ledger.echoed(),
+                Ok(0) | Err(_) => Err(LeaseError::WatchdogGone),
+                Ok(_) => Err(LeaseError::Unexpected),
+            }
+        }
+    }
+
+    /// Normal close, after the VM stopped: EOF on the pulses, then the watchdog confirms the VMM is gone and
+    /// exits. Returns its exit status, or `None` if it had to be killed.
+    pub async fn close(mut self) -> Option<std::process::ExitStatus> {
+        drop(self.pulses);
+        match tokio::time::timeout(Duration::from_millis(CLOSE_TIMEOUT_MS), self.child.wait()).await {
+            Ok(Ok(status)) => Some(status),
+            _ => {
+                let _ = self.child.start_kill();
+                let _ = self.child.wait().await;
+                None
+            }
+        }
+    }
+}
+
+#[cfg(feature = "test-controls")]
+fn require_echo() -> bool {
+    !crate::test_controls::enabled("pulse-write-only")
+}
+
+#[cfg(not(feature = "test-controls"))]
+fn require_echo() -> bool {
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_late_echo_fails_the_lease() {
+        let t0 = Instant::now();
+        let mut ledger = Ledger::new(true);
+        ledger.sent(t0);
+        assert!(ledger.check(t0 + Duration::from_millis(900)).is_ok());
+        assert!(matches!(
+            ledger.check(t0 + Duration::from_millis(1001)),
+            Err(LeaseError::EchoLate)
+        ));
+        ledger.echoed().unwrap();
+        assert!(ledger.check(t0 + Duration::from_secs(10)).is_ok());
+    }
+
+    #[test]
+    fn echoes_without_pulses_are_refused() {
+        let mut ledger = Ledger::new(true);
+        assert!(matches!(ledger.echoed(), Err(LeaseError::Unexpected)));
+    }
+
+    #[test]
+    fn the_write_only_control_never_notices() {
+        let t0 = Instant::now();
+        let mut ledger = Ledger::new(false);
+        ledger.sent(t0);
+        assert!(ledger.check(t0 + Duration::from_secs(60)).is_ok());
+    }
+}

@@ -1,0 +1,190 @@
+//! The event loop of a running sandbox, and how it stops.
+//!
+//! ```text
+//! loop { VMM exit | kill deadline | lease step | event (guest, client, signal, liveness) }
+//! ```
+//!
+//! Three ways to stop:
+//! - **Orderly** (SIGTERM, or a guest violation): refuse new processes, `Shutdown{grace}` to the agent
+//!   (SIGTERM to the workload, SIGKILL after the grace, power off), forward the last output and `Exited`
+//!   frames, wait for QEMU to exit (SIGKILL after grace + [`STOP_MARGIN_MS`]).
+//! - **Driver gone** (liveness EOF): nobody is left to hand the workload's output to and the VM holds its
+//!   plaintext, so the VMM is killed at once; output still inside the guest is dropped.
+//! - **Lease lost** (the watchdog stopped echoing or died): the supervisor cannot vouch for the VM any more
+//!   and kills the VMM at once.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::process::Child;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::time::Instant;
+use vm_protocol::ToGuest;
+
+use crate::attach::ClientHandle;
+use crate::config::SupervisorConfig;
+use crate::lease::Lease;
+use crate::mux::{Action, ClientId, Mux};
+use crate::supervisor::StopReason;
+use crate::Event;
+
+/// After the agent's grace period, how long QEMU gets to exit on its own before SIGKILL.
+const STOP_MARGIN_MS: u64 = 5_000;
+
+/// How long client writers get to deliver their last frames after the VM is gone.
+const CLIENT_DRAIN_MS: u64 = 2_000;
+
+struct Serving<'a> {
+    config: &'a SupervisorConfig,
+    vmm: &'a mut Child,
+    mux: Mux,
+    guest: UnboundedSender<ToGuest>,
+    clients: HashMap<ClientId, ClientHandle>,
+    /// Why we are stopping, and when QEMU gets SIGKILL if it has not exited.
+    stopping: Option<(StopReason, Instant)>,
+}
+
+/// Runs the sandbox until the VMM has exited; returns why it stopped.
+pub(crate) async fn serve(
+    config: &SupervisorConfig,
+    vmm: &mut Child,
+    lease: &mut Lease,
+    guest: UnboundedSender<ToGuest>,
+    rx: &mut UnboundedReceiver<Event>,
+) -> StopReason {
+    let mut state = Serving {
+        config,
+        vmm,
+        mux: Mux::default(),
+        guest,
+        clients: HashMap::new(),
+        stopping: None,
+    };
+    let mut lease_ok = true;
+    let reason = loop {
+        let kill_at = state.stopping.as_ref().map(|(_, at)| *at);
+        tokio::select! {
+            exit = state.vmm.wait() => {
+                let status = exit.map_or_else(|e| e.to_string(), |s| s.to_string());
+                break state.stopping.take().map_or(StopReason::VmmExited(status), |(reason, _)| reason);
+            }
+            () = sleep_until_some(kill_at) => {
+                tracing::warn!("the VM did not power off in time; killing the VMM");
+                state.kill_vmm();
+            }
+            step = lease.step(), if lease_ok => {
+                if let Err(e) = step {
+                    tracing::error!(error = %e, "lease lost; stopping the VM");
+                    lease_ok = false;
+                    state.stop_now(StopReason::LeaseLost(e.to_string()));
+                }
+            }
+            event = rx.recv() => state.handle(event),
+        }
+    };
+    // Closing each client's queue lets its writer deliver what is queued (the last `Exited` frames), then end.
+    let writers: Vec<_> = state.clients.into_values().map(|c| c.writer).collect();
+    let _ = tokio::time::timeout(
+        Duration::from_millis(CLIENT_DRAIN_MS),
+        futures_util::future::join_all(writers),
+    )
+    .await;
+    reason
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Serving<'_> {
+    fn handle(&mut self, event: Option<Event>) {
+        match event {
+            Some(Event::Guest(msg)) => match self.mux.from_guest(msg) {
+                Ok(actions) => self.apply(actions),
+                Err(violation) => {
+                    tracing::error!(error = %violation, "protocol violation by the guest");
+                    self.stop(StopReason::GuestViolation(violation.to_string()));
+                }
+            },
+            Some(Event::Client(id, msg)) => match self.mux.from_client(id, msg) {
+                Ok(actions) => self.apply(actions),
+                Err(violation) => {
+                    tracing::warn!(error = %violation, "protocol violation by an attach client; disconnected");
+                    self.drop_client(id);
+                }
+            },
+            Some(Event::ClientConnected(id, handle)) => {
+                self.mux.add_client(id);
+                self.clients.insert(id, handle);
+            }
+            Some(Event::ClientClosed(id)) => self.drop_client(id),
+            Some(Event::GuestClosed(error)) => {
+                if self.stopping.is_none() {
+                    tracing::warn!(error = ?error.map(|e| e.to_string()), "the guest channel closed unexpectedly");
+                }
+            }
+            Some(Event::Terminate) => self.stop(StopReason::Terminated),
+            Some(Event::DriverGone) => {
+                tracing::warn!("the driver is gone (liveness pipe closed); killing the VM");
+                self.stop_now(StopReason::DriverGone);
+            }
+            // Senders live as long as the loop; unreachable, but never spin on a closed queue.
+            None => self.stop_now(StopReason::DriverGone),
+        }
+    }
+
+    /// Begins the orderly stop once; later requests only keep the first reason.
+    fn stop(&mut self, reason: StopReason) {
+        if self.stopping.is_some() {
+            return;
+        }
+        tracing::info!(?reason, "stopping the sandbox");
+        self.mux.stop_accepting();
+        let grace = self.config.stop_grace_ms;
+        let _ = self.guest.send(ToGuest::Shutdown { grace_ms: grace });
+        let kill_at = Instant::now() + Duration::from_millis(u64::from(grace) + STOP_MARGIN_MS);
+        self.stopping = Some((reason, kill_at));
+    }
+
+    /// Kills the VMM now. The reason wins over an orderly stop already under way.
+    fn stop_now(&mut self, reason: StopReason) {
+        self.mux.stop_accepting();
+        self.kill_vmm();
+        let far = Instant::now() + Duration::from_secs(3600);
+        self.stopping = Some((reason, far));
+    }
+
+    fn kill_vmm(&mut self) {
+        let _ = self.vmm.start_kill();
+    }
+
+    fn drop_client(&mut self, id: ClientId) {
+        self.clients.remove(&id);
+        let actions = self.mux.remove_client(id);
+        self.apply(actions);
+    }
+
+    fn apply(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::ToGuest(msg) => {
+                    let _ = self.guest.send(msg);
+                }
+                Action::ToClient(id, msg) => {
+                    if let Some(client) = self.clients.get(&id) {
+                        let _ = client.tx.send(msg);
+                    }
+                }
+                Action::Started { guest_id, pid, argv } => {
+                    tracing::info!(process = %guest_id, pid, argv0 = argv.first().map(String::as_str), "process started");
+                }
+                Action::Exited { guest_id, status, .. } => {
+                    tracing::info!(process = %guest_id, exit = status.shell_code(), "process exited");
+                }
+            }
+        }
+    }
+}
