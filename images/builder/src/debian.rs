@@ -19,6 +19,8 @@ pub struct Pin {
     pub version: String,
     /// sha256 of the `.deb` as listed in Debian's Packages index.
     pub sha256: String,
+    /// Path of the `.deb` in a Debian mirror (`pool/...`), for hosts whose package lists lack it.
+    pub filename: String,
 }
 
 /// A `.deb`'s checksum did not match its pin.
@@ -64,7 +66,7 @@ fn hex(bytes: &[u8]) -> String {
 ///
 /// # Errors
 /// The download fails (the version may have left the archive: bump the pin), or the checksum differs.
-pub fn fetch(pin: &Pin, cache: &Path) -> Result<PathBuf> {
+pub fn fetch(pin: &Pin, mirrors: &[String], cache: &Path) -> Result<PathBuf> {
     let debs = cache.join("debs");
     fs::create_dir_all(&debs).with_context(|| format!("cannot create {}", debs.display()))?;
     let name = format!("{}_{}_amd64.deb", pin.package, pin.version.replace(':', "%3a"));
@@ -75,33 +77,51 @@ pub fn fetch(pin: &Pin, cache: &Path) -> Result<PathBuf> {
     let staging = debs.join(format!(".download-{}", std::process::id()));
     let _ = fs::remove_dir_all(&staging);
     fs::create_dir_all(&staging).with_context(|| format!("cannot create {}", staging.display()))?;
-    let result = download(pin, &staging, &cached);
+    let result = download(pin, mirrors, &staging).and_then(|deb| verify_into(pin, &deb, &cached));
     let _ = fs::remove_dir_all(&staging);
     result?;
     Ok(cached)
 }
 
-fn download(pin: &Pin, staging: &Path, cached: &Path) -> Result<()> {
+/// Fetches the `.deb` into `staging`: `apt-get download` first, then each mirror by pool path.
+fn download(pin: &Pin, mirrors: &[String], staging: &Path) -> Result<PathBuf> {
     let spec = format!("{}={}", pin.package, pin.version);
-    let output = Command::new("apt-get")
-        .args(["download", "-q", &spec])
-        .current_dir(staging)
-        .output()
-        .context("cannot run apt-get (is this Debian or Ubuntu?)")?;
-    if !output.status.success() {
-        bail!(
-            "apt-get download {spec} failed ({}): {}; run `apt-get update`, or bump images/pins.json if \
-             this version has left the archive",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
+    let apt = Command::new("apt-get").args(["download", "-q", &spec]).current_dir(staging).output();
+    if apt.as_ref().is_ok_and(|o| o.status.success()) {
+        return find_deb(staging, &spec);
     }
-    let deb = fs::read_dir(staging)?
+    let target = staging.join("package.deb");
+    for mirror in mirrors {
+        let url = format!("{}/{}", mirror.trim_end_matches('/'), pin.filename);
+        let status = Command::new("curl")
+            .args(["-fsSL", "--retry", "2", "-o"])
+            .arg(&target)
+            .arg(&url)
+            .status()
+            .context("cannot run curl")?;
+        if status.success() {
+            return Ok(target);
+        }
+    }
+    let apt_error = apt.map_or_else(|e| e.to_string(), |o| String::from_utf8_lossy(&o.stderr).trim().to_owned());
+    bail!(
+        "cannot fetch {spec}: apt-get download failed ({apt_error}) and no mirror had {}; run `apt-get update`, \
+         or bump images/pins.json if this version has left the archive",
+        pin.filename
+    )
+}
+
+fn find_deb(staging: &Path, spec: &str) -> Result<PathBuf> {
+    fs::read_dir(staging)?
         .flatten()
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|e| e == "deb"))
-        .with_context(|| format!("apt-get download {spec} produced no .deb"))?;
-    let found = sha256_file(&deb)?;
+        .with_context(|| format!("apt-get download {spec} produced no .deb"))
+}
+
+/// Checks the sha256 and moves the `.deb` into the cache.
+fn verify_into(pin: &Pin, deb: &Path, cached: &Path) -> Result<()> {
+    let found = sha256_file(deb)?;
     if found != pin.sha256 {
         return Err(ChecksumMismatch {
             package: pin.package.clone(),
@@ -111,7 +131,7 @@ fn download(pin: &Pin, staging: &Path, cached: &Path) -> Result<()> {
         }
         .into());
     }
-    fs::rename(&deb, cached).with_context(|| format!("cannot move {} into the cache", deb.display()))
+    fs::rename(deb, cached).with_context(|| format!("cannot move {} into the cache", deb.display()))
 }
 
 /// Unpacks a `.deb`'s files into `dest` with `dpkg-deb -x`.

@@ -59,6 +59,7 @@ struct Pins {
     kernel: Pin,
     busybox: Pin,
     modules: Vec<String>,
+    mirrors: Vec<String>,
 }
 
 /// What was built from what. Two builds from the same inputs give the same manifest.
@@ -128,8 +129,8 @@ fn default_cache() -> Result<PathBuf> {
 
 fn build(agent: &Path, out: &Path, cache: &Path, pins: &Pins, mtime: u32) -> Result<()> {
     let agent_bytes = fs::read(agent).with_context(|| format!("cannot read the agent {}", agent.display()))?;
-    let kernel_deb = debian::fetch(&pins.kernel, cache)?;
-    let busybox_deb = debian::fetch(&pins.busybox, cache)?;
+    let kernel_deb = debian::fetch(&pins.kernel, &pins.mirrors, cache)?;
+    let busybox_deb = debian::fetch(&pins.busybox, &pins.mirrors, cache)?;
 
     let parent = out.parent().context("output directory has no parent")?;
     fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;

@@ -1,0 +1,65 @@
+//! Fault to VMM exit, for the three faults the lease and the liveness pipe exist for. Medians of
+//! `BENCH_RUNS` (default 10); each run boots a fresh sandbox, waits for its canary, injects the fault and
+//! times the VMM's exit through a pidfd opened beforehand.
+#![allow(missing_docs)]
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a benchmark fails loudly")]
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal::{SIGCONT, SIGKILL, SIGSTOP};
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::process::{pidfd_open, Pid, PidfdFlags};
+use vm_e2e::procs::signal;
+use vm_e2e::{Launch, Running, Scratch};
+
+#[derive(Clone, Copy)]
+enum Fault {
+    KillDriver,
+    KillSupervisor,
+    StopSupervisor,
+}
+
+fn once(fault: Fault, n: usize) -> Duration {
+    let s = Scratch::new(&format!("bench-live-{n}"));
+    let mut run = Running::start(Launch::new(&s, &["/bin/sh", "-c", "echo up; exec sleep 1000"]), &[], "up");
+    let p = run.procs();
+    let pidfd = pidfd_open(Pid::from_raw(p.vmm.pid).unwrap(), PidfdFlags::empty()).unwrap();
+    let start = Instant::now();
+    match fault {
+        Fault::KillDriver => {
+            run.driver.kill().unwrap();
+        }
+        Fault::KillSupervisor => signal(p.supervisor.pid, SIGKILL),
+        Fault::StopSupervisor => signal(p.supervisor.pid, SIGSTOP),
+    }
+    let mut fds = [PollFd::new(&pidfd, PollFlags::IN)];
+    let ready = poll(&mut fds, Some(&Timespec { tv_sec: 30, tv_nsec: 0 })).unwrap();
+    let elapsed = start.elapsed();
+    assert_eq!(ready, 1, "the VMM exited");
+    signal(p.supervisor.pid, SIGCONT);
+    elapsed
+}
+
+fn median(mut xs: Vec<Duration>) -> Duration {
+    xs.sort();
+    xs[xs.len() / 2]
+}
+
+fn main() {
+    let runs: usize = std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    println!("\n| fault -> VMM exit | median | min | max | goal |");
+    println!("|---|---|---|---|---|");
+    for (name, fault, goal) in [
+        ("driver SIGKILL", Fault::KillDriver, "<= 100 ms"),
+        ("supervisor SIGKILL", Fault::KillSupervisor, "<= 100 ms"),
+        ("supervisor SIGSTOP", Fault::StopSupervisor, "<= 3 s"),
+    ] {
+        let times: Vec<Duration> = (0..runs).map(|i| once(fault, i)).collect();
+        let (min, max) = (*times.iter().min().unwrap(), *times.iter().max().unwrap());
+        println!("| {name} | {:.1} ms | {:.1} ms | {:.1} ms | {goal} |", ms(median(times)), ms(min), ms(max));
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
