@@ -21,7 +21,9 @@ use vm_protocol::{ExitStatus, SandboxId, SignalName};
 use crate::attach::{self, ProcessIo};
 use crate::state::{self, StateDir};
 use crate::supervisor::{self, Stopped, SupervisorProcess, SupervisorSpec};
+use crate::telemetry::{self, TelemetryConfig};
 use crate::{cgroup, image, reap, EXIT_TIMEOUT};
+use vm_protocol::status::{AuthBundle, SupervisorStatus};
 
 /// Ctrl-Cs after which `launch` stops the sandbox instead of forwarding.
 const INTERRUPTS_TO_STOP: u32 = 3;
@@ -62,6 +64,8 @@ pub struct LaunchConfig {
     pub id: Option<SandboxId>,
     /// Keep the sandbox directory after a clean stop.
     pub keep: bool,
+    /// Telemetry settings for the supervisor.
+    pub telemetry: TelemetryConfig,
 }
 
 /// The signals that end a launch, watched from before the supervisor starts.
@@ -96,7 +100,10 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
         Some(id) => id.clone(),
         None => state::random_id("launch").context("cannot make a sandbox id")?,
     };
+    // Read before anything is started, so a malformed value fails fast and leaves nothing behind.
+    let otlp_headers = telemetry::headers_from_env()?;
     let dir = state.create_sandbox(&id)?;
+    telemetry::write_bundle(&dir, &AuthBundle { otlp_headers })?;
     let spec = SupervisorSpec {
         binary,
         sandbox_id: id.clone(),
@@ -108,6 +115,7 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
         boot_timeout: config.boot_timeout,
         stop_grace: Duration::from_secs(3),
         cgroup: cgroup::create(&id, &dir),
+        telemetry: config.telemetry.clone(),
     };
     let mut signals = Signals {
         terminate: signal(SignalKind::terminate()).context("cannot watch SIGTERM")?,
@@ -120,13 +128,16 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
     code
 }
 
+/// How the supervisor ended and what it reported.
+type Ended = (Stopped, Option<SupervisorStatus>);
+
 /// Everything between the supervisor's start and its exit. Always ends with the supervisor stopped.
 async fn drive(
     config: &LaunchConfig,
     dir: &Path,
     mut sup: SupervisorProcess,
     signals: &mut Signals,
-) -> (Result<u8>, Stopped) {
+) -> (Result<u8>, Ended) {
     let ready = tokio::select! {
         ready = sup.ready(config.boot_timeout + READY_MARGIN) => ready,
         _ = signals.terminate.recv() => return (Ok(143), sup.stop(config.stop_timeout).await),
@@ -201,8 +212,18 @@ async fn drive(
 
 /// After the supervisor exited: reap whatever it left (it may have been killed), sweep the cgroup, mark the
 /// sandbox terminated, and remove its directory unless it should be kept.
-fn finish(dir: &Path, spec: &SupervisorSpec, ok: bool, stopped: &Stopped, keep: bool) {
+fn finish(dir: &Path, spec: &SupervisorSpec, ok: bool, (stopped, report): &Ended, keep: bool) {
     let clean = ok && matches!(stopped, Stopped::Exited(s) if s.success());
+    if let Some(SupervisorStatus::Stopped {
+        otlp_dropped,
+        console_dropped,
+        ..
+    }) = report
+    {
+        if *otlp_dropped > 0 || *console_dropped > 0 {
+            eprintln!("vm-driver: telemetry: {otlp_dropped} OCSF records not exported, {console_dropped} console lines dropped");
+        }
+    }
     match stopped {
         Stopped::Exited(s) if !s.success() => eprintln!("vm-driver: vm-supervisor ended with {s} (see supervisor.log)"),
         Stopped::Killed => eprintln!("vm-driver: vm-supervisor did not stop in time and was killed"),

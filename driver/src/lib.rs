@@ -19,6 +19,7 @@ pub mod procs;
 pub mod reap;
 pub mod state;
 pub mod supervisor;
+pub mod telemetry;
 #[cfg(feature = "test-controls")]
 pub mod test_controls;
 mod unix;

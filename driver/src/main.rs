@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use vm_driver::launch::{self, LaunchConfig};
+use vm_driver::telemetry::TelemetryConfig;
 use vm_driver::EXIT_DRIVER_ERROR;
 use vm_protocol::SandboxId;
 
@@ -98,6 +99,22 @@ struct LaunchArgs {
     /// Keep the sandbox directory (logs) after a clean stop.
     #[arg(long)]
     keep: bool,
+    /// Export OCSF events as OTLP logs to this collector (headers come from OTEL_EXPORTER_OTLP_LOGS_HEADERS or
+    /// OTEL_EXPORTER_OTLP_HEADERS).
+    #[arg(long, value_name = "URL", env = "OPENSHELL_OTLP_OCSF_ENDPOINT")]
+    otlp_ocsf_endpoint: Option<String>,
+    /// OTLP protocol: grpc (default) or http/protobuf.
+    #[arg(long, value_name = "PROTO", env = "OPENSHELL_OTLP_OCSF_PROTOCOL")]
+    otlp_ocsf_protocol: Option<String>,
+    /// OCSF schema version of the events (default 1.8.0).
+    #[arg(long, value_name = "VERSION", env = "OPENSHELL_OTLP_OCSF_SCHEMA_VERSION")]
+    otlp_ocsf_schema_version: Option<String>,
+    /// Gateway name, for the openshell.gateway.name resource attribute.
+    #[arg(long, value_name = "NAME", env = "OPENSHELL_GATEWAY_NAME")]
+    gateway_name: Option<String>,
+    /// OCSF JSON lines on the supervisor's console and in events.jsonl: on (default) or off.
+    #[arg(long, value_name = "on|off", env = "OPENSHELL_OCSF_JSON")]
+    ocsf_json: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     cmd: Vec<String>,
@@ -105,6 +122,8 @@ struct LaunchArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Sandbox directories hold logs and secrets: everything the driver creates is private to this user.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(false)
@@ -137,6 +156,13 @@ fn main() -> ExitCode {
         state_dir: args.state_dir,
         id: args.id,
         keep: args.keep,
+        telemetry: TelemetryConfig {
+            otlp_endpoint: args.otlp_ocsf_endpoint,
+            otlp_protocol: args.otlp_ocsf_protocol,
+            schema_version: args.otlp_ocsf_schema_version,
+            gateway_name: args.gateway_name,
+            ocsf_json: args.ocsf_json,
+        },
     };
     let code = match runtime.block_on(launch::run(config)) {
         Ok(code) => code,

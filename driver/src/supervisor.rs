@@ -25,9 +25,13 @@ use vm_protocol::status::{Accelerator, SupervisorStatus};
 use vm_protocol::SandboxId;
 
 use crate::image::Image;
+use crate::telemetry::TelemetryConfig;
 
 /// Default bound on the wait between SIGTERM and SIGKILL.
 pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long to wait for the supervisor's last status lines after it exited.
+const REPORT_WAIT_MS: u64 = 500;
 
 /// The supervisor's stderr, in the sandbox directory.
 pub const SUPERVISOR_LOG: &str = "supervisor.log";
@@ -63,6 +67,8 @@ pub struct SupervisorSpec {
     pub stop_grace: Duration,
     /// The sandbox's cgroup, which the supervisor joins before starting anything.
     pub cgroup: Option<PathBuf>,
+    /// Telemetry settings, passed as environment variables.
+    pub telemetry: TelemetryConfig,
 }
 
 /// Why a supervisor did not start or its VM did not come up.
@@ -160,6 +166,7 @@ impl SupervisorProcess {
         cmd.args(args(spec))
             .env_clear()
             .envs(passed_env().iter().filter_map(|k| std::env::var_os(k).map(|v| (k, v))))
+            .envs(spec.telemetry.supervisor_env())
             .current_dir(&spec.sandbox_dir)
             .stdin(Stdio::from(read_end))
             .stdout(Stdio::piped())
@@ -220,7 +227,7 @@ impl SupervisorProcess {
                         });
                     }
                     Some(SupervisorStatus::Failed { error }) => return Err(SupervisorError::StartFailed(error)),
-                    None => {
+                    Some(SupervisorStatus::Stopped { .. }) | None => {
                         let status = self
                             .child
                             .wait()
@@ -240,8 +247,8 @@ impl SupervisorProcess {
     }
 
     /// Stops the supervisor: SIGTERM, wait up to `timeout`, and only then close the liveness pipe; SIGKILL
-    /// (then close) if it does not exit in time.
-    pub async fn stop(mut self, timeout: Duration) -> Stopped {
+    /// (then close) if it does not exit in time. Returns how it ended and its final report, if it gave one.
+    pub async fn stop(mut self, timeout: Duration) -> (Stopped, Option<SupervisorStatus>) {
         #[cfg(feature = "test-controls")]
         if crate::test_controls::enabled("close-liveness-first") {
             // Control: the wrong order, which makes the supervisor take its "driver gone" path.
@@ -259,7 +266,17 @@ impl SupervisorProcess {
             }
         };
         drop(self.liveness.take());
-        outcome
+        // Its stdout is closed now; collect the last lines the reader task still holds.
+        let mut report = None;
+        let collect = async {
+            while let Some(status) = self.status.recv().await {
+                if matches!(status, SupervisorStatus::Stopped { .. }) {
+                    report = Some(status);
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_millis(REPORT_WAIT_MS), collect).await;
+        (outcome, report)
     }
 
     /// The supervisor's log file.

@@ -51,6 +51,17 @@ pub enum SupervisorStatus {
         /// The error and its causes, outermost first.
         error: String,
     },
+    /// The VM is gone and telemetry flushed; the supervisor exits after this line.
+    Stopped {
+        /// OCSF events emitted.
+        events: u64,
+        /// Records the OTLP collector accepted.
+        otlp_exported: u64,
+        /// Records that never reached the collector.
+        otlp_dropped: u64,
+        /// Console lines dropped because stderr was not keeping up.
+        console_dropped: u64,
+    },
 }
 
 /// File in the sandbox directory where the supervisor records the processes of its sandbox, for the
@@ -78,6 +89,41 @@ pub struct SandboxPids {
     pub watchdog: Option<ProcessRecord>,
 }
 
+/// Environment variables through which the driver passes telemetry settings to the supervisor. None of
+/// them is a secret: collector headers travel in the [`AuthBundle`] only.
+pub mod env {
+    /// OTLP collector endpoint for OCSF events; unset means no export.
+    pub const OTLP_ENDPOINT: &str = "OPENSHELL_OTLP_OCSF_ENDPOINT";
+    /// OCSF schema version (default 1.8.0).
+    pub const SCHEMA_VERSION: &str = "OPENSHELL_OTLP_OCSF_SCHEMA_VERSION";
+    /// Name of the gateway, for the `openshell.gateway.name` resource attribute.
+    pub const GATEWAY_NAME: &str = "OPENSHELL_GATEWAY_NAME";
+    /// `grpc` (default) or `http/protobuf`.
+    pub const OTLP_PROTOCOL: &str = "OPENSHELL_OTLP_OCSF_PROTOCOL";
+    /// `on` (default) or `off`: OCSF JSON on the console and in the JSONL file.
+    pub const OCSF_JSON: &str = "OPENSHELL_OCSF_JSON";
+}
+
+/// File in the sandbox directory holding the supervisor's secrets (mode 0600): written by the driver, read
+/// and removed by the supervisor at start. Secrets never travel in argv or the environment.
+pub const AUTH_BUNDLE_FILE: &str = "auth.json";
+
+/// The contents of [`AUTH_BUNDLE_FILE`]. Its `Debug` never shows a value.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthBundle {
+    /// Headers for the OTLP collector (from `OTEL_EXPORTER_OTLP_LOGS_HEADERS` or `OTEL_EXPORTER_OTLP_HEADERS`).
+    pub otlp_headers: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for AuthBundle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.otlp_headers.iter().map(|(k, _)| k.as_str()).collect();
+        f.debug_struct("AuthBundle")
+            .field("otlp_header_names", &names)
+            .finish_non_exhaustive()
+    }
+}
+
 impl SupervisorStatus {
     /// One line of JSON, newline included.
     pub fn to_line(&self) -> String {
@@ -99,6 +145,15 @@ impl SupervisorStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auth_bundle_debug_shows_no_values() {
+        let b = AuthBundle {
+            otlp_headers: vec![("authorization".into(), "Bearer s3cret".into())],
+        };
+        let shown = format!("{b:?}");
+        assert!(shown.contains("authorization") && !shown.contains("s3cret"), "{shown}");
+    }
 
     #[test]
     fn lines_round_trip() {

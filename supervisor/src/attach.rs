@@ -50,6 +50,7 @@ async fn client(mut stream: UnixStream, id: ClientId, capabilities: Capabilities
         Ok(cred) if cred.uid() == our_uid => {}
         _ => {
             tracing::warn!("refused an attach connection from another user");
+            let _ = events.send(Event::AdmissionRefused("attach connection from another user"));
             return;
         }
     }
@@ -59,10 +60,12 @@ async fn client(mut stream: UnixStream, id: ClientId, capabilities: Capabilities
         Ok(Ok(_)) => {}
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "attach handshake failed");
+            let _ = events.send(Event::AdmissionRefused("attach handshake failed"));
             return;
         }
         Err(_) => {
             tracing::warn!("attach handshake timed out");
+            let _ = events.send(Event::AdmissionRefused("attach handshake timed out"));
             return;
         }
     }

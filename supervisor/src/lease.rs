@@ -16,6 +16,9 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 use vm_protocol::status::ProcessRecord;
 
+/// The watchdog's stderr, in the sandbox directory.
+pub const WATCHDOG_LOG: &str = "watchdog.log";
+
 /// Time between pulses.
 pub const PULSE_INTERVAL_MS: u64 = 250;
 /// Longest wait for a pulse's echo.
@@ -27,6 +30,7 @@ const CLOSE_TIMEOUT_MS: u64 = 2_000;
 
 const PULSE: u8 = b'P';
 const READY: u8 = b'R';
+const KILLING: u8 = b'K';
 
 /// Why the lease failed. Each one means the VM must stop now.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +50,9 @@ pub enum LeaseError {
     /// An echo that matches no pulse, or a wrong byte.
     #[error("the lease watchdog sent an unexpected byte")]
     Unexpected,
+    /// The watchdog announced it is killing the VMM (it thinks this supervisor is hung).
+    #[error("the lease watchdog is killing the VMM")]
+    WatchdogKilling,
 }
 
 /// Pulses sent and not yet echoed. Pure bookkeeping, tested with made-up instants.
@@ -161,6 +168,7 @@ impl Lease {
             }
             read = self.echoes.read(&mut echo) => match read {
                 Ok(1) if echo[0] == PULSE => self.ledger.echoed(),
+                Ok(1) if echo[0] == KILLING => Err(LeaseError::WatchdogKilling),
                 Ok(0) | Err(_) => Err(LeaseError::WatchdogGone),
                 Ok(_) => Err(LeaseError::Unexpected),
             }

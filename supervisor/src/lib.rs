@@ -23,6 +23,7 @@ pub mod pids;
 mod serve;
 pub mod status;
 pub mod supervisor;
+pub mod telemetry;
 #[cfg(feature = "test-controls")]
 pub mod test_controls;
 pub mod vmm;
@@ -40,6 +41,8 @@ pub enum Event {
     Client(mux::ClientId, vm_protocol::ToGuest),
     /// A client disconnected or sent bytes that are not frames.
     ClientClosed(mux::ClientId),
+    /// An attach connection was refused (fixed text).
+    AdmissionRefused(&'static str),
     /// SIGTERM, SIGINT or SIGHUP.
     Terminate,
     /// The parent-liveness pipe reached EOF: the driver is gone.

@@ -10,15 +10,17 @@ use std::process::ExitCode;
 use clap::Parser;
 use vm_supervisor::config::SupervisorConfig;
 use vm_supervisor::supervisor::{self, chain};
+use vm_supervisor::telemetry::console::Console;
 
 fn main() -> ExitCode {
     let config = SupervisorConfig::parse();
     // Everything the supervisor and QEMU create is private to this user.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+    let console = Console::start();
     tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(console.handle())
         .with_ansi(false)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(diagnostic_filter())
         .init();
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -27,7 +29,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(supervisor::run(config)) {
+    match runtime.block_on(supervisor::run(config, console)) {
         Ok(reason) => {
             if reason != supervisor::StopReason::Terminated {
                 tracing::warn!(?reason, "the sandbox ended without an orderly stop");
@@ -39,4 +41,24 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// `RUST_LOG` (default `info`) for the supervisor's own diagnostics. The HTTP, gRPC and OpenTelemetry
+/// libraries are silenced at every level: their messages can carry a collector's error text or echo request
+/// metadata, and the exporter reports its failures in fixed text instead.
+fn diagnostic_filter() -> tracing_subscriber::EnvFilter {
+    let base = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
+    let quiet = [
+        "opentelemetry",
+        "opentelemetry_sdk",
+        "opentelemetry_otlp",
+        "tonic",
+        "h2",
+        "hyper",
+        "hyper_util",
+        "reqwest",
+        "tower",
+    ];
+    let directives = quiet.iter().fold(base, |acc, target| format!("{acc},{target}=off"));
+    tracing_subscriber::EnvFilter::try_new(directives).unwrap_or_else(|_| "info".into())
 }

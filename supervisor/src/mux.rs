@@ -44,6 +44,8 @@ pub enum Action {
     Exited {
         /// The guest-wide id.
         guest_id: ProcId,
+        /// Its pid inside the guest, if it started.
+        pid: Option<u32>,
         /// Its argv.
         argv: Vec<String>,
         /// How it ended.
@@ -96,6 +98,8 @@ struct Route {
     client: ClientId,
     client_id: ProcId,
     argv: Vec<String>,
+    /// The guest pid, once started.
+    pid: Option<u32>,
     output: Window,
     stdin: Window,
     /// The client is gone: output is credited back and dropped.
@@ -202,6 +206,7 @@ impl Mux {
                         client,
                         client_id: id,
                         argv: spawn.argv.clone(),
+                        pid: None,
                         output: Window::new(spawn.output_window),
                         stdin: Window::new(0),
                         detached: false,
@@ -249,6 +254,7 @@ impl Mux {
             ToHost::Started { id, pid, stdin_window } => {
                 let route = self.routes.get_mut(&id).ok_or(GuestViolation::UnknownProcess(id))?;
                 route.stdin = Window::new(stdin_window);
+                route.pid = Some(pid);
                 let mut actions = vec![Action::Started {
                     guest_id: id,
                     pid,
@@ -313,6 +319,7 @@ impl Mux {
                 let route = self.end_route(id)?;
                 let mut actions = vec![Action::Exited {
                     guest_id: id,
+                    pid: route.pid,
                     argv: route.argv,
                     status,
                 }];

@@ -23,9 +23,12 @@ use vm_protocol::ToGuest;
 
 use crate::attach::ClientHandle;
 use crate::config::SupervisorConfig;
-use crate::lease::Lease;
+use vm_ocsf::{Finding, ProcessActivity, ProcessInfo};
+
+use crate::lease::{Lease, LeaseError};
 use crate::mux::{Action, ClientId, Mux};
 use crate::supervisor::StopReason;
+use crate::telemetry::Telemetry;
 use crate::Event;
 
 /// After the agent's grace period, how long QEMU gets to exit on its own before SIGKILL.
@@ -37,6 +40,7 @@ const CLIENT_DRAIN_MS: u64 = 2_000;
 struct Serving<'a> {
     config: &'a SupervisorConfig,
     vmm: &'a mut Child,
+    telemetry: &'a mut Telemetry,
     mux: Mux,
     guest: UnboundedSender<ToGuest>,
     clients: HashMap<ClientId, ClientHandle>,
@@ -51,10 +55,12 @@ pub(crate) async fn serve(
     lease: &mut Lease,
     guest: UnboundedSender<ToGuest>,
     rx: &mut UnboundedReceiver<Event>,
+    telemetry: &mut Telemetry,
 ) -> StopReason {
     let mut state = Serving {
         config,
         vmm,
+        telemetry,
         mux: Mux::default(),
         guest,
         clients: HashMap::new(),
@@ -74,8 +80,14 @@ pub(crate) async fn serve(
             }
             step = lease.step(), if lease_ok => {
                 if let Err(e) = step {
-                    tracing::error!(error = %e, "lease lost; stopping the VM");
                     lease_ok = false;
+                    // The watchdog exits when the VMM does: after the VM is gone that is the normal close.
+                    if matches!(state.vmm.try_wait(), Ok(Some(_))) {
+                        continue;
+                    }
+                    tracing::error!(error = %e, "lease lost; stopping the VM");
+                    let finding = if matches!(e, LeaseError::WatchdogKilling) { Finding::WatchdogAction } else { Finding::LeaseLost };
+                    state.finding(finding, &e.to_string());
                     state.stop_now(StopReason::LeaseLost(e.to_string()));
                 }
             }
@@ -106,6 +118,7 @@ impl Serving<'_> {
                 Ok(actions) => self.apply(actions),
                 Err(violation) => {
                     tracing::error!(error = %violation, "protocol violation by the guest");
+                    self.finding(Finding::GuestProtocolViolation, &violation.to_string());
                     self.stop(StopReason::GuestViolation(violation.to_string()));
                 }
             },
@@ -126,9 +139,11 @@ impl Serving<'_> {
                     tracing::warn!(error = ?error.map(|e| e.to_string()), "the guest channel closed unexpectedly");
                 }
             }
+            Some(Event::AdmissionRefused(what)) => self.finding(Finding::AdmissionRefused, what),
             Some(Event::Terminate) => self.stop(StopReason::Terminated),
             Some(Event::DriverGone) => {
                 tracing::warn!("the driver is gone (liveness pipe closed); killing the VM");
+                self.finding(Finding::LivenessLost, "the parent-liveness pipe closed");
                 self.stop_now(StopReason::DriverGone);
             }
             // Senders live as long as the loop; unreachable, but never spin on a closed queue.
@@ -161,6 +176,12 @@ impl Serving<'_> {
         let _ = self.vmm.start_kill();
     }
 
+    /// Reports a finding. `detail` is fixed text plus ids.
+    fn finding(&mut self, finding: Finding, detail: &str) {
+        let event = self.telemetry.source().finding(finding, detail);
+        self.telemetry.emit(event);
+    }
+
     fn drop_client(&mut self, id: ClientId) {
         self.clients.remove(&id);
         let actions = self.mux.remove_client(id);
@@ -179,10 +200,28 @@ impl Serving<'_> {
                     }
                 }
                 Action::Started { guest_id, pid, argv } => {
-                    tracing::info!(process = %guest_id, pid, argv0 = argv.first().map(String::as_str), "process started");
+                    let info = ProcessInfo::new(
+                        self.config.sandbox_id.as_str(),
+                        guest_id.0,
+                        i32::try_from(pid).ok(),
+                        &argv,
+                    );
+                    let event = self.telemetry.source().process(ProcessActivity::Launch, info, None);
+                    self.telemetry.emit(event);
                 }
-                Action::Exited { guest_id, status, .. } => {
-                    tracing::info!(process = %guest_id, exit = status.shell_code(), "process exited");
+                Action::Exited {
+                    guest_id,
+                    pid,
+                    argv,
+                    status,
+                } => {
+                    let pid = pid.and_then(|p| i32::try_from(p).ok());
+                    let info = ProcessInfo::new(self.config.sandbox_id.as_str(), guest_id.0, pid, &argv);
+                    let event =
+                        self.telemetry
+                            .source()
+                            .process(ProcessActivity::Terminate, info, Some(status.shell_code()));
+                    self.telemetry.emit(event);
                 }
             }
         }

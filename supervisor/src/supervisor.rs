@@ -22,9 +22,13 @@ use crate::attach::{self, ATTACH_SOCKET};
 use crate::config::SupervisorConfig;
 use crate::guest::{self, AttachError};
 use crate::lease::{Lease, LeaseError};
+use crate::telemetry::console::Console;
+use crate::telemetry::settings::{SettingsError, TelemetrySettings};
+use crate::telemetry::{Telemetry, TelemetryError};
 use crate::vmm::{self, files, VmmConfig};
 use crate::Event;
 use crate::{pids, status};
+use vm_ocsf::{AppInfo, Finding, Lifecycle, Status};
 
 /// After the channel failed during boot, how long to wait for QEMU's own exit before calling it a guest
 /// failure.
@@ -80,6 +84,12 @@ pub enum StartError {
     /// Told to stop before the VM was ready.
     #[error("stopped during boot")]
     StoppedDuringBoot,
+    /// The telemetry settings are unusable.
+    #[error("bad telemetry settings")]
+    Telemetry(#[source] SettingsError),
+    /// A telemetry sink could not start.
+    #[error("cannot start telemetry")]
+    TelemetrySinks(#[source] TelemetryError),
 }
 
 /// How a supervised VM ended.
@@ -109,11 +119,52 @@ impl StopReason {
     }
 }
 
-/// Runs one VM from boot to stop.
+/// The OTLP flush budget at an orderly stop.
+const FLUSH_BUDGET_MS: u64 = 5_000;
+
+/// The OTLP flush budget when the driver is gone: an unsupervised process holding collector credentials
+/// must not linger, so whatever a slow collector has not taken by then is dropped (and counted).
+const DRIVER_GONE_FLUSH_MS: u64 = 250;
+
+/// Runs one VM from boot to stop, reporting to `console` and the telemetry sinks.
 ///
 /// # Errors
-/// A [`StartError`] if the VM never became ready; the failure is also reported as a status line.
-pub async fn run(config: SupervisorConfig) -> Result<StopReason, StartError> {
+/// A [`StartError`] if the VM never became ready; the failure is also reported as a status line and an
+/// OCSF event.
+pub async fn run(config: SupervisorConfig, console: Console) -> Result<StopReason, StartError> {
+    let settings = TelemetrySettings::load(&config.sandbox_dir).map_err(StartError::Telemetry);
+    let telemetry = settings.and_then(|s| {
+        Telemetry::start(console.handle(), config.sandbox_id.as_str(), &s).map_err(StartError::TelemetrySinks)
+    });
+    let mut telemetry = match telemetry {
+        Ok(t) => t,
+        Err(e) => {
+            status::report(&SupervisorStatus::Failed { error: chain(&e) });
+            console.shutdown(std::time::Instant::now() + Duration::from_secs(1));
+            return Err(e);
+        }
+    };
+    let outcome = supervise_sandbox(&config, &mut telemetry).await;
+    let budget = match &outcome {
+        Ok(StopReason::DriverGone) => DRIVER_GONE_FLUSH_MS,
+        _ => FLUSH_BUDGET_MS,
+    };
+    let report = telemetry.shutdown(Duration::from_millis(budget), console).await;
+    status::report(&SupervisorStatus::Stopped {
+        events: report.events,
+        otlp_exported: report.otlp.exported,
+        otlp_dropped: report.otlp.dropped,
+        console_dropped: report.console_dropped,
+    });
+    outcome
+}
+
+/// Boot, serve, stop; with the lifecycle events around them.
+async fn supervise_sandbox(config: &SupervisorConfig, telemetry: &mut Telemetry) -> Result<StopReason, StartError> {
+    let sandbox = AppInfo {
+        name: "sandbox".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+    };
     let (events, mut rx) = mpsc::unbounded_channel();
     watch_signals(events.clone());
     if config.parent_liveness_stdin {
@@ -125,16 +176,30 @@ pub async fn run(config: SupervisorConfig) -> Result<StopReason, StartError> {
         mut vmm,
         mut lease,
         link,
-    } = match boot(&config, &events, &mut rx).await {
+    } = match boot(config, &events, &mut rx).await {
         Ok(booted) => booted,
         Err(e) => {
             let mut error = chain(&e);
             if matches!(e, StartError::Boot(_) | StartError::VmmExitedDuringBoot { .. }) {
                 error.push_str(&tails());
             }
+            if matches!(e, StartError::Boot(AttachError::Handshake(_))) {
+                let event = telemetry
+                    .source()
+                    .finding(Finding::GuestProtocolViolation, "the guest agent's handshake failed");
+                telemetry.emit(event);
+            }
+            let event = telemetry
+                .source()
+                .lifecycle(Lifecycle::Start, &sandbox, Status::Failure, Some(chain(&e)));
+            telemetry.emit(event);
             status::report(&SupervisorStatus::Failed { error });
             return Err(e);
         }
+    };
+    let vm = AppInfo {
+        name: "microvm".into(),
+        version: link.hello.software.clone(),
     };
     let listener = match UnixListener::bind(ATTACH_SOCKET) {
         Ok(l) => l,
@@ -145,15 +210,31 @@ pub async fn run(config: SupervisorConfig) -> Result<StopReason, StartError> {
         }
     };
     attach::serve(listener, link.hello.capabilities, events.clone());
+    for app in [&vm, &sandbox] {
+        let event = telemetry
+            .source()
+            .lifecycle(Lifecycle::Start, app, Status::Success, None);
+        telemetry.emit(event);
+    }
     status::report(&SupervisorStatus::Ready {
         attach_socket: ATTACH_SOCKET.into(),
         vmm_pid: vmm.id().unwrap_or(0),
         agent: link.hello.software.clone(),
     });
     tracing::info!(sandbox = %config.sandbox_id, agent = %link.hello.software, "sandbox ready");
-    let reason = crate::serve::serve(&config, &mut vmm, &mut lease, link.tx, &mut rx).await;
+    let reason = crate::serve::serve(config, &mut vmm, &mut lease, link.tx, &mut rx, telemetry).await;
     if lease.close().await.is_none() {
         tracing::warn!("the lease watchdog did not exit after the VM stopped; killed it");
+    }
+    let (status, detail) = match &reason {
+        StopReason::Terminated => (Status::Success, None),
+        other => (Status::Failure, Some(format!("{other:?}"))),
+    };
+    for app in [&vm, &sandbox] {
+        let event = telemetry
+            .source()
+            .lifecycle(Lifecycle::Stop, app, status, detail.clone());
+        telemetry.emit(event);
     }
     Ok(reason)
 }
@@ -290,7 +371,13 @@ async fn handshake(
             exit = vmm.wait() => return Err(StartError::VmmExitedDuringBoot {
                 status: exit.map_or_else(|e| e.to_string(), |s| s.to_string()),
             }),
-            step = lease.step() => step.map_err(StartError::Lease)?,
+            step = lease.step() => if let Err(e) = step {
+                // The watchdog follows a VMM that exited; the exit is the real cause.
+                return Err(match vmm.try_wait() {
+                    Ok(Some(exit)) => StartError::VmmExitedDuringBoot { status: exit.to_string() },
+                    _ => StartError::Lease(e),
+                });
+            },
             () = stop_requested(rx) => return Err(StartError::StoppedDuringBoot),
         }
     }

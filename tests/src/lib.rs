@@ -11,7 +11,10 @@
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test harness fails loudly")]
 
+pub mod attach;
 pub mod image;
+pub mod ocsf_schema;
+pub mod otlp_receiver;
 pub mod procs;
 
 use std::io::Write;
@@ -248,7 +251,14 @@ impl<'a> Launch<'a> {
 pub fn report_accel(outcome: &Outcome) {
     match outcome.accel() {
         Some(accel) => eprintln!("e2e: accelerator used: {accel} (requested {})", harness().accel),
-        None => eprintln!("e2e: no VM was started in this run"),
+        None => eprintln!(
+            "e2e: no VM was started in this run (saw: {:?})",
+            outcome
+                .seen
+                .iter()
+                .map(|p| (p.pid, p.comm.as_str()))
+                .collect::<Vec<_>>()
+        ),
     }
 }
 
@@ -394,4 +404,86 @@ pub fn gone_within(p: &ProcInfo, limit: Duration) -> bool {
 /// Whether `p` stays alive for all of `span`.
 pub fn survives(p: &ProcInfo, span: Duration) -> bool {
     !wait_until(span, || !p.is_alive())
+}
+
+/// A `vm-supervisor` started by the test itself (no driver), with `stderr` as given: for testing the
+/// supervisor's own behaviour, such as its console writer against a stderr nobody reads.
+#[derive(Debug)]
+pub struct DirectSupervisor {
+    pub child: std::process::Child,
+    pub status: std::io::BufReader<std::process::ChildStdout>,
+    pub sandbox_dir: PathBuf,
+    watcher: Option<Watcher>,
+}
+
+impl DirectSupervisor {
+    /// Starts it in a fresh 0700 sandbox directory under `scratch` and waits for its `ready` line.
+    pub fn start(scratch: &Scratch, stderr: Stdio) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let h = harness();
+        let dir = scratch.dir.join("direct");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let watcher = Watcher::start(&scratch.dir);
+        let mut child = Command::new(&h.supervisor)
+            .args(["--sandbox-id", "direct", "--sandbox-dir"])
+            .arg(&dir)
+            .arg("--kernel")
+            .arg(h.image.join("vmlinuz"))
+            .arg("--initrd")
+            .arg(h.image.join("initramfs.cpio"))
+            .args(["--accel", &h.accel])
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("cannot start vm-supervisor");
+        let mut status = std::io::BufReader::new(child.stdout.take().unwrap());
+        loop {
+            let mut line = String::new();
+            assert!(
+                std::io::BufRead::read_line(&mut status, &mut line).unwrap() > 0,
+                "supervisor exited before ready"
+            );
+            if line.contains("\"status\":\"ready\"") {
+                break;
+            }
+            assert!(!line.contains("\"status\":\"failed\""), "{line}");
+        }
+        Self {
+            child,
+            status,
+            sandbox_dir: dir,
+            watcher: Some(watcher),
+        }
+    }
+
+    /// SIGTERM, then its remaining status lines (the last is `stopped`) and its exit status.
+    pub fn stop(&mut self) -> (Vec<String>, std::process::ExitStatus) {
+        procs::signal(
+            i32::try_from(self.child.id()).unwrap(),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let lines: Vec<String> = std::io::BufRead::lines(&mut self.status)
+            .map_while(Result::ok)
+            .collect();
+        (lines, self.child.wait().unwrap())
+    }
+}
+
+impl Drop for DirectSupervisor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(w) = self.watcher.take() {
+            for p in w.stop() {
+                if p.is_alive() {
+                    procs::signal(p.pid, nix::sys::signal::Signal::SIGKILL);
+                }
+            }
+        }
+    }
 }

@@ -116,8 +116,10 @@ impl Watcher {
                 let mut seen = seen2.lock().unwrap_or_else(|e| e.into_inner());
                 for p in found {
                     // exec keeps pid and start time: a fork caught before its exec is updated, not duplicated.
+                    // A zombie's cmdline reads empty: keep what was seen while it ran.
                     match seen.iter_mut().find(|s| s.pid == p.pid && s.start_time == p.start_time) {
-                        Some(known) => *known = p,
+                        Some(known) if !p.cmdline.is_empty() => *known = p,
+                        Some(_) => {}
                         None => seen.push(p),
                     }
                 }

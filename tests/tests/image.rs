@@ -75,7 +75,11 @@ fn a_package_missing_from_the_package_lists_comes_from_a_mirror() {
     let s = Scratch::new("mirror");
     let pins = std::fs::read_to_string(repo().join("images/pins.json")).unwrap();
     let renamed = s.dir.join("pins.json");
-    std::fs::write(&renamed, pins.replace("\"package\": \"busybox-static\"", "\"package\": \"not-in-apt-lists\"")).unwrap();
+    std::fs::write(
+        &renamed,
+        pins.replace("\"package\": \"busybox-static\"", "\"package\": \"not-in-apt-lists\""),
+    )
+    .unwrap();
     let out = s.dir.join("out");
     let cache = s.dir.join("cache");
     let run = build_image(&[
@@ -87,7 +91,16 @@ fn a_package_missing_from_the_package_lists_comes_from_a_mirror() {
         cache.to_str().unwrap(),
     ]);
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let fetched: Vec<_> = std::fs::read_dir(cache.join("debs")).unwrap().flatten().map(|e| e.file_name()).collect();
-    assert!(fetched.iter().any(|n| n.to_string_lossy().starts_with("not-in-apt-lists_")), "{fetched:?}");
+    let fetched: Vec<_> = std::fs::read_dir(cache.join("debs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(
+        fetched
+            .iter()
+            .any(|n| n.to_string_lossy().starts_with("not-in-apt-lists_")),
+        "{fetched:?}"
+    );
     assert!(out.join("initramfs.cpio").is_file());
 }

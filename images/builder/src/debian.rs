@@ -86,7 +86,10 @@ pub fn fetch(pin: &Pin, mirrors: &[String], cache: &Path) -> Result<PathBuf> {
 /// Fetches the `.deb` into `staging`: `apt-get download` first, then each mirror by pool path.
 fn download(pin: &Pin, mirrors: &[String], staging: &Path) -> Result<PathBuf> {
     let spec = format!("{}={}", pin.package, pin.version);
-    let apt = Command::new("apt-get").args(["download", "-q", &spec]).current_dir(staging).output();
+    let apt = Command::new("apt-get")
+        .args(["download", "-q", &spec])
+        .current_dir(staging)
+        .output();
     if apt.as_ref().is_ok_and(|o| o.status.success()) {
         return find_deb(staging, &spec);
     }
@@ -103,7 +106,10 @@ fn download(pin: &Pin, mirrors: &[String], staging: &Path) -> Result<PathBuf> {
             return Ok(target);
         }
     }
-    let apt_error = apt.map_or_else(|e| e.to_string(), |o| String::from_utf8_lossy(&o.stderr).trim().to_owned());
+    let apt_error = apt.map_or_else(
+        |e| e.to_string(),
+        |o| String::from_utf8_lossy(&o.stderr).trim().to_owned(),
+    );
     bail!(
         "cannot fetch {spec}: apt-get download failed ({apt_error}) and no mirror had {}; run `apt-get update`, \
          or bump images/pins.json if this version has left the archive",

@@ -21,6 +21,9 @@
 pub const PULSE: u8 = b'P';
 /// The byte the watchdog writes once it holds the pidfd.
 pub const READY: u8 = b'R';
+/// The byte the watchdog writes just before it kills the VMM, so a supervisor that is only slow learns why
+/// its VM is gone.
+pub const KILLING: u8 = b'K';
 /// Longest silence tolerated before the VMM is killed.
 pub const SILENCE_MS: u64 = 2_000;
 /// How long to wait for the pidfd to report the exit after each SIGKILL.

@@ -86,14 +86,11 @@ fn wait(
     }
 }
 
-/// SIGKILL through the pidfd, confirmed by the pidfd becoming readable; retried.
+/// SIGKILL through the pidfd, confirmed by the pidfd becoming readable; retried. The kill comes before any
+/// logging, so nothing (a full stderr, say) can delay it.
 fn kill(pidfd: &OwnedFd, pid: i32, reason: KillReason) -> ExitCode {
-    let why = match reason {
-        KillReason::SupervisorGone => "the supervisor is gone",
-        KillReason::WrongByte(_) => "a wrong byte on the pulse pipe",
-        KillReason::Silence => "no pulse for 2 s",
-    };
-    eprintln!("vm-watchdog: {why}; killing the VMM (pid {pid})");
+    let _ = write_byte(vm_watchdog::KILLING);
+    let mut confirmed = false;
     for _ in 0..KILL_ATTEMPTS {
         match pidfd_send_signal(pidfd, Signal::KILL) {
             // ESRCH: it already exited.
@@ -106,12 +103,22 @@ fn kill(pidfd: &OwnedFd, pid: i32, reason: KillReason) -> ExitCode {
             tv_nsec: i64::try_from(KILL_CONFIRM_MS * 1_000_000).unwrap_or(0),
         };
         if matches!(poll(&mut fds, Some(&timeout)), Ok(n) if n > 0) {
-            eprintln!("vm-watchdog: the VMM is gone");
-            return ExitCode::SUCCESS;
+            confirmed = true;
+            break;
         }
     }
-    eprintln!("vm-watchdog: the VMM did not exit after {KILL_ATTEMPTS} SIGKILLs");
-    ExitCode::from(1)
+    let why = match reason {
+        KillReason::SupervisorGone => "the supervisor is gone",
+        KillReason::WrongByte(_) => "a wrong byte on the pulse pipe",
+        KillReason::Silence => "no pulse for 2 s",
+    };
+    if confirmed {
+        eprintln!("vm-watchdog: {why}; killed the VMM (pid {pid})");
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("vm-watchdog: {why}; the VMM (pid {pid}) did not exit after {KILL_ATTEMPTS} SIGKILLs");
+        ExitCode::from(1)
+    }
 }
 
 /// Opens a pidfd for `pid` and checks, after opening, that it is the process that started at `start_time`:

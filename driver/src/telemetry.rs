@@ -1,0 +1,162 @@
+//! Telemetry settings for supervisors: plain settings go into their environment, collector headers into the
+//! sandbox's auth bundle (a 0600 file the supervisor reads and deletes). Header values never appear in an
+//! argv, an environment, the guest or a log line; every error here is fixed text.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use vm_protocol::status::{env, AuthBundle, AUTH_BUNDLE_FILE};
+
+/// Where the collector headers are read from, in order.
+pub const HEADER_VARS: [&str; 2] = ["OTEL_EXPORTER_OTLP_LOGS_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"];
+
+/// What the driver was told about telemetry (flags or their environment equivalents).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TelemetryConfig {
+    /// OTLP endpoint for OCSF events.
+    pub otlp_endpoint: Option<String>,
+    /// `grpc` or `http/protobuf`.
+    pub otlp_protocol: Option<String>,
+    /// OCSF schema version.
+    pub schema_version: Option<String>,
+    /// Gateway name for the resource.
+    pub gateway_name: Option<String>,
+    /// `on` or `off`.
+    pub ocsf_json: Option<String>,
+}
+
+/// The collector headers are malformed. Fixed text: the value could be a secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{var} is not a comma-separated list of key=value pairs")]
+pub struct HeaderError {
+    var: &'static str,
+}
+
+/// Could not write the auth bundle.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write the sandbox's auth bundle")]
+pub struct BundleError(#[source] std::io::Error);
+
+impl TelemetryConfig {
+    /// The supervisor's environment for these settings.
+    pub fn supervisor_env(&self) -> Vec<(&'static str, OsString)> {
+        [
+            (env::OTLP_ENDPOINT, &self.otlp_endpoint),
+            (env::OTLP_PROTOCOL, &self.otlp_protocol),
+            (env::SCHEMA_VERSION, &self.schema_version),
+            (env::GATEWAY_NAME, &self.gateway_name),
+            (env::OCSF_JSON, &self.ocsf_json),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| (k, OsString::from(v))))
+        .collect()
+    }
+}
+
+/// Parses `k1=v1,k2=v2` (values percent-decoded) from the first header variable that is set.
+///
+/// # Errors
+/// [`HeaderError`] naming the variable, never its value.
+pub fn headers_from_env() -> Result<Vec<(String, String)>, HeaderError> {
+    for var in HEADER_VARS {
+        if let Ok(text) = std::env::var(var) {
+            return parse_headers(&text).ok_or(HeaderError { var });
+        }
+    }
+    Ok(Vec::new())
+}
+
+fn parse_headers(text: &str) -> Option<Vec<(String, String)>> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=')?;
+            let key = k.trim();
+            (!key.is_empty()).then(|| Some((key.to_owned(), percent_decode(v.trim())?)))?
+        })
+        .collect()
+}
+
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Writes the bundle into the sandbox directory with mode 0600, created exclusively.
+///
+/// # Errors
+/// [`BundleError`].
+pub fn write_bundle(sandbox_dir: &Path, bundle: &AuthBundle) -> Result<(), BundleError> {
+    let json = serde_json::to_vec(bundle).map_err(|e| BundleError(e.into()))?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(sandbox_dir.join(AUTH_BUNDLE_FILE))
+        .map_err(BundleError)?;
+    file.write_all(&json).map_err(BundleError)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_w3c_style_header_lists() {
+        assert_eq!(
+            parse_headers("authorization=Bearer%20abc, x-tenant = t1").unwrap(),
+            vec![
+                ("authorization".into(), "Bearer abc".into()),
+                ("x-tenant".into(), "t1".into())
+            ]
+        );
+        assert_eq!(parse_headers("").unwrap(), vec![]);
+        assert!(parse_headers("novalue").is_none());
+        assert!(parse_headers("=x").is_none());
+        assert!(parse_headers("k=%zz").is_none());
+    }
+
+    #[test]
+    fn errors_never_show_the_value() {
+        let e = HeaderError { var: HEADER_VARS[0] };
+        assert_eq!(
+            e.to_string(),
+            "OTEL_EXPORTER_OTLP_LOGS_HEADERS is not a comma-separated list of key=value pairs"
+        );
+    }
+
+    #[test]
+    fn the_bundle_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("bundle-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        write_bundle(
+            &dir,
+            &AuthBundle {
+                otlp_headers: vec![("a".into(), "b".into())],
+            },
+        )
+        .unwrap();
+        let mode = std::fs::metadata(dir.join(AUTH_BUNDLE_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

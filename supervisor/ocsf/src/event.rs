@@ -1,0 +1,582 @@
+//! Event classes, the objects they require, and their two renderings (JSON and a shorthand line).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use crate::version::SchemaVersion;
+
+/// The OCSF `product` object; used for `metadata.product` and for `app`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Product {
+    /// Product name.
+    pub name: String,
+    /// Vendor.
+    pub vendor_name: String,
+    /// Version.
+    pub version: String,
+    /// A unique id, where the product is an instance (a sandbox).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+/// `metadata`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Metadata {
+    /// The schema version.
+    pub version: String,
+    /// What produced the event.
+    pub product: Product,
+    /// Sequence number of the event within its sandbox, for finding gaps.
+    pub sequence: u64,
+}
+
+/// `device`: the sandbox's VM.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Device {
+    /// 6 = Virtual.
+    pub type_id: u8,
+    /// "Virtual".
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The sandbox id.
+    pub name: String,
+    /// The sandbox id.
+    pub uid: String,
+    /// The guest hostname.
+    pub hostname: String,
+}
+
+/// `actor`: who caused the activity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Actor {
+    /// The acting application.
+    pub app_name: String,
+    /// Its instance (the sandbox id).
+    pub app_uid: String,
+}
+
+/// `process`: a workload process inside the guest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProcessInfo {
+    /// Pid inside the guest, once known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+    /// argv\[0\]'s file name.
+    pub name: String,
+    /// argv joined by spaces.
+    pub cmd_line: String,
+    /// `<sandbox>/<process id>`.
+    pub uid: String,
+}
+
+impl ProcessInfo {
+    /// Describes a process from its argv.
+    pub fn new(sandbox: &str, id: u32, pid: Option<i32>, argv: &[String]) -> Self {
+        let name = argv
+            .first()
+            .map(|a| a.rsplit('/').next().unwrap_or(a).to_owned())
+            .unwrap_or_default();
+        Self {
+            pid,
+            name,
+            cmd_line: argv.join(" "),
+            uid: format!("{sandbox}/{id}"),
+        }
+    }
+}
+
+/// `finding_info`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FindingInfo {
+    /// Unique id of the finding.
+    pub uid: String,
+    /// One-line title.
+    pub title: String,
+    /// What exactly was observed (fixed text plus ids; never payload).
+    pub desc: String,
+    /// A stable kind for filtering.
+    pub types: Vec<String>,
+}
+
+/// The application whose lifecycle an event reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppInfo {
+    /// `sandbox` or `microvm`.
+    pub name: String,
+    /// Version of what runs it (supervisor, agent).
+    pub version: String,
+}
+
+/// OCSF `severity_id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    /// 1
+    Informational = 1,
+    /// 2
+    Low = 2,
+    /// 3
+    Medium = 3,
+    /// 4
+    High = 4,
+    /// 5
+    Critical = 5,
+    /// 6
+    Fatal = 6,
+}
+
+impl Severity {
+    /// The caption.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Informational => "Informational",
+            Self::Low => "Low",
+            Self::Medium => "Medium",
+            Self::High => "High",
+            Self::Critical => "Critical",
+            Self::Fatal => "Fatal",
+        }
+    }
+}
+
+/// Outcome, for `status_id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// 1
+    Success,
+    /// 2
+    Failure,
+}
+
+/// Application Lifecycle activities used here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifecycle {
+    /// 3
+    Start,
+    /// 4
+    Stop,
+}
+
+/// Process Activity activities used here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessActivity {
+    /// 1
+    Launch,
+    /// 2
+    Terminate,
+}
+
+/// The security findings a supervisor reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finding {
+    /// The driver's liveness pipe closed: the VM was killed.
+    LivenessLost,
+    /// The lease with the watchdog failed: the VM was killed.
+    LeaseLost,
+    /// The watchdog killed the VMM.
+    WatchdogAction,
+    /// A request to use the sandbox was refused (wrong peer, bad input).
+    AdmissionRefused,
+    /// The guest broke the boundary protocol.
+    GuestProtocolViolation,
+}
+
+impl Finding {
+    fn title(self) -> &'static str {
+        match self {
+            Self::LivenessLost => "Parent liveness lost; VM killed",
+            Self::LeaseLost => "Watchdog lease lost; VM killed",
+            Self::WatchdogAction => "Watchdog killed the VMM",
+            Self::AdmissionRefused => "Admission refused",
+            Self::GuestProtocolViolation => "Guest violated the boundary protocol",
+        }
+    }
+
+    fn kind(self) -> &'static str {
+        match self {
+            Self::LivenessLost => "liveness_lost",
+            Self::LeaseLost => "lease_lost",
+            Self::WatchdogAction => "watchdog_action",
+            Self::AdmissionRefused => "admission_refused",
+            Self::GuestProtocolViolation => "guest_protocol_violation",
+        }
+    }
+
+    fn severity(self) -> Severity {
+        match self {
+            Self::AdmissionRefused => Severity::Medium,
+            Self::LivenessLost | Self::LeaseLost | Self::WatchdogAction | Self::GuestProtocolViolation => {
+                Severity::High
+            }
+        }
+    }
+}
+
+/// One OCSF event. Fields a class does not have stay `None` and are not serialized.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Event {
+    /// Class.
+    pub class_uid: u32,
+    /// Class caption.
+    pub class_name: &'static str,
+    /// Category.
+    pub category_uid: u32,
+    /// Category caption.
+    pub category_name: &'static str,
+    /// Activity within the class.
+    pub activity_id: u32,
+    /// Activity caption.
+    pub activity_name: &'static str,
+    /// `class_uid * 100 + activity_id`.
+    pub type_uid: u64,
+    /// "Class: Activity".
+    pub type_name: String,
+    /// Severity.
+    pub severity_id: u8,
+    /// Severity caption.
+    pub severity: &'static str,
+    /// Milliseconds since the epoch.
+    pub time: i64,
+    /// Human-readable summary (fixed text plus ids and the workload's own argv).
+    pub message: String,
+    /// Outcome, where there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status_id: Option<u8>,
+    /// Outcome caption.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<&'static str>,
+    /// Why it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status_detail: Option<String>,
+    /// Product and schema.
+    pub metadata: Metadata,
+    /// The VM.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<Device>,
+    /// Who acted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actor: Option<Actor>,
+    /// The application (Application Lifecycle).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub app: Option<Product>,
+    /// The process (Process Activity).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process: Option<ProcessInfo>,
+    /// Exit code (Process Activity terminate): the code, or 128 + signal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The finding (Detection Finding).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finding_info: Option<FindingInfo>,
+    /// Data without an OCSF attribute (counters reported at stop).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unmapped: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// Everything constant about one emitter: schema version, product, the sandbox as a device, the actor.
+#[derive(Debug, Clone)]
+pub struct Source {
+    schema: SchemaVersion,
+    product: Product,
+    sandbox: String,
+    sequence: std::cell::Cell<u64>,
+}
+
+impl Source {
+    /// The events of sandbox `sandbox`, produced by `product_name` `version`, in `schema`.
+    pub fn new(schema: SchemaVersion, sandbox: &str, product_name: &str, version: &str) -> Self {
+        let product = Product {
+            name: product_name.to_owned(),
+            vendor_name: "vm-driver".to_owned(),
+            version: version.to_owned(),
+            uid: None,
+        };
+        Self {
+            schema,
+            product,
+            sandbox: sandbox.to_owned(),
+            sequence: std::cell::Cell::new(0),
+        }
+    }
+
+    /// The schema version in use.
+    pub fn schema(&self) -> &SchemaVersion {
+        &self.schema
+    }
+
+    fn device(&self) -> Device {
+        Device {
+            type_id: 6,
+            kind: "Virtual",
+            name: self.sandbox.clone(),
+            uid: self.sandbox.clone(),
+            hostname: "sandbox".into(),
+        }
+    }
+
+    #[expect(clippy::too_many_arguments, reason = "one argument per classification field")]
+    fn base(
+        &self,
+        class_uid: u32,
+        class_name: &'static str,
+        category_uid: u32,
+        category_name: &'static str,
+        activity_id: u32,
+        activity_name: &'static str,
+        severity: Severity,
+        message: String,
+    ) -> Event {
+        let time = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let sequence = self.sequence.get() + 1;
+        self.sequence.set(sequence);
+        Event {
+            class_uid,
+            class_name,
+            category_uid,
+            category_name,
+            activity_id,
+            activity_name,
+            type_uid: u64::from(class_uid) * 100 + u64::from(activity_id),
+            type_name: format!("{class_name}: {activity_name}"),
+            severity_id: severity as u8,
+            severity: severity.name(),
+            time,
+            message,
+            status_id: None,
+            status: None,
+            status_detail: None,
+            metadata: Metadata {
+                version: self.schema.as_str().to_owned(),
+                product: self.product.clone(),
+                sequence,
+            },
+            device: None,
+            actor: None,
+            app: None,
+            process: None,
+            exit_code: None,
+            finding_info: None,
+            unmapped: None,
+        }
+    }
+
+    /// Application Lifecycle (6002): the sandbox or its VM started or stopped.
+    pub fn lifecycle(&self, activity: Lifecycle, app: &AppInfo, status: Status, detail: Option<String>) -> Event {
+        let (id, name) = match activity {
+            Lifecycle::Start => (3, "Start"),
+            Lifecycle::Stop => (4, "Stop"),
+        };
+        let severity = if status == Status::Success {
+            Severity::Informational
+        } else {
+            Severity::Medium
+        };
+        let outcome = if status == Status::Success { "" } else { " failed" };
+        let message = format!("{} {}{outcome}", app.name, name.to_lowercase());
+        let mut event = self.base(
+            6002,
+            "Application Lifecycle",
+            6,
+            "Application Activity",
+            id,
+            name,
+            severity,
+            message,
+        );
+        event.app = Some(Product {
+            name: app.name.clone(),
+            vendor_name: self.product.vendor_name.clone(),
+            version: app.version.clone(),
+            uid: Some(self.sandbox.clone()),
+        });
+        set_status(&mut event, status, detail);
+        event
+    }
+
+    /// Process Activity (1007): a workload process launched or terminated.
+    pub fn process(&self, activity: ProcessActivity, process: ProcessInfo, exit_code: Option<i32>) -> Event {
+        let (id, name) = match activity {
+            ProcessActivity::Launch => (1, "Launch"),
+            ProcessActivity::Terminate => (2, "Terminate"),
+        };
+        let message = match exit_code {
+            Some(code) => format!("process {} exited {code}: {}", process.uid, process.cmd_line),
+            None => format!("process {} launched: {}", process.uid, process.cmd_line),
+        };
+        let mut event = self.base(
+            1007,
+            "Process Activity",
+            1,
+            "System Activity",
+            id,
+            name,
+            Severity::Informational,
+            message,
+        );
+        event.actor = Some(Actor {
+            app_name: self.product.name.clone(),
+            app_uid: self.sandbox.clone(),
+        });
+        event.device = Some(self.device());
+        event.process = Some(process);
+        event.exit_code = exit_code;
+        event
+    }
+
+    /// Detection Finding (2004). `detail` must be fixed text plus ids, never payload.
+    pub fn finding(&self, finding: Finding, detail: &str) -> Event {
+        let sequence = self.sequence.get() + 1;
+        let mut event = self.base(
+            2004,
+            "Detection Finding",
+            2,
+            "Findings",
+            1,
+            "Create",
+            finding.severity(),
+            finding.title().into(),
+        );
+        event.finding_info = Some(FindingInfo {
+            uid: format!("{}-{sequence}", self.sandbox),
+            title: finding.title().into(),
+            desc: detail.to_owned(),
+            types: vec![finding.kind().into()],
+        });
+        event.device = Some(self.device());
+        event
+    }
+
+    /// Device Config State Change (5019): a configuration or policy change of the sandbox.
+    pub fn config_change(&self, what: &str) -> Event {
+        let mut event = self.base(
+            5019,
+            "Device Config State Change",
+            5,
+            "Discovery",
+            1,
+            "Log",
+            Severity::Informational,
+            what.into(),
+        );
+        event.device = Some(self.device());
+        event
+    }
+}
+
+fn set_status(event: &mut Event, status: Status, detail: Option<String>) {
+    let (id, name) = match status {
+        Status::Success => (1, "Success"),
+        Status::Failure => (2, "Failure"),
+    };
+    event.status_id = Some(id);
+    event.status = Some(name);
+    event.status_detail = detail;
+}
+
+impl Event {
+    /// The event as one line of JSON (no newline).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|_| String::from("{}"))
+    }
+
+    /// A compact human line: `OCSF <class>:<activity> [severity] message`.
+    pub fn shorthand(&self) -> String {
+        let class = match self.class_uid {
+            6002 => "LIFECYCLE",
+            1007 => "PROCESS",
+            2004 => "FINDING",
+            5019 => "CONFIG",
+            _ => "EVENT",
+        };
+        format!(
+            "OCSF {class}:{} [{}] {}",
+            self.activity_name.to_uppercase(),
+            self.severity,
+            self.message
+        )
+    }
+
+    /// The severity as an enum.
+    pub fn severity_level(&self) -> Severity {
+        match self.severity_id {
+            2 => Severity::Low,
+            3 => Severity::Medium,
+            4 => Severity::High,
+            5 => Severity::Critical,
+            6 => Severity::Fatal,
+            _ => Severity::Informational,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source() -> Source {
+        Source::new(SchemaVersion::default(), "sb1", "vm-supervisor", "0.1.0")
+    }
+
+    #[test]
+    fn type_uid_is_class_times_100_plus_activity() {
+        let s = source();
+        let e = s.process(
+            ProcessActivity::Terminate,
+            ProcessInfo::new("sb1", 3, Some(7), &["ls".into()]),
+            Some(2),
+        );
+        assert_eq!((e.class_uid, e.activity_id, e.type_uid), (1007, 2, 100_702));
+        let e = s.finding(Finding::LeaseLost, "no echo");
+        assert_eq!(e.type_uid, 200_401);
+        assert_eq!(e.severity_id, 4);
+    }
+
+    #[test]
+    fn metadata_carries_product_schema_and_a_sequence() {
+        let s = source();
+        let a = s.config_change("policy");
+        let b = s.config_change("policy");
+        assert_eq!(a.metadata.version, "1.8.0");
+        assert_eq!(a.metadata.product.vendor_name, "vm-driver");
+        assert_eq!((a.metadata.sequence, b.metadata.sequence), (1, 2));
+    }
+
+    #[test]
+    fn classes_carry_their_required_objects() {
+        let s = source();
+        let json: serde_json::Value = serde_json::from_str(
+            &s.process(
+                ProcessActivity::Launch,
+                ProcessInfo::new("sb1", 1, Some(9), &["/bin/sh".into()]),
+                None,
+            )
+            .to_json(),
+        )
+        .unwrap();
+        assert_eq!(json["device"]["type_id"], 6);
+        assert_eq!(json["process"]["name"], "sh");
+        assert!(json.get("actor").is_some());
+        assert!(json.get("exit_code").is_none());
+        let app = AppInfo {
+            name: "sandbox".into(),
+            version: "0.1.0".into(),
+        };
+        let json: serde_json::Value = serde_json::from_str(
+            &s.lifecycle(Lifecycle::Stop, &app, Status::Failure, Some("x".into()))
+                .to_json(),
+        )
+        .unwrap();
+        assert_eq!(json["app"]["uid"], "sb1");
+        assert_eq!(json["status_id"], 2);
+    }
+
+    #[test]
+    fn shorthand_is_one_line() {
+        let e = source().finding(Finding::GuestProtocolViolation, "bad frame");
+        let line = e.shorthand();
+        assert!(line.starts_with("OCSF FINDING:CREATE [High]"));
+        assert!(!line.contains('\n'));
+    }
+}

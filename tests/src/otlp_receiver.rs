@@ -1,0 +1,278 @@
+//! A real OTLP log receiver on loopback sockets: gRPC (tonic, with the official opentelemetry-proto
+//! service) and HTTP/protobuf (a small HTTP/1.1 server decoding the same protobuf messages). It records
+//! every request's headers and every log record, and can be slow or reject requests on demand.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{LogsService, LogsServiceServer};
+use opentelemetry_proto::tonic::collector::logs::v1::{ExportLogsServiceRequest, ExportLogsServiceResponse};
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use opentelemetry_proto::tonic::common::v1::KeyValue;
+use prost::Message;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+/// How the receiver answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Behavior {
+    /// Accept every request.
+    Accept,
+    /// Accept after sleeping this long per request (a slow collector).
+    Slow(Duration),
+    /// Reject every request with this message (gRPC status or HTTP 400 body).
+    Reject(String),
+}
+
+/// One log record as received.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    pub resource: HashMap<String, String>,
+    pub attributes: HashMap<String, String>,
+    pub severity_number: i32,
+    pub body: String,
+}
+
+/// One export request as received.
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    pub protocol: &'static str,
+    pub headers: HashMap<String, String>,
+    pub records: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    behavior: Option<Behavior>,
+    requests: Vec<Request>,
+    records: Vec<Record>,
+    rejected: usize,
+}
+
+/// A running receiver. Dropping it stops it.
+#[derive(Debug)]
+pub struct Receiver {
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+    state: Arc<Mutex<State>>,
+    _runtime: tokio::runtime::Runtime,
+}
+
+fn text(v: Option<&opentelemetry_proto::tonic::common::v1::AnyValue>) -> String {
+    match v.and_then(|v| v.value.as_ref()) {
+        Some(AnyValue::StringValue(s)) => s.clone(),
+        Some(AnyValue::IntValue(i)) => i.to_string(),
+        Some(AnyValue::BoolValue(b)) => b.to_string(),
+        Some(AnyValue::DoubleValue(d)) => d.to_string(),
+        Some(other) => format!("{other:?}"),
+        None => String::new(),
+    }
+}
+
+fn map(attrs: &[KeyValue]) -> HashMap<String, String> {
+    attrs
+        .iter()
+        .map(|kv| (kv.key.clone(), text(kv.value.as_ref())))
+        .collect()
+}
+
+impl State {
+    /// Records a request; returns the rejection message if it is to be rejected.
+    fn take(
+        &mut self,
+        protocol: &'static str,
+        headers: HashMap<String, String>,
+        req: &ExportLogsServiceRequest,
+    ) -> Option<String> {
+        if let Some(Behavior::Reject(msg)) = &self.behavior {
+            self.rejected += 1;
+            return Some(msg.clone());
+        }
+        let mut count = 0;
+        for rl in &req.resource_logs {
+            let resource = rl.resource.as_ref().map(|r| map(&r.attributes)).unwrap_or_default();
+            for sl in &rl.scope_logs {
+                for lr in &sl.log_records {
+                    count += 1;
+                    self.records.push(Record {
+                        resource: resource.clone(),
+                        attributes: map(&lr.attributes),
+                        severity_number: lr.severity_number,
+                        body: text(lr.body.as_ref()),
+                    });
+                }
+            }
+        }
+        self.requests.push(Request {
+            protocol,
+            headers,
+            records: count,
+        });
+        None
+    }
+
+    fn delay(&self) -> Option<Duration> {
+        match self.behavior {
+            Some(Behavior::Slow(d)) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+struct Grpc(Arc<Mutex<State>>);
+
+#[tonic::async_trait]
+impl LogsService for Grpc {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportLogsServiceRequest>,
+    ) -> Result<tonic::Response<ExportLogsServiceResponse>, tonic::Status> {
+        let headers = request
+            .metadata()
+            .iter()
+            .filter_map(|kv| match kv {
+                tonic::metadata::KeyAndValueRef::Ascii(k, v) => Some((k.to_string(), v.to_str().ok()?.to_owned())),
+                tonic::metadata::KeyAndValueRef::Binary(..) => None,
+            })
+            .collect();
+        let delay = self.0.lock().unwrap().delay();
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+        }
+        match self.0.lock().unwrap().take("grpc", headers, request.get_ref()) {
+            Some(msg) => Err(tonic::Status::permission_denied(msg)),
+            None => Ok(tonic::Response::new(ExportLogsServiceResponse::default())),
+        }
+    }
+}
+
+async fn http_connection(stream: tokio::net::TcpStream, state: Arc<Mutex<State>>) -> std::io::Result<()> {
+    let (read, mut write) = stream.into_split();
+    let mut reader = BufReader::new(read);
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).await? == 0 {
+            return Ok(());
+        }
+        let mut headers = HashMap::new();
+        loop {
+            let mut h = String::new();
+            reader.read_line(&mut h).await?;
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
+            }
+        }
+        let len: usize = headers.get("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let mut body = vec![0u8; len];
+        reader.read_exact(&mut body).await?;
+        let delay = state.lock().unwrap().delay();
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+        }
+        let req = ExportLogsServiceRequest::decode(body.as_slice()).unwrap_or_default();
+        let verdict = state.lock().unwrap().take("http", headers, &req);
+        let response = match verdict {
+            Some(msg) => format!(
+                "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{msg}",
+                msg.len()
+            )
+            .into_bytes(),
+            None => {
+                let payload = ExportLogsServiceResponse::default().encode_to_vec();
+                let mut r = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: {}\r\n\r\n",
+                    payload.len()
+                )
+                .into_bytes();
+                r.extend_from_slice(&payload);
+                r
+            }
+        };
+        write.write_all(&response).await?;
+    }
+}
+
+impl Receiver {
+    /// Starts both servers on loopback.
+    pub fn start(behavior: Behavior) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let state = Arc::new(Mutex::new(State {
+            behavior: Some(behavior),
+            ..State::default()
+        }));
+        let (grpc, http) = runtime.block_on(async {
+            let grpc_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let http_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            (grpc_listener, http_listener)
+        });
+        let (grpc_addr, http_addr) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
+        let service = LogsServiceServer::new(Grpc(Arc::clone(&state)));
+        runtime.spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
+            let _ = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(incoming)
+                .await;
+        });
+        let http_state = Arc::clone(&state);
+        runtime.spawn(async move {
+            while let Ok((stream, _)) = http.accept().await {
+                tokio::spawn(http_connection(stream, Arc::clone(&http_state)));
+            }
+        });
+        Self {
+            grpc: grpc_addr,
+            http: http_addr,
+            state,
+            _runtime: runtime,
+        }
+    }
+
+    pub fn grpc_endpoint(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    pub fn http_endpoint(&self) -> String {
+        format!("http://{}", self.http)
+    }
+
+    pub fn records(&self) -> Vec<Record> {
+        self.state.lock().unwrap().records.clone()
+    }
+
+    pub fn requests(&self) -> Vec<Request> {
+        self.state.lock().unwrap().requests.clone()
+    }
+
+    pub fn rejected(&self) -> usize {
+        self.state.lock().unwrap().rejected
+    }
+
+    pub fn set_behavior(&self, behavior: Behavior) {
+        self.state.lock().unwrap().behavior = Some(behavior);
+    }
+
+    /// Sends one export over gRPC as an ordinary client and returns the error message, if any: the
+    /// positive control that a rejection really carries its message to whoever exports.
+    pub fn probe_grpc(&self) -> Option<String> {
+        let endpoint = self.grpc_endpoint();
+        self._runtime.block_on(async move {
+            use opentelemetry_proto::tonic::collector::logs::v1::logs_service_client::LogsServiceClient;
+            let mut client = LogsServiceClient::connect(endpoint).await.ok()?;
+            client
+                .export(ExportLogsServiceRequest::default())
+                .await
+                .err()
+                .map(|s| s.message().to_owned())
+        })
+    }
+}

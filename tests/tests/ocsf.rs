@@ -1,0 +1,95 @@
+//! OCSF events as the supervisor builds them, validated against the official 1.8.0 definitions; and the
+//! validator itself, shown able to fail.
+#![allow(missing_docs)]
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+#![allow(
+    clippy::tests_outside_test_module,
+    reason = "an integration test crate is test-only as a whole"
+)]
+
+use serde_json::Value;
+use vm_e2e::ocsf_schema::{schema_dir, Schema};
+use vm_ocsf::{AppInfo, Finding, Lifecycle, ProcessActivity, ProcessInfo, SchemaVersion, Source, Status};
+
+fn every_kind_of_event() -> Vec<vm_ocsf::Event> {
+    let s = Source::new(SchemaVersion::default(), "sandbox-1", "vm-supervisor", "0.1.0");
+    let app = AppInfo {
+        name: "sandbox".into(),
+        version: "0.1.0".into(),
+    };
+    let argv = vec!["/bin/sh".to_string(), "-c".into(), "echo hi".into()];
+    vec![
+        s.lifecycle(Lifecycle::Start, &app, Status::Success, None),
+        s.lifecycle(Lifecycle::Stop, &app, Status::Failure, Some("the VMM exited".into())),
+        s.process(
+            ProcessActivity::Launch,
+            ProcessInfo::new("sandbox-1", 1, Some(79), &argv),
+            None,
+        ),
+        s.process(
+            ProcessActivity::Terminate,
+            ProcessInfo::new("sandbox-1", 1, Some(79), &argv),
+            Some(7),
+        ),
+        s.finding(Finding::LivenessLost, "liveness pipe closed"),
+        s.finding(Finding::LeaseLost, "no echo"),
+        s.finding(Finding::WatchdogAction, "watchdog killed the VMM"),
+        s.finding(Finding::AdmissionRefused, "peer uid mismatch"),
+        s.finding(Finding::GuestProtocolViolation, "bad frame"),
+        s.config_change("policy updated"),
+    ]
+}
+
+#[test]
+fn every_event_the_supervisor_builds_is_valid_ocsf_1_8_0() {
+    let schema = Schema::load(&schema_dir());
+    assert_eq!(schema.version, "1.8.0");
+    for event in every_kind_of_event() {
+        let json: Value = serde_json::from_str(&event.to_json()).unwrap();
+        let problems = schema.validate(&json);
+        assert!(problems.is_empty(), "{}: {problems:#?}", event.type_name);
+    }
+}
+
+#[test]
+fn the_validator_rejects_broken_events() {
+    let schema = Schema::load(&schema_dir());
+    let good: Value = serde_json::from_str(&every_kind_of_event()[2].to_json()).unwrap();
+    let broken = |f: &dyn Fn(&mut Value)| {
+        let mut e = good.clone();
+        f(&mut e);
+        schema.validate(&e)
+    };
+    assert!(
+        !broken(&|e| {
+            e.as_object_mut().unwrap().remove("process");
+        })
+        .is_empty(),
+        "missing required object"
+    );
+    assert!(
+        !broken(&|e| e["device"]
+            .as_object_mut()
+            .unwrap()
+            .remove("type_id")
+            .map(drop)
+            .unwrap_or(()))
+        .is_empty(),
+        "device without type_id"
+    );
+    assert!(!broken(&|e| e["type_uid"] = 1.into()).is_empty(), "wrong type_uid");
+    assert!(
+        !broken(&|e| e["severity_id"] = 42.into()).is_empty(),
+        "severity outside the enum"
+    );
+    assert!(!broken(&|e| e["bogus"] = 1.into()).is_empty(), "unknown attribute");
+    assert!(!broken(&|e| e["time"] = "yesterday".into()).is_empty(), "wrong type");
+    assert!(!broken(&|e| e["class_uid"] = 9999.into()).is_empty(), "unknown class");
+    assert!(
+        !broken(&|e| {
+            e["metadata"].as_object_mut().unwrap().remove("version");
+        })
+        .is_empty(),
+        "metadata without version"
+    );
+}
