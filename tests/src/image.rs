@@ -45,15 +45,15 @@ pub fn read_cpio(bytes: &[u8]) -> Vec<Entry> {
 }
 
 /// Writes a copy of the harness image's initramfs with `/init` replaced by `script` (run by busybox sh),
-/// into `dir`, and returns its path.
+/// into `dir`, and returns its path. The agent stays in the archive (as `/init.agent`), so the image is as
+/// large as the real one and a boot-time baseline built from it unpacks the same bytes.
 pub fn with_init_script(dir: &Path, script: &str) -> PathBuf {
     let original = std::fs::read(crate::harness().image.join("initramfs.cpio")).unwrap();
     let mut entries = read_cpio(&original);
-    let init = entries
-        .iter_mut()
-        .find(|e| e.path == "init")
-        .expect("the image has /init");
-    init.kind = Kind::File(format!("#!/bin/busybox sh\n{script}\n").into_bytes());
+    let init = entries.iter_mut().find(|e| e.path == "init").expect("the image has /init");
+    let agent = std::mem::replace(&mut init.kind, Kind::File(format!("#!/bin/busybox sh\n{script}\n").into_bytes()));
+    entries.push(Entry { path: "init.agent".into(), perm: 0o644, kind: agent });
+    entries.sort_by(|a, b| a.path.cmp(&b.path));
     let mut out = Vec::new();
     cpio::write(&mut out, &entries, 0).unwrap();
     let path = dir.join("broken-initramfs.cpio");
