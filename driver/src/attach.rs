@@ -81,9 +81,7 @@ const CREDIT_BATCH_BYTES: u64 = DEFAULT_WINDOW_BYTES as u64 / 4;
 pub async fn connect(dir: &Path, socket: &str) -> Result<Attached, AttachError> {
     let mut stream = crate::unix::connect(dir, socket).await.map_err(AttachError::Connect)?;
     let ours = Hello::ours(Capabilities::NONE, concat!("vm-driver ", env!("CARGO_PKG_VERSION")));
-    let theirs = codec::host_handshake(&mut stream, ours, Capabilities::EXEC)
-        .await
-        .map_err(AttachError::Handshake)?;
+    let theirs = codec::host_handshake(&mut stream, ours, Capabilities::EXEC).await.map_err(AttachError::Handshake)?;
     let (read, write) = stream.into_split();
     Ok(Attached {
         frames: FramedRead::new(read, FrameCodec::new()),
@@ -119,10 +117,7 @@ impl Attached {
         let spawn = Spawn {
             id,
             argv,
-            env: env
-                .into_iter()
-                .map(|(key, value)| vm_protocol::message::EnvVar { key, value })
-                .collect(),
+            env: env.into_iter().map(|(key, value)| vm_protocol::message::EnvVar { key, value }).collect(),
             cwd,
             pty: None,
             output_window: DEFAULT_WINDOW_BYTES,
@@ -184,7 +179,7 @@ impl Attached {
             ToHost::StdinCredit { bytes, .. } => stdin.credit += u64::from(bytes),
             ToHost::Exited { status, .. } => return Ok(Some(status)),
             ToHost::Refused { reason, .. } => return Err(AttachError::Refused(reason)),
-            ToHost::Pong { .. } | ToHost::Hello(_) | ToHost::Reserved => {}
+            ToHost::Pong { .. } | ToHost::Processes { .. } | ToHost::Hello(_) | ToHost::Reserved => {}
         }
         Ok(None)
     }
@@ -192,11 +187,7 @@ impl Attached {
     /// Sends as much pending stdin as the credit allows, then EOF once the source is done and drained.
     async fn flush_stdin(&mut self, id: ProcId, stdin: &mut StdinState) -> Result<(), AttachError> {
         while !stdin.pending.is_empty() && stdin.credit > 0 {
-            let n = stdin
-                .pending
-                .len()
-                .min(MAX_DATA_BYTES)
-                .min(usize::try_from(stdin.credit).unwrap_or(usize::MAX));
+            let n = stdin.pending.len().min(MAX_DATA_BYTES).min(usize::try_from(stdin.credit).unwrap_or(usize::MAX));
             let rest = stdin.pending.split_off(n);
             let chunk = std::mem::replace(&mut stdin.pending, rest);
             stdin.credit -= n as u64;

@@ -47,9 +47,7 @@ pub fn default_dir() -> Result<PathBuf, ImageError> {
     if let Some(dir) = var("VM_DRIVER_IMAGE") {
         return Ok(dir);
     }
-    let cache = var("XDG_CACHE_HOME")
-        .or_else(|| var("HOME").map(|h| h.join(".cache")))
-        .ok_or(ImageError::NoDefault)?;
+    let cache = var("XDG_CACHE_HOME").or_else(|| var("HOME").map(|h| h.join(".cache"))).ok_or(ImageError::NoDefault)?;
     Ok(cache.join("vm-driver/images/default"))
 }
 
@@ -69,11 +67,7 @@ pub fn resolve(dir: Option<&Path>, kernel: Option<&Path>, initrd: Option<&Path>)
     let initrd = initrd.map_or_else(|| dir.join(INITRD_FILE), Path::to_owned);
     for (what, path) in [("kernel", &kernel), ("initramfs", &initrd)] {
         if !path.is_file() {
-            return Err(ImageError::Missing {
-                what,
-                path: path.clone(),
-                hint,
-            });
+            return Err(ImageError::Missing { what, path: path.clone(), hint });
         }
     }
     Ok(Image { kernel, initrd })

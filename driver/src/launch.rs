@@ -80,20 +80,13 @@ struct Signals {
 /// # Errors
 /// Anything that kept the workload from producing an exit status.
 pub async fn run(config: LaunchConfig) -> Result<u8> {
-    let image = image::resolve(
-        config.image.as_deref(),
-        config.kernel.as_deref(),
-        config.initrd.as_deref(),
-    )?;
+    let image = image::resolve(config.image.as_deref(), config.kernel.as_deref(), config.initrd.as_deref())?;
     let binary = supervisor::locate()?;
     let root = config.state_dir.clone().unwrap_or_else(state::default_root);
     let state = StateDir::open(&root)?;
     for reaped in reap::reap_all(&state.sandboxes_dir()) {
         if reaped.killed {
-            eprintln!(
-                "vm-driver: reaped orphaned sandbox {} (its supervisor was gone)",
-                reaped.sandbox
-            );
+            eprintln!("vm-driver: reaped orphaned sandbox {} (its supervisor was gone)", reaped.sandbox);
         }
     }
     let id = match &config.id {
@@ -148,14 +141,8 @@ async fn drive(
         Ok(ready) => ready,
         Err(e) => {
             let stopped = sup.stop(config.stop_timeout).await;
-            let id = dir
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            return (
-                Err(anyhow::Error::new(e).context(format!("sandbox {id} failed to start"))),
-                stopped,
-            );
+            let id = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            return (Err(anyhow::Error::new(e).context(format!("sandbox {id} failed to start"))), stopped);
         }
     };
     if let Some(why) = &ready.fallback {
@@ -214,12 +201,7 @@ async fn drive(
 /// sandbox terminated, and remove its directory unless it should be kept.
 fn finish(dir: &Path, spec: &SupervisorSpec, ok: bool, (stopped, report): &Ended, keep: bool) {
     let clean = ok && matches!(stopped, Stopped::Exited(s) if s.success());
-    if let Some(SupervisorStatus::Stopped {
-        otlp_dropped,
-        console_dropped,
-        ..
-    }) = report
-    {
+    if let Some(SupervisorStatus::Stopped { otlp_dropped, console_dropped, .. }) = report {
         if *otlp_dropped > 0 || *console_dropped > 0 {
             eprintln!("vm-driver: telemetry: {otlp_dropped} OCSF records not exported, {console_dropped} console lines dropped");
         }
@@ -260,9 +242,7 @@ fn exit_code(status: ExitStatus) -> u8 {
 /// # Errors
 /// No `=`, an empty key, or a NUL byte.
 pub fn parse_env(text: &str) -> Result<(String, String)> {
-    let Some((key, value)) = text.split_once('=') else {
-        bail!("--env wants KEY=VALUE, got {text:?}")
-    };
+    let Some((key, value)) = text.split_once('=') else { bail!("--env wants KEY=VALUE, got {text:?}") };
     if key.is_empty() || text.contains('\0') {
         bail!("--env wants KEY=VALUE with a non-empty key and no NUL byte");
     }

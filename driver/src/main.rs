@@ -29,11 +29,9 @@ enum Command {
     /// to CMD as SIGINT (press it three times to stop the sandbox instead).
     ///
     /// Example: vm-driver launch -- /bin/sh -c 'uname -a; echo hello'
-    #[command(
-        after_help = "The guest image comes from scripts/build-image unless --image, --kernel or --initrd say \
+    #[command(after_help = "The guest image comes from scripts/build-image unless --image, --kernel or --initrd say \
                             otherwise.\nLogs of a failed start (console.log, vmm.log, supervisor.log) are kept in \
-                            the sandbox directory, whose path is printed."
-    )]
+                            the sandbox directory, whose path is printed.")]
     Launch(Box<LaunchArgs>),
     /// Kill the VMs of sandboxes whose supervisor is gone, and mark them terminated.
     ///
@@ -186,11 +184,7 @@ fn reap(state_dir: Option<PathBuf>) -> ExitCode {
         }
     };
     for reaped in vm_driver::reap::reap_all(&state.sandboxes_dir()) {
-        let what = if reaped.killed {
-            "killed its VM"
-        } else {
-            "nothing left running"
-        };
+        let what = if reaped.killed { "killed its VM" } else { "nothing left running" };
         println!("{}: supervisor gone; {what}; marked terminated", reaped.sandbox);
     }
     ExitCode::SUCCESS

@@ -63,27 +63,15 @@ pub fn reap_one(dir: &Path) -> Option<Reaped> {
     if let Some(cg) = cgroup::recorded(dir) {
         killed |= cgroup::sweep(&cg);
     }
-    let reason = if killed {
-        "orphan reaped: supervisor gone, VM killed"
-    } else {
-        "supervisor gone"
-    };
+    let reason = if killed { "orphan reaped: supervisor gone, VM killed" } else { "supervisor gone" };
     mark_terminated(dir, reason);
-    Some(Reaped {
-        sandbox: dir.file_name()?.to_string_lossy().into_owned(),
-        killed,
-    })
+    Some(Reaped { sandbox: dir.file_name()?.to_string_lossy().into_owned(), killed })
 }
 
 /// Writes the tombstone.
 pub fn mark_terminated(dir: &Path, reason: &str) {
-    let at_unix = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let stone = Tombstone {
-        reason: reason.into(),
-        at_unix,
-    };
+    let at_unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let stone = Tombstone { reason: reason.into(), at_unix };
     if let Ok(json) = serde_json::to_vec(&stone) {
         let _ = fs::write(dir.join(TOMBSTONE_FILE), json);
     }

@@ -97,17 +97,9 @@ impl StateDir {
 fn private_dir(path: &Path) -> Result<(), StateError> {
     match DirBuilder::new().recursive(true).mode(0o700).create(path) {
         Ok(()) => {}
-        Err(source) => {
-            return Err(StateError::Io {
-                path: path.to_owned(),
-                source,
-            })
-        }
+        Err(source) => return Err(StateError::Io { path: path.to_owned(), source }),
     }
-    let meta = fs::symlink_metadata(path).map_err(|source| StateError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
+    let meta = fs::symlink_metadata(path).map_err(|source| StateError::Io { path: path.to_owned(), source })?;
     let ours = meta.uid() == rustix::process::getuid().as_raw();
     if !meta.file_type().is_dir() || !ours || meta.permissions().mode() & 0o077 != 0 {
         return Err(StateError::NotPrivate(path.to_owned()));

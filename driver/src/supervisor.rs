@@ -175,10 +175,8 @@ impl SupervisorProcess {
         let mut child = cmd.spawn().map_err(SupervisorError::Spawn)?;
         // Drop our copy of the read end now (it lives in `cmd`): only the supervisor may hold it.
         drop(cmd);
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| SupervisorError::Stdio(std::io::ErrorKind::BrokenPipe.into()))?;
+        let stdout =
+            child.stdout.take().ok_or_else(|| SupervisorError::Stdio(std::io::ErrorKind::BrokenPipe.into()))?;
         let (tx, status) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
@@ -193,12 +191,7 @@ impl SupervisorProcess {
                 }
             }
         });
-        Ok(Self {
-            child,
-            liveness: Some(write_end),
-            status,
-            log,
-        })
+        Ok(Self { child, liveness: Some(write_end), status, log })
     }
 
     /// The supervisor's pid, while it runs.
@@ -216,34 +209,18 @@ impl SupervisorProcess {
             loop {
                 match self.status.recv().await {
                     Some(SupervisorStatus::Accelerator { accel: a, fallback }) => accel = (a, fallback),
-                    Some(SupervisorStatus::Ready {
-                        attach_socket, vmm_pid, ..
-                    }) => {
-                        return Ok(Ready {
-                            accel: accel.0,
-                            fallback: accel.1.clone(),
-                            attach_socket,
-                            vmm_pid,
-                        });
+                    Some(SupervisorStatus::Ready { attach_socket, vmm_pid, .. }) => {
+                        return Ok(Ready { accel: accel.0, fallback: accel.1.clone(), attach_socket, vmm_pid });
                     }
                     Some(SupervisorStatus::Failed { error }) => return Err(SupervisorError::StartFailed(error)),
                     Some(SupervisorStatus::Stopped { .. }) | None => {
-                        let status = self
-                            .child
-                            .wait()
-                            .await
-                            .map_or_else(|e| e.to_string(), |s| s.to_string());
-                        return Err(SupervisorError::Died {
-                            status,
-                            log: self.log.clone(),
-                        });
+                        let status = self.child.wait().await.map_or_else(|e| e.to_string(), |s| s.to_string());
+                        return Err(SupervisorError::Died { status, log: self.log.clone() });
                     }
                 }
             }
         };
-        tokio::time::timeout(timeout, verdict)
-            .await
-            .map_err(|_| SupervisorError::Timeout(timeout))?
+        tokio::time::timeout(timeout, verdict).await.map_err(|_| SupervisorError::Timeout(timeout))?
     }
 
     /// Stops the supervisor: SIGTERM, wait up to `timeout`, and only then close the liveness pipe; SIGKILL

@@ -120,10 +120,7 @@ mod tests {
     fn parses_w3c_style_header_lists() {
         assert_eq!(
             parse_headers("authorization=Bearer%20abc, x-tenant = t1").unwrap(),
-            vec![
-                ("authorization".into(), "Bearer abc".into()),
-                ("x-tenant".into(), "t1".into())
-            ]
+            vec![("authorization".into(), "Bearer abc".into()), ("x-tenant".into(), "t1".into())]
         );
         assert_eq!(parse_headers("").unwrap(), vec![]);
         assert!(parse_headers("novalue").is_none());
@@ -134,10 +131,7 @@ mod tests {
     #[test]
     fn errors_never_show_the_value() {
         let e = HeaderError { var: HEADER_VARS[0] };
-        assert_eq!(
-            e.to_string(),
-            "OTEL_EXPORTER_OTLP_LOGS_HEADERS is not a comma-separated list of key=value pairs"
-        );
+        assert_eq!(e.to_string(), "OTEL_EXPORTER_OTLP_LOGS_HEADERS is not a comma-separated list of key=value pairs");
     }
 
     #[test]
@@ -145,17 +139,8 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let dir = std::env::temp_dir().join(format!("bundle-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        write_bundle(
-            &dir,
-            &AuthBundle {
-                otlp_headers: vec![("a".into(), "b".into())],
-            },
-        )
-        .unwrap();
-        let mode = std::fs::metadata(dir.join(AUTH_BUNDLE_FILE))
-            .unwrap()
-            .permissions()
-            .mode();
+        write_bundle(&dir, &AuthBundle { otlp_headers: vec![("a".into(), "b".into())] }).unwrap();
+        let mode = std::fs::metadata(dir.join(AUTH_BUNDLE_FILE)).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         std::fs::remove_dir_all(&dir).unwrap();
     }

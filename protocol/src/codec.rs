@@ -155,9 +155,7 @@ mod tests {
         let guest = tokio::spawn(async move {
             guest_handshake(&mut b, Hello::ours(Capabilities::EXEC, "g"), Capabilities::NONE).await
         });
-        let host = host_handshake(&mut a, Hello::ours(Capabilities::NONE, "h"), Capabilities::EXEC)
-            .await
-            .unwrap();
+        let host = host_handshake(&mut a, Hello::ours(Capabilities::NONE, "h"), Capabilities::EXEC).await.unwrap();
         assert_eq!(host.software, "g");
         assert_eq!(guest.await.unwrap().unwrap().software, "h");
 
@@ -168,16 +166,10 @@ mod tests {
         let mut old = Hello::ours(Capabilities::NONE, "h");
         old.version = 0;
         let host = host_handshake(&mut a, old, Capabilities::EXEC).await;
-        assert!(matches!(
-            host,
-            Err(FirstFrameError::Handshake(HandshakeError::MissingCapabilities { .. }))
-        ));
+        assert!(matches!(host, Err(FirstFrameError::Handshake(HandshakeError::MissingCapabilities { .. }))));
         assert!(matches!(
             guest.await.unwrap(),
-            Err(FirstFrameError::Handshake(HandshakeError::VersionMismatch {
-                theirs: 0,
-                ..
-            }))
+            Err(FirstFrameError::Handshake(HandshakeError::VersionMismatch { theirs: 0, .. }))
         ));
     }
 }

@@ -39,9 +39,7 @@ pub enum CreditError {
 impl Window {
     /// A window with `initial` bytes of credit.
     pub fn new(initial: u32) -> Self {
-        Self {
-            available: u64::from(initial),
-        }
+        Self { available: u64::from(initial) }
     }
 
     /// Credit left, in bytes.
@@ -56,10 +54,7 @@ impl Window {
     pub fn consume(&mut self, bytes: usize) -> Result<(), CreditError> {
         let sent = bytes as u64;
         if sent > self.available {
-            return Err(CreditError::Overrun {
-                sent,
-                available: self.available,
-            });
+            return Err(CreditError::Overrun { sent, available: self.available });
         }
         self.available -= sent;
         Ok(())

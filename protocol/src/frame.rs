@@ -101,9 +101,7 @@ fn options(limit: usize) -> impl Options {
 /// # Errors
 /// [`FrameError::Encode`] if the message does not serialize within the limit.
 pub fn body_size<M: Serialize>(msg: &M) -> Result<u32, FrameError> {
-    let size = options(MAX_FRAME_BYTES)
-        .serialized_size(msg)
-        .map_err(FrameError::Encode)?;
+    let size = options(MAX_FRAME_BYTES).serialized_size(msg).map_err(FrameError::Encode)?;
     // The limit bounds `size` to MAX_FRAME_BYTES, which fits in u32.
     u32::try_from(size).map_err(|_| FrameError::TooLarge { len: size })
 }
@@ -115,9 +113,7 @@ pub fn body_size<M: Serialize>(msg: &M) -> Result<u32, FrameError> {
 pub fn encode_to<M: Serialize, W: Write>(msg: &M, mut out: W) -> Result<(), FrameError> {
     let len = body_size(msg)?;
     out.write_all(&len.to_le_bytes()).map_err(FrameError::Io)?;
-    options(MAX_FRAME_BYTES)
-        .serialize_into(out, msg)
-        .map_err(FrameError::Encode)
+    options(MAX_FRAME_BYTES).serialize_into(out, msg).map_err(FrameError::Encode)
 }
 
 /// Appends `msg` as one frame to `out`.
@@ -229,22 +225,10 @@ mod tests {
 
     #[test]
     fn output_prefix_matches_the_encoder() {
-        for (stream, len) in [
-            (Stream::Stdout, 0),
-            (Stream::Stderr, 5),
-            (Stream::Stdout, MAX_DATA_BYTES),
-        ] {
+        for (stream, len) in [(Stream::Stdout, 0), (Stream::Stderr, 5), (Stream::Stdout, MAX_DATA_BYTES)] {
             let data = vec![0xAB; len];
             let mut wire = Vec::new();
-            encode(
-                &ToHost::Output {
-                    id: ProcId(0x0102_0304),
-                    stream,
-                    data: data.clone().into(),
-                },
-                &mut wire,
-            )
-            .unwrap();
+            encode(&ToHost::Output { id: ProcId(0x0102_0304), stream, data: data.clone().into() }, &mut wire).unwrap();
             let mut manual = output_prefix(ProcId(0x0102_0304), stream, len).to_vec();
             manual.extend_from_slice(&data);
             assert_eq!(manual, wire);
@@ -291,11 +275,7 @@ mod tests {
 
     #[test]
     fn refuses_to_encode_beyond_the_limit() {
-        let msg = ToHost::Output {
-            id: ProcId(1),
-            stream: Stream::Stdout,
-            data: vec![7; MAX_FRAME_BYTES].into(),
-        };
+        let msg = ToHost::Output { id: ProcId(1), stream: Stream::Stdout, data: vec![7; MAX_FRAME_BYTES].into() };
         let mut out = b"keep".to_vec();
         assert!(matches!(encode(&msg, &mut out), Err(FrameError::Encode(_))));
         assert_eq!(out, b"keep", "a failed encode leaves the buffer as it was");
@@ -307,15 +287,9 @@ mod tests {
         encode(&ToGuest::Ping { nonce: 9 }, &mut wire).unwrap();
         let mut scratch = Vec::new();
         let mut whole = &wire[..];
-        assert_eq!(
-            read::<ToGuest, _>(&mut whole, &mut scratch).unwrap(),
-            Some(ToGuest::Ping { nonce: 9 })
-        );
+        assert_eq!(read::<ToGuest, _>(&mut whole, &mut scratch).unwrap(), Some(ToGuest::Ping { nonce: 9 }));
         assert_eq!(read::<ToGuest, _>(&mut whole, &mut scratch).unwrap(), None);
         let mut cut = &wire[..wire.len() - 1];
-        assert!(matches!(
-            read::<ToGuest, _>(&mut cut, &mut scratch),
-            Err(FrameError::Truncated)
-        ));
+        assert!(matches!(read::<ToGuest, _>(&mut cut, &mut scratch), Err(FrameError::Truncated)));
     }
 }

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::frame::{self, FrameError};
 
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// First field of every hello: the bytes `VMBP`. Catches a peer that speaks something else entirely.
 pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"VMBP");
@@ -97,12 +97,7 @@ pub enum HandshakeError {
 impl Hello {
     /// This build's hello.
     pub fn ours(capabilities: Capabilities, software: impl Into<String>) -> Self {
-        Self {
-            magic: HELLO_MAGIC,
-            version: PROTOCOL_VERSION,
-            capabilities,
-            software: software.into(),
-        }
+        Self { magic: HELLO_MAGIC, version: PROTOCOL_VERSION, capabilities, software: software.into() }
     }
 
     /// Checks a peer's hello against this build and the capabilities this side needs.
@@ -114,10 +109,7 @@ impl Hello {
             return Err(HandshakeError::NotHello);
         }
         if self.version != PROTOCOL_VERSION {
-            return Err(HandshakeError::VersionMismatch {
-                ours: PROTOCOL_VERSION,
-                theirs: self.version,
-            });
+            return Err(HandshakeError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: self.version });
         }
         let missing = self.capabilities.missing(required);
         if missing != Capabilities::NONE {
@@ -134,14 +126,8 @@ impl Hello {
 /// [`HandshakeError::NotHello`] when the body does not start like a hello.
 pub fn peek_version(body: &[u8]) -> Result<u16, HandshakeError> {
     let tag = body.first_chunk::<4>().map(|b| u32::from_le_bytes(*b));
-    let magic = body
-        .get(4..8)
-        .and_then(|b| b.first_chunk::<4>())
-        .map(|b| u32::from_le_bytes(*b));
-    let version = body
-        .get(8..10)
-        .and_then(|b| b.first_chunk::<2>())
-        .map(|b| u16::from_le_bytes(*b));
+    let magic = body.get(4..8).and_then(|b| b.first_chunk::<4>()).map(|b| u32::from_le_bytes(*b));
+    let version = body.get(8..10).and_then(|b| b.first_chunk::<2>()).map(|b| u16::from_le_bytes(*b));
     match (tag, magic, version) {
         (Some(HELLO_TAG), Some(HELLO_MAGIC), Some(v)) => Ok(v),
         _ => Err(HandshakeError::NotHello),
@@ -172,11 +158,7 @@ pub fn accept_first<M: serde::de::DeserializeOwned>(
 ) -> Result<Hello, FirstFrameError> {
     let version = peek_version(body)?;
     if version != PROTOCOL_VERSION {
-        return Err(HandshakeError::VersionMismatch {
-            ours: PROTOCOL_VERSION,
-            theirs: version,
-        }
-        .into());
+        return Err(HandshakeError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: version }.into());
     }
     let hello = extract(frame::decode_body::<M>(body)?).ok_or(HandshakeError::NotHello)?;
     hello.check(required)?;
@@ -244,10 +226,7 @@ mod tests {
     #[test]
     fn hello_tag_is_frozen_in_both_directions() {
         let hello = Hello::ours(Capabilities::NONE, "x");
-        assert_eq!(
-            peek_version(&body_of(&ToHost::Hello(hello.clone()))),
-            Ok(PROTOCOL_VERSION)
-        );
+        assert_eq!(peek_version(&body_of(&ToHost::Hello(hello.clone()))), Ok(PROTOCOL_VERSION));
         assert_eq!(peek_version(&body_of(&ToGuest::Hello(hello))), Ok(PROTOCOL_VERSION));
     }
 }

@@ -37,10 +37,7 @@ impl SandboxId {
         if text.is_empty() || text.len() > MAX_SANDBOX_ID_BYTES {
             return Err(SandboxIdError::Length { len: text.len() });
         }
-        if !text
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-        {
+        if !text.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')) {
             return Err(SandboxIdError::Character);
         }
         if text == "." || text == ".." {
@@ -90,15 +87,9 @@ mod tests {
     #[test]
     fn rejects_paths_and_odd_characters() {
         assert!(matches!(SandboxId::parse(""), Err(SandboxIdError::Length { len: 0 })));
-        assert!(matches!(
-            SandboxId::parse(&"x".repeat(MAX_SANDBOX_ID_BYTES + 1)),
-            Err(SandboxIdError::Length { .. })
-        ));
+        assert!(matches!(SandboxId::parse(&"x".repeat(MAX_SANDBOX_ID_BYTES + 1)), Err(SandboxIdError::Length { .. })));
         for bad in ["a/b", "../x", "a b", "é", "a\0", "a\n"] {
-            assert!(
-                matches!(SandboxId::parse(bad), Err(SandboxIdError::Character)),
-                "{bad:?}"
-            );
+            assert!(matches!(SandboxId::parse(bad), Err(SandboxIdError::Character)), "{bad:?}");
         }
         assert!(matches!(SandboxId::parse("."), Err(SandboxIdError::DotName)));
         assert!(matches!(SandboxId::parse(".."), Err(SandboxIdError::DotName)));

@@ -11,6 +11,7 @@
 //! - [`flow`]: credit windows that bound buffering on both sides.
 //! - [`ids`]: validated sandbox ids.
 //! - [`status`]: the supervisor's status lines to the driver.
+//! - `driver_api` (feature `grpc`): the gRPC API of `vm-driver serve`, generated from `proto/`.
 //!
 //! The wire format is documented in `docs/protocol.md`.
 //!
@@ -29,6 +30,8 @@
 
 #[cfg(feature = "tokio")]
 pub mod codec;
+#[cfg(feature = "grpc")]
+pub mod driver_api;
 pub mod flow;
 pub mod frame;
 pub mod handshake;

@@ -63,6 +63,16 @@ pub enum ToGuest {
         /// Milliseconds between SIGTERM and SIGKILL.
         grace_ms: u32,
     },
+    /// Attach socket only: take over a process whose client went away, as `id` on this connection. The
+    /// output held meanwhile is replayed after `Started`.
+    Attach {
+        /// The id this connection will use for it.
+        id: ProcId,
+        /// Its guest pid (from `Started` or `Processes`).
+        pid: u32,
+    },
+    /// Attach socket only: list the running processes (answered with `Processes`).
+    ListProcesses,
 }
 
 /// Guest agent (or supervisor, on the attach socket) to host.
@@ -117,6 +127,26 @@ pub enum ToHost {
         /// Why.
         reason: Refusal,
     },
+    /// Attach socket only: the answer to `ListProcesses`.
+    Processes {
+        /// The processes still running.
+        #[serde(deserialize_with = "seq::deserialize")]
+        list: Vec<ProcessSummary>,
+    },
+}
+
+/// One running process, as `Processes` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessSummary {
+    /// Its guest pid.
+    pub pid: u32,
+    /// Its argv.
+    #[serde(deserialize_with = "seq::deserialize")]
+    pub argv: Vec<String>,
+    /// Whether a client is attached.
+    pub attached: bool,
+    /// Whether it runs on a PTY.
+    pub tty: bool,
 }
 
 /// Why a spawn or another request was refused.
@@ -130,6 +160,8 @@ pub enum Refusal {
     TooManyProcesses,
     /// The request was not valid (empty argv, oversized data, ...).
     Invalid,
+    /// No detached process has that pid.
+    NoSuchProcess,
 }
 
 /// A request to start a process.

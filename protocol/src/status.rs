@@ -118,9 +118,7 @@ pub struct AuthBundle {
 impl std::fmt::Debug for AuthBundle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let names: Vec<&str> = self.otlp_headers.iter().map(|(k, _)| k.as_str()).collect();
-        f.debug_struct("AuthBundle")
-            .field("otlp_header_names", &names)
-            .finish_non_exhaustive()
+        f.debug_struct("AuthBundle").field("otlp_header_names", &names).finish_non_exhaustive()
     }
 }
 
@@ -148,19 +146,14 @@ mod tests {
 
     #[test]
     fn auth_bundle_debug_shows_no_values() {
-        let b = AuthBundle {
-            otlp_headers: vec![("authorization".into(), "Bearer s3cret".into())],
-        };
+        let b = AuthBundle { otlp_headers: vec![("authorization".into(), "Bearer s3cret".into())] };
         let shown = format!("{b:?}");
         assert!(shown.contains("authorization") && !shown.contains("s3cret"), "{shown}");
     }
 
     #[test]
     fn lines_round_trip() {
-        let s = SupervisorStatus::Accelerator {
-            accel: Accelerator::Tcg,
-            fallback: Some("no /dev/kvm".into()),
-        };
+        let s = SupervisorStatus::Accelerator { accel: Accelerator::Tcg, fallback: Some("no /dev/kvm".into()) };
         let line = s.to_line();
         assert!(line.ends_with('\n') && !line[..line.len() - 1].contains('\n'));
         assert_eq!(SupervisorStatus::from_line(&line).unwrap(), s);

@@ -2,10 +2,7 @@
 //! the frame limit. A counting allocator measures the largest single allocation made while decoding.
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(
-    clippy::tests_outside_test_module,
-    reason = "an integration test crate is test-only as a whole"
-)]
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -99,12 +96,8 @@ fn to_guest() -> impl Strategy<Value = ToGuest> {
                 pty: None,
                 output_window: window,
             })),
-        (any::<u32>(), prop::collection::vec(any::<u8>(), 0..512)).prop_map(|(id, d)| {
-            ToGuest::Stdin {
-                id: ProcId(id),
-                data: d.into(),
-            }
-        }),
+        (any::<u32>(), prop::collection::vec(any::<u8>(), 0..512))
+            .prop_map(|(id, d)| { ToGuest::Stdin { id: ProcId(id), data: d.into() } }),
         any::<u32>().prop_map(|id| ToGuest::StdinEof { id: ProcId(id) }),
         (any::<u32>(), any::<u32>()).prop_map(|(id, bytes)| ToGuest::Credit { id: ProcId(id), bytes }),
         any::<u64>().prop_map(|nonce| ToGuest::Ping { nonce }),
@@ -115,16 +108,9 @@ fn to_guest() -> impl Strategy<Value = ToGuest> {
 fn to_host() -> impl Strategy<Value = ToHost> {
     prop_oneof![
         (any::<u32>(), any::<bool>(), prop::collection::vec(any::<u8>(), 0..512)).prop_map(|(id, err, d)| {
-            ToHost::Output {
-                id: ProcId(id),
-                stream: if err { Stream::Stderr } else { Stream::Stdout },
-                data: d.into(),
-            }
+            ToHost::Output { id: ProcId(id), stream: if err { Stream::Stderr } else { Stream::Stdout }, data: d.into() }
         }),
-        (any::<u32>(), any::<i32>()).prop_map(|(id, c)| ToHost::Exited {
-            id: ProcId(id),
-            status: ExitStatus::Code(c)
-        }),
+        (any::<u32>(), any::<i32>()).prop_map(|(id, c)| ToHost::Exited { id: ProcId(id), status: ExitStatus::Code(c) }),
         (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(|(id, pid, w)| ToHost::Started {
             id: ProcId(id),
             pid,
@@ -212,9 +198,6 @@ fn a_frame_of_many_empty_strings_stays_within_the_limit() {
     let wire = with_header(&body);
     let mut result = None;
     let largest = largest_allocation(|| result = Some(frame::decode::<ToGuest>(&wire).map(|_| ())));
-    assert!(
-        matches!(result, Some(Err(FrameError::Malformed(_)))),
-        "more than MAX_SEQ_ITEMS entries"
-    );
+    assert!(matches!(result, Some(Err(FrameError::Malformed(_)))), "more than MAX_SEQ_ITEMS entries");
     assert!(largest <= MAX_FRAME_BYTES, "largest allocation {largest}");
 }

@@ -56,10 +56,7 @@ pub struct Host {
 
 impl Default for Host {
     fn default() -> Self {
-        Self {
-            kvm_device: "/dev/kvm".into(),
-            sys_module: "/sys/module".into(),
-        }
+        Self { kvm_device: "/dev/kvm".into(), sys_module: "/sys/module".into() }
     }
 }
 
@@ -70,18 +67,13 @@ impl Host {
     /// The reason KVM is unusable.
     pub fn probe_kvm(&self) -> Result<(), KvmUnusable> {
         if !self.kvm_device.exists() {
-            return Err(KvmUnusable::Missing {
-                path: self.kvm_device.clone(),
-            });
+            return Err(KvmUnusable::Missing { path: self.kvm_device.clone() });
         }
         OpenOptions::new()
             .read(true)
             .write(true)
             .open(&self.kvm_device)
-            .map_err(|source| KvmUnusable::NoAccess {
-                path: self.kvm_device.clone(),
-                source,
-            })?;
+            .map_err(|source| KvmUnusable::NoAccess { path: self.kvm_device.clone(), source })?;
         let loaded = |m: &str| self.sys_module.join(m).exists();
         if loaded("kvm_pvm") && !loaded("kvm_intel") && !loaded("kvm_amd") {
             return Err(KvmUnusable::PvmOnly);
@@ -120,10 +112,7 @@ mod tests {
         if device {
             fs::write(root.join("kvm"), b"").unwrap();
         }
-        Host {
-            kvm_device: root.join("kvm"),
-            sys_module: root.join("module"),
-        }
+        Host { kvm_device: root.join("kvm"), sys_module: root.join("module") }
     }
 
     #[test]
@@ -146,14 +135,8 @@ mod tests {
     #[test]
     fn no_device_means_tcg_or_a_clear_error() {
         let host = fake("none", &[], false);
-        assert!(matches!(
-            host.choose(AccelChoice::Auto).unwrap().1,
-            Some(KvmUnusable::Missing { .. })
-        ));
-        assert!(matches!(
-            host.choose(AccelChoice::Kvm),
-            Err(KvmUnusable::Missing { .. })
-        ));
+        assert!(matches!(host.choose(AccelChoice::Auto).unwrap().1, Some(KvmUnusable::Missing { .. })));
+        assert!(matches!(host.choose(AccelChoice::Kvm), Err(KvmUnusable::Missing { .. })));
         assert!(matches!(host.choose(AccelChoice::Tcg), Ok((Accelerator::Tcg, None))));
     }
 }

@@ -72,10 +72,7 @@ async fn client(mut stream: UnixStream, id: ClientId, capabilities: Capabilities
     let (read, write) = stream.into_split();
     let (tx, rx) = mpsc::unbounded_channel::<ToHost>();
     let writer = tokio::spawn(crate::framed::drain_into(write, rx));
-    if events
-        .send(Event::ClientConnected(id, ClientHandle { tx, writer }))
-        .is_err()
-    {
+    if events.send(Event::ClientConnected(id, ClientHandle { tx, writer })).is_err() {
         return;
     }
     let mut frames = FramedRead::new(read, FrameCodec::<ToGuest, ToHost>::new());

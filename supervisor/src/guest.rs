@@ -14,9 +14,7 @@ use vm_protocol::{Capabilities, Hello, ToGuest, ToHost};
 use crate::Event;
 
 /// What the supervisor needs from any agent.
-pub const REQUIRED: Capabilities = Capabilities::EXEC
-    .union(Capabilities::SIGNALS)
-    .union(Capabilities::POWER_OFF);
+pub const REQUIRED: Capabilities = Capabilities::EXEC.union(Capabilities::SIGNALS).union(Capabilities::POWER_OFF);
 
 /// Why the guest link did not come up.
 #[derive(Debug, thiserror::Error)]
@@ -58,10 +56,7 @@ pub async fn attach(
         .await
         .map_err(|_| AttachError::Timeout(timeout))?
         .map_err(AttachError::Handshake)?;
-    Ok(GuestLink {
-        hello,
-        tx: pump(stream, events),
-    })
+    Ok(GuestLink { hello, tx: pump(stream, events) })
 }
 
 fn pump(stream: UnixStream, events: UnboundedSender<Event>) -> UnboundedSender<ToGuest> {

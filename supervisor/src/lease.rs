@@ -66,10 +66,7 @@ pub struct Ledger {
 impl Ledger {
     /// A ledger that demands echoes (or not, for the control).
     pub fn new(require_echo: bool) -> Self {
-        Self {
-            unechoed: VecDeque::new(),
-            require_echo,
-        }
+        Self { unechoed: VecDeque::new(), require_echo }
     }
 
     /// A pulse went out at `now`.
@@ -118,12 +115,7 @@ impl Lease {
     /// [`LeaseError::Spawn`] or [`LeaseError::NotReady`]; the VM must then be refused.
     pub async fn start(binary: &Path, vmm: ProcessRecord, env: &[(&str, String)]) -> Result<Self, LeaseError> {
         let mut child = Command::new(binary)
-            .args([
-                "--vmm-pid",
-                &vmm.pid.to_string(),
-                "--vmm-start-time",
-                &vmm.start_time.to_string(),
-            ])
+            .args(["--vmm-pid", &vmm.pid.to_string(), "--vmm-start-time", &vmm.start_time.to_string()])
             .env_clear()
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
@@ -142,14 +134,7 @@ impl Lease {
         let record = child.id().and_then(|pid| crate::pids::record(i32::try_from(pid).ok()?));
         let mut interval = tokio::time::interval(Duration::from_millis(PULSE_INTERVAL_MS));
         interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        Ok(Self {
-            child,
-            pulses,
-            echoes,
-            ledger: Ledger::new(require_echo()),
-            interval,
-            record,
-        })
+        Ok(Self { child, pulses, echoes, ledger: Ledger::new(require_echo()), interval, record })
     }
 
     /// One step of the lease: a pulse when one is due (after checking the echoes), or an echo. A select
@@ -210,10 +195,7 @@ mod tests {
         let mut ledger = Ledger::new(true);
         ledger.sent(t0);
         assert!(ledger.check(t0 + Duration::from_millis(900)).is_ok());
-        assert!(matches!(
-            ledger.check(t0 + Duration::from_millis(1001)),
-            Err(LeaseError::EchoLate)
-        ));
+        assert!(matches!(ledger.check(t0 + Duration::from_millis(1001)), Err(LeaseError::EchoLate)));
         ledger.echoed().unwrap();
         assert!(ledger.check(t0 + Duration::from_secs(10)).is_ok());
     }

@@ -57,15 +57,8 @@ pub(crate) async fn serve(
     rx: &mut UnboundedReceiver<Event>,
     telemetry: &mut Telemetry,
 ) -> StopReason {
-    let mut state = Serving {
-        config,
-        vmm,
-        telemetry,
-        mux: Mux::default(),
-        guest,
-        clients: HashMap::new(),
-        stopping: None,
-    };
+    let mut state =
+        Serving { config, vmm, telemetry, mux: Mux::default(), guest, clients: HashMap::new(), stopping: None };
     let mut lease_ok = true;
     let reason = loop {
         let kill_at = state.stopping.as_ref().map(|(_, at)| *at);
@@ -96,11 +89,7 @@ pub(crate) async fn serve(
     };
     // Closing each client's queue lets its writer deliver what is queued (the last `Exited` frames), then end.
     let writers: Vec<_> = state.clients.into_values().map(|c| c.writer).collect();
-    let _ = tokio::time::timeout(
-        Duration::from_millis(CLIENT_DRAIN_MS),
-        futures_util::future::join_all(writers),
-    )
-    .await;
+    let _ = tokio::time::timeout(Duration::from_millis(CLIENT_DRAIN_MS), futures_util::future::join_all(writers)).await;
     reason
 }
 
@@ -184,8 +173,7 @@ impl Serving<'_> {
 
     fn drop_client(&mut self, id: ClientId) {
         self.clients.remove(&id);
-        let actions = self.mux.remove_client(id);
-        self.apply(actions);
+        self.mux.remove_client(id);
     }
 
     fn apply(&mut self, actions: Vec<Action>) {
@@ -200,27 +188,16 @@ impl Serving<'_> {
                     }
                 }
                 Action::Started { guest_id, pid, argv } => {
-                    let info = ProcessInfo::new(
-                        self.config.sandbox_id.as_str(),
-                        guest_id.0,
-                        i32::try_from(pid).ok(),
-                        &argv,
-                    );
+                    let info =
+                        ProcessInfo::new(self.config.sandbox_id.as_str(), guest_id.0, i32::try_from(pid).ok(), &argv);
                     let event = self.telemetry.source().process(ProcessActivity::Launch, info, None);
                     self.telemetry.emit(event);
                 }
-                Action::Exited {
-                    guest_id,
-                    pid,
-                    argv,
-                    status,
-                } => {
+                Action::Exited { guest_id, pid, argv, status } => {
                     let pid = pid.and_then(|p| i32::try_from(p).ok());
                     let info = ProcessInfo::new(self.config.sandbox_id.as_str(), guest_id.0, pid, &argv);
                     let event =
-                        self.telemetry
-                            .source()
-                            .process(ProcessActivity::Terminate, info, Some(status.shell_code()));
+                        self.telemetry.source().process(ProcessActivity::Terminate, info, Some(status.shell_code()));
                     self.telemetry.emit(event);
                 }
             }

@@ -161,10 +161,7 @@ pub async fn run(config: SupervisorConfig, console: Console) -> Result<StopReaso
 
 /// Boot, serve, stop; with the lifecycle events around them.
 async fn supervise_sandbox(config: &SupervisorConfig, telemetry: &mut Telemetry) -> Result<StopReason, StartError> {
-    let sandbox = AppInfo {
-        name: "sandbox".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-    };
+    let sandbox = AppInfo { name: "sandbox".into(), version: env!("CARGO_PKG_VERSION").into() };
     let (events, mut rx) = mpsc::unbounded_channel();
     watch_signals(events.clone());
     if config.parent_liveness_stdin {
@@ -172,11 +169,7 @@ async fn supervise_sandbox(config: &SupervisorConfig, telemetry: &mut Telemetry)
         crate::liveness::watch_stdin(events.clone())
             .map_err(|e| StartError::SandboxDir(config.sandbox_dir.clone(), e))?;
     }
-    let Booted {
-        mut vmm,
-        mut lease,
-        link,
-    } = match boot(config, &events, &mut rx).await {
+    let Booted { mut vmm, mut lease, link } = match boot(config, &events, &mut rx).await {
         Ok(booted) => booted,
         Err(e) => {
             let mut error = chain(&e);
@@ -184,23 +177,17 @@ async fn supervise_sandbox(config: &SupervisorConfig, telemetry: &mut Telemetry)
                 error.push_str(&tails());
             }
             if matches!(e, StartError::Boot(AttachError::Handshake(_))) {
-                let event = telemetry
-                    .source()
-                    .finding(Finding::GuestProtocolViolation, "the guest agent's handshake failed");
+                let event =
+                    telemetry.source().finding(Finding::GuestProtocolViolation, "the guest agent's handshake failed");
                 telemetry.emit(event);
             }
-            let event = telemetry
-                .source()
-                .lifecycle(Lifecycle::Start, &sandbox, Status::Failure, Some(chain(&e)));
+            let event = telemetry.source().lifecycle(Lifecycle::Start, &sandbox, Status::Failure, Some(chain(&e)));
             telemetry.emit(event);
             status::report(&SupervisorStatus::Failed { error });
             return Err(e);
         }
     };
-    let vm = AppInfo {
-        name: "microvm".into(),
-        version: link.hello.software.clone(),
-    };
+    let vm = AppInfo { name: "microvm".into(), version: link.hello.software.clone() };
     let listener = match UnixListener::bind(ATTACH_SOCKET) {
         Ok(l) => l,
         Err(e) => {
@@ -211,9 +198,7 @@ async fn supervise_sandbox(config: &SupervisorConfig, telemetry: &mut Telemetry)
     };
     attach::serve(listener, link.hello.capabilities, events.clone());
     for app in [&vm, &sandbox] {
-        let event = telemetry
-            .source()
-            .lifecycle(Lifecycle::Start, app, Status::Success, None);
+        let event = telemetry.source().lifecycle(Lifecycle::Start, app, Status::Success, None);
         telemetry.emit(event);
     }
     status::report(&SupervisorStatus::Ready {
@@ -231,9 +216,7 @@ async fn supervise_sandbox(config: &SupervisorConfig, telemetry: &mut Telemetry)
         other => (Status::Failure, Some(format!("{other:?}"))),
     };
     for app in [&vm, &sandbox] {
-        let event = telemetry
-            .source()
-            .lifecycle(Lifecycle::Stop, app, status, detail.clone());
+        let event = telemetry.source().lifecycle(Lifecycle::Stop, app, status, detail.clone());
         telemetry.emit(event);
     }
     Ok(reason)
@@ -262,10 +245,7 @@ async fn boot(
     }
     for (what, path) in [("kernel", &config.kernel), ("initramfs", &config.initrd)] {
         if !path.is_file() {
-            return Err(StartError::MissingImage {
-                what,
-                path: path.clone(),
-            });
+            return Err(StartError::MissingImage { what, path: path.clone() });
         }
     }
     let watchdog = std::env::current_exe()
@@ -278,10 +258,7 @@ async fn boot(
     if let Some(why) = &fallback {
         tracing::warn!(reason = %why, "KVM unusable; using TCG software emulation");
     }
-    status::report(&SupervisorStatus::Accelerator {
-        accel,
-        fallback: fallback.map(|w| w.to_string()),
-    });
+    status::report(&SupervisorStatus::Accelerator { accel, fallback: fallback.map(|w| w.to_string()) });
     let qemu = match &config.qemu {
         Some(q) => q.clone(),
         None => vmm::find_qemu().ok_or(StartError::NoQemu)?,
@@ -324,13 +301,9 @@ async fn supervise(
     };
     pids::write(&recorded).map_err(StartError::Pids)?;
     let Some(vmm_record) = vmm_record else {
-        return Err(StartError::VmmExitedDuringBoot {
-            status: "before it could be recorded".into(),
-        });
+        return Err(StartError::VmmExitedDuringBoot { status: "before it could be recorded".into() });
     };
-    let mut lease = Lease::start(watchdog, vmm_record, &child_env())
-        .await
-        .map_err(StartError::Lease)?;
+    let mut lease = Lease::start(watchdog, vmm_record, &child_env()).await.map_err(StartError::Lease)?;
     recorded.watchdog = lease.record;
     if let Err(e) = pids::write(&recorded) {
         lease.close().await;

@@ -79,21 +79,10 @@ impl VmmConfig {
         }
         push(&["-smp", &self.cpus.to_string(), "-m", &format!("{}M", self.memory_mib)]);
         push(&["-sandbox", SANDBOX_POLICY]);
-        push(&[
-            "-chardev",
-            &format!("file,id=console,path={}", files::CONSOLE_LOG),
-            "-serial",
-            "chardev:console",
-        ]);
+        push(&["-chardev", &format!("file,id=console,path={}", files::CONSOLE_LOG), "-serial", "chardev:console"]);
         push(&["-device", "virtio-serial-device"]);
-        push(&[
-            "-chardev",
-            &format!("socket,id=boundary,path={},server=off", files::CHANNEL_SOCKET),
-        ]);
-        push(&[
-            "-device",
-            &format!("virtserialport,chardev=boundary,name={CHANNEL_PORT_NAME}"),
-        ]);
+        push(&["-chardev", &format!("socket,id=boundary,path={},server=off", files::CHANNEL_SOCKET)]);
+        push(&["-device", &format!("virtserialport,chardev=boundary,name={CHANNEL_PORT_NAME}")]);
         push(&["-append", &kernel_args]);
         args.extend([OsString::from("-kernel"), self.kernel.clone().into_os_string()]);
         args.extend([OsString::from("-initrd"), self.initrd.clone().into_os_string()]);
@@ -121,9 +110,7 @@ impl VmmConfig {
 /// Finds `qemu-system-x86_64` on `PATH`.
 pub fn find_qemu() -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
-    std::env::split_paths(&path)
-        .map(|d| d.join("qemu-system-x86_64"))
-        .find(|p| p.is_file())
+    std::env::split_paths(&path).map(|d| d.join("qemu-system-x86_64")).find(|p| p.is_file())
 }
 
 #[cfg(test)]
@@ -142,12 +129,7 @@ mod tests {
     }
 
     fn joined(accel: Accelerator) -> String {
-        config(accel)
-            .args()
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect::<Vec<_>>()
-            .join(" ")
+        config(accel).args().iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ")
     }
 
     #[test]

@@ -81,10 +81,7 @@ fn bare_qemu(scratch: &Scratch, init: &str) -> (Duration, usize, Option<Duration
 /// supervisor's peak RSS (VmHWM, KiB) as observed from /proc.
 fn launch(scratch: &Scratch, cmd: &[&str]) -> (Duration, usize, Option<Duration>, u64) {
     let mut command = Launch::new(scratch, cmd).command();
-    command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null());
     let watch_dir = scratch.dir.clone();
     let start = Instant::now();
     let mut child = command.spawn().unwrap();
@@ -93,10 +90,7 @@ fn launch(scratch: &Scratch, cmd: &[&str]) -> (Duration, usize, Option<Duration>
         let mut peak = 0u64;
         let deadline = Instant::now() + Duration::from_secs(120);
         while Instant::now() < deadline {
-            let sups: Vec<_> = procs::inside(&watch_dir)
-                .into_iter()
-                .filter(|p| p.is_supervisor())
-                .collect();
+            let sups: Vec<_> = procs::inside(&watch_dir).into_iter().filter(|p| p.is_supervisor()).collect();
             if sups.is_empty() && peak > 0 {
                 break;
             }
@@ -120,12 +114,7 @@ fn launch(scratch: &Scratch, cmd: &[&str]) -> (Duration, usize, Option<Duration>
     let status = child.wait().unwrap();
     assert!(status.success(), "vm-driver launch {cmd:?} failed: {status}");
     let elapsed = start.elapsed();
-    (
-        elapsed,
-        total,
-        first.zip(last).map(|(f, l)| l - f),
-        poller.join().unwrap(),
-    )
+    (elapsed, total, first.zip(last).map(|(f, l)| l - f), poller.join().unwrap())
 }
 
 fn vm_hwm_kib(pid: i32) -> u64 {
@@ -153,16 +142,12 @@ fn mb_per_s(bytes: usize, span: Option<Duration>) -> f64 {
 
 fn main() {
     // `cargo bench` passes --bench; any other argument is a filter we do not support.
-    let runs: usize = std::env::var("BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+    let runs: usize = std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
     let scratch = Scratch::new("bench");
     let dd = format!("{CHANNEL_UP}\n/bin/busybox dd if=/dev/zero of=/dev/vport0p1 bs=65536 count={} 2>/dev/null\n/bin/busybox reboot -f", STREAM_BYTES / 65536);
     // The same bytes through one pipe and `cat` first: what any design that hands the workload a pipe pays.
-    let piped = dd
-        .replace("of=/dev/vport0p1 ", "")
-        .replace("2>/dev/null", "2>/dev/null | /bin/busybox cat > /dev/vport0p1");
+    let piped =
+        dd.replace("of=/dev/vport0p1 ", "").replace("2>/dev/null", "2>/dev/null | /bin/busybox cat > /dev/vport0p1");
     let (mut bare, mut ours, mut raw_tp, mut pipe_tp, mut our_tp, mut rss) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
     for i in 0..runs {

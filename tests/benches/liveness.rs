@@ -21,11 +21,7 @@ enum Fault {
 
 fn once(fault: Fault, n: usize) -> Duration {
     let s = Scratch::new(&format!("bench-live-{n}"));
-    let mut run = Running::start(
-        Launch::new(&s, &["/bin/sh", "-c", "echo up; exec sleep 1000"]),
-        &[],
-        "up",
-    );
+    let mut run = Running::start(Launch::new(&s, &["/bin/sh", "-c", "echo up; exec sleep 1000"]), &[], "up");
     let p = run.procs();
     let pidfd = pidfd_open(Pid::from_raw(p.vmm.pid).unwrap(), PidfdFlags::empty()).unwrap();
     let start = Instant::now();
@@ -50,10 +46,7 @@ fn median(mut xs: Vec<Duration>) -> Duration {
 }
 
 fn main() {
-    let runs: usize = std::env::var("BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+    let runs: usize = std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
     println!("\n| fault -> VMM exit | median | min | max | goal |");
     println!("|---|---|---|---|---|");
     for (name, fault, goal) in [
@@ -63,12 +56,7 @@ fn main() {
     ] {
         let times: Vec<Duration> = (0..runs).map(|i| once(fault, i)).collect();
         let (min, max) = (*times.iter().min().unwrap(), *times.iter().max().unwrap());
-        println!(
-            "| {name} | {:.1} ms | {:.1} ms | {:.1} ms | {goal} |",
-            ms(median(times)),
-            ms(min),
-            ms(max)
-        );
+        println!("| {name} | {:.1} ms | {:.1} ms | {:.1} ms | {goal} |", ms(median(times)), ms(min), ms(max));
     }
 }
 

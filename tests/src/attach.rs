@@ -24,17 +24,9 @@ impl AttachClient {
             Some(ToHost::Hello(h)) => h.check(Capabilities::EXEC).unwrap(),
             other => panic!("expected hello, got {other:?}"),
         }
-        frame::write(
-            &mut stream,
-            &ToGuest::Hello(Hello::ours(Capabilities::NONE, "e2e-client")),
-            &mut Vec::new(),
-        )
-        .unwrap();
-        Self {
-            stream,
-            scratch,
-            next_id: 1,
-        }
+        frame::write(&mut stream, &ToGuest::Hello(Hello::ours(Capabilities::NONE, "e2e-client")), &mut Vec::new())
+            .unwrap();
+        Self { stream, scratch, next_id: 1 }
     }
 
     /// Runs `count` processes of `argv`, at most `in_flight` at a time, discarding output (and returning its

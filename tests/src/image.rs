@@ -20,9 +20,7 @@ pub fn read_cpio(bytes: &[u8]) -> Vec<Entry> {
         let size = field(at, 6) as usize;
         let namesize = field(at, 11) as usize;
         let rdev = (field(at, 9), field(at, 10));
-        let name = std::str::from_utf8(&bytes[at + 110..at + 110 + namesize - 1])
-            .unwrap()
-            .to_owned();
+        let name = std::str::from_utf8(&bytes[at + 110..at + 110 + namesize - 1]).unwrap().to_owned();
         let data_at = align(at + 110 + namesize);
         let data = bytes[data_at..data_at + size].to_vec();
         at = align(data_at + size);
@@ -36,11 +34,7 @@ pub fn read_cpio(bytes: &[u8]) -> Vec<Entry> {
             S_IFCHR => Kind::CharDevice(rdev.0, rdev.1),
             other => panic!("unexpected file type {other:o} for {name}"),
         };
-        entries.push(Entry {
-            path: name,
-            perm: mode & 0o7777,
-            kind,
-        });
+        entries.push(Entry { path: name, perm: mode & 0o7777, kind });
     }
 }
 
@@ -68,26 +62,10 @@ mod tests {
     #[test]
     fn reads_back_what_the_builder_writes() {
         let entries = vec![
-            Entry {
-                path: "bin".into(),
-                perm: 0o755,
-                kind: Kind::Dir,
-            },
-            Entry {
-                path: "bin/sh".into(),
-                perm: 0o777,
-                kind: Kind::Symlink("busybox".into()),
-            },
-            Entry {
-                path: "dev/console".into(),
-                perm: 0o600,
-                kind: Kind::CharDevice(5, 1),
-            },
-            Entry {
-                path: "init".into(),
-                perm: 0o755,
-                kind: Kind::File(b"#!x\n".to_vec()),
-            },
+            Entry { path: "bin".into(), perm: 0o755, kind: Kind::Dir },
+            Entry { path: "bin/sh".into(), perm: 0o777, kind: Kind::Symlink("busybox".into()) },
+            Entry { path: "dev/console".into(), perm: 0o600, kind: Kind::CharDevice(5, 1) },
+            Entry { path: "init".into(), perm: 0o755, kind: Kind::File(b"#!x\n".to_vec()) },
         ];
         let mut out = Vec::new();
         cpio::write(&mut out, &entries, 0).unwrap();

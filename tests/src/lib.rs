@@ -45,11 +45,7 @@ pub fn harness() -> &'static Harness {
         let driver = bin_dir.join("vm-driver");
         let supervisor = bin_dir.join("vm-supervisor");
         for bin in [&driver, &supervisor] {
-            assert!(
-                bin.is_file(),
-                "{} is missing: run scripts/test (it builds the binaries first)",
-                bin.display()
-            );
+            assert!(bin.is_file(), "{} is missing: run scripts/test (it builds the binaries first)", bin.display());
         }
         let image = std::env::var_os("VM_DRIVER_IMAGE").map_or_else(default_image, PathBuf::from);
         for file in ["vmlinuz", "initramfs.cpio"] {
@@ -60,16 +56,8 @@ pub fn harness() -> &'static Harness {
             );
         }
         let accel = std::env::var("VM_TEST_ACCEL").unwrap_or_else(|_| "auto".into());
-        assert!(
-            ["auto", "kvm", "tcg"].contains(&accel.as_str()),
-            "VM_TEST_ACCEL must be auto, kvm or tcg"
-        );
-        Harness {
-            driver,
-            supervisor,
-            image,
-            accel,
-        }
+        assert!(["auto", "kvm", "tcg"].contains(&accel.as_str()), "VM_TEST_ACCEL must be auto, kvm or tcg");
+        Harness { driver, supervisor, image, accel }
     })
 }
 
@@ -104,10 +92,7 @@ impl Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!(
-                "e2e: kept {} for inspection (console.log, vmm.log, supervisor.log)",
-                self.dir.display()
-            );
+            eprintln!("e2e: kept {} for inspection (console.log, vmm.log, supervisor.log)", self.dir.display());
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
@@ -216,13 +201,9 @@ impl<'a> Launch<'a> {
     /// Runs the driver to completion.
     pub fn run(self) -> Outcome {
         let mut cmd = self.command();
-        cmd.stdin(if self.stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        cmd.stdin(if self.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let watcher = Watcher::start(&self.scratch.dir);
         let start = Instant::now();
         let mut child = cmd.spawn().expect("cannot start vm-driver");
@@ -235,13 +216,7 @@ impl<'a> Launch<'a> {
         let out = child.wait_with_output().expect("vm-driver did not finish");
         let elapsed = start.elapsed();
         let seen = watcher.stop();
-        let outcome = Outcome {
-            code: out.status.code(),
-            stdout: out.stdout,
-            stderr: out.stderr,
-            elapsed,
-            seen,
-        };
+        let outcome = Outcome { code: out.status.code(), stdout: out.stdout, stderr: out.stderr, elapsed, seen };
         report_accel(&outcome);
         outcome
     }
@@ -253,11 +228,7 @@ pub fn report_accel(outcome: &Outcome) {
         Some(accel) => eprintln!("e2e: accelerator used: {accel} (requested {})", harness().accel),
         None => eprintln!(
             "e2e: no VM was started in this run (saw: {:?})",
-            outcome
-                .seen
-                .iter()
-                .map(|p| (p.pid, p.comm.as_str()))
-                .collect::<Vec<_>>()
+            outcome.seen.iter().map(|p| (p.pid, p.comm.as_str())).collect::<Vec<_>>()
         ),
     }
 }
@@ -306,21 +277,12 @@ impl Running {
     pub fn start(launch: Launch<'_>, env: &[(&str, &str)], canary: &str) -> Self {
         let scratch_dir = launch.scratch.dir.clone();
         let mut cmd = launch.command();
-        cmd.envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        cmd.envs(env.iter().copied()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let watcher = Watcher::start(&scratch_dir);
         let mut driver = cmd.spawn().expect("cannot start vm-driver");
         let stdout = std::io::BufReader::new(driver.stdout.take().unwrap());
         let stderr = driver.stderr.take();
-        let mut running = Self {
-            driver,
-            stdout,
-            stderr,
-            watcher: Some(watcher),
-            sandbox_dir: PathBuf::new(),
-        };
+        let mut running = Self { driver, stdout, stderr, watcher: Some(watcher), sandbox_dir: PathBuf::new() };
         if !canary.is_empty() {
             let mut line = String::new();
             std::io::BufRead::read_line(&mut running.stdout, &mut line).unwrap();
@@ -332,17 +294,8 @@ impl Running {
     }
 
     fn find_sandbox(scratch: &Path) -> PathBuf {
-        let first = || {
-            std::fs::read_dir(scratch.join("state/sandboxes"))
-                .ok()?
-                .flatten()
-                .next()
-                .map(|e| e.path())
-        };
-        assert!(
-            wait_until(Duration::from_secs(30), || first().is_some()),
-            "the driver created its sandbox"
-        );
+        let first = || std::fs::read_dir(scratch.join("state/sandboxes")).ok()?.flatten().next().map(|e| e.path());
+        assert!(wait_until(Duration::from_secs(30), || first().is_some()), "the driver created its sandbox");
         first().unwrap()
     }
 
@@ -353,16 +306,8 @@ impl Running {
         wait_until(Duration::from_secs(60), || {
             let seen = watcher.seen();
             let pick = |f: &dyn Fn(&ProcInfo) -> bool| seen.iter().find(|p| f(p) && p.is_alive()).cloned();
-            found = match (
-                pick(&ProcInfo::is_supervisor),
-                pick(&ProcInfo::is_watchdog),
-                pick(&ProcInfo::is_qemu),
-            ) {
-                (Some(supervisor), Some(watchdog), Some(vmm)) => Some(SandboxProcs {
-                    supervisor,
-                    watchdog,
-                    vmm,
-                }),
+            found = match (pick(&ProcInfo::is_supervisor), pick(&ProcInfo::is_watchdog), pick(&ProcInfo::is_qemu)) {
+                (Some(supervisor), Some(watchdog), Some(vmm)) => Some(SandboxProcs { supervisor, watchdog, vmm }),
                 _ => None,
             };
             found.is_some()
@@ -444,32 +389,19 @@ impl DirectSupervisor {
         let mut status = std::io::BufReader::new(child.stdout.take().unwrap());
         loop {
             let mut line = String::new();
-            assert!(
-                std::io::BufRead::read_line(&mut status, &mut line).unwrap() > 0,
-                "supervisor exited before ready"
-            );
+            assert!(std::io::BufRead::read_line(&mut status, &mut line).unwrap() > 0, "supervisor exited before ready");
             if line.contains("\"status\":\"ready\"") {
                 break;
             }
             assert!(!line.contains("\"status\":\"failed\""), "{line}");
         }
-        Self {
-            child,
-            status,
-            sandbox_dir: dir,
-            watcher: Some(watcher),
-        }
+        Self { child, status, sandbox_dir: dir, watcher: Some(watcher) }
     }
 
     /// SIGTERM, then its remaining status lines (the last is `stopped`) and its exit status.
     pub fn stop(&mut self) -> (Vec<String>, std::process::ExitStatus) {
-        procs::signal(
-            i32::try_from(self.child.id()).unwrap(),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let lines: Vec<String> = std::io::BufRead::lines(&mut self.status)
-            .map_while(Result::ok)
-            .collect();
+        procs::signal(i32::try_from(self.child.id()).unwrap(), nix::sys::signal::Signal::SIGTERM);
+        let lines: Vec<String> = std::io::BufRead::lines(&mut self.status).map_while(Result::ok).collect();
         (lines, self.child.wait().unwrap())
     }
 }

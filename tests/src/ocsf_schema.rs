@@ -97,10 +97,7 @@ impl Schema {
             raw_events.insert(v["name"].as_str().unwrap().to_owned(), v);
         }
 
-        let objects = raw_objects
-            .keys()
-            .map(|name| (name.clone(), resolve(&raw_objects, name)))
-            .collect();
+        let objects = raw_objects.keys().map(|name| (name.clone(), resolve(&raw_objects, name))).collect();
         let mut classes = BTreeMap::new();
         for (name, raw) in &raw_events {
             let Some(uid) = raw.get("uid").and_then(Value::as_u64) else {
@@ -170,9 +167,7 @@ impl Schema {
         };
         if dict.get("is_array").and_then(Value::as_bool) == Some(true) {
             match v.as_array() {
-                Some(items) => items
-                    .iter()
-                    .for_each(|i| self.check_scalar_or_object(at, dict, attr, i, problems)),
+                Some(items) => items.iter().for_each(|i| self.check_scalar_or_object(at, dict, attr, i, problems)),
                 None => problems.push(format!("{at}: must be an array")),
             }
         } else {
@@ -207,21 +202,15 @@ impl Schema {
         }
         // The base event's class and category enums are placeholders; those two are checked in `validate`.
         let placeholder = at.ends_with(".class_uid") || at.ends_with(".category_uid");
-        if let Some(values) = attr
-            .get("enum")
-            .or_else(|| dict.get("enum"))
-            .and_then(Value::as_object)
-            .filter(|_| !placeholder)
+        if let Some(values) =
+            attr.get("enum").or_else(|| dict.get("enum")).and_then(Value::as_object).filter(|_| !placeholder)
         {
             let key = match v {
                 Value::String(s) => s.clone(),
                 other => other.to_string(),
             };
             if !values.contains_key(&key) {
-                problems.push(format!(
-                    "{at}: {key} is not one of {:?}",
-                    values.keys().collect::<Vec<_>>()
-                ));
+                problems.push(format!("{at}: {key} is not one of {:?}", values.keys().collect::<Vec<_>>()));
             }
         }
     }

@@ -71,10 +71,7 @@ fn text(v: Option<&opentelemetry_proto::tonic::common::v1::AnyValue>) -> String 
 }
 
 fn map(attrs: &[KeyValue]) -> HashMap<String, String> {
-    attrs
-        .iter()
-        .map(|kv| (kv.key.clone(), text(kv.value.as_ref())))
-        .collect()
+    attrs.iter().map(|kv| (kv.key.clone(), text(kv.value.as_ref()))).collect()
 }
 
 impl State {
@@ -104,11 +101,7 @@ impl State {
                 }
             }
         }
-        self.requests.push(Request {
-            protocol,
-            headers,
-            records: count,
-        });
+        self.requests.push(Request { protocol, headers, records: count });
         None
     }
 
@@ -200,15 +193,8 @@ async fn http_connection(stream: tokio::net::TcpStream, state: Arc<Mutex<State>>
 impl Receiver {
     /// Starts both servers on loopback.
     pub fn start(behavior: Behavior) -> Self {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let state = Arc::new(Mutex::new(State {
-            behavior: Some(behavior),
-            ..State::default()
-        }));
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let state = Arc::new(Mutex::new(State { behavior: Some(behavior), ..State::default() }));
         let (grpc, http) = runtime.block_on(async {
             let grpc_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let http_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -218,10 +204,7 @@ impl Receiver {
         let service = LogsServiceServer::new(Grpc(Arc::clone(&state)));
         runtime.spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
-            let _ = tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming(incoming)
-                .await;
+            let _ = tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming).await;
         });
         let http_state = Arc::clone(&state);
         runtime.spawn(async move {
@@ -229,12 +212,7 @@ impl Receiver {
                 tokio::spawn(http_connection(stream, Arc::clone(&http_state)));
             }
         });
-        Self {
-            grpc: grpc_addr,
-            http: http_addr,
-            state,
-            _runtime: runtime,
-        }
+        Self { grpc: grpc_addr, http: http_addr, state, _runtime: runtime }
     }
 
     pub fn grpc_endpoint(&self) -> String {
@@ -268,11 +246,7 @@ impl Receiver {
         self._runtime.block_on(async move {
             use opentelemetry_proto::tonic::collector::logs::v1::logs_service_client::LogsServiceClient;
             let mut client = LogsServiceClient::connect(endpoint).await.ok()?;
-            client
-                .export(ExportLogsServiceRequest::default())
-                .await
-                .err()
-                .map(|s| s.message().to_owned())
+            client.export(ExportLogsServiceRequest::default()).await.err().map(|s| s.message().to_owned())
         })
     }
 }

@@ -22,17 +22,9 @@ impl ProcInfo {
     pub fn read(pid: i32) -> Option<Self> {
         let (comm, start_time) = stat(pid)?;
         let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        let cmdline = raw
-            .split(|b| *b == 0)
-            .filter(|s| !s.is_empty())
-            .map(|s| String::from_utf8_lossy(s).into_owned())
-            .collect();
-        Some(Self {
-            pid,
-            start_time,
-            comm,
-            cmdline,
-        })
+        let cmdline =
+            raw.split(|b| *b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect();
+        Some(Self { pid, start_time, comm, cmdline })
     }
 
     /// Whether this very process (same pid and start time) still exists and is not a zombie.
@@ -127,11 +119,7 @@ impl Watcher {
                 thread::sleep(Duration::from_millis(10));
             }
         });
-        Self {
-            stop,
-            seen,
-            thread: Some(thread),
-        }
+        Self { stop, seen, thread: Some(thread) }
     }
 
     /// What has been seen so far.
@@ -172,9 +160,6 @@ pub fn pipe_fds(pid: i32) -> Vec<(u64, u32)> {
 
 /// The pipe inode behind `pid`'s stdin.
 pub fn stdin_pipe(pid: i32) -> Option<u64> {
-    let target = fs::read_link(format!("/proc/{pid}/fd/0"))
-        .ok()?
-        .to_string_lossy()
-        .into_owned();
+    let target = fs::read_link(format!("/proc/{pid}/fd/0")).ok()?.to_string_lossy().into_owned();
     target.strip_prefix("pipe:[")?.strip_suffix(']')?.parse().ok()
 }

@@ -2,10 +2,7 @@
 //! accelerator, a guest that never answers, a guest that speaks garbage, a kernel that is not a kernel.
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(
-    clippy::tests_outside_test_module,
-    reason = "an integration test crate is test-only as a whole"
-)]
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::path::Path;
 use std::time::Duration;
@@ -30,10 +27,7 @@ fn a_bad_sandbox_id_is_refused_before_anything_starts() {
         let out = Launch::new(&s, &["true"]).flag("--id").flag(bad).run();
         assert_eq!(out.code, Some(2), "a usage error for {bad:?}");
         assert_failed_cleanly(&out, "sandbox id", Duration::from_secs(5));
-        assert!(
-            out.seen.iter().all(|p| !p.is_supervisor()),
-            "no supervisor for a bad id"
-        );
+        assert!(out.seen.iter().all(|p| !p.is_supervisor()), "no supervisor for a bad id");
     }
     assert!(
         !s.state().join("sandboxes").exists()
@@ -46,21 +40,13 @@ fn a_missing_image_is_a_clear_error() {
     let s = Scratch::new("noimage");
     let out = Launch::new(&s, &["true"]).image(Path::new("/nonexistent/image")).run();
     assert_eq!(out.code, Some(DRIVER_ERROR));
-    assert_failed_cleanly(
-        &out,
-        "guest kernel not found at /nonexistent/image/vmlinuz",
-        Duration::from_secs(5),
-    );
+    assert_failed_cleanly(&out, "guest kernel not found at /nonexistent/image/vmlinuz", Duration::from_secs(5));
     assert!(out.seen.iter().all(|p| !p.is_supervisor()));
 }
 
 /// What the host really offers, read by the test itself from /dev and /sys.
 fn host_kvm_boots_stock_kernels() -> bool {
-    let kvm_rw = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-        .is_ok();
+    let kvm_rw = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok();
     let loaded = |m: &str| Path::new("/sys/module").join(m).exists();
     kvm_rw && (loaded("kvm_intel") || loaded("kvm_amd"))
 }
@@ -74,20 +60,11 @@ fn accel_kvm_never_falls_back_silently() {
         assert_eq!(out.stdout_text(), "canary\n");
         assert_eq!(out.accel().as_deref(), Some("kvm"));
     } else {
-        assert!(
-            harness().accel != "kvm",
-            "VM_TEST_ACCEL=kvm on a host whose KVM cannot boot a stock kernel"
-        );
+        assert!(harness().accel != "kvm", "VM_TEST_ACCEL=kvm on a host whose KVM cannot boot a stock kernel");
         assert_eq!(out.code, Some(DRIVER_ERROR));
         assert_failed_cleanly(&out, "--accel kvm: KVM cannot be used here", Duration::from_secs(10));
-        assert!(
-            out.seen.iter().all(|p| !p.is_qemu()),
-            "no VMM for an unusable accelerator"
-        );
-        eprintln!(
-            "e2e: --accel kvm refused as expected: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        assert!(out.seen.iter().all(|p| !p.is_qemu()), "no VMM for an unusable accelerator");
+        eprintln!("e2e: --accel kvm refused as expected: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
     out.assert_nothing_left();
 }
@@ -97,10 +74,7 @@ fn a_kernel_that_is_not_a_kernel_fails_fast() {
     let s = Scratch::new("badkernel");
     let bogus = s.dir.join("not-a-kernel");
     std::fs::write(&bogus, b"this is not a bzImage").unwrap();
-    let out = Launch::new(&s, &["true"])
-        .flag("--kernel")
-        .flag(bogus.to_str().unwrap())
-        .run();
+    let out = Launch::new(&s, &["true"]).flag("--kernel").flag(bogus.to_str().unwrap()).run();
     assert_eq!(out.code, Some(DRIVER_ERROR));
     assert_failed_cleanly(&out, "the VMM exited during boot", Duration::from_secs(20));
 }
@@ -133,26 +107,16 @@ while [ ! -e /sys/class/virtio-ports/vport0p1/name ]; do :; done
 /bin/busybox printf '\020\000\000\000garbage-garbage!' > /dev/vport0p1
 /bin/busybox sleep 1000"#;
     let initrd = with_init_script(&s.dir, script);
-    let out = Launch::new(&s, &["true"])
-        .flag("--initrd")
-        .flag(initrd.to_str().unwrap())
-        .run();
+    let out = Launch::new(&s, &["true"]).flag("--initrd").flag(initrd.to_str().unwrap()).run();
     assert_eq!(out.code, Some(DRIVER_ERROR));
-    assert_failed_cleanly(
-        &out,
-        "peer does not speak the vm boundary protocol",
-        Duration::from_secs(40),
-    );
+    assert_failed_cleanly(&out, "peer does not speak the vm boundary protocol", Duration::from_secs(40));
 }
 
 #[test]
 fn a_guest_without_init_fails_fast() {
     let s = Scratch::new("noinit");
     let initrd = with_init_script(&s.dir, "exit 1");
-    let out = Launch::new(&s, &["true"])
-        .flag("--initrd")
-        .flag(initrd.to_str().unwrap())
-        .run();
+    let out = Launch::new(&s, &["true"]).flag("--initrd").flag(initrd.to_str().unwrap()).run();
     assert_eq!(out.code, Some(DRIVER_ERROR));
     // PID 1 exits -> kernel panic -> reboot -> QEMU exits (-no-reboot): no waiting for the boot timeout.
     assert_failed_cleanly(&out, "the VMM exited during boot", Duration::from_secs(30));

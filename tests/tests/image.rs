@@ -1,10 +1,7 @@
 //! The default guest image build: reproducible, and refusing packages that do not match their pins.
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(
-    clippy::tests_outside_test_module,
-    reason = "an integration test crate is test-only as a whole"
-)]
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,10 +13,7 @@ fn repo() -> PathBuf {
 }
 
 fn build_image(args: &[&str]) -> std::process::Output {
-    Command::new(repo().join("scripts/build-image"))
-        .args(args)
-        .output()
-        .expect("cannot run scripts/build-image")
+    Command::new(repo().join("scripts/build-image")).args(args).output().expect("cannot run scripts/build-image")
 }
 
 #[test]
@@ -31,10 +25,7 @@ fn two_builds_give_the_same_bytes() {
         assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     }
     for file in ["vmlinuz", "initramfs.cpio", "manifest.json"] {
-        let (x, y) = (
-            std::fs::read(a.join(file)).unwrap(),
-            std::fs::read(b.join(file)).unwrap(),
-        );
+        let (x, y) = (std::fs::read(a.join(file)).unwrap(), std::fs::read(b.join(file)).unwrap());
         assert!(x == y, "{file} differs between two builds");
         eprintln!("e2e: {file}: {} bytes, sha256 {}", x.len(), vm_e2e::sha256_hex(&x));
     }
@@ -48,24 +39,14 @@ fn two_builds_give_the_same_bytes() {
 fn a_package_whose_checksum_differs_from_its_pin_is_refused() {
     let s = Scratch::new("badpin");
     let pins = std::fs::read_to_string(repo().join("images/pins.json")).unwrap();
-    let good = pins
-        .split("\"busybox\"")
-        .nth(1)
-        .unwrap()
-        .split("\"sha256\": \"")
-        .nth(1)
-        .unwrap()[..64]
-        .to_owned();
+    let good = pins.split("\"busybox\"").nth(1).unwrap().split("\"sha256\": \"").nth(1).unwrap()[..64].to_owned();
     let bad_pins = s.dir.join("pins.json");
     std::fs::write(&bad_pins, pins.replace(&good, &"0".repeat(64))).unwrap();
     let out = s.dir.join("out");
     let run = build_image(&["--out", out.to_str().unwrap(), "--pins", bad_pins.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(!run.status.success());
-    assert!(
-        stderr.contains("sha256 is") && stderr.contains("the pin says 0000"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("sha256 is") && stderr.contains("the pin says 0000"), "{stderr}");
     assert!(!out.exists(), "no image from an unverified package");
 }
 
@@ -75,11 +56,8 @@ fn a_package_missing_from_the_package_lists_comes_from_a_mirror() {
     let s = Scratch::new("mirror");
     let pins = std::fs::read_to_string(repo().join("images/pins.json")).unwrap();
     let renamed = s.dir.join("pins.json");
-    std::fs::write(
-        &renamed,
-        pins.replace("\"package\": \"busybox-static\"", "\"package\": \"not-in-apt-lists\""),
-    )
-    .unwrap();
+    std::fs::write(&renamed, pins.replace("\"package\": \"busybox-static\"", "\"package\": \"not-in-apt-lists\""))
+        .unwrap();
     let out = s.dir.join("out");
     let cache = s.dir.join("cache");
     let run = build_image(&[
@@ -91,16 +69,7 @@ fn a_package_missing_from_the_package_lists_comes_from_a_mirror() {
         cache.to_str().unwrap(),
     ]);
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let fetched: Vec<_> = std::fs::read_dir(cache.join("debs"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
-    assert!(
-        fetched
-            .iter()
-            .any(|n| n.to_string_lossy().starts_with("not-in-apt-lists_")),
-        "{fetched:?}"
-    );
+    let fetched: Vec<_> = std::fs::read_dir(cache.join("debs")).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(fetched.iter().any(|n| n.to_string_lossy().starts_with("not-in-apt-lists_")), "{fetched:?}");
     assert!(out.join("initramfs.cpio").is_file());
 }

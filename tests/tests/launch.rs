@@ -3,10 +3,7 @@
 //! Every test checks afterwards that no process it started is left (by pid and start time, from /proc).
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(
-    clippy::tests_outside_test_module,
-    reason = "an integration test crate is test-only as a whole"
-)]
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::time::Duration;
 
@@ -59,18 +56,10 @@ fn sixty_four_mib_generated_in_the_guest_arrive_whole_before_the_exit() {
     let s = Scratch::new("bulkout");
     // The guest hashes what it sends; the last bytes are written right before the exit.
     let script = "head -c 67108864 /dev/urandom > /tmp/blob && sha256sum /tmp/blob >&2 && cat /tmp/blob && exit 5";
-    let out = Launch::new(&s, &["/bin/sh", "-c", script])
-        .flag("--memory")
-        .flag("512")
-        .run();
+    let out = Launch::new(&s, &["/bin/sh", "-c", script]).flag("--memory").flag("512").run();
     assert_eq!(out.code, Some(5), "the exit status comes after the data");
     assert_eq!(out.stdout.len(), 64 << 20, "no tail lost");
-    let guest_hash = out
-        .workload_stderr()
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_owned();
+    let guest_hash = out.workload_stderr().split_whitespace().next().unwrap_or_default().to_owned();
     assert_eq!(sha256_hex(&out.stdout), guest_hash);
     out.assert_nothing_left();
 }
@@ -100,16 +89,8 @@ fn a_missing_command_fails_fast_with_127() {
     let out = Launch::new(&s, &["no-such-command"]).run();
     let boot = baseline.join().unwrap();
     assert_eq!(out.code, Some(127));
-    assert!(
-        out.workload_stderr().contains("no-such-command: command not found"),
-        "{}",
-        out.workload_stderr()
-    );
-    assert!(
-        out.elapsed <= boot + Duration::from_secs(2),
-        "127 took {:?}, a `true` launch took {boot:?}",
-        out.elapsed
-    );
+    assert!(out.workload_stderr().contains("no-such-command: command not found"), "{}", out.workload_stderr());
+    assert!(out.elapsed <= boot + Duration::from_secs(2), "127 took {:?}, a `true` launch took {boot:?}", out.elapsed);
     out.assert_nothing_left();
 }
 
@@ -135,16 +116,10 @@ fn ctrl_c_reaches_the_workload_as_sigint() {
     let s = Scratch::new("ctrlc");
     let launch = Launch::new(
         &s,
-        &[
-            "/bin/sh",
-            "-c",
-            "trap 'echo got-int; exit 42' INT; echo ready; while :; do sleep 0.1; done",
-        ],
+        &["/bin/sh", "-c", "trap 'echo got-int; exit 42' INT; echo ready; while :; do sleep 0.1; done"],
     );
     let mut cmd = launch.command();
-    cmd.stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+    cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
     let watcher = vm_e2e::procs::Watcher::start(&s.dir);
     let mut child = cmd.spawn().unwrap();
     let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
@@ -152,11 +127,7 @@ fn ctrl_c_reaches_the_workload_as_sigint() {
     std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
     assert_eq!(line, "ready\n", "canary from the guest");
     // What a terminal does on Ctrl-C, aimed at the driver only (it is the foreground process).
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
     let status = child.wait().unwrap();

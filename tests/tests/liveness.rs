@@ -6,10 +6,7 @@
 //! the bad outcome appears; the test itself shows it does not with the mechanism on.
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(
-    clippy::tests_outside_test_module,
-    reason = "an integration test crate is test-only as a whole"
-)]
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::io::{BufRead, Read};
 use std::time::{Duration, Instant};
@@ -37,15 +34,8 @@ fn killing_the_driver_stops_supervisor_watchdog_and_vm() {
     let start = Instant::now();
     run.driver.kill().unwrap();
     run.driver.wait().unwrap();
-    for (what, proc) in [
-        ("VMM", &p.vmm),
-        ("watchdog", &p.watchdog),
-        ("supervisor", &p.supervisor),
-    ] {
-        assert!(
-            gone_within(proc, Duration::from_secs(5)),
-            "{what} still running 5 s after the driver died"
-        );
+    for (what, proc) in [("VMM", &p.vmm), ("watchdog", &p.watchdog), ("supervisor", &p.supervisor)] {
+        assert!(gone_within(proc, Duration::from_secs(5)), "{what} still running 5 s after the driver died");
     }
     eprintln!("e2e: driver SIGKILL -> all gone in {:?}", start.elapsed());
 }
@@ -57,10 +47,7 @@ fn control_a_leaked_write_end_keeps_the_vm_alive_after_the_driver_dies() {
     let p = run.procs();
     run.driver.kill().unwrap();
     run.driver.wait().unwrap();
-    assert!(
-        survives(&p.vmm, Duration::from_secs(5)),
-        "control: with the write end leaked, the VM outlives the driver"
-    );
+    assert!(survives(&p.vmm, Duration::from_secs(5)), "control: with the write end leaked, the VM outlives the driver");
     eprintln!("e2e: control confirmed: VM alive 5 s after the driver died");
 }
 
@@ -70,28 +57,11 @@ fn the_write_end_stays_in_the_driver() {
     let run = Running::start(sleeper(&s), &[], CANARY);
     let p = run.procs();
     let pipe = procs::stdin_pipe(p.supervisor.pid).expect("the supervisor's stdin is a pipe");
-    let write_ends = |pid: i32| {
-        procs::pipe_fds(pid)
-            .into_iter()
-            .filter(|(i, f)| *i == pipe && f & 0o3 == 0o1)
-            .count()
-    };
+    let write_ends = |pid: i32| procs::pipe_fds(pid).into_iter().filter(|(i, f)| *i == pipe && f & 0o3 == 0o1).count();
     let driver_pid = i32::try_from(run.driver.id()).unwrap();
-    assert_eq!(
-        write_ends(driver_pid),
-        1,
-        "the driver holds the write end (the probe finds it)"
-    );
-    for (what, proc) in [
-        ("supervisor", &p.supervisor),
-        ("watchdog", &p.watchdog),
-        ("VMM", &p.vmm),
-    ] {
-        assert_eq!(
-            write_ends(proc.pid),
-            0,
-            "the {what} holds the liveness pipe's write end"
-        );
+    assert_eq!(write_ends(driver_pid), 1, "the driver holds the write end (the probe finds it)");
+    for (what, proc) in [("supervisor", &p.supervisor), ("watchdog", &p.watchdog), ("VMM", &p.vmm)] {
+        assert_eq!(write_ends(proc.pid), 0, "the {what} holds the liveness pipe's write end");
     }
     drop(run);
 
@@ -100,9 +70,7 @@ fn the_write_end_stays_in_the_driver() {
     let run = Running::start(sleeper(&s), &control("leak-liveness-write-end"), CANARY);
     let p = run.procs();
     let pipe = procs::stdin_pipe(p.supervisor.pid).unwrap();
-    let leaked = procs::pipe_fds(p.vmm.pid)
-        .into_iter()
-        .any(|(i, f)| i == pipe && f & 0o3 == 0o1);
+    let leaked = procs::pipe_fds(p.vmm.pid).into_iter().any(|(i, f)| i == pipe && f & 0o3 == 0o1);
     assert!(leaked, "control: the probe detects a write end in the VMM");
 }
 
@@ -113,10 +81,7 @@ fn pausing_the_supervisor_lets_the_watchdog_kill_the_vm() {
     let p = run.procs();
     let start = Instant::now();
     signal(p.supervisor.pid, SIGSTOP);
-    assert!(
-        gone_within(&p.vmm, Duration::from_secs(4)),
-        "VMM still running 4 s after the supervisor froze"
-    );
+    assert!(gone_within(&p.vmm, Duration::from_secs(4)), "VMM still running 4 s after the supervisor froze");
     eprintln!("e2e: supervisor SIGSTOP -> VMM gone in {:?}", start.elapsed());
     signal(p.supervisor.pid, SIGCONT);
 }
@@ -129,10 +94,7 @@ fn control_a_watchdog_that_only_watches_eof_lets_a_frozen_supervisor_keep_the_vm
     signal(p.supervisor.pid, SIGSTOP);
     let survived = survives(&p.vmm, Duration::from_secs(5));
     signal(p.supervisor.pid, SIGCONT);
-    assert!(
-        survived,
-        "control: without the silence check the VM outlives a frozen supervisor"
-    );
+    assert!(survived, "control: without the silence check the VM outlives a frozen supervisor");
     eprintln!("e2e: control confirmed: VM alive 5 s after the supervisor froze");
 }
 
@@ -143,10 +105,7 @@ fn killing_the_supervisor_kills_the_vm() {
     let p = run.procs();
     let start = Instant::now();
     signal(p.supervisor.pid, SIGKILL);
-    assert!(
-        gone_within(&p.vmm, Duration::from_secs(2)),
-        "VMM still running 2 s after the supervisor died"
-    );
+    assert!(gone_within(&p.vmm, Duration::from_secs(2)), "VMM still running 2 s after the supervisor died");
     eprintln!("e2e: supervisor SIGKILL -> VMM gone in {:?}", start.elapsed());
 }
 
@@ -157,19 +116,13 @@ fn pausing_the_watchdog_makes_the_supervisor_stop_the_vm() {
     let p = run.procs();
     let start = Instant::now();
     signal(p.watchdog.pid, SIGSTOP);
-    assert!(
-        gone_within(&p.vmm, Duration::from_secs(2)),
-        "VMM still running 2 s after the watchdog froze"
-    );
+    assert!(gone_within(&p.vmm, Duration::from_secs(2)), "VMM still running 2 s after the watchdog froze");
     eprintln!("e2e: watchdog SIGSTOP -> VMM gone in {:?}", start.elapsed());
     signal(p.watchdog.pid, SIGCONT);
     assert!(gone_within(&p.supervisor, Duration::from_secs(10)));
     let status = run.driver.wait().unwrap();
     let stderr = run.stderr_text();
-    assert!(
-        stderr.contains("vm-supervisor ended with exit status: 5"),
-        "non-zero supervisor exit:\n{stderr}"
-    );
+    assert!(stderr.contains("vm-supervisor ended with exit status: 5"), "non-zero supervisor exit:\n{stderr}");
     assert_ne!(status.code(), Some(0));
 }
 
@@ -181,10 +134,7 @@ fn control_a_supervisor_that_trusts_writes_keeps_the_vm_with_a_frozen_watchdog()
     signal(p.watchdog.pid, SIGSTOP);
     let survived = survives(&p.vmm, Duration::from_secs(5));
     signal(p.watchdog.pid, SIGCONT);
-    assert!(
-        survived,
-        "control: a write that succeeds proves nothing, and the VM keeps running"
-    );
+    assert!(survived, "control: a write that succeeds proves nothing, and the VM keeps running");
     eprintln!("e2e: control confirmed: VM alive 5 s after the watchdog froze");
 }
 
@@ -195,25 +145,16 @@ fn killing_the_watchdog_makes_the_supervisor_stop_the_vm() {
     let p = run.procs();
     let start = Instant::now();
     signal(p.watchdog.pid, SIGKILL);
-    assert!(
-        gone_within(&p.vmm, Duration::from_secs(2)),
-        "VMM still running 2 s after the watchdog died"
-    );
+    assert!(gone_within(&p.vmm, Duration::from_secs(2)), "VMM still running 2 s after the watchdog died");
     eprintln!("e2e: watchdog SIGKILL -> VMM gone in {:?}", start.elapsed());
 }
 
 /// A guest that ignores everything: it shows it runs on the console and never powers itself off. A
 /// compromised guest behaves like this, so the host must not rely on the guest's cooperation.
 fn hostile_guest(s: &Scratch) -> Launch<'_> {
-    let initrd = with_init_script(
-        &s.dir,
-        &format!("echo {CANARY} > /dev/console\nwhile :; do /bin/busybox sleep 1; done"),
-    );
-    Launch::new(s, &["true"])
-        .flag("--initrd")
-        .flag(initrd.to_str().unwrap())
-        .flag("--boot-timeout")
-        .flag("600")
+    let initrd =
+        with_init_script(&s.dir, &format!("echo {CANARY} > /dev/console\nwhile :; do /bin/busybox sleep 1; done"));
+    Launch::new(s, &["true"]).flag("--initrd").flag(initrd.to_str().unwrap()).flag("--boot-timeout").flag("600")
 }
 
 /// Starts the hostile guest, then kills driver, supervisor and watchdog so that none can react.
@@ -235,10 +176,7 @@ fn orphan_a_vm(s: &Scratch) -> (Running, procs::ProcInfo) {
     signal(p.supervisor.pid, SIGKILL);
     signal(driver, SIGKILL);
     assert!(gone_within(&p.supervisor, Duration::from_secs(2)) && gone_within(&p.watchdog, Duration::from_secs(2)));
-    assert!(
-        survives(&p.vmm, Duration::from_secs(1)),
-        "the hostile guest does not power itself off"
-    );
+    assert!(survives(&p.vmm, Duration::from_secs(1)), "the hostile guest does not power itself off");
     (run, p.vmm)
 }
 
@@ -259,10 +197,7 @@ fn a_starting_driver_reaps_a_vm_whose_supervisor_and_watchdog_died() {
     let s = Scratch::new("reap");
     let (run, vmm) = orphan_a_vm(&s);
     let report = reap(&s, &[]);
-    assert!(
-        gone_within(&vmm, Duration::from_secs(5)),
-        "the reaper killed the orphaned VM"
-    );
+    assert!(gone_within(&vmm, Duration::from_secs(5)), "the reaper killed the orphaned VM");
     assert!(report.contains("killed its VM"), "{report}");
     let tombstone = std::fs::read_to_string(run.sandbox_dir.join("terminated.json")).unwrap();
     assert!(tombstone.contains("orphan reaped"), "{tombstone}");
@@ -273,10 +208,7 @@ fn control_without_the_reaper_the_orphaned_vm_keeps_running() {
     let s = Scratch::new("reap-ctl");
     let (_run, vmm) = orphan_a_vm(&s);
     reap(&s, &control("no-reaper"));
-    assert!(
-        survives(&vmm, Duration::from_secs(5)),
-        "control: with the reaper off the VM outlives everything"
-    );
+    assert!(survives(&vmm, Duration::from_secs(5)), "control: with the reaper off the VM outlives everything");
     eprintln!("e2e: control confirmed: orphaned VM alive 5 s after a driver started");
 }
 
@@ -302,10 +234,7 @@ fn stop_with_queued_records(s: &Scratch, env: &[(&str, &str)]) -> (usize, usize)
     let received: Vec<usize> = complete.lines().map(|l| l.parse().unwrap_or(0)).collect();
     if let Some((i, n)) = received.iter().enumerate().find(|(i, n)| **n != i + 1) {
         std::fs::write(s.dir.join("received.txt"), &text).unwrap();
-        panic!(
-            "record {} is {n:?}: records must arrive in order and without gaps",
-            i + 1
-        );
+        panic!("record {} is {n:?}: records must arrive in order and without gaps", i + 1);
     }
     (RECORDS, received.len())
 }
@@ -322,14 +251,8 @@ fn an_orderly_stop_delivers_every_queued_record() {
 fn control_closing_the_pipe_first_loses_records() {
     let s = Scratch::new("records-ctl");
     let (written, received) = stop_with_queued_records(&s, &control("close-liveness-first"));
-    eprintln!(
-        "e2e: control, close -> SIGTERM: {received} of {written} records delivered, {} lost",
-        written - received
-    );
-    assert!(
-        received < written,
-        "control: closing the pipe first loses the records still queued"
-    );
+    eprintln!("e2e: control, close -> SIGTERM: {received} of {written} records delivered, {} lost", written - received);
+    assert!(received < written, "control: closing the pipe first loses the records still queued");
 }
 
 #[test]
@@ -346,11 +269,8 @@ fn liveness_survives_a_busy_sandbox() {
 fn stdout_stays_line_readable() {
     // Sanity for the helpers above: BufRead on the driver's stdout sees the guest's lines as written.
     let s = Scratch::new("lines");
-    let mut run = Running::start(
-        Launch::new(&s, &["/bin/sh", "-c", &format!("echo {CANARY}; echo second")]),
-        &[],
-        CANARY,
-    );
+    let mut run =
+        Running::start(Launch::new(&s, &["/bin/sh", "-c", &format!("echo {CANARY}; echo second")]), &[], CANARY);
     let mut line = String::new();
     run.stdout.read_line(&mut line).unwrap();
     assert_eq!(line, "second\n");

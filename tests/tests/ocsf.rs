@@ -2,10 +2,7 @@
 //! validator itself, shown able to fail.
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(
-    clippy::tests_outside_test_module,
-    reason = "an integration test crate is test-only as a whole"
-)]
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use serde_json::Value;
 use vm_e2e::ocsf_schema::{schema_dir, Schema};
@@ -13,24 +10,13 @@ use vm_ocsf::{AppInfo, Finding, Lifecycle, ProcessActivity, ProcessInfo, SchemaV
 
 fn every_kind_of_event() -> Vec<vm_ocsf::Event> {
     let s = Source::new(SchemaVersion::default(), "sandbox-1", "vm-supervisor", "0.1.0");
-    let app = AppInfo {
-        name: "sandbox".into(),
-        version: "0.1.0".into(),
-    };
+    let app = AppInfo { name: "sandbox".into(), version: "0.1.0".into() };
     let argv = vec!["/bin/sh".to_string(), "-c".into(), "echo hi".into()];
     vec![
         s.lifecycle(Lifecycle::Start, &app, Status::Success, None),
         s.lifecycle(Lifecycle::Stop, &app, Status::Failure, Some("the VMM exited".into())),
-        s.process(
-            ProcessActivity::Launch,
-            ProcessInfo::new("sandbox-1", 1, Some(79), &argv),
-            None,
-        ),
-        s.process(
-            ProcessActivity::Terminate,
-            ProcessInfo::new("sandbox-1", 1, Some(79), &argv),
-            Some(7),
-        ),
+        s.process(ProcessActivity::Launch, ProcessInfo::new("sandbox-1", 1, Some(79), &argv), None),
+        s.process(ProcessActivity::Terminate, ProcessInfo::new("sandbox-1", 1, Some(79), &argv), Some(7)),
         s.finding(Finding::LivenessLost, "liveness pipe closed"),
         s.finding(Finding::LeaseLost, "no echo"),
         s.finding(Finding::WatchdogAction, "watchdog killed the VMM"),
@@ -68,20 +54,11 @@ fn the_validator_rejects_broken_events() {
         "missing required object"
     );
     assert!(
-        !broken(&|e| e["device"]
-            .as_object_mut()
-            .unwrap()
-            .remove("type_id")
-            .map(drop)
-            .unwrap_or(()))
-        .is_empty(),
+        !broken(&|e| e["device"].as_object_mut().unwrap().remove("type_id").map(drop).unwrap_or(())).is_empty(),
         "device without type_id"
     );
     assert!(!broken(&|e| e["type_uid"] = 1.into()).is_empty(), "wrong type_uid");
-    assert!(
-        !broken(&|e| e["severity_id"] = 42.into()).is_empty(),
-        "severity outside the enum"
-    );
+    assert!(!broken(&|e| e["severity_id"] = 42.into()).is_empty(), "severity outside the enum");
     assert!(!broken(&|e| e["bogus"] = 1.into()).is_empty(), "unknown attribute");
     assert!(!broken(&|e| e["time"] = "yesterday".into()).is_empty(), "wrong type");
     assert!(!broken(&|e| e["class_uid"] = 9999.into()).is_empty(), "unknown class");

@@ -17,13 +17,7 @@ struct State {
 
 impl Credit {
     pub(crate) fn new(initial: u32) -> Self {
-        Self {
-            state: Mutex::new(State {
-                available: u64::from(initial),
-                closed: false,
-            }),
-            changed: Condvar::new(),
-        }
+        Self { state: Mutex::new(State { available: u64::from(initial), closed: false }), changed: Condvar::new() }
     }
 
     /// Blocks until some credit is available, then reserves up to `max` bytes of it. `None` once closed.

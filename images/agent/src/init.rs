@@ -72,16 +72,9 @@ fn load_modules(list: &Path) -> Result<(), InitError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(InitError::ModuleList(e)),
     };
-    for line in text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-    {
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
         let path = PathBuf::from(line);
-        let file = File::open(&path).map_err(|source| InitError::LoadModule {
-            path: path.clone(),
-            source,
-        })?;
+        let file = File::open(&path).map_err(|source| InitError::LoadModule { path: path.clone(), source })?;
         match finit_module(&file, c"", ModuleInitFlags::empty()) {
             // Already loaded or built in.
             Ok(()) | Err(Errno::EEXIST) => {}

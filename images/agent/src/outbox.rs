@@ -26,9 +26,7 @@ pub(crate) struct OutputFrame(Vec<u8>);
 
 impl Outbox {
     pub(crate) fn new(writer: File) -> Self {
-        Self {
-            writer: Mutex::new(writer),
-        }
+        Self { writer: Mutex::new(writer) }
     }
 
     /// Encodes `msg` into `scratch`, then writes it as one frame.

@@ -46,10 +46,7 @@ pub fn open(name: &str, timeout: Duration) -> Result<File, PortError> {
             break PathBuf::from("/dev").join(dev);
         }
         if Instant::now() >= deadline {
-            return Err(PortError::NotFound {
-                name: name.into(),
-                waited_ms: start.elapsed().as_millis(),
-            });
+            return Err(PortError::NotFound { name: name.into(), waited_ms: start.elapsed().as_millis() });
         }
         thread::sleep(Duration::from_millis(POLL_MS));
     };

@@ -9,6 +9,8 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::OwnedFd;
+
+use crate::pty::Pty;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -49,6 +51,8 @@ pub(crate) struct Proc {
     /// `None` once the host sent `StdinEof`.
     pub(crate) stdin: Option<Sender<StdinCmd>>,
     pub(crate) stdin_window: Window,
+    /// The PTY's master side, for resizing; `None` for piped processes.
+    pub(crate) terminal: Option<OwnedFd>,
     open_streams: u8,
     status: Option<ExitStatus>,
 }
@@ -133,46 +137,39 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
         .env_clear()
         .envs(config.default_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .envs(req.env.iter().map(|e| (e.key.as_str(), e.value.as_str())))
-        .current_dir(req.cwd.as_deref().unwrap_or(&config.default_cwd))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Its own group, so signals reach the whole job, as a terminal's would.
-        .process_group(0);
+        .current_dir(req.cwd.as_deref().unwrap_or(&config.default_cwd));
+    let pty = match req.pty.map(Pty::open).transpose().and_then(|pty| attach_stdio(&mut cmd, &req, pty)) {
+        Ok(pty) => pty,
+        Err(e) => {
+            return fail_early(shared, id, &output, &format!("vm-agent: cannot set up stdio ({e})\n"), EXIT_CANNOT_RUN)
+        }
+    };
 
     // The table lock is held across spawn and insert: the reaper takes it before reaping, so it cannot
     // reap this child before the child is registered.
     let mut table = shared.table();
-    let mut child = match cmd.spawn() {
+    let spawned = cmd.spawn();
+    // Our copies of the PTY's slave side live in `cmd`; only the child may keep the terminal open.
+    drop(cmd);
+    let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
             drop(table);
             let (code, msg) = match e.kind() {
-                io::ErrorKind::NotFound => (
-                    EXIT_NOT_FOUND,
-                    format!("vm-agent: {}: command not found\n", req.argv[0]),
-                ),
-                io::ErrorKind::PermissionDenied => (
-                    EXIT_CANNOT_RUN,
-                    format!("vm-agent: {}: permission denied\n", req.argv[0]),
-                ),
-                _ => (
-                    EXIT_CANNOT_RUN,
-                    format!("vm-agent: {}: cannot execute ({e})\n", req.argv[0]),
-                ),
+                io::ErrorKind::NotFound => (EXIT_NOT_FOUND, format!("vm-agent: {}: command not found\n", req.argv[0])),
+                io::ErrorKind::PermissionDenied => {
+                    (EXIT_CANNOT_RUN, format!("vm-agent: {}: permission denied\n", req.argv[0]))
+                }
+                _ => (EXIT_CANNOT_RUN, format!("vm-agent: {}: cannot execute ({e})\n", req.argv[0])),
             };
             return fail_early(shared, id, &output, &msg, code);
         }
     };
-    let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
-    else {
+    let Some(io) = ProcessIo::take(&mut child, pty) else {
         // Unreachable with piped stdio; refuse rather than run a process we cannot serve.
         let _ = child.kill();
         drop(table);
-        shared.send(&ToHost::Refused {
-            id,
-            reason: Refusal::Invalid,
-        });
+        shared.send(&ToHost::Refused { id, reason: Refusal::Invalid });
         return;
     };
     let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
@@ -184,7 +181,8 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
             credit: Arc::clone(&output),
             stdin: Some(stdin_tx),
             stdin_window: Window::new(DEFAULT_WINDOW_BYTES),
-            open_streams: 2,
+            terminal: io.terminal,
+            open_streams: u8::try_from(io.outputs.len()).unwrap_or(u8::MAX),
             status: None,
         },
     );
@@ -194,19 +192,62 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
     shared.children_changed();
 
     // `Started` goes out before any pump exists, so it precedes all output.
-    shared.send(&ToHost::Started {
-        id,
-        pid: child.id(),
-        stdin_window: DEFAULT_WINDOW_BYTES,
-    });
-    start_thread(shared, "stdin", move |s| write_stdin(&s, id, stdin, &stdin_rx));
-    let credit = Arc::clone(&output);
-    start_thread(shared, "stdout", move |s| {
-        pump(&s, id, Stream::Stdout, stdout.into(), &credit)
-    });
-    start_thread(shared, "stderr", move |s| {
-        pump(&s, id, Stream::Stderr, stderr.into(), &output)
-    });
+    shared.send(&ToHost::Started { id, pid: child.id(), stdin_window: DEFAULT_WINDOW_BYTES });
+    let (stdin, tty) = (io.stdin, req.pty.is_some());
+    start_thread(shared, "stdin", move |s| write_stdin(&s, id, stdin, tty, &stdin_rx));
+    for (stream, source) in io.outputs {
+        let credit = Arc::clone(&output);
+        start_thread(shared, "output", move |s| pump(&s, id, stream, source, &credit));
+    }
+}
+
+/// Pipes, or the PTY's slave side as stdin, stdout and stderr of a new session whose controlling terminal
+/// it is.
+fn attach_stdio(cmd: &mut Command, req: &Spawn, pty: Option<Pty>) -> io::Result<Option<Pty>> {
+    match &pty {
+        None => {
+            // Its own group, so signals reach the whole job, as a terminal's would.
+            cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+        }
+        Some(pty) => {
+            cmd.stdin(pty.slave_file()?).stdout(pty.slave_file()?).stderr(pty.slave_file()?);
+            if !req.env.iter().any(|e| e.key == "TERM") {
+                cmd.env("TERM", "xterm-256color");
+            }
+            crate::sys::controlling_terminal(cmd);
+        }
+    }
+    Ok(pty)
+}
+
+/// The agent's ends of a process's stdio.
+struct ProcessIo {
+    stdin: File,
+    outputs: Vec<(Stream, OwnedFd)>,
+    terminal: Option<OwnedFd>,
+}
+
+impl ProcessIo {
+    fn take(child: &mut std::process::Child, pty: Option<Pty>) -> Option<Self> {
+        match pty {
+            None => Some(Self {
+                stdin: File::from(OwnedFd::from(child.stdin.take()?)),
+                outputs: vec![
+                    (Stream::Stdout, child.stdout.take()?.into()),
+                    (Stream::Stderr, child.stderr.take()?.into()),
+                ],
+                terminal: None,
+            }),
+            Some(Pty { master, slave }) => {
+                drop(slave);
+                Some(Self {
+                    stdin: File::from(master.try_clone().ok()?),
+                    outputs: vec![(Stream::Stdout, master.try_clone().ok()?)],
+                    terminal: Some(master),
+                })
+            }
+        }
+    }
 }
 
 fn admit(shared: &Shared, config: &Config, req: &Spawn) -> Result<(), Refusal> {
@@ -221,8 +262,7 @@ fn admit(shared: &Shared, config: &Config, req: &Spawn) -> Result<(), Refusal> {
     if table.live.len() >= config.max_processes {
         return Err(Refusal::TooManyProcesses);
     }
-    // No PTY capability is advertised yet; a PTY request is malformed.
-    if req.argv.is_empty() || req.pty.is_some() {
+    if req.argv.is_empty() {
         return Err(Refusal::Invalid);
     }
     Ok(())
@@ -233,24 +273,14 @@ fn fail_early(shared: &Shared, id: ProcId, credit: &Credit, msg: &str, code: i32
     let bytes = msg.as_bytes();
     let n = credit.try_reserve(bytes.len());
     if n > 0 {
-        shared.send(&ToHost::Output {
-            id,
-            stream: Stream::Stderr,
-            data: bytes[..n].to_vec().into(),
-        });
+        shared.send(&ToHost::Output { id, stream: Stream::Stderr, data: bytes[..n].to_vec().into() });
     }
-    shared.send(&ToHost::Exited {
-        id,
-        status: ExitStatus::Code(code),
-    });
+    shared.send(&ToHost::Exited { id, status: ExitStatus::Code(code) });
 }
 
 fn start_thread(shared: &Arc<Shared>, role: &str, body: impl FnOnce(Arc<Shared>) + Send + 'static) {
     let s = Arc::clone(shared);
-    if let Err(e) = thread::Builder::new()
-        .name(format!("vm-agent-{role}"))
-        .spawn(move || body(s))
-    {
+    if let Err(e) = thread::Builder::new().name(format!("vm-agent-{role}")).spawn(move || body(s)) {
         shared.log(&format!("cannot start {role} thread: {e}"));
     }
 }
@@ -288,9 +318,18 @@ fn pump(shared: &Shared, id: ProcId, stream: Stream, src: OwnedFd, credit: &Cred
 
 /// Writes stdin chunks into the process in arrival order and returns credit for each. After the process
 /// stops reading (EPIPE) chunks are dropped but still credited, so the host never stalls on a dead pipe.
-fn write_stdin(shared: &Shared, id: ProcId, mut pipe: impl Write, rx: &Receiver<StdinCmd>) {
+fn write_stdin(shared: &Shared, id: ProcId, mut pipe: impl Write, tty: bool, rx: &Receiver<StdinCmd>) {
     let mut broken = false;
-    while let Ok(StdinCmd::Data(data)) = rx.recv() {
+    loop {
+        let data = match rx.recv() {
+            Ok(StdinCmd::Data(data)) => data,
+            Ok(StdinCmd::Eof) if tty => {
+                // A terminal cannot be half-closed: EOF is the VEOF character, as a user's Ctrl-D.
+                let _ = pipe.write_all(&[0x04]);
+                break;
+            }
+            Ok(StdinCmd::Eof) | Err(_) => break,
+        };
         broken = broken || pipe.write_all(&data).is_err();
         let bytes = u32::try_from(data.len()).unwrap_or(u32::MAX);
         // Widen our own view of the window before the host can use the credit.

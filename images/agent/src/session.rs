@@ -31,10 +31,8 @@ use crate::process::{self, Lookup, StdinCmd, Table};
 use crate::reaper;
 
 /// What this agent can do.
-pub const CAPABILITIES: Capabilities = Capabilities::EXEC
-    .union(Capabilities::SIGNALS)
-    .union(Capabilities::POWER_OFF)
-    .union(Capabilities::PING);
+pub const CAPABILITIES: Capabilities =
+    Capabilities::EXEC.union(Capabilities::SIGNALS).union(Capabilities::POWER_OFF).union(Capabilities::PING);
 
 /// After SIGKILL, how long to wait for the last `Exited` frames before giving up on them.
 const KILL_DRAIN_MS: u64 = 1000;
@@ -54,10 +52,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             default_env: vec![
-                (
-                    "PATH".into(),
-                    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
-                ),
+                ("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()),
                 ("HOME".into(), "/root".into()),
             ],
             default_cwd: "/".into(),
@@ -159,9 +154,7 @@ pub fn serve(mut reader: impl Read + Send + 'static, writer: File, config: &Conf
     thread::Builder::new()
         .name("vm-agent-reaper".into())
         .spawn(move || reaper::run(&reaper_shared))
-        .map_err(|_| SessionError::Violation {
-            what: "cannot start the reaper thread".into(),
-        })?;
+        .map_err(|_| SessionError::Violation { what: "cannot start the reaper thread".into() })?;
 
     let (ends, end) = mpsc::channel();
     let (reader_shared, reader_config) = (Arc::clone(&shared), config.clone());
@@ -171,20 +164,11 @@ pub fn serve(mut reader: impl Read + Send + 'static, writer: File, config: &Conf
             let mut scratch = scratch;
             serve_requests(&reader_shared, &reader_config, &mut reader, &mut scratch, &ends);
         })
-        .map_err(|_| SessionError::Violation {
-            what: "cannot start the reader thread".into(),
-        })?;
+        .map_err(|_| SessionError::Violation { what: "cannot start the reader thread".into() })?;
 
     // The first ending decides; a shutdown request lets the workload drain within its grace period.
     let ending = end.recv().unwrap_or(Ending::HostGone);
-    stop_all(
-        &shared,
-        if let Ending::Shutdown(grace) = ending {
-            grace
-        } else {
-            Duration::ZERO
-        },
-    );
+    stop_all(&shared, if let Ending::Shutdown(grace) = ending { grace } else { Duration::ZERO });
     shared.ended.store(true, Ordering::Release);
     shared.children_changed();
     match ending {
@@ -196,10 +180,7 @@ pub fn serve(mut reader: impl Read + Send + 'static, writer: File, config: &Conf
 
 fn handshake(shared: &Shared, reader: &mut impl Read, scratch: &mut Vec<u8>) -> Result<Hello, SessionError> {
     let ours = Hello::ours(CAPABILITIES, concat!("vm-agent ", env!("CARGO_PKG_VERSION")));
-    shared
-        .outbox
-        .send(&ToHost::Hello(ours))
-        .map_err(SessionError::SendHello)?;
+    shared.outbox.send(&ToHost::Hello(ours)).map_err(SessionError::SendHello)?;
     match frame::read_body(reader, scratch) {
         Ok(true) => {}
         Ok(false) => return Err(SessionError::ClosedDuringHandshake),
@@ -264,9 +245,7 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
         ToGuest::Stdin { id, data } => {
             let mut table = shared.table();
             if let Lookup::Live(p) = known(&mut table, id)? {
-                p.stdin_window
-                    .consume(data.len())
-                    .map_err(|e| violation(id, &e.to_string()))?;
+                p.stdin_window.consume(data.len()).map_err(|e| violation(id, &e.to_string()))?;
                 let tx = p.stdin.as_ref().ok_or_else(|| violation(id, "stdin after EOF"))?;
                 // A closed receiver means the process is finishing; its stdin no longer matters.
                 let _ = tx.send(StdinCmd::Data(data.into_vec()));
@@ -292,22 +271,24 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
                 p.credit.grant(bytes);
             }
         }
-        ToGuest::Resize { id, .. } => {
+        ToGuest::Resize { id, size } => {
             let mut table = shared.table();
-            if let Lookup::Live(_) = known(&mut table, id)? {
+            if let Lookup::Live(p) = known(&mut table, id)? {
+                let resized = p.terminal.as_ref().map(|t| crate::pty::resize(t, size));
                 drop(table);
-                shared.send(&ToHost::Refused {
-                    id,
-                    reason: Refusal::Invalid,
-                });
+                if !matches!(resized, Some(Ok(()))) {
+                    // Not a terminal (or it is gone): say so rather than ignore it.
+                    shared.send(&ToHost::Refused { id, reason: Refusal::Invalid });
+                }
             }
         }
         ToGuest::Ping { nonce } => shared.send(&ToHost::Pong { nonce }),
         ToGuest::Shutdown { grace_ms } => return Ok(Some(Duration::from_millis(u64::from(grace_ms)))),
         ToGuest::Hello(_) | ToGuest::Reserved => {
-            return Err(SessionError::Violation {
-                what: "unexpected hello after the handshake".into(),
-            })
+            return Err(SessionError::Violation { what: "unexpected hello after the handshake".into() })
+        }
+        ToGuest::Attach { .. } | ToGuest::ListProcesses => {
+            return Err(SessionError::Violation { what: "an attach-socket request reached the guest".into() })
         }
     }
     Ok(None)
@@ -322,9 +303,7 @@ fn known(table: &mut Table, id: ProcId) -> Result<Lookup<'_>, SessionError> {
 }
 
 fn violation(id: ProcId, what: &str) -> SessionError {
-    SessionError::Violation {
-        what: format!("process {id}: {what}"),
-    }
+    SessionError::Violation { what: format!("process {id}: {what}") }
 }
 
 fn to_nix(signal: SignalName) -> Signal {
@@ -377,10 +356,6 @@ fn wait_drained(shared: &Shared, limit: Duration) {
         let Some(left) = deadline.checked_duration_since(Instant::now()) else {
             return;
         };
-        table = shared
-            .drained
-            .wait_timeout(table, left)
-            .unwrap_or_else(PoisonError::into_inner)
-            .0;
+        table = shared.drained.wait_timeout(table, left).unwrap_or_else(PoisonError::into_inner).0;
     }
 }

@@ -3,10 +3,7 @@
 //! The reaper waits for any child of the process, so sessions run one at a time (`SERIAL`).
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(
-    clippy::tests_outside_test_module,
-    reason = "an integration test crate is test-only as a whole"
-)]
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::fs::File;
 use std::io::Write;
@@ -21,7 +18,9 @@ use std::time::{Duration, Instant};
 use vm_agent::session::{self, End, SessionError};
 use vm_protocol::handshake::{FirstFrameError, HandshakeError};
 use vm_protocol::message::{EnvVar, Refusal};
-use vm_protocol::{frame, Capabilities, ExitStatus, Hello, ProcId, SignalName, Spawn, Stream, ToGuest, ToHost};
+use vm_protocol::{
+    frame, Capabilities, ExitStatus, Hello, ProcId, PtySize, SignalName, Spawn, Stream, ToGuest, ToHost,
+};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -47,11 +46,7 @@ impl Host {
         let agent = thread::spawn(move || {
             session::serve(guest, File::from(OwnedFd::from(writer)), &session::Config::default())
         });
-        let mut host = Self {
-            stream: host,
-            agent: Some(agent),
-            scratch: Vec::new(),
-        };
+        let mut host = Self { stream: host, agent: Some(agent), scratch: Vec::new() };
         host.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         match host.recv() {
             Some(ToHost::Hello(h)) => h.check(Capabilities::EXEC.union(Capabilities::SIGNALS)).unwrap(),
@@ -147,10 +142,7 @@ fn a_missing_command_exits_127_with_a_message() {
     let run = run_one(&["no-such-command-xyz"]);
     assert!(!run.started);
     assert_eq!(run.status, Some(ExitStatus::Code(127)));
-    assert_eq!(
-        String::from_utf8_lossy(&run.stderr),
-        "vm-agent: no-such-command-xyz: command not found\n"
-    );
+    assert_eq!(String::from_utf8_lossy(&run.stderr), "vm-agent: no-such-command-xyz: command not found\n");
 }
 
 #[test]
@@ -176,10 +168,7 @@ fn stdin_reaches_the_process_and_eof_is_explicit() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut host = Host::start();
     host.spawn(1, &["cat"], 1 << 20);
-    host.send(&ToGuest::Stdin {
-        id: ProcId(1),
-        data: b"abc".to_vec().into(),
-    });
+    host.send(&ToGuest::Stdin { id: ProcId(1), data: b"abc".to_vec().into() });
     // Without EOF, cat keeps running: nothing but output may arrive.
     host.stream.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
     let mut seen = Vec::new();
@@ -218,20 +207,14 @@ fn stdin_larger_than_the_window_flows_with_credit() {
             }
         }
         let n = credit.min(frame::MAX_DATA_BYTES).min(TOTAL - sent);
-        host.send(&ToGuest::Stdin {
-            id: ProcId(1),
-            data: input[sent..sent + n].to_vec().into(),
-        });
+        host.send(&ToGuest::Stdin { id: ProcId(1), data: input[sent..sent + n].to_vec().into() });
         sent += n;
         credit -= n;
     }
     host.send(&ToGuest::StdinEof { id: ProcId(1) });
     let run = host.collect(1);
     // Hashed in-process: a child of ours would be reaped by the agent's reaper, which waits for any child.
-    let expected: String = sha2::Sha256::digest(&input)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let expected: String = sha2::Sha256::digest(&input).iter().map(|b| format!("{b:02x}")).collect();
     assert_eq!(String::from_utf8_lossy(&run.stdout), format!("{expected}  -\n"));
     host.finish().unwrap();
 }
@@ -243,10 +226,7 @@ fn env_and_cwd_reach_the_process() {
     host.send(&ToGuest::Spawn(Spawn {
         id: ProcId(1),
         argv: vec!["/bin/sh".into(), "-c".into(), "echo \"$GREETING\"; pwd".into()],
-        env: vec![EnvVar {
-            key: "GREETING".into(),
-            value: "hello there".into(),
-        }],
+        env: vec![EnvVar { key: "GREETING".into(), value: "hello there".into() }],
         cwd: Some("/tmp".into()),
         pty: None,
         output_window: 4096,
@@ -276,15 +256,9 @@ fn output_stops_at_the_credit_window_and_resumes_when_granted() {
             Err(_) => {}
         }
     }
-    assert_eq!(
-        held, WINDOW as usize,
-        "the agent sent exactly its window and then waited"
-    );
+    assert_eq!(held, WINDOW as usize, "the agent sent exactly its window and then waited");
     host.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    host.send(&ToGuest::Credit {
-        id: ProcId(1),
-        bytes: WINDOW,
-    });
+    host.send(&ToGuest::Credit { id: ProcId(1), bytes: WINDOW });
     let run = host.collect(1);
     assert_eq!(held + run.stdout.len(), TOTAL);
     assert_eq!(run.status, Some(ExitStatus::Code(0)));
@@ -295,11 +269,7 @@ fn output_stops_at_the_credit_window_and_resumes_when_granted() {
 fn every_output_byte_arrives_before_exited() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // Output on both streams right up to the exit; `collect` fails on any output after `Exited`.
-    let run = run_one(&[
-        "/bin/sh",
-        "-c",
-        "head -c 3000000 /dev/zero; head -c 1000000 /dev/zero >&2; exit 3",
-    ]);
+    let run = run_one(&["/bin/sh", "-c", "head -c 3000000 /dev/zero; head -c 1000000 /dev/zero >&2; exit 3"]);
     assert_eq!(run.stdout.len(), 3_000_000);
     assert_eq!(run.stderr.len(), 1_000_000);
     assert_eq!(run.status, Some(ExitStatus::Code(3)));
@@ -340,13 +310,86 @@ fn signals_reach_the_process_group() {
     // Signal only once sleep has exec'd: a signal that lands between fork and exec hits the shell's
     // handler in the child and is lost, which would test dash rather than us.
     wait_for_group_member(pid, "sleep");
-    host.send(&ToGuest::Signal {
-        id: ProcId(1),
-        signal: SignalName::Int,
-    });
+    host.send(&ToGuest::Signal { id: ProcId(1), signal: SignalName::Int });
     let run = host.collect(1);
     assert_eq!(run.status, Some(ExitStatus::Signaled(2)));
     assert!(run.stdout.is_empty());
+    host.finish().unwrap();
+}
+
+fn spawn_tty(host: &mut Host, id: u32, argv: &[&str], rows: u16, cols: u16) {
+    host.send(&ToGuest::Spawn(Spawn {
+        id: ProcId(id),
+        argv: argv.iter().map(|s| (*s).to_string()).collect(),
+        env: vec![],
+        cwd: None,
+        pty: Some(PtySize { rows, cols }),
+        output_window: 1 << 20,
+    }));
+}
+
+#[test]
+fn a_pty_has_the_requested_size_and_is_the_controlling_terminal() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut host = Host::start();
+    spawn_tty(
+        &mut host,
+        1,
+        &["/bin/sh", "-c", "stty size; tty -s && echo is-a-tty; ps -o tty= -p $$ >/dev/null; echo $TERM"],
+        33,
+        101,
+    );
+    let run = host.collect(1);
+    let text = String::from_utf8_lossy(&run.stdout);
+    assert!(text.starts_with("33 101\r\n"), "{text:?}");
+    assert!(text.contains("is-a-tty") && text.contains("xterm-256color"), "{text:?}");
+    assert!(run.stderr.is_empty(), "a terminal merges stderr into stdout");
+    host.finish().unwrap();
+}
+
+#[test]
+fn a_resize_delivers_sigwinch_and_the_new_size() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut host = Host::start();
+    let script = "trap 'stty size; exit 0' WINCH; echo ready; while :; do sleep 0.05; done";
+    spawn_tty(&mut host, 1, &["/bin/sh", "-c", script], 24, 80);
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("ready") {
+        if let Some(ToHost::Output { data, .. }) = host.recv() {
+            seen.extend_from_slice(&data);
+        }
+    }
+    host.send(&ToGuest::Resize { id: ProcId(1), size: PtySize { rows: 50, cols: 132 } });
+    let run = host.collect(1);
+    assert!(String::from_utf8_lossy(&run.stdout).contains("50 132"), "{:?}", String::from_utf8_lossy(&run.stdout));
+    assert_eq!(run.status, Some(ExitStatus::Code(0)));
+    host.finish().unwrap();
+}
+
+#[test]
+fn ctrl_c_on_a_pty_interrupts_the_foreground_job() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut host = Host::start();
+    spawn_tty(
+        &mut host,
+        1,
+        &["/bin/sh", "-c", "trap 'echo got-int; exit 42' INT; echo ready; while :; do sleep 0.05; done"],
+        24,
+        80,
+    );
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("ready") {
+        match host.recv() {
+            Some(ToHost::Output { data, .. }) => seen.extend_from_slice(&data),
+            Some(ToHost::Started { .. }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    // The byte a terminal sends for Ctrl-C; the line discipline turns it into SIGINT.
+    host.send(&ToGuest::Stdin { id: ProcId(1), data: vec![0x03].into() });
+    let run = host.collect(1);
+    assert!(String::from_utf8_lossy(&run.stdout).contains("got-int"));
+    assert_eq!(run.status, Some(ExitStatus::Code(42)));
     host.finish().unwrap();
 }
 
@@ -359,10 +402,7 @@ fn ids_must_increase() {
     host.spawn(5, &["true"], 4096);
     assert_eq!(host.collect(5).refused, Some(Refusal::IdNotIncreasing));
     // A late message for an exited process is a benign race, not a violation.
-    host.send(&ToGuest::Credit {
-        id: ProcId(5),
-        bytes: 1,
-    });
+    host.send(&ToGuest::Credit { id: ProcId(5), bytes: 1 });
     host.spawn(6, &["true"], 4096);
     assert_eq!(host.collect(6).status, Some(ExitStatus::Code(0)));
     host.finish().unwrap();
@@ -389,10 +429,7 @@ fn stdin_beyond_the_granted_window_is_a_violation() {
     // sleep never reads, so after its pipe fills no more credit comes back: twice the window must overrun.
     let chunk = vec![0u8; frame::MAX_DATA_BYTES];
     for _ in 0..2 * window / chunk.len() {
-        let msg = ToGuest::Stdin {
-            id: ProcId(1),
-            data: chunk.clone().into(),
-        };
+        let msg = ToGuest::Stdin { id: ProcId(1), data: chunk.clone().into() };
         if frame::write(&mut host.stream, &msg, &mut Vec::new()).is_err() {
             break; // the agent already hung up on us
         }
@@ -409,11 +446,7 @@ fn shutdown_stops_running_processes_and_reports_them() {
     assert!(matches!(host.recv(), Some(ToHost::Started { .. })));
     host.send(&ToGuest::Shutdown { grace_ms: 2000 });
     let run = host.collect(1);
-    assert_eq!(
-        run.status,
-        Some(ExitStatus::Signaled(15)),
-        "SIGTERM within the grace period"
-    );
+    assert_eq!(run.status, Some(ExitStatus::Signaled(15)), "SIGTERM within the grace period");
     assert_eq!(host.agent.take().unwrap().join().unwrap().unwrap(), End::Shutdown);
 }
 
@@ -451,9 +484,7 @@ fn rejects_a_host_of_another_version() {
     assert!(
         matches!(
             result,
-            Err(SessionError::Handshake(FirstFrameError::Handshake(
-                HandshakeError::VersionMismatch { .. }
-            )))
+            Err(SessionError::Handshake(FirstFrameError::Handshake(HandshakeError::VersionMismatch { .. })))
         ),
         "{result:?}"
     );

@@ -56,16 +56,7 @@ pub fn write(out: &mut impl Write, entries: &[Entry], mtime: u32) -> io::Result<
             Kind::Symlink(target) => (S_IFLNK, 1, target.as_bytes(), (0, 0)),
             Kind::CharDevice(major, minor) => (S_IFCHR, 1, &[], (*major, *minor)),
         };
-        member(
-            out,
-            &entry.path,
-            mode | (entry.perm & 0o7777),
-            nlink,
-            data,
-            rdev,
-            ino,
-            mtime,
-        )?;
+        member(out, &entry.path, mode | (entry.perm & 0o7777), nlink, data, rdev, ino, mtime)?;
     }
     member(out, TRAILER, 0, 1, &[], (0, 0), 0, 0)
 }
@@ -118,11 +109,7 @@ mod tests {
 
     #[test]
     fn headers_and_data_are_four_byte_aligned() {
-        let out = archive(&[Entry {
-            path: "a".into(),
-            perm: 0o644,
-            kind: Kind::File(b"xyz".to_vec()),
-        }]);
+        let out = archive(&[Entry { path: "a".into(), perm: 0o644, kind: Kind::File(b"xyz".to_vec()) }]);
         // 110-byte header + "a\0" = 112 (aligned), 3 data bytes + 1 pad, then the trailer member.
         assert_eq!(&out[..6], MAGIC);
         assert_eq!(&out[110..112], b"a\0");
@@ -134,11 +121,7 @@ mod tests {
 
     #[test]
     fn header_fields_are_fixed_hex() {
-        let out = archive(&[Entry {
-            path: "dev/console".into(),
-            perm: 0o600,
-            kind: Kind::CharDevice(5, 1),
-        }]);
+        let out = archive(&[Entry { path: "dev/console".into(), perm: 0o600, kind: Kind::CharDevice(5, 1) }]);
         let field =
             |i: usize| u32::from_str_radix(std::str::from_utf8(&out[6 + i * 8..14 + i * 8]).unwrap(), 16).unwrap();
         assert_eq!(field(0), 1, "inode numbers count from 1");
@@ -151,16 +134,8 @@ mod tests {
     #[test]
     fn same_entries_give_same_bytes() {
         let entries = [
-            Entry {
-                path: "bin".into(),
-                perm: 0o755,
-                kind: Kind::Dir,
-            },
-            Entry {
-                path: "bin/sh".into(),
-                perm: 0o777,
-                kind: Kind::Symlink("busybox".into()),
-            },
+            Entry { path: "bin".into(), perm: 0o755, kind: Kind::Dir },
+            Entry { path: "bin/sh".into(), perm: 0o777, kind: Kind::Symlink("busybox".into()) },
         ];
         assert_eq!(archive(&entries), archive(&entries));
     }

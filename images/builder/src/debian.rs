@@ -42,9 +42,7 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
     loop {
-        let n = file
-            .read(&mut buf)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+        let n = file.read(&mut buf).with_context(|| format!("cannot read {}", path.display()))?;
         if n == 0 {
             break;
         }
@@ -86,10 +84,7 @@ pub fn fetch(pin: &Pin, mirrors: &[String], cache: &Path) -> Result<PathBuf> {
 /// Fetches the `.deb` into `staging`: `apt-get download` first, then each mirror by pool path.
 fn download(pin: &Pin, mirrors: &[String], staging: &Path) -> Result<PathBuf> {
     let spec = format!("{}={}", pin.package, pin.version);
-    let apt = Command::new("apt-get")
-        .args(["download", "-q", &spec])
-        .current_dir(staging)
-        .output();
+    let apt = Command::new("apt-get").args(["download", "-q", &spec]).current_dir(staging).output();
     if apt.as_ref().is_ok_and(|o| o.status.success()) {
         return find_deb(staging, &spec);
     }
@@ -106,10 +101,7 @@ fn download(pin: &Pin, mirrors: &[String], staging: &Path) -> Result<PathBuf> {
             return Ok(target);
         }
     }
-    let apt_error = apt.map_or_else(
-        |e| e.to_string(),
-        |o| String::from_utf8_lossy(&o.stderr).trim().to_owned(),
-    );
+    let apt_error = apt.map_or_else(|e| e.to_string(), |o| String::from_utf8_lossy(&o.stderr).trim().to_owned());
     bail!(
         "cannot fetch {spec}: apt-get download failed ({apt_error}) and no mirror had {}; run `apt-get update`, \
          or bump images/pins.json if this version has left the archive",
@@ -146,12 +138,7 @@ fn verify_into(pin: &Pin, deb: &Path, cached: &Path) -> Result<()> {
 /// `dpkg-deb` is missing or fails.
 pub fn extract(deb: &Path, dest: &Path) -> Result<()> {
     fs::create_dir_all(dest).with_context(|| format!("cannot create {}", dest.display()))?;
-    let status = Command::new("dpkg-deb")
-        .arg("-x")
-        .arg(deb)
-        .arg(dest)
-        .status()
-        .context("cannot run dpkg-deb")?;
+    let status = Command::new("dpkg-deb").arg("-x").arg(deb).arg(dest).status().context("cannot run dpkg-deb")?;
     if !status.success() {
         bail!("dpkg-deb -x {} failed ({status})", deb.display());
     }

@@ -95,13 +95,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let Cmd::Build {
-        agent,
-        out,
-        cache,
-        pins,
-        mtime,
-    } = cli.command;
+    let Cmd::Build { agent, out, cache, pins, mtime } = cli.command;
     let cache = match cache {
         Some(c) => c,
         None => default_cache()?,
@@ -158,27 +152,18 @@ fn assemble(work: &Path, agent: &[u8], kernel_deb: &Path, busybox_deb: &Path, pi
     let modules = modules::resolve(&kernel_root.join("lib/modules").join(&release), &pins.modules)?;
 
     let busybox_bin = busybox_root.join("bin/busybox");
-    let listed = Command::new(&busybox_bin)
-        .arg("--list-full")
-        .output()
-        .context("cannot run busybox --list-full")?;
+    let listed = Command::new(&busybox_bin).arg("--list-full").output().context("cannot run busybox --list-full")?;
     if !listed.status.success() {
         bail!("busybox --list-full failed ({})", listed.status);
     }
     let contents = rootfs::Contents {
         agent: agent.to_vec(),
         busybox: fs::read(&busybox_bin).context("cannot read busybox")?,
-        applets: String::from_utf8_lossy(&listed.stdout)
-            .lines()
-            .map(str::to_owned)
-            .collect(),
+        applets: String::from_utf8_lossy(&listed.stdout).lines().map(str::to_owned).collect(),
         modules: modules
             .iter()
             .map(|m| {
-                Ok((
-                    m.name.clone(),
-                    fs::read(&m.path).with_context(|| format!("cannot read {}", m.path.display()))?,
-                ))
+                Ok((m.name.clone(), fs::read(&m.path).with_context(|| format!("cannot read {}", m.path.display()))?))
             })
             .collect::<Result<_>>()?,
     };
@@ -217,10 +202,7 @@ fn assemble(work: &Path, agent: &[u8], kernel_deb: &Path, busybox_deb: &Path, pi
 
 /// The `vmlinuz-<release>` in the kernel package, and its release.
 fn find_kernel(root: &Path) -> Result<(PathBuf, String)> {
-    for entry in fs::read_dir(root.join("boot"))
-        .context("kernel package has no /boot")?
-        .flatten()
-    {
+    for entry in fs::read_dir(root.join("boot")).context("kernel package has no /boot")?.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         if let Some(release) = name.strip_prefix("vmlinuz-") {
             return Ok((entry.path(), release.to_owned()));

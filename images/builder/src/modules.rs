@@ -47,13 +47,7 @@ pub struct Module {
 pub fn depends(ko: &[u8]) -> Vec<String> {
     ko.split(|b| *b == 0)
         .find_map(|field| field.strip_prefix(b"depends="))
-        .map(|list| {
-            String::from_utf8_lossy(list)
-                .split(',')
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .collect()
-        })
+        .map(|list| String::from_utf8_lossy(list).split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect())
         .unwrap_or_default()
 }
 
@@ -90,25 +84,14 @@ fn visit(
         None => {}
     }
     state.insert(name.into(), Mark::Visiting);
-    let path = index
-        .get(name)
-        .ok_or_else(|| ModuleError::NotFound {
-            name: name.into(),
-            tree: tree.to_owned(),
-        })?
-        .clone();
-    let bytes = fs::read(&path).map_err(|source| ModuleError::Read {
-        path: path.clone(),
-        source,
-    })?;
+    let path =
+        index.get(name).ok_or_else(|| ModuleError::NotFound { name: name.into(), tree: tree.to_owned() })?.clone();
+    let bytes = fs::read(&path).map_err(|source| ModuleError::Read { path: path.clone(), source })?;
     for dep in depends(&bytes) {
         visit(tree, index, &dep, state, order)?;
     }
     state.insert(name.into(), Mark::Done);
-    order.push(Module {
-        name: name.into(),
-        path,
-    });
+    order.push(Module { name: name.into(), path });
     Ok(())
 }
 
@@ -117,23 +100,13 @@ fn index(tree: &Path) -> Result<BTreeMap<String, PathBuf>, ModuleError> {
     let mut found = BTreeMap::new();
     let mut dirs = vec![tree.to_owned()];
     while let Some(dir) = dirs.pop() {
-        let entries = fs::read_dir(&dir).map_err(|source| ModuleError::Read {
-            path: dir.clone(),
-            source,
-        })?;
+        let entries = fs::read_dir(&dir).map_err(|source| ModuleError::Read { path: dir.clone(), source })?;
         for entry in entries {
-            let entry = entry.map_err(|source| ModuleError::Read {
-                path: dir.clone(),
-                source,
-            })?;
+            let entry = entry.map_err(|source| ModuleError::Read { path: dir.clone(), source })?;
             let path = entry.path();
             if path.is_dir() {
                 dirs.push(path);
-            } else if let Some(stem) = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.strip_suffix(".ko"))
-            {
+            } else if let Some(stem) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".ko")) {
                 found.insert(stem.replace('-', "_"), path);
             }
         }
@@ -167,10 +140,7 @@ mod tests {
         assert_eq!(names, ["c", "b", "a", "d_e"]);
         fs::write(sub.join("c.ko"), b"\0depends=a\0").unwrap();
         assert!(matches!(resolve(&dir, &["a".into()]), Err(ModuleError::Cycle { .. })));
-        assert!(matches!(
-            resolve(&dir, &["zzz".into()]),
-            Err(ModuleError::NotFound { .. })
-        ));
+        assert!(matches!(resolve(&dir, &["zzz".into()]), Err(ModuleError::NotFound { .. })));
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -38,26 +38,13 @@ pub fn entries(contents: Contents) -> Vec<Entry> {
         for parent in Path::new(path).ancestors().skip(1) {
             let p = parent.to_string_lossy();
             if !p.is_empty() {
-                tree.entry(p.to_string()).or_insert(Entry {
-                    path: p.to_string(),
-                    perm: 0o755,
-                    kind: Kind::Dir,
-                });
+                tree.entry(p.to_string()).or_insert(Entry { path: p.to_string(), perm: 0o755, kind: Kind::Dir });
             }
         }
-        tree.insert(
-            path.to_owned(),
-            Entry {
-                path: path.to_owned(),
-                perm,
-                kind,
-            },
-        );
+        tree.insert(path.to_owned(), Entry { path: path.to_owned(), perm, kind });
     };
 
-    for dir in [
-        "proc", "sys", "dev", "dev/pts", "run", "root", "etc", "usr/bin", "usr/sbin", "sbin",
-    ] {
+    for dir in ["proc", "sys", "dev", "dev/pts", "run", "root", "etc", "usr/bin", "usr/sbin", "sbin"] {
         add(dir, 0o755, Kind::Dir);
     }
     add("tmp", 0o1777, Kind::Dir);
@@ -65,11 +52,7 @@ pub fn entries(contents: Contents) -> Vec<Entry> {
     add("dev/console", 0o600, Kind::CharDevice(5, 1));
     add("init", 0o755, Kind::File(contents.agent));
     add("bin/busybox", 0o755, Kind::File(contents.busybox));
-    for applet in contents
-        .applets
-        .iter()
-        .filter(|a| a.as_str() != "bin/busybox" && !a.contains(".."))
-    {
+    for applet in contents.applets.iter().filter(|a| a.as_str() != "bin/busybox" && !a.contains("..")) {
         add(applet, 0o777, Kind::Symlink("/bin/busybox".into()));
     }
     let mut list = String::new();
@@ -79,11 +62,7 @@ pub fn entries(contents: Contents) -> Vec<Entry> {
         add(&path, 0o644, Kind::File(bytes));
     }
     add("etc/vm-agent/modules", 0o644, Kind::File(list.into_bytes()));
-    add(
-        "etc/passwd",
-        0o644,
-        Kind::File(b"root:x:0:0:root:/root:/bin/sh\n".to_vec()),
-    );
+    add("etc/passwd", 0o644, Kind::File(b"root:x:0:0:root:/root:/bin/sh\n".to_vec()));
     add("etc/group", 0o644, Kind::File(b"root:x:0:\n".to_vec()));
     add("etc/hostname", 0o644, Kind::File(b"sandbox\n".to_vec()));
     tree.into_values().collect()
@@ -105,14 +84,9 @@ mod tests {
         let mut sorted = paths.clone();
         sorted.sort_unstable();
         assert_eq!(paths, sorted);
-        for must in [
-            "init",
-            "bin/sh",
-            "usr/bin/head",
-            "dev/console",
-            "lib/modules/vm/virtio.ko",
-            "etc/vm-agent/modules",
-        ] {
+        for must in
+            ["init", "bin/sh", "usr/bin/head", "dev/console", "lib/modules/vm/virtio.ko", "etc/vm-agent/modules"]
+        {
             assert!(paths.contains(&must), "{must} missing");
         }
         let list = entries.iter().find(|e| e.path == "etc/vm-agent/modules").unwrap();

@@ -73,16 +73,8 @@ pub struct ProcessInfo {
 impl ProcessInfo {
     /// Describes a process from its argv.
     pub fn new(sandbox: &str, id: u32, pid: Option<i32>, argv: &[String]) -> Self {
-        let name = argv
-            .first()
-            .map(|a| a.rsplit('/').next().unwrap_or(a).to_owned())
-            .unwrap_or_default();
-        Self {
-            pid,
-            name,
-            cmd_line: argv.join(" "),
-            uid: format!("{sandbox}/{id}"),
-        }
+        let name = argv.first().map(|a| a.rsplit('/').next().unwrap_or(a).to_owned()).unwrap_or_default();
+        Self { pid, name, cmd_line: argv.join(" "), uid: format!("{sandbox}/{id}") }
     }
 }
 
@@ -291,12 +283,7 @@ impl Source {
             version: version.to_owned(),
             uid: None,
         };
-        Self {
-            schema,
-            product,
-            sandbox: sandbox.to_owned(),
-            sequence: std::cell::Cell::new(0),
-        }
+        Self { schema, product, sandbox: sandbox.to_owned(), sequence: std::cell::Cell::new(0) }
     }
 
     /// The schema version in use.
@@ -347,11 +334,7 @@ impl Source {
             status_id: None,
             status: None,
             status_detail: None,
-            metadata: Metadata {
-                version: self.schema.as_str().to_owned(),
-                product: self.product.clone(),
-                sequence,
-            },
+            metadata: Metadata { version: self.schema.as_str().to_owned(), product: self.product.clone(), sequence },
             device: None,
             actor: None,
             app: None,
@@ -368,23 +351,11 @@ impl Source {
             Lifecycle::Start => (3, "Start"),
             Lifecycle::Stop => (4, "Stop"),
         };
-        let severity = if status == Status::Success {
-            Severity::Informational
-        } else {
-            Severity::Medium
-        };
+        let severity = if status == Status::Success { Severity::Informational } else { Severity::Medium };
         let outcome = if status == Status::Success { "" } else { " failed" };
         let message = format!("{} {}{outcome}", app.name, name.to_lowercase());
-        let mut event = self.base(
-            6002,
-            "Application Lifecycle",
-            6,
-            "Application Activity",
-            id,
-            name,
-            severity,
-            message,
-        );
+        let mut event =
+            self.base(6002, "Application Lifecycle", 6, "Application Activity", id, name, severity, message);
         event.app = Some(Product {
             name: app.name.clone(),
             vendor_name: self.product.vendor_name.clone(),
@@ -405,20 +376,9 @@ impl Source {
             Some(code) => format!("process {} exited {code}: {}", process.uid, process.cmd_line),
             None => format!("process {} launched: {}", process.uid, process.cmd_line),
         };
-        let mut event = self.base(
-            1007,
-            "Process Activity",
-            1,
-            "System Activity",
-            id,
-            name,
-            Severity::Informational,
-            message,
-        );
-        event.actor = Some(Actor {
-            app_name: self.product.name.clone(),
-            app_uid: self.sandbox.clone(),
-        });
+        let mut event =
+            self.base(1007, "Process Activity", 1, "System Activity", id, name, Severity::Informational, message);
+        event.actor = Some(Actor { app_name: self.product.name.clone(), app_uid: self.sandbox.clone() });
         event.device = Some(self.device());
         event.process = Some(process);
         event.exit_code = exit_code;
@@ -490,12 +450,7 @@ impl Event {
             5019 => "CONFIG",
             _ => "EVENT",
         };
-        format!(
-            "OCSF {class}:{} [{}] {}",
-            self.activity_name.to_uppercase(),
-            self.severity,
-            self.message
-        )
+        format!("OCSF {class}:{} [{}] {}", self.activity_name.to_uppercase(), self.severity, self.message)
     }
 
     /// The severity as an enum.
@@ -522,11 +477,7 @@ mod tests {
     #[test]
     fn type_uid_is_class_times_100_plus_activity() {
         let s = source();
-        let e = s.process(
-            ProcessActivity::Terminate,
-            ProcessInfo::new("sb1", 3, Some(7), &["ls".into()]),
-            Some(2),
-        );
+        let e = s.process(ProcessActivity::Terminate, ProcessInfo::new("sb1", 3, Some(7), &["ls".into()]), Some(2));
         assert_eq!((e.class_uid, e.activity_id, e.type_uid), (1007, 2, 100_702));
         let e = s.finding(Finding::LeaseLost, "no echo");
         assert_eq!(e.type_uid, 200_401);
@@ -547,27 +498,18 @@ mod tests {
     fn classes_carry_their_required_objects() {
         let s = source();
         let json: serde_json::Value = serde_json::from_str(
-            &s.process(
-                ProcessActivity::Launch,
-                ProcessInfo::new("sb1", 1, Some(9), &["/bin/sh".into()]),
-                None,
-            )
-            .to_json(),
+            &s.process(ProcessActivity::Launch, ProcessInfo::new("sb1", 1, Some(9), &["/bin/sh".into()]), None)
+                .to_json(),
         )
         .unwrap();
         assert_eq!(json["device"]["type_id"], 6);
         assert_eq!(json["process"]["name"], "sh");
         assert!(json.get("actor").is_some());
         assert!(json.get("exit_code").is_none());
-        let app = AppInfo {
-            name: "sandbox".into(),
-            version: "0.1.0".into(),
-        };
-        let json: serde_json::Value = serde_json::from_str(
-            &s.lifecycle(Lifecycle::Stop, &app, Status::Failure, Some("x".into()))
-                .to_json(),
-        )
-        .unwrap();
+        let app = AppInfo { name: "sandbox".into(), version: "0.1.0".into() };
+        let json: serde_json::Value =
+            serde_json::from_str(&s.lifecycle(Lifecycle::Stop, &app, Status::Failure, Some("x".into())).to_json())
+                .unwrap();
         assert_eq!(json["app"]["uid"], "sb1");
         assert_eq!(json["status_id"], 2);
     }

@@ -26,18 +26,12 @@ impl SchemaVersion {
     /// # Errors
     /// [`UnsupportedVersion`].
     pub fn parse(text: &str) -> Result<Self, UnsupportedVersion> {
-        let wanted = if text.trim().is_empty() {
-            DEFAULT_SCHEMA_VERSION
-        } else {
-            text.trim()
-        };
+        let wanted = if text.trim().is_empty() { DEFAULT_SCHEMA_VERSION } else { text.trim() };
         SUPPORTED_SCHEMA_VERSIONS
             .iter()
             .find(|v| **v == wanted)
             .map(|v| Self(v))
-            .ok_or_else(|| UnsupportedVersion {
-                requested: text.to_owned(),
-            })
+            .ok_or_else(|| UnsupportedVersion { requested: text.to_owned() })
     }
 
     /// The version string.

@@ -68,15 +68,7 @@ impl Console {
                 let _ = done_tx.send(());
             })
             .ok();
-        Self {
-            handle: ConsoleHandle {
-                tx,
-                dropped: Arc::new(AtomicU64::new(0)),
-                pending,
-            },
-            thread,
-            done,
-        }
+        Self { handle: ConsoleHandle { tx, dropped: Arc::new(AtomicU64::new(0)), pending }, thread, done }
     }
 
     /// A handle for submitting lines.
@@ -163,10 +155,7 @@ impl<'a> MakeWriter<'a> for ConsoleHandle {
     type Writer = LineWriter;
 
     fn make_writer(&'a self) -> LineWriter {
-        LineWriter {
-            buf: Vec::with_capacity(256),
-            handle: self.clone(),
-        }
+        LineWriter { buf: Vec::with_capacity(256), handle: self.clone() }
     }
 }
 
@@ -196,10 +185,7 @@ mod tests {
         theirs.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
         let mut got = Vec::new();
         let _ = theirs.read_to_end(&mut got);
-        assert!(got
-            .split(|b| *b == b'\n')
-            .filter(|l| !l.is_empty())
-            .all(|l| l.len() == 200));
+        assert!(got.split(|b| *b == b'\n').filter(|l| !l.is_empty()).all(|l| l.len() == 200));
         drop(theirs);
     }
 

@@ -58,12 +58,7 @@ impl Jsonl {
                 let _ = done_tx.send(());
             })
             .ok();
-        Self {
-            tx,
-            failed,
-            thread,
-            done,
-        }
+        Self { tx, failed, thread, done }
     }
 
     /// Queues one event (JSON without newline).
@@ -79,11 +74,7 @@ impl Jsonl {
     /// Drains the queue to disk (until `deadline`) and syncs. Returns the failed batch count.
     pub fn shutdown(mut self, deadline: Instant) -> u64 {
         drop(self.tx);
-        if self
-            .done
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .is_ok()
-        {
+        if self.done.recv_timeout(deadline.saturating_duration_since(Instant::now())).is_ok() {
             if let Some(t) = self.thread.take() {
                 let _ = t.join();
             }

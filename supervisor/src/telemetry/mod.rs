@@ -70,17 +70,8 @@ impl Telemetry {
         sandbox_id: &str,
         settings: &TelemetrySettings,
     ) -> Result<Self, TelemetryError> {
-        let source = Source::new(
-            settings.schema.clone(),
-            sandbox_id,
-            "vm-supervisor",
-            env!("CARGO_PKG_VERSION"),
-        );
-        let jsonl = if settings.json {
-            Some(open_jsonl().map_err(TelemetryError::Jsonl)?)
-        } else {
-            None
-        };
+        let source = Source::new(settings.schema.clone(), sandbox_id, "vm-supervisor", env!("CARGO_PKG_VERSION"));
+        let jsonl = if settings.json { Some(open_jsonl().map_err(TelemetryError::Jsonl)?) } else { None };
         let otlp = match &settings.otlp {
             Some(otlp) => Some(
                 Otlp::start(otlp, otlp::resource(sandbox_id, settings.gateway_name.as_deref()))
@@ -88,14 +79,7 @@ impl Telemetry {
             ),
             None => None,
         };
-        Ok(Self {
-            source,
-            console,
-            jsonl,
-            otlp,
-            json: settings.json,
-            events: 0,
-        })
+        Ok(Self { source, console, jsonl, otlp, json: settings.json, events: 0 })
     }
 
     /// Builds events with the right product, schema and sandbox.
@@ -127,15 +111,8 @@ impl Telemetry {
             Some(otlp) => otlp.shutdown(otlp_budget).await,
             None => ExportReport::default(),
         };
-        let jsonl_failures = self
-            .jsonl
-            .map_or(0, |j| j.shutdown(Instant::now() + Duration::from_secs(5)));
-        let report = TelemetryReport {
-            events: self.events,
-            otlp,
-            jsonl_failures,
-            console_dropped: console.dropped(),
-        };
+        let jsonl_failures = self.jsonl.map_or(0, |j| j.shutdown(Instant::now() + Duration::from_secs(5)));
+        let report = TelemetryReport { events: self.events, otlp, jsonl_failures, console_dropped: console.dropped() };
         tracing::info!(
             events = report.events,
             otlp_exported = report.otlp.exported,
@@ -144,10 +121,7 @@ impl Telemetry {
             console_dropped = report.console_dropped,
             "telemetry flushed"
         );
-        TelemetryReport {
-            console_dropped: console.shutdown(Instant::now() + CONSOLE_DRAIN),
-            ..report
-        }
+        TelemetryReport { console_dropped: console.shutdown(Instant::now() + CONSOLE_DRAIN), ..report }
     }
 }
 
@@ -160,9 +134,7 @@ fn open_jsonl() -> std::io::Result<Jsonl> {
 fn open_jsonl() -> std::io::Result<Jsonl> {
     if crate::test_controls::enabled("jsonl-sink-fails") {
         // Fault injection: every write fails (ENOSPC).
-        return Ok(Jsonl::on_file(
-            std::fs::OpenOptions::new().write(true).open("/dev/full")?,
-        ));
+        return Ok(Jsonl::on_file(std::fs::OpenOptions::new().write(true).open("/dev/full")?));
     }
     Jsonl::open(std::path::Path::new(EVENTS_FILE))
 }

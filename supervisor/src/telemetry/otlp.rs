@@ -192,20 +192,12 @@ impl Otlp {
         let queue = Arc::new(Queue::default());
         let provider = SdkLoggerProvider::builder()
             .with_resource(resource)
-            .with_log_processor(QueueProcessor {
-                queue: Arc::clone(&queue),
-            })
+            .with_log_processor(QueueProcessor { queue: Arc::clone(&queue) })
             .build();
         let logger = provider.logger("vm-supervisor");
         let (stop, stopped) = watch::channel(None);
         let task = tokio::spawn(export_loop(exporter, Arc::clone(&queue), stopped));
-        Ok(Self {
-            provider,
-            logger,
-            queue,
-            stop,
-            task,
-        })
+        Ok(Self { provider, logger, queue, stop, task })
     }
 
     /// Queues one event for export.

@@ -60,12 +60,7 @@ impl TelemetrySettings {
             }),
             None => None,
         };
-        Ok(Self {
-            schema,
-            gateway_name: var(env::GATEWAY_NAME),
-            otlp,
-            json,
-        })
+        Ok(Self { schema, gateway_name: var(env::GATEWAY_NAME), otlp, json })
     }
 }
 

@@ -99,10 +99,7 @@ mod tests {
     fn pulses_are_echoed_and_anything_else_kills() {
         let p = Policy::default();
         assert_eq!(decide(Input::Byte(PULSE), p), Some(Action::Echo));
-        assert_eq!(
-            decide(Input::Byte(b'x'), p),
-            Some(Action::Kill(KillReason::WrongByte(b'x')))
-        );
+        assert_eq!(decide(Input::Byte(b'x'), p), Some(Action::Kill(KillReason::WrongByte(b'x'))));
         assert_eq!(decide(Input::Eof, p), Some(Action::Kill(KillReason::SupervisorGone)));
         assert_eq!(decide(Input::Silence, p), Some(Action::Kill(KillReason::Silence)));
         assert_eq!(decide(Input::VmmExited, p), Some(Action::Exit));

@@ -98,10 +98,7 @@ fn kill(pidfd: &OwnedFd, pid: i32, reason: KillReason) -> ExitCode {
             Err(_) => continue,
         }
         let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
-        let timeout = Timespec {
-            tv_sec: 0,
-            tv_nsec: i64::try_from(KILL_CONFIRM_MS * 1_000_000).unwrap_or(0),
-        };
+        let timeout = Timespec { tv_sec: 0, tv_nsec: i64::try_from(KILL_CONFIRM_MS * 1_000_000).unwrap_or(0) };
         if matches!(poll(&mut fds, Some(&timeout)), Ok(n) if n > 0) {
             confirmed = true;
             break;
@@ -126,9 +123,7 @@ fn kill(pidfd: &OwnedFd, pid: i32, reason: KillReason) -> ExitCode {
 fn open_vmm(pid: i32, start_time: u64) -> Result<OwnedFd, ()> {
     let raw = Pid::from_raw(pid).ok_or(())?;
     let fd = pidfd_open(raw, PidfdFlags::empty()).map_err(|_| ())?;
-    (vm_watchdog_start_time(pid) == Some(start_time))
-        .then_some(fd)
-        .ok_or(())
+    (vm_watchdog_start_time(pid) == Some(start_time)).then_some(fd).ok_or(())
 }
 
 /// Field 22 of `/proc/<pid>/stat`.
@@ -151,18 +146,13 @@ fn write_byte(byte: u8) -> rustix::io::Result<()> {
 fn parse_args() -> Option<(i32, u64)> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let value = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1));
-    Some((
-        value("--vmm-pid")?.parse().ok()?,
-        value("--vmm-start-time")?.parse().ok()?,
-    ))
+    Some((value("--vmm-pid")?.parse().ok()?, value("--vmm-start-time")?.parse().ok()?))
 }
 
 #[cfg(feature = "test-controls")]
 fn policy() -> Policy {
     let controls = std::env::var("VM_TEST_CONTROL").unwrap_or_default();
-    Policy {
-        silence_kills: !controls.split(',').any(|c| c == "watchdog-eof-only"),
-    }
+    Policy { silence_kills: !controls.split(',').any(|c| c == "watchdog-eof-only") }
 }
 
 #[cfg(not(feature = "test-controls"))]

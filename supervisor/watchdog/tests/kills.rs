@@ -1,10 +1,7 @@
 //! The watchdog binary against a real process standing in for the VMM.
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(
-    clippy::tests_outside_test_module,
-    reason = "an integration test crate is test-only as a whole"
-)]
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::io::{Read, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -21,25 +18,13 @@ struct Rig {
 
 fn start_time(pid: u32) -> u64 {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    text.rsplit_once(") ")
-        .unwrap()
-        .1
-        .split(' ')
-        .nth(19)
-        .unwrap()
-        .parse()
-        .unwrap()
+    text.rsplit_once(") ").unwrap().1.split(' ').nth(19).unwrap().parse().unwrap()
 }
 
 fn rig() -> Rig {
     let vmm = Command::new("sleep").arg("1000").spawn().unwrap();
     let mut watchdog = Command::new(env!("CARGO_BIN_EXE_vm-watchdog"))
-        .args([
-            "--vmm-pid",
-            &vmm.id().to_string(),
-            "--vmm-start-time",
-            &start_time(vmm.id()).to_string(),
-        ])
+        .args(["--vmm-pid", &vmm.id().to_string(), "--vmm-start-time", &start_time(vmm.id()).to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -48,12 +33,7 @@ fn rig() -> Rig {
     let mut ready = [0u8];
     echoes.read_exact(&mut ready).unwrap();
     assert_eq!(ready[0], READY);
-    Rig {
-        vmm,
-        pulses: watchdog.stdin.take(),
-        watchdog,
-        echoes,
-    }
+    Rig { vmm, pulses: watchdog.stdin.take(), watchdog, echoes }
 }
 
 /// Waits for `child` to exit within `limit`; returns whether it did.
@@ -81,10 +61,7 @@ fn echoes_pulses_and_keeps_the_vmm_alive() {
     assert!(r.vmm.try_wait().unwrap().is_none(), "3 s of pulses, VMM still alive");
     r.vmm.kill().unwrap();
     r.vmm.wait().unwrap();
-    assert!(
-        exits_within(&mut r.watchdog, Duration::from_secs(2)),
-        "VMM gone: watchdog exits"
-    );
+    assert!(exits_within(&mut r.watchdog, Duration::from_secs(2)), "VMM gone: watchdog exits");
     assert!(r.watchdog.wait().unwrap().success());
 }
 
@@ -102,10 +79,7 @@ fn kills_the_vmm_on_eof() {
 fn kills_the_vmm_after_two_seconds_of_silence() {
     let mut r = rig();
     let start = Instant::now();
-    assert!(
-        !exits_within(&mut r.vmm, Duration::from_millis(1500)),
-        "not before the silence limit"
-    );
+    assert!(!exits_within(&mut r.vmm, Duration::from_millis(1500)), "not before the silence limit");
     assert!(exits_within(&mut r.vmm, Duration::from_secs(3)), "killed after silence");
     assert!(start.elapsed() >= Duration::from_secs(2));
     assert!(r.watchdog.wait().unwrap().success());
@@ -128,10 +102,7 @@ fn refuses_a_pid_whose_start_time_does_not_match() {
         .status()
         .unwrap();
     assert_eq!(status.code(), Some(1));
-    assert!(
-        vmm.try_wait().unwrap().is_none(),
-        "a process that is not our VMM is never touched"
-    );
+    assert!(vmm.try_wait().unwrap().is_none(), "a process that is not our VMM is never touched");
     vmm.kill().unwrap();
     vmm.wait().unwrap();
 }

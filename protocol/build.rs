@@ -1,0 +1,21 @@
+//! Generates the driver API (gRPC) from `proto/` when the `grpc` feature is on. protox compiles the proto
+//! in Rust, so no `protoc` is needed on the build machine.
+
+#[cfg(not(feature = "grpc"))]
+fn main() {}
+
+#[cfg(feature = "grpc")]
+fn main() {
+    println!("cargo:rerun-if-changed=proto");
+    let fds = match protox::compile(["vmdriver/v1/driver.proto"], ["proto"]) {
+        Ok(fds) => fds,
+        Err(e) => panic!("proto/vmdriver/v1/driver.proto does not compile: {e}"),
+    };
+    let out = std::path::PathBuf::from(std::env::var_os("OUT_DIR").unwrap_or_default());
+    if let Err(e) = std::fs::write(out.join("driver_descriptor.bin"), protox::prost::Message::encode_to_vec(&fds)) {
+        panic!("cannot write the descriptor set: {e}");
+    }
+    if let Err(e) = tonic_prost_build::configure().compile_fds(fds) {
+        panic!("cannot generate the gRPC code: {e}");
+    }
+}

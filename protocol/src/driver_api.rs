@@ -1,0 +1,7 @@
+//! The driver API (`vmdriver.v1`), generated from `proto/vmdriver/v1/driver.proto`.
+#![allow(missing_docs, unused_qualifications, clippy::all, reason = "generated code")]
+
+tonic::include_proto!("vmdriver.v1");
+
+/// The encoded file descriptor set, for server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/driver_descriptor.bin"));
