@@ -200,8 +200,17 @@ impl Attached {
         Ok(())
     }
 
-    async fn send(&mut self, msg: ToGuest) -> Result<(), AttachError> {
+    /// Sends one message.
+    ///
+    /// # Errors
+    /// [`AttachError::Frame`].
+    pub async fn send(&mut self, msg: ToGuest) -> Result<(), AttachError> {
         self.sink.send(msg).await.map_err(AttachError::Frame)
+    }
+
+    /// The next message from the supervisor; `None` when it closed the connection.
+    pub async fn recv(&mut self) -> Option<Result<ToHost, FrameError>> {
+        self.frames.next().await
     }
 }
 

@@ -96,7 +96,7 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
     // Read before anything is started, so a malformed value fails fast and leaves nothing behind.
     let otlp_headers = telemetry::headers_from_env()?;
     let dir = state.create_sandbox(&id)?;
-    telemetry::write_bundle(&dir, &AuthBundle { otlp_headers })?;
+    telemetry::write_bundle(&dir, &AuthBundle { otlp_headers, session_token: None })?;
     let spec = SupervisorSpec {
         binary,
         sandbox_id: id.clone(),
@@ -109,6 +109,7 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
         stop_grace: Duration::from_secs(3),
         cgroup: cgroup::create(&id, &dir),
         telemetry: config.telemetry.clone(),
+        session: None,
     };
     let mut signals = Signals {
         terminate: signal(SignalKind::terminate()).context("cannot watch SIGTERM")?,

@@ -5,7 +5,8 @@
 //! - [`supervisor`]: starting a supervisor with the parent-liveness pipe, and the orderly stop.
 //! - [`attach`]: running a process through the supervisor's attach socket.
 //! - [`reap`]: killing the VMs of sandboxes whose supervisor is gone ([`procs`], [`cgroup`]).
-//! - [`launch`]: `vm-driver launch`, which ties them together.
+//! - [`launch`]: `vm-driver launch`, which ties them together for one command.
+//! - [`service`]: `vm-driver serve`, the gateway-facing gRPC service for many sandboxes.
 //!
 //! The driver never links the supervisor: it starts the `vm-supervisor` binary, so the supervisor's
 //! forbid-unsafe boundary is a process boundary.
@@ -13,10 +14,12 @@
 
 pub mod attach;
 pub mod cgroup;
+pub mod client;
 pub mod image;
 pub mod launch;
 pub mod procs;
 pub mod reap;
+pub mod service;
 pub mod state;
 pub mod supervisor;
 pub mod telemetry;

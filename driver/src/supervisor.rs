@@ -69,6 +69,8 @@ pub struct SupervisorSpec {
     pub cgroup: Option<PathBuf>,
     /// Telemetry settings, passed as environment variables.
     pub telemetry: TelemetryConfig,
+    /// `vm-driver serve`'s session socket, and this start's generation.
+    pub session: Option<(PathBuf, u64)>,
 }
 
 /// Why a supervisor did not start or its VM did not come up.
@@ -256,6 +258,11 @@ impl SupervisorProcess {
         (outcome, report)
     }
 
+    /// Waits until the supervisor exits on its own (the caller did not ask it to).
+    pub async fn exited(&mut self) -> String {
+        self.child.wait().await.map_or_else(|e| e.to_string(), |s| s.to_string())
+    }
+
     /// The supervisor's log file.
     pub fn log(&self) -> &Path {
         &self.log
@@ -279,6 +286,10 @@ fn args(spec: &SupervisorSpec) -> Vec<OsString> {
     flag("--stop-grace-ms", spec.stop_grace.as_millis().to_string().into());
     if let Some(cgroup) = &spec.cgroup {
         flag("--cgroup", cgroup.clone().into());
+    }
+    if let Some((socket, generation)) = &spec.session {
+        flag("--session-socket", socket.clone().into());
+        flag("--generation", generation.to_string().into());
     }
     args.push("--parent-liveness-stdin".into());
     args

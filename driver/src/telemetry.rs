@@ -139,7 +139,7 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let dir = std::env::temp_dir().join(format!("bundle-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        write_bundle(&dir, &AuthBundle { otlp_headers: vec![("a".into(), "b".into())] }).unwrap();
+        write_bundle(&dir, &AuthBundle { otlp_headers: vec![("a".into(), "b".into())], session_token: None }).unwrap();
         let mode = std::fs::metadata(dir.join(AUTH_BUNDLE_FILE)).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         std::fs::remove_dir_all(&dir).unwrap();

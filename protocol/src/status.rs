@@ -113,13 +113,58 @@ pub const AUTH_BUNDLE_FILE: &str = "auth.json";
 pub struct AuthBundle {
     /// Headers for the OTLP collector (from `OTEL_EXPORTER_OTLP_LOGS_HEADERS` or `OTEL_EXPORTER_OTLP_HEADERS`).
     pub otlp_headers: Vec<(String, String)>,
+    /// The token this supervisor presents when it opens its session to the driver.
+    #[serde(default)]
+    pub session_token: Option<String>,
 }
 
 impl std::fmt::Debug for AuthBundle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let names: Vec<&str> = self.otlp_headers.iter().map(|(k, _)| k.as_str()).collect();
-        f.debug_struct("AuthBundle").field("otlp_header_names", &names).finish_non_exhaustive()
+        f.debug_struct("AuthBundle")
+            .field("otlp_header_names", &names)
+            .field("session_token", &self.session_token.as_ref().map(|_| "<redacted>"))
+            .finish()
     }
+}
+
+/// The session between a supervisor and `vm-driver serve`, one JSON object per line on the driver's
+/// session socket: the supervisor sends [`SessionHello`], the driver answers [`SessionReply`], the supervisor
+/// then reports its readiness endpoint with [`SessionNote`]. Either side closing ends the session.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionHello {
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// Its generation (increments on each start).
+    pub generation: u64,
+    /// The token from the auth bundle.
+    pub token: String,
+}
+
+impl std::fmt::Debug for SessionHello {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionHello")
+            .field("sandbox_id", &self.sandbox_id)
+            .field("generation", &self.generation)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The driver's answer to a [`SessionHello`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionReply {
+    /// Whether the session is accepted.
+    pub accepted: bool,
+    /// Why not (fixed text).
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// What the supervisor reports once accepted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionNote {
+    /// `127.0.0.1:PORT` of the readiness listener.
+    pub readiness: String,
 }
 
 impl SupervisorStatus {
@@ -146,9 +191,12 @@ mod tests {
 
     #[test]
     fn auth_bundle_debug_shows_no_values() {
-        let b = AuthBundle { otlp_headers: vec![("authorization".into(), "Bearer s3cret".into())] };
+        let b = AuthBundle {
+            otlp_headers: vec![("authorization".into(), "Bearer s3cret".into())],
+            session_token: Some("t0ken-value".into()),
+        };
         let shown = format!("{b:?}");
-        assert!(shown.contains("authorization") && !shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("authorization") && !shown.contains("s3cret") && !shown.contains("t0ken"), "{shown}");
     }
 
     #[test]

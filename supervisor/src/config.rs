@@ -43,6 +43,13 @@ pub struct SupervisorConfig {
     /// The QEMU binary (default: qemu-system-x86_64 on PATH).
     #[arg(long)]
     pub qemu: Option<PathBuf>,
+    /// The driver's session socket (`vm-driver serve`); without it there is no session and no readiness
+    /// listener (`vm-driver launch`).
+    #[arg(long)]
+    pub session_socket: Option<PathBuf>,
+    /// This start's generation, presented in the session.
+    #[arg(long, default_value_t = 0)]
+    pub generation: u64,
     /// A cgroup v2 directory to join before starting anything (the driver's final sweep kills it).
     #[arg(long)]
     pub cgroup: Option<PathBuf>,

@@ -13,6 +13,7 @@
 
 pub mod accel;
 pub mod attach;
+pub mod auth;
 pub mod config;
 mod framed;
 pub mod guest;
@@ -21,6 +22,7 @@ pub mod liveness;
 pub mod mux;
 pub mod pids;
 mod serve;
+pub mod session;
 pub mod status;
 pub mod supervisor;
 pub mod telemetry;
@@ -43,6 +45,12 @@ pub enum Event {
     ClientClosed(mux::ClientId),
     /// An attach connection was refused (fixed text).
     AdmissionRefused(&'static str),
+    /// The driver accepted the session; the readiness listener is open at this address.
+    SessionUp(String),
+    /// The session was lost; the readiness listener is closed.
+    SessionDown,
+    /// The driver refused the session: this sandbox is not the one it expects.
+    SessionRefused,
     /// SIGTERM, SIGINT or SIGHUP.
     Terminate,
     /// The parent-liveness pipe reached EOF: the driver is gone.

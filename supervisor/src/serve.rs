@@ -129,6 +129,14 @@ impl Serving<'_> {
                 }
             }
             Some(Event::AdmissionRefused(what)) => self.finding(Finding::AdmissionRefused, what),
+            Some(Event::SessionUp(readiness)) => {
+                tracing::info!(readiness = %readiness, "session accepted; readiness open")
+            }
+            Some(Event::SessionDown) => {}
+            Some(Event::SessionRefused) => {
+                self.finding(Finding::AdmissionRefused, "the driver refused this supervisor's session");
+                self.stop(StopReason::SessionRefused);
+            }
             Some(Event::Terminate) => self.stop(StopReason::Terminated),
             Some(Event::DriverGone) => {
                 tracing::warn!("the driver is gone (liveness pipe closed); killing the VM");

@@ -15,13 +15,14 @@ use signal_hook::iterator::Signals;
 use tokio::net::UnixListener;
 use tokio::process::Child;
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
-use vm_protocol::status::{SandboxPids, SupervisorStatus};
+use vm_protocol::status::{SandboxPids, SessionHello, SupervisorStatus};
 
 use crate::accel::{self, KvmUnusable};
 use crate::attach::{self, ATTACH_SOCKET};
 use crate::config::SupervisorConfig;
 use crate::guest::{self, AttachError};
 use crate::lease::{Lease, LeaseError};
+use crate::session::SessionConfig;
 use crate::telemetry::console::Console;
 use crate::telemetry::settings::{SettingsError, TelemetrySettings};
 use crate::telemetry::{Telemetry, TelemetryError};
@@ -29,6 +30,7 @@ use crate::vmm::{self, files, VmmConfig};
 use crate::Event;
 use crate::{pids, status};
 use vm_ocsf::{AppInfo, Finding, Lifecycle, Status};
+use vm_protocol::handshake::FirstFrameError;
 
 /// After the channel failed during boot, how long to wait for QEMU's own exit before calling it a guest
 /// failure.
@@ -84,6 +86,12 @@ pub enum StartError {
     /// Told to stop before the VM was ready.
     #[error("stopped during boot")]
     StoppedDuringBoot,
+    /// The auth bundle is unreadable.
+    #[error("cannot read the auth bundle")]
+    Bundle(#[source] crate::auth::BundleError),
+    /// A session socket was given without a session token.
+    #[error("a session socket was given but the auth bundle has no session token")]
+    NoSessionToken,
     /// The telemetry settings are unusable.
     #[error("bad telemetry settings")]
     Telemetry(#[source] SettingsError),
@@ -105,6 +113,8 @@ pub enum StopReason {
     VmmExited(String),
     /// The guest broke the protocol; the VM was stopped.
     GuestViolation(String),
+    /// The driver refused this supervisor's session; the VM was stopped.
+    SessionRefused,
 }
 
 impl StopReason {
@@ -115,6 +125,7 @@ impl StopReason {
             Self::VmmExited(_) | Self::GuestViolation(_) => 3,
             Self::DriverGone => 4,
             Self::LeaseLost(_) => 5,
+            Self::SessionRefused => 6,
         }
     }
 }
@@ -132,7 +143,9 @@ const DRIVER_GONE_FLUSH_MS: u64 = 250;
 /// A [`StartError`] if the VM never became ready; the failure is also reported as a status line and an
 /// OCSF event.
 pub async fn run(config: SupervisorConfig, console: Console) -> Result<StopReason, StartError> {
-    let settings = TelemetrySettings::load(&config.sandbox_dir).map_err(StartError::Telemetry);
+    let bundle = crate::auth::take(&config.sandbox_dir).map_err(StartError::Bundle);
+    let token = bundle.as_ref().ok().and_then(|b| b.session_token.clone());
+    let settings = bundle.and_then(|b| TelemetrySettings::load(b.otlp_headers).map_err(StartError::Telemetry));
     let telemetry = settings.and_then(|s| {
         Telemetry::start(console.handle(), config.sandbox_id.as_str(), &s).map_err(StartError::TelemetrySinks)
     });
@@ -144,7 +157,11 @@ pub async fn run(config: SupervisorConfig, console: Console) -> Result<StopReaso
             return Err(e);
         }
     };
-    let outcome = supervise_sandbox(&config, &mut telemetry).await;
+    let outcome = supervise_sandbox(&config, token, &mut telemetry).await;
+    if let Err(e) = &outcome {
+        // Logged here, while the console still runs.
+        tracing::error!(error = %chain(e), "start-up failed");
+    }
     let budget = match &outcome {
         Ok(StopReason::DriverGone) => DRIVER_GONE_FLUSH_MS,
         _ => FLUSH_BUDGET_MS,
@@ -160,7 +177,19 @@ pub async fn run(config: SupervisorConfig, console: Console) -> Result<StopReaso
 }
 
 /// Boot, serve, stop; with the lifecycle events around them.
-async fn supervise_sandbox(config: &SupervisorConfig, telemetry: &mut Telemetry) -> Result<StopReason, StartError> {
+async fn supervise_sandbox(
+    config: &SupervisorConfig,
+    token: Option<String>,
+    telemetry: &mut Telemetry,
+) -> Result<StopReason, StartError> {
+    let session = match (&config.session_socket, token) {
+        (Some(socket), Some(token)) => Some(SessionConfig {
+            socket: socket.clone(),
+            hello: SessionHello { sandbox_id: config.sandbox_id.to_string(), generation: config.generation, token },
+        }),
+        (Some(_), None) => return Err(StartError::NoSessionToken),
+        (None, _) => None,
+    };
     let sandbox = AppInfo { name: "sandbox".into(), version: env!("CARGO_PKG_VERSION").into() };
     let (events, mut rx) = mpsc::unbounded_channel();
     watch_signals(events.clone());
@@ -188,12 +217,16 @@ async fn supervise_sandbox(config: &SupervisorConfig, telemetry: &mut Telemetry)
         }
     };
     let vm = AppInfo { name: "microvm".into(), version: link.hello.software.clone() };
+    // A previous start of this sandbox may have left its socket behind.
+    let _ = std::fs::remove_file(ATTACH_SOCKET);
     let listener = match UnixListener::bind(ATTACH_SOCKET) {
         Ok(l) => l,
         Err(e) => {
             kill(&mut vmm).await;
             lease.close().await;
-            return Err(StartError::Bind(ATTACH_SOCKET, e));
+            let e = StartError::Bind(ATTACH_SOCKET, e);
+            status::report(&SupervisorStatus::Failed { error: chain(&e) });
+            return Err(e);
         }
     };
     attach::serve(listener, link.hello.capabilities, events.clone());
@@ -207,6 +240,9 @@ async fn supervise_sandbox(config: &SupervisorConfig, telemetry: &mut Telemetry)
         agent: link.hello.software.clone(),
     });
     tracing::info!(sandbox = %config.sandbox_id, agent = %link.hello.software, "sandbox ready");
+    if let Some(session) = session {
+        tokio::spawn(crate::session::run(session, events.clone()));
+    }
     let reason = crate::serve::serve(config, &mut vmm, &mut lease, link.tx, &mut rx, telemetry).await;
     if lease.close().await.is_none() {
         tracing::warn!("the lease watchdog did not exit after the VM stopped; killed it");
@@ -334,11 +370,16 @@ async fn handshake(
             link = &mut attach => return match link {
                 Ok(link) => Ok(link),
                 Err(e) => {
-                    // QEMU exiting also closes the channel; name the exit, the real cause, when that is what happened.
-                    match tokio::time::timeout(Duration::from_millis(VMM_EXIT_GRACE_MS), vmm.wait()).await {
-                        Ok(Ok(exit)) => Err(StartError::VmmExitedDuringBoot { status: exit.to_string() }),
-                        _ => Err(StartError::Boot(e)),
+                    // QEMU exiting also closes the channel: when the channel merely ended, name the exit, the real
+                    // cause. A hello that arrived and did not match is the cause itself.
+                    let mismatch = matches!(&e, AttachError::Handshake(FirstFrameError::Handshake(_)))
+                        || matches!(&e, AttachError::Handshake(FirstFrameError::Frame(f)) if f.is_violation());
+                    if !mismatch {
+                        if let Ok(Ok(exit)) = tokio::time::timeout(Duration::from_millis(VMM_EXIT_GRACE_MS), vmm.wait()).await {
+                            return Err(StartError::VmmExitedDuringBoot { status: exit.to_string() });
+                        }
                     }
+                    Err(StartError::Boot(e))
                 }
             },
             exit = vmm.wait() => return Err(StartError::VmmExitedDuringBoot {

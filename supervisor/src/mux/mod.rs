@@ -108,6 +108,8 @@ struct Route {
     output: Window,
     stdin: Window,
     tty: bool,
+    /// Stdin EOF reached the guest; a re-attached client's EOF is then a no-op, its data a violation.
+    stdin_closed: bool,
     /// No client: output (and the exit) is held for the next one.
     detached: bool,
     /// What arrived while detached, with guest ids.
@@ -197,6 +199,7 @@ impl Mux {
                         output: Window::new(spawn.output_window),
                         stdin: Window::new(0),
                         tty: spawn.pty.is_some(),
+                        stdin_closed: false,
                         detached: false,
                         held: Vec::new(),
                         finished: false,
@@ -206,11 +209,20 @@ impl Mux {
                 forward(ToGuest::Spawn(spawn))
             }
             ToGuest::Stdin { id, data } => match self.client_route(client, id)? {
+                Some((_, route)) if route.stdin_closed => Err(ClientViolation::Unexpected("stdin after EOF")),
                 Some((guest_id, route)) => {
                     route.stdin.consume(data.len()).map_err(|source| ClientViolation::Credit { id, source })?;
                     forward(ToGuest::Stdin { id: guest_id, data })
                 }
                 None => Ok(Vec::new()),
+            },
+            ToGuest::StdinEof { id } => match self.client_route(client, id)? {
+                Some((guest_id, route)) if !route.stdin_closed => {
+                    route.stdin_closed = true;
+                    forward(ToGuest::StdinEof { id: guest_id })
+                }
+                // Already closed (by the client before a re-attach): EOF twice is still EOF.
+                Some(_) | None => Ok(Vec::new()),
             },
             ToGuest::Credit { id, bytes } => match self.client_route(client, id)? {
                 Some((guest_id, route)) => {
@@ -219,7 +231,6 @@ impl Mux {
                 }
                 None => Ok(Vec::new()),
             },
-            ToGuest::StdinEof { id } => self.map_forward(client, id, |id| ToGuest::StdinEof { id }),
             ToGuest::Signal { id, signal } => self.map_forward(client, id, |id| ToGuest::Signal { id, signal }),
             ToGuest::Resize { id, size } => self.map_forward(client, id, |id| ToGuest::Resize { id, size }),
             ToGuest::Attach { id, pid } => Ok(self.attach(client, id, pid)),

@@ -136,3 +136,22 @@ fn clients_may_not_shut_the_vm_down() {
     let mut mux = mux_with(&[A]);
     assert!(matches!(mux.from_client(A, ToGuest::Shutdown { grace_ms: 0 }), Err(ClientViolation::Unexpected(_))));
 }
+
+#[test]
+fn stdin_eof_reaches_the_guest_once_even_across_reattach() {
+    let mut mux = mux_with(&[A, B]);
+    mux.from_client(A, spawn(1, 8)).unwrap();
+    mux.from_guest(ToHost::Started { id: ProcId(1), pid: 6, stdin_window: 4 }).unwrap();
+    assert_eq!(
+        mux.from_client(A, ToGuest::StdinEof { id: ProcId(1) }).unwrap(),
+        [Action::ToGuest(ToGuest::StdinEof { id: ProcId(1) })]
+    );
+    mux.remove_client(A);
+    mux.from_client(B, ToGuest::Attach { id: ProcId(1), pid: 6 }).unwrap();
+    assert_eq!(mux.from_client(B, ToGuest::StdinEof { id: ProcId(1) }).unwrap(), [], "not a second EOF to the guest");
+    let data = ToGuest::Stdin { id: ProcId(1), data: vec![1].into() };
+    assert!(
+        matches!(mux.from_client(B, data), Err(ClientViolation::Unexpected(_))),
+        "data after EOF stays with the client"
+    );
+}

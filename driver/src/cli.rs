@@ -1,0 +1,245 @@
+//! The command line: what each subcommand takes. `main.rs` dispatches.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use vm_driver::telemetry::TelemetryConfig;
+use vm_protocol::SandboxId;
+
+#[derive(Debug, Parser)]
+#[command(version, about = "Run commands in sandboxed microVMs", long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Boot a microVM, run CMD inside it, and stop the VM when CMD exits.
+    ///
+    /// CMD's stdin, stdout and stderr are yours, and its exit status becomes vm-driver's. Ctrl-C is sent
+    /// to CMD as SIGINT (press it three times to stop the sandbox instead).
+    ///
+    /// Example: vm-driver launch -- /bin/sh -c 'uname -a; echo hello'
+    #[command(after_help = "The guest image comes from scripts/build-image unless --image, --kernel or --initrd say \
+                            otherwise.\nLogs of a failed start (console.log, vmm.log, supervisor.log) are kept in \
+                            the sandbox directory, whose path is printed.")]
+    Launch(Box<LaunchArgs>),
+    /// Serve the driver API (gRPC) on a Unix socket, for a gateway and for the commands below.
+    Serve(Box<ServeArgs>),
+    /// Create a sandbox in a running `serve` and wait until it is ready.
+    Create(CreateArgs),
+    /// Show one sandbox.
+    Get(IdArgs),
+    /// List the sandboxes.
+    List(SocketArgs),
+    /// Stop a sandbox (it stays, stopped, until started or removed).
+    Stop(IdArgs),
+    /// Start a stopped sandbox again.
+    Start(IdArgs),
+    /// Remove a sandbox (stopping it first).
+    Rm(IdArgs),
+    /// List the processes started with exec that still run in a sandbox.
+    Ps(IdArgs),
+    /// Run CMD in a running sandbox, or attach to one of its processes again.
+    Exec(ExecArgs),
+    /// Kill the VMs of sandboxes whose supervisor is gone, and mark them terminated.
+    ///
+    /// `launch` and `serve` do this first; run it by hand after a crash.
+    Reap {
+        /// State directory.
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Accel {
+    /// KVM where it can boot the guest, otherwise TCG (says why once).
+    Auto,
+    /// KVM, or fail: never falls back.
+    Kvm,
+    /// QEMU's software emulation.
+    Tcg,
+}
+
+impl Accel {
+    pub fn name(self) -> String {
+        format!("{self:?}").to_lowercase()
+    }
+}
+
+/// How VMs are booted (launch and serve).
+#[derive(Debug, Args)]
+pub struct VmArgs {
+    /// Guest image directory (vmlinuz + initramfs.cpio). Default: the image scripts/build-image made.
+    #[arg(long, value_name = "DIR")]
+    pub image: Option<PathBuf>,
+    /// Guest kernel (overrides the image's).
+    #[arg(long, value_name = "FILE")]
+    pub kernel: Option<PathBuf>,
+    /// Guest initramfs (overrides the image's).
+    #[arg(long, value_name = "FILE")]
+    pub initrd: Option<PathBuf>,
+    /// Accelerator.
+    #[arg(long, value_enum, default_value_t = Accel::Auto)]
+    pub accel: Accel,
+    /// How long the guest may take to boot, in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    pub boot_timeout: u64,
+    /// On stop, how long to wait for the supervisor after SIGTERM before SIGKILL, in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    pub stop_timeout: u64,
+    /// State directory (default: $VM_DRIVER_STATE_DIR, else $XDG_RUNTIME_DIR/vm-driver, else /run/vm-driver for root).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+/// Where OCSF events go (launch and serve).
+#[derive(Debug, Args)]
+pub struct TelemetryArgs {
+    /// Export OCSF events as OTLP logs to this collector (headers come from OTEL_EXPORTER_OTLP_LOGS_HEADERS or
+    /// OTEL_EXPORTER_OTLP_HEADERS).
+    #[arg(long, value_name = "URL", env = "OPENSHELL_OTLP_OCSF_ENDPOINT")]
+    pub otlp_ocsf_endpoint: Option<String>,
+    /// OTLP protocol: grpc (default) or http/protobuf.
+    #[arg(long, value_name = "PROTO", env = "OPENSHELL_OTLP_OCSF_PROTOCOL")]
+    pub otlp_ocsf_protocol: Option<String>,
+    /// OCSF schema version of the events (default 1.8.0).
+    #[arg(long, value_name = "VERSION", env = "OPENSHELL_OTLP_OCSF_SCHEMA_VERSION")]
+    pub otlp_ocsf_schema_version: Option<String>,
+    /// Gateway name, for the openshell.gateway.name resource attribute.
+    #[arg(long, value_name = "NAME", env = "OPENSHELL_GATEWAY_NAME")]
+    pub gateway_name: Option<String>,
+    /// OCSF JSON lines on the supervisor's console and in events.jsonl: on (default) or off.
+    #[arg(long, value_name = "on|off", env = "OPENSHELL_OCSF_JSON")]
+    pub ocsf_json: Option<String>,
+}
+
+impl TelemetryArgs {
+    pub fn config(self) -> TelemetryConfig {
+        TelemetryConfig {
+            otlp_endpoint: self.otlp_ocsf_endpoint,
+            otlp_protocol: self.otlp_ocsf_protocol,
+            schema_version: self.otlp_ocsf_schema_version,
+            gateway_name: self.gateway_name,
+            ocsf_json: self.ocsf_json,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct LaunchArgs {
+    /// vCPUs for the VM.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
+    pub cpus: u8,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(64..=65536))]
+    pub memory: u32,
+    /// Set an environment variable for CMD (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE", value_parser = vm_driver::launch::parse_env)]
+    pub env: Vec<(String, String)>,
+    /// Working directory for CMD inside the guest.
+    #[arg(long, short = 'w', value_name = "DIR")]
+    pub workdir: Option<String>,
+    /// Stop the sandbox after this many seconds (exit 124).
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<u64>,
+    /// Sandbox id ([A-Za-z0-9._-], at most 128); random by default.
+    #[arg(long)]
+    pub id: Option<SandboxId>,
+    /// Keep the sandbox directory (logs) after a clean stop.
+    #[arg(long)]
+    pub keep: bool,
+    #[command(flatten)]
+    pub vm: VmArgs,
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub cmd: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The API socket (its directory must be private to this user; default: driver.sock in the state directory).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Only this process (the gateway) may use the API.
+    #[arg(long, value_name = "PID")]
+    pub gateway_pid: Option<i32>,
+    #[command(flatten)]
+    pub vm: VmArgs,
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct SocketArgs {
+    /// The API socket of `vm-driver serve` (default: $VM_DRIVER_SOCKET, else driver.sock in the state directory).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+}
+
+impl SocketArgs {
+    pub fn path(&self) -> PathBuf {
+        self.socket.clone().unwrap_or_else(vm_driver::client::default_socket)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct IdArgs {
+    #[command(flatten)]
+    pub socket: SocketArgs,
+    /// The sandbox.
+    pub id: SandboxId,
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    #[command(flatten)]
+    pub socket: SocketArgs,
+    /// vCPUs.
+    #[arg(long, default_value_t = 1)]
+    pub cpus: u32,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 256)]
+    pub memory: u32,
+    /// Environment for every process in the sandbox (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE", value_parser = vm_driver::launch::parse_env)]
+    pub env: Vec<(String, String)>,
+    /// Return as soon as the sandbox is accepted instead of waiting until it is ready.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// How long to wait for ready, in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    pub wait_timeout: u64,
+    /// The sandbox id ([A-Za-z0-9._-], at most 128).
+    pub id: SandboxId,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    #[command(flatten)]
+    pub socket: SocketArgs,
+    /// Stream this stdin to the process (EOF included).
+    #[arg(short, long)]
+    pub interactive: bool,
+    /// Run on a pseudo-terminal.
+    #[arg(short, long)]
+    pub tty: bool,
+    /// Environment for the process (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE", value_parser = vm_driver::launch::parse_env)]
+    pub env: Vec<(String, String)>,
+    /// Working directory in the guest.
+    #[arg(long, short = 'w', value_name = "DIR")]
+    pub workdir: Option<String>,
+    /// Attach to this running process (a pid from `vm-driver ps`) instead of starting one.
+    #[arg(long, value_name = "PID", conflicts_with = "cmd")]
+    pub attach: Option<u32>,
+    /// The sandbox.
+    pub id: SandboxId,
+    /// The command and its arguments.
+    #[arg(last = true, value_name = "CMD")]
+    pub cmd: Vec<String>,
+}

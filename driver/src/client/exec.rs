@@ -1,0 +1,140 @@
+//! `vm-driver exec [-i] [-t] SANDBOX -- CMD` and `vm-driver exec --attach PID SANDBOX`.
+//!
+//! With `-i` this process's stdin is streamed (EOF included); without it the process gets an empty stdin.
+//! With `-t` the process runs on a pseudo-terminal: when our stdin is a terminal it is put in raw mode (so
+//! Ctrl-C travels as a byte and the guest's terminal turns it into SIGINT) and window size changes are
+//! forwarded. Without `-t`, Ctrl-C is forwarded as SIGINT.
+
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::path::Path;
+
+use anyhow::{bail, Result};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+use vm_protocol::driver_api::{
+    exec_request, exec_response, ExecAttach, ExecRequest, ExecStart, StdinEof, TerminalSize,
+};
+
+use crate::attach;
+
+/// What to run or attach to.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// A new process.
+    Start {
+        /// argv.
+        argv: Vec<String>,
+        /// Extra environment.
+        env: Vec<(String, String)>,
+        /// Working directory.
+        cwd: Option<String>,
+    },
+    /// A running process, by its guest pid.
+    Attach(u32),
+}
+
+fn request(r: exec_request::Request) -> ExecRequest {
+    ExecRequest { request: Some(r) }
+}
+
+/// This terminal's size, when stdin is one.
+fn local_size() -> Option<TerminalSize> {
+    let ws = rustix::termios::tcgetwinsize(std::io::stdin().as_fd()).ok()?;
+    Some(TerminalSize { rows: u32::from(ws.ws_row), cols: u32::from(ws.ws_col) })
+}
+
+/// Puts the local terminal in raw mode until dropped.
+struct RawMode(nix::sys::termios::Termios);
+
+impl RawMode {
+    fn enter() -> Option<Self> {
+        let stdin = std::io::stdin();
+        let saved = nix::sys::termios::tcgetattr(stdin.as_fd()).ok()?;
+        let mut raw = saved.clone();
+        nix::sys::termios::cfmakeraw(&mut raw);
+        nix::sys::termios::tcsetattr(stdin.as_fd(), nix::sys::termios::SetArg::TCSANOW, &raw).ok()?;
+        Some(Self(saved))
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        let _ = nix::sys::termios::tcsetattr(std::io::stdin().as_fd(), nix::sys::termios::SetArg::TCSANOW, &self.0);
+    }
+}
+
+/// Runs the exec; returns the exit status to exit with.
+///
+/// # Errors
+/// The service refused or the stream broke before an exit status.
+pub async fn exec(socket: &Path, sandbox: &str, target: Target, interactive: bool, tty: bool) -> Result<u8> {
+    let mut client = super::connect(socket).await?;
+    let (tx, rx) = mpsc::channel::<ExecRequest>(16);
+    let opening = match target {
+        Target::Start { argv, env, cwd } => exec_request::Request::Start(ExecStart {
+            sandbox_id: sandbox.to_owned(),
+            argv,
+            env: env.into_iter().collect(),
+            cwd: cwd.unwrap_or_default(),
+            tty,
+            size: if tty { local_size() } else { None },
+        }),
+        Target::Attach(pid) => {
+            exec_request::Request::Attach(ExecAttach { sandbox_id: sandbox.to_owned(), process_id: pid })
+        }
+    };
+    tx.send(request(opening)).await?;
+    let _raw = if tty && local_size().is_some() { RawMode::enter() } else { None };
+    if interactive {
+        let tx = tx.clone();
+        let mut chunks = attach::stdin_chunks();
+        tokio::spawn(async move {
+            while let Some(bytes) = chunks.recv().await {
+                if tx.send(request(exec_request::Request::Stdin(bytes))).await.is_err() {
+                    return;
+                }
+            }
+            let _ = tx.send(request(exec_request::Request::StdinEof(StdinEof {}))).await;
+        });
+    } else {
+        tx.send(request(exec_request::Request::StdinEof(StdinEof {}))).await?;
+    }
+    let mut winch = signal(SignalKind::window_change())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut responses = client.exec(ReceiverStream::new(rx)).await?.into_inner();
+    let mut stdout = std::io::stdout();
+    let mut stderr = std::io::stderr();
+    loop {
+        tokio::select! {
+            next = responses.next() => match next {
+                Some(Ok(r)) => match r.response {
+                    Some(exec_response::Response::Stdout(b)) => {
+                        stdout.write_all(&b)?;
+                        stdout.flush()?;
+                    }
+                    Some(exec_response::Response::Stderr(b)) => {
+                        stderr.write_all(&b)?;
+                        stderr.flush()?;
+                    }
+                    Some(exec_response::Response::Exited(e)) => {
+                        return Ok(u8::try_from(e.status.rem_euclid(256)).unwrap_or(u8::MAX));
+                    }
+                    Some(exec_response::Response::Started(_)) | None => {}
+                },
+                Some(Err(status)) => bail!("{}", status.message()),
+                None => bail!("the stream ended before the process exited"),
+            },
+            _ = winch.recv() => {
+                if let Some(size) = local_size() {
+                    let _ = tx.send(request(exec_request::Request::Resize(size))).await;
+                }
+            }
+            _ = interrupt.recv() => {
+                let _ = tx.send(request(exec_request::Request::Signal("INT".into()))).await;
+            }
+        }
+    }
+}

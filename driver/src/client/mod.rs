@@ -1,0 +1,162 @@
+//! The CLI's side of the driver API: `vm-driver create|get|list|stop|start|rm|ps|exec` against a running
+//! `vm-driver serve`.
+
+pub mod exec;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use tokio_stream::StreamExt;
+use tonic::transport::{Channel, Endpoint, Uri};
+use vm_protocol::driver_api::driver_client::DriverClient;
+use vm_protocol::driver_api::{
+    watch_event, CreateSandboxRequest, ListSandboxesRequest, Sandbox, SandboxRef, SandboxSpec, SandboxState,
+    WatchRequest,
+};
+
+/// The default API socket: `$VM_DRIVER_SOCKET`, else `driver.sock` in the default state directory.
+pub fn default_socket() -> PathBuf {
+    std::env::var_os("VM_DRIVER_SOCKET")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| crate::state::default_root().join("driver.sock"), PathBuf::from)
+}
+
+/// Connects to `serve` over its Unix socket.
+///
+/// # Errors
+/// The socket does not answer.
+pub async fn connect(socket: &Path) -> Result<DriverClient<Channel>> {
+    let path = socket.to_owned();
+    // The URI is required by the API but unused: the connector always dials the socket.
+    let channel = Endpoint::try_from("http://vm-driver.invalid")?
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+            }
+        }))
+        .await
+        .with_context(|| format!("cannot reach vm-driver serve at {}", socket.display()))?;
+    Ok(DriverClient::new(channel))
+}
+
+/// A state's name, as the CLI prints it.
+pub fn state_name(state: i32) -> &'static str {
+    match SandboxState::try_from(state).unwrap_or(SandboxState::Unspecified) {
+        SandboxState::Unspecified => "unknown",
+        SandboxState::Provisioning => "provisioning",
+        SandboxState::Ready => "ready",
+        SandboxState::Stopping => "stopping",
+        SandboxState::Stopped => "stopped",
+        SandboxState::Failed => "failed",
+    }
+}
+
+fn line(s: &Sandbox) -> String {
+    let readiness = if s.readiness_endpoint.is_empty() { "-" } else { &s.readiness_endpoint };
+    let accel = if s.accelerator.is_empty() { "-" } else { &s.accelerator };
+    format!(
+        "{:<24} {:<13} {:>4} {:<5} {:<22} {}",
+        s.sandbox_id,
+        state_name(s.state),
+        s.generation,
+        accel,
+        readiness,
+        s.detail
+    )
+}
+
+/// `vm-driver create`: creates, then (unless `wait` is off) follows Watch until ready or failed.
+///
+/// # Errors
+/// Refused, failed, or not ready within `timeout`.
+pub async fn create(socket: &Path, id: &str, spec: SandboxSpec, wait: bool, timeout: Duration) -> Result<()> {
+    let mut client = connect(socket).await?;
+    let mut events = client.watch(WatchRequest { sandbox_id: id.to_owned() }).await?.into_inner();
+    let created = client.create_sandbox(CreateSandboxRequest { sandbox_id: id.to_owned(), spec: Some(spec) }).await?;
+    println!("{}", line(created.get_ref()));
+    if !wait {
+        return Ok(());
+    }
+    let until = tokio::time::Instant::now() + timeout;
+    while let Ok(Some(event)) = tokio::time::timeout_at(until, events.next()).await {
+        match event?.event {
+            Some(watch_event::Event::Changed(s)) if s.state == i32::from(SandboxState::Ready) => {
+                println!("{}", line(&s));
+                return Ok(());
+            }
+            Some(watch_event::Event::Changed(s)) if s.state == i32::from(SandboxState::Failed) => {
+                bail!("sandbox {id} failed: {}", s.detail);
+            }
+            _ => {}
+        }
+    }
+    bail!("sandbox {id} was not ready within {} s", timeout.as_secs())
+}
+
+/// `vm-driver get ID` / `vm-driver list`.
+///
+/// # Errors
+/// The request failed.
+pub async fn show(socket: &Path, id: Option<&str>) -> Result<()> {
+    let mut client = connect(socket).await?;
+    let sandboxes = match id {
+        Some(id) => vec![client.get_sandbox(SandboxRef { sandbox_id: id.to_owned() }).await?.into_inner()],
+        None => client.list_sandboxes(ListSandboxesRequest {}).await?.into_inner().sandboxes,
+    };
+    println!("{:<24} {:<13} {:>4} {:<5} {:<22} DETAIL", "SANDBOX", "STATE", "GEN", "ACCEL", "READINESS");
+    for s in &sandboxes {
+        println!("{}", line(s));
+    }
+    Ok(())
+}
+
+/// What `lifecycle` asks for.
+#[derive(Debug, Clone, Copy)]
+pub enum Lifecycle {
+    /// `vm-driver stop`.
+    Stop,
+    /// `vm-driver start`.
+    Start,
+    /// `vm-driver rm`.
+    Delete,
+}
+
+/// `vm-driver stop|start|rm ID`.
+///
+/// # Errors
+/// The request failed.
+pub async fn lifecycle(socket: &Path, id: &str, what: Lifecycle) -> Result<()> {
+    let mut client = connect(socket).await?;
+    let r = SandboxRef { sandbox_id: id.to_owned() };
+    match what {
+        Lifecycle::Stop => println!("{}", line(client.stop_sandbox(r).await?.get_ref())),
+        Lifecycle::Start => println!("{}", line(client.start_sandbox(r).await?.get_ref())),
+        Lifecycle::Delete => {
+            client.delete_sandbox(r).await?;
+            println!("{id} deleted");
+        }
+    }
+    Ok(())
+}
+
+/// `vm-driver ps ID`.
+///
+/// # Errors
+/// The request failed.
+pub async fn ps(socket: &Path, id: &str) -> Result<()> {
+    let mut client = connect(socket).await?;
+    let list = client.list_processes(SandboxRef { sandbox_id: id.to_owned() }).await?.into_inner().processes;
+    println!("{:>7} {:<8} {:<3} COMMAND", "PID", "ATTACHED", "TTY");
+    for p in list {
+        println!(
+            "{:>7} {:<8} {:<3} {}",
+            p.process_id,
+            if p.attached { "yes" } else { "no" },
+            if p.tty { "yes" } else { "no" },
+            p.argv.join(" ")
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,211 @@
+//! The gRPC service: validates requests (ids before any path is built) and hands them to the sandboxes'
+//! actors.
+
+use std::collections::HashSet;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures_util::Stream;
+use tokio::sync::oneshot;
+use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::StreamExt;
+use tonic::{Request, Response, Status, Streaming};
+use vm_protocol::driver_api::driver_server::Driver;
+use vm_protocol::driver_api::{
+    watch_event, Capabilities, CreateSandboxRequest, DeleteSandboxResponse, ExecRequest, GetCapabilitiesRequest,
+    ListProcessesResponse, ListSandboxesRequest, ListSandboxesResponse, ProcessInfo, ReadinessKind, Sandbox,
+    SandboxRef, ValidateCreateResponse, WatchEvent, WatchRequest,
+};
+use vm_protocol::{SandboxId, SignalName, ToGuest, ToHost};
+
+use super::actor::{self, Command, Initial};
+use super::exec::{self, ExecStream};
+use super::registry::Registry;
+use super::store::{self, StoredSpec};
+
+/// Largest vCPU count accepted.
+const MAX_CPUS: u32 = 64;
+/// Largest memory accepted, in MiB.
+const MAX_MEMORY_MIB: u32 = 65_536;
+
+/// The service.
+#[derive(Debug, Clone)]
+pub struct Api {
+    reg: Arc<Registry>,
+    accelerator: (String, String),
+}
+
+impl Api {
+    /// A service over `reg`; `accelerator` is what `auto` resolves to here, and why.
+    pub fn new(reg: Arc<Registry>, accelerator: (String, String)) -> Self {
+        Self { reg, accelerator }
+    }
+}
+
+fn sandbox_id(text: &str) -> Result<SandboxId, Status> {
+    SandboxId::parse(text).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+/// Problems with a create request, in words; empty when it is fine.
+fn problems(req: &CreateSandboxRequest) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Err(e) = SandboxId::parse(&req.sandbox_id) {
+        out.push(e.to_string());
+    }
+    let spec = req.spec.clone().unwrap_or_default();
+    if spec.cpus > MAX_CPUS {
+        out.push(format!("cpus must be at most {MAX_CPUS}"));
+    }
+    if spec.memory_mib != 0 && !(64..=MAX_MEMORY_MIB).contains(&spec.memory_mib) {
+        out.push(format!("memory_mib must be 64 to {MAX_MEMORY_MIB}"));
+    }
+    if spec.readiness == i32::from(ReadinessKind::ReadinessUnix) {
+        out.push("unix readiness endpoints are not offered on this host; use READINESS_TCP".into());
+    }
+    if spec.env.keys().any(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
+        out.push("environment names must be non-empty and contain no '=' or NUL".into());
+    }
+    out
+}
+
+async fn ask<T>(reg: &Registry, id: &SandboxId, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, Status> {
+    let inbox = reg.inbox(id).ok_or_else(|| Status::not_found(format!("no sandbox {id}")))?;
+    let (tx, rx) = oneshot::channel();
+    inbox.send(make(tx)).await.map_err(|_| Status::not_found(format!("sandbox {id} is being removed")))?;
+    rx.await.map_err(|_| Status::internal("the sandbox's actor ended"))
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Driver for Api {
+    async fn get_capabilities(&self, _: Request<GetCapabilitiesRequest>) -> Result<Response<Capabilities>, Status> {
+        Ok(Response::new(Capabilities {
+            driver_version: env!("CARGO_PKG_VERSION").into(),
+            accelerator: self.accelerator.0.clone(),
+            accelerator_note: self.accelerator.1.clone(),
+            max_cpus: MAX_CPUS,
+            max_memory_mib: MAX_MEMORY_MIB,
+            signals: SignalName::ALL.iter().map(|s| s.name().to_owned()).collect(),
+            tty: true,
+            readiness_kinds: vec![ReadinessKind::ReadinessTcp.into()],
+        }))
+    }
+
+    async fn validate_create(
+        &self,
+        req: Request<CreateSandboxRequest>,
+    ) -> Result<Response<ValidateCreateResponse>, Status> {
+        let problems = problems(req.get_ref());
+        Ok(Response::new(ValidateCreateResponse { ok: problems.is_empty(), problems }))
+    }
+
+    async fn create_sandbox(&self, req: Request<CreateSandboxRequest>) -> Result<Response<Sandbox>, Status> {
+        let req = req.into_inner();
+        let id = sandbox_id(&req.sandbox_id)?;
+        let problems = problems(&req);
+        if let Some(first) = problems.first() {
+            return Err(if first.contains("unix readiness") {
+                Status::failed_precondition(first.clone())
+            } else {
+                Status::invalid_argument(problems.join("; "))
+            });
+        }
+        if self.reg.contains(&id) {
+            return Err(Status::already_exists(format!("sandbox {id} exists")));
+        }
+        let dir = self.reg.ctx.state.create_sandbox(&id).map_err(|e| Status::already_exists(e.to_string()))?;
+        let spec = StoredSpec::from_api(&req.spec.unwrap_or_default());
+        store::save_spec(&dir, &spec).map_err(|_| Status::internal("cannot record the spec"))?;
+        if !actor::spawn(&self.reg, id.clone(), dir, spec, Initial::Start) {
+            return Err(Status::already_exists(format!("sandbox {id} exists")));
+        }
+        self.reg.platform(&id, "provisioning", "accepted; booting");
+        self.reg.get(&id).map(Response::new).ok_or_else(|| Status::internal("the sandbox vanished"))
+    }
+
+    async fn get_sandbox(&self, req: Request<SandboxRef>) -> Result<Response<Sandbox>, Status> {
+        let id = sandbox_id(&req.get_ref().sandbox_id)?;
+        self.reg.get(&id).map(Response::new).ok_or_else(|| Status::not_found(format!("no sandbox {id}")))
+    }
+
+    async fn list_sandboxes(
+        &self,
+        _: Request<ListSandboxesRequest>,
+    ) -> Result<Response<ListSandboxesResponse>, Status> {
+        Ok(Response::new(ListSandboxesResponse { sandboxes: self.reg.list() }))
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<WatchStream>, Status> {
+        let filter = match req.get_ref().sandbox_id.as_str() {
+            "" => None,
+            text => Some(sandbox_id(text)?.to_string()),
+        };
+        let rx = self.reg.subscribe();
+        let snapshot: Vec<Sandbox> =
+            self.reg.list().into_iter().filter(|s| filter.as_ref().is_none_or(|f| *f == s.sandbox_id)).collect();
+        let matches = move |e: &WatchEvent| match (&filter, &e.event) {
+            (None, _) => true,
+            (Some(f), Some(watch_event::Event::Changed(s))) => *f == s.sandbox_id,
+            (Some(f), Some(watch_event::Event::Platform(p))) => *f == p.sandbox_id,
+            (Some(_), None) => false,
+        };
+        let changes = BroadcastStream::new(rx).filter_map(move |item| match item {
+            Ok(e) if matches(&e) => Some(Ok(e)),
+            Ok(_) => None,
+            Err(_) => Some(Err(Status::data_loss("this watcher fell behind; watch again"))),
+        });
+        let first = tokio_stream::iter(
+            snapshot.into_iter().map(|s| Ok(WatchEvent { event: Some(watch_event::Event::Changed(s)) })),
+        );
+        let stream: WatchStream = Box::pin(first.chain(changes));
+        Ok(Response::new(stream))
+    }
+
+    async fn stop_sandbox(&self, req: Request<SandboxRef>) -> Result<Response<Sandbox>, Status> {
+        let id = sandbox_id(&req.get_ref().sandbox_id)?;
+        ask(&self.reg, &id, Command::Stop).await.map(Response::new)
+    }
+
+    async fn start_sandbox(&self, req: Request<SandboxRef>) -> Result<Response<Sandbox>, Status> {
+        let id = sandbox_id(&req.get_ref().sandbox_id)?;
+        ask(&self.reg, &id, Command::Start).await.map(Response::new)
+    }
+
+    async fn delete_sandbox(&self, req: Request<SandboxRef>) -> Result<Response<DeleteSandboxResponse>, Status> {
+        let id = sandbox_id(&req.get_ref().sandbox_id)?;
+        ask(&self.reg, &id, Command::Delete).await.map(|()| Response::new(DeleteSandboxResponse {}))
+    }
+
+    async fn list_processes(&self, req: Request<SandboxRef>) -> Result<Response<ListProcessesResponse>, Status> {
+        let id = sandbox_id(&req.get_ref().sandbox_id)?;
+        if self.reg.get(&id).is_none() {
+            return Err(Status::not_found(format!("no sandbox {id}")));
+        }
+        let dir = self.reg.ctx.state.sandbox_dir(&id);
+        let mut attached = crate::attach::connect(&dir, "attach.sock")
+            .await
+            .map_err(|_| Status::failed_precondition(format!("sandbox {id} is not running")))?;
+        attached.send(ToGuest::ListProcesses).await.map_err(|_| Status::unavailable("supervisor unreachable"))?;
+        while let Some(Ok(msg)) = attached.recv().await {
+            if let ToHost::Processes { list } = msg {
+                let mut seen = HashSet::new();
+                let processes = list
+                    .into_iter()
+                    .filter(|p| seen.insert(p.pid))
+                    .map(|p| ProcessInfo { process_id: p.pid, argv: p.argv, attached: p.attached, tty: p.tty })
+                    .collect();
+                return Ok(Response::new(ListProcessesResponse { processes }));
+            }
+        }
+        Err(Status::unavailable("supervisor unreachable"))
+    }
+
+    type ExecStream = ExecStream;
+
+    async fn exec(&self, req: Request<Streaming<ExecRequest>>) -> Result<Response<ExecStream>, Status> {
+        exec::exec(Arc::clone(&self.reg), req.into_inner()).await.map(Response::new)
+    }
+}

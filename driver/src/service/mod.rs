@@ -1,0 +1,205 @@
+//! `vm-driver serve`: the gateway-facing service.
+//!
+//! - [`socket`]: the API socket and who may connect.
+//! - [`api`]: the gRPC service (`vmdriver.v1.Driver`, with server reflection).
+//! - [`registry`] and [`actor`]: the sandboxes and the task that runs each one.
+//! - [`sessions`]: supervisors' sessions, which gate readiness.
+//! - [`exec`]: process streams relayed to the sandboxes' attach sockets.
+//! - [`store`]: what a sandbox directory remembers across restarts.
+//!
+//! On start the driver reaps orphans, then restores its sandboxes: running-intent ones boot again (a new
+//! generation), stopped ones stay stopped, failed ones are reported failed. On SIGTERM or SIGINT every
+//! sandbox is stopped in order, in parallel, keeping its intent, and the driver exits.
+
+pub mod actor;
+pub mod api;
+pub mod exec;
+pub mod registry;
+pub mod sessions;
+pub mod socket;
+pub mod store;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _, Result};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::{oneshot, watch};
+use vm_protocol::driver_api::driver_server::DriverServer;
+use vm_protocol::driver_api::FILE_DESCRIPTOR_SET;
+use vm_protocol::SandboxId;
+
+use self::actor::{Command, Initial};
+use self::registry::{Context, Registry};
+use self::socket::PeerPolicy;
+use crate::image::Image;
+use crate::state::StateDir;
+use crate::telemetry::{self, TelemetryConfig};
+use crate::{reap, supervisor};
+
+/// Longest Unix socket path.
+const MAX_SUN_PATH: usize = 107;
+
+/// What `serve` is started with.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// The API socket.
+    pub socket: PathBuf,
+    /// The state directory.
+    pub state_dir: PathBuf,
+    /// Only this pid may use the API, when set.
+    pub gateway_pid: Option<i32>,
+    /// The guest image.
+    pub image: Image,
+    /// `auto`, `kvm` or `tcg`.
+    pub accel: String,
+    /// Telemetry settings for supervisors.
+    pub telemetry: TelemetryConfig,
+    /// Boot timeout per sandbox.
+    pub boot_timeout: Duration,
+    /// Stop bound per sandbox.
+    pub stop_timeout: Duration,
+}
+
+/// Runs the service until SIGTERM or SIGINT.
+///
+/// # Errors
+/// Start-up failures: sockets, state directory, supervisor binary.
+pub async fn serve(config: ServeConfig) -> Result<()> {
+    let state = StateDir::open(&config.state_dir)?;
+    for reaped in reap::reap_all(&state.sandboxes_dir()) {
+        if reaped.killed {
+            eprintln!("vm-driver: reaped orphaned sandbox {} (its supervisor was gone)", reaped.sandbox);
+        }
+    }
+    let binary = supervisor::locate()?;
+    let accelerator = probe_accelerator(&binary, &config.accel).await;
+    let sessions_path = config.state_dir.join("sessions.sock");
+    if sessions_path.as_os_str().len() > MAX_SUN_PATH {
+        bail!("the state directory path is too long for a Unix socket; choose a shorter --state-dir");
+    }
+    let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    let api_listener = socket::bind(&config.socket).await?;
+    let sessions_listener = sessions::bind(&sessions_path).context("cannot bind the session socket")?;
+    let reg = Arc::new(Registry::new(Context {
+        state: state.clone(),
+        sessions_socket: sessions_path.clone(),
+        supervisor: binary,
+        image: config.image.clone(),
+        accel: config.accel.clone(),
+        telemetry: config.telemetry.clone(),
+        otlp_headers: telemetry::headers_from_env()?,
+        boot_timeout: config.boot_timeout,
+        stop_timeout: config.stop_timeout,
+    }));
+    restore(&reg, &state);
+
+    let (gate, gate_rx) = watch::channel(sessions::Gate::default());
+    // Held until the end of `serve`: dropping it would end every session.
+    let gate = Arc::new(gate);
+    tokio::spawn(sessions::serve(sessions_listener, Arc::clone(&reg), gate_rx));
+    session_controls(&gate);
+
+    let policy = PeerPolicy { uid: rustix::process::getuid().as_raw(), pid: config.gateway_pid };
+    loosen_for_tests(&config.socket);
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("cannot build the reflection service")?;
+    let server = tonic::transport::Server::builder()
+        .add_service(DriverServer::new(api::Api::new(Arc::clone(&reg), accelerator)))
+        .add_service(reflection)
+        .serve_with_incoming(socket::incoming(api_listener, policy));
+    let server = tokio::spawn(server);
+    eprintln!("vm-driver: serving on {}", config.socket.display());
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = interrupt.recv() => {}
+    }
+    eprintln!("vm-driver: stopping every sandbox");
+    let stops = reg.inboxes().into_iter().map(|inbox| async move {
+        let (tx, rx) = oneshot::channel();
+        if inbox.send(Command::Shutdown(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    });
+    futures_util::future::join_all(stops).await;
+    server.abort();
+    drop(gate);
+    let _ = std::fs::remove_file(&config.socket);
+    let _ = std::fs::remove_file(&sessions_path);
+    Ok(())
+}
+
+/// Brings back what the state directory holds.
+fn restore(reg: &Arc<Registry>, state: &StateDir) {
+    let Ok(entries) = std::fs::read_dir(state.sandboxes_dir()) else { return };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let Some(id) = entry.file_name().to_str().and_then(|n| SandboxId::parse(n).ok()) else { continue };
+        let Some(spec) = store::load_spec(&dir) else { continue };
+        let initial = if store::is_stopped(&dir) {
+            Initial::Stopped
+        } else if let Some(stone) = store::tombstone(&dir).filter(|t| t.reason == "failed") {
+            Initial::Failed(format!("failed before the driver restarted ({})", stone.reason))
+        } else {
+            Initial::Start
+        };
+        actor::spawn(reg, id, dir, spec, initial);
+    }
+}
+
+/// What `auto` resolves to on this host, and why, as the supervisor decides it.
+async fn probe_accelerator(binary: &Path, accel: &str) -> (String, String) {
+    let out = tokio::process::Command::new(binary).args(["--probe-accel", accel]).env_clear().output().await;
+    let line = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+    match vm_protocol::status::SupervisorStatus::from_line(&line) {
+        Ok(vm_protocol::status::SupervisorStatus::Accelerator { accel, fallback }) => {
+            (accel.as_str().into(), fallback.unwrap_or_default())
+        }
+        _ => ("unknown".into(), "the accelerator probe failed".into()),
+    }
+}
+
+#[cfg(feature = "test-controls")]
+fn session_controls(gate: &Arc<watch::Sender<sessions::Gate>>) {
+    let gate = Arc::clone(gate);
+    // Test control: SIGUSR1 drops every supervisor session and holds new ones; SIGUSR2 lets them in again.
+    // Tests use it to watch readiness close on session loss and reopen on reconnection.
+    let (Ok(mut usr1), Ok(mut usr2)) = (signal(SignalKind::user_defined1()), signal(SignalKind::user_defined2()))
+    else {
+        return;
+    };
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                Some(()) = usr1.recv() => gate.send_modify(|g| {
+                    g.epoch += 1;
+                    g.paused = true;
+                }),
+                Some(()) = usr2.recv() => gate.send_modify(|g| g.paused = false),
+                else => return,
+            }
+        }
+    });
+}
+
+#[cfg(not(feature = "test-controls"))]
+fn session_controls(_gate: &Arc<watch::Sender<sessions::Gate>>) {}
+
+#[cfg(feature = "test-controls")]
+fn loosen_for_tests(socket: &Path) {
+    // Test control: let other users reach the socket, so the peer-credential check is what refuses them.
+    use std::os::unix::fs::PermissionsExt;
+    if crate::test_controls::enabled("api-socket-world-reachable") {
+        let _ = std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o666));
+        if let Some(dir) = socket.parent() {
+            let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711));
+        }
+    }
+}
+
+#[cfg(not(feature = "test-controls"))]
+fn loosen_for_tests(_socket: &Path) {}

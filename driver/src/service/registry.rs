@@ -1,0 +1,165 @@
+//! Every sandbox the driver serves: its public view, its actor's inbox, its current session credentials,
+//! and the stream of changes `Watch` follows.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{broadcast, mpsc};
+use vm_protocol::driver_api::{watch_event, PlatformEvent, Sandbox, WatchEvent};
+use vm_protocol::SandboxId;
+
+use super::actor::Command;
+use crate::image::Image;
+use crate::state::StateDir;
+use crate::telemetry::TelemetryConfig;
+
+/// Changes `Watch` subscribers may lag behind before they miss some.
+const WATCH_BUFFER: usize = 1024;
+
+/// What every sandbox actor needs from the driver.
+#[derive(Debug)]
+pub struct Context {
+    /// The state directory.
+    pub state: StateDir,
+    /// The session socket supervisors connect to.
+    pub sessions_socket: PathBuf,
+    /// The supervisor binary.
+    pub supervisor: PathBuf,
+    /// The guest image.
+    pub image: Image,
+    /// `auto`, `kvm` or `tcg`.
+    pub accel: String,
+    /// Telemetry settings for supervisors.
+    pub telemetry: TelemetryConfig,
+    /// Collector headers, for each sandbox's auth bundle.
+    pub otlp_headers: Vec<(String, String)>,
+    /// Boot timeout.
+    pub boot_timeout: Duration,
+    /// Supervisor stop bound.
+    pub stop_timeout: Duration,
+}
+
+struct Entry {
+    view: Sandbox,
+    inbox: mpsc::Sender<Command>,
+    /// The generation and token the current supervisor must present.
+    session: Option<(u64, String)>,
+}
+
+/// The sandboxes.
+pub struct Registry {
+    entries: Mutex<HashMap<SandboxId, Entry>>,
+    events: broadcast::Sender<WatchEvent>,
+    /// Shared settings.
+    pub ctx: Context,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry").field("ctx", &self.ctx).finish_non_exhaustive()
+    }
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new(ctx: Context) -> Self {
+        Self { entries: Mutex::new(HashMap::new()), events: broadcast::channel(WATCH_BUFFER).0, ctx }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, Entry>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds a sandbox. `false` if the id is taken.
+    pub fn insert(&self, id: SandboxId, view: Sandbox, inbox: mpsc::Sender<Command>) -> bool {
+        let mut entries = self.lock();
+        if entries.contains_key(&id) {
+            return false;
+        }
+        entries.insert(id, Entry { view: view.clone(), inbox, session: None });
+        drop(entries);
+        self.broadcast(watch_event::Event::Changed(view));
+        true
+    }
+
+    /// Whether the id is taken.
+    pub fn contains(&self, id: &SandboxId) -> bool {
+        self.lock().contains_key(id)
+    }
+
+    /// Removes a sandbox.
+    pub fn remove(&self, id: &SandboxId) {
+        self.lock().remove(id);
+    }
+
+    /// Publishes a sandbox's new view.
+    pub fn publish(&self, id: &SandboxId, view: &Sandbox) {
+        if let Some(entry) = self.lock().get_mut(id) {
+            entry.view = view.clone();
+        }
+        self.broadcast(watch_event::Event::Changed(view.clone()));
+    }
+
+    /// Publishes a platform event.
+    pub fn platform(&self, id: &SandboxId, kind: &str, message: impl Into<String>) {
+        let time_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        self.broadcast(watch_event::Event::Platform(PlatformEvent {
+            sandbox_id: id.to_string(),
+            kind: kind.into(),
+            message: message.into(),
+            time_ms,
+        }));
+    }
+
+    fn broadcast(&self, event: watch_event::Event) {
+        // No subscribers is fine.
+        let _ = self.events.send(WatchEvent { event: Some(event) });
+    }
+
+    /// Changes from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<WatchEvent> {
+        self.events.subscribe()
+    }
+
+    /// One sandbox's view.
+    pub fn get(&self, id: &SandboxId) -> Option<Sandbox> {
+        self.lock().get(id).map(|e| e.view.clone())
+    }
+
+    /// Every sandbox's view, by id.
+    pub fn list(&self) -> Vec<Sandbox> {
+        let mut all: Vec<Sandbox> = self.lock().values().map(|e| e.view.clone()).collect();
+        all.sort_by(|a, b| a.sandbox_id.cmp(&b.sandbox_id));
+        all
+    }
+
+    /// The actor's inbox.
+    pub fn inbox(&self, id: &SandboxId) -> Option<mpsc::Sender<Command>> {
+        self.lock().get(id).map(|e| e.inbox.clone())
+    }
+
+    /// Every actor's inbox.
+    pub fn inboxes(&self) -> Vec<mpsc::Sender<Command>> {
+        self.lock().values().map(|e| e.inbox.clone()).collect()
+    }
+
+    /// Sets what the next supervisor of `id` must present.
+    pub fn expect_session(&self, id: &SandboxId, generation: u64, token: String) {
+        if let Some(entry) = self.lock().get_mut(id) {
+            entry.session = Some((generation, token));
+        }
+    }
+
+    /// Whether a supervisor presenting these is the one `id` expects.
+    pub fn check_session(&self, id: &SandboxId, generation: u64, token: &str) -> bool {
+        self.lock().get(id).and_then(|e| e.session.as_ref()).is_some_and(|(g, t)| {
+            *g == generation
+                && t.len() == token.len()
+                && t.bytes().zip(token.bytes()).fold(0, |acc, (a, b)| acc | (a ^ b)) == 0
+        })
+    }
+}

@@ -1,0 +1,93 @@
+//! The session socket: each supervisor opens a session here, authenticated by the token in its auth bundle,
+//! and keeps it open. The sandbox is ready only while its session is up; the supervisor opens its readiness
+//! listener only after the session is accepted, and closes it when the session is lost.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::watch;
+use vm_protocol::status::{SessionHello, SessionNote, SessionReply};
+use vm_protocol::SandboxId;
+
+use super::actor::Command;
+use super::registry::Registry;
+
+/// Binds the session socket (0600, in the private state directory).
+///
+/// # Errors
+/// The socket cannot be bound.
+pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Lets tests cut sessions: bumping `epoch` drops every open session (supervisors reconnect); while `paused`,
+/// new sessions wait for their answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Gate {
+    /// Sessions opened before the last bump are dropped.
+    pub epoch: u64,
+    /// Hold new sessions.
+    pub paused: bool,
+}
+
+/// Accepts sessions forever.
+pub async fn serve(listener: UnixListener, reg: Arc<Registry>, gate: watch::Receiver<Gate>) {
+    let our_uid = rustix::process::getuid().as_raw();
+    while let Ok((stream, _)) = listener.accept().await {
+        if stream.peer_cred().map_or(true, |c| c.uid() != our_uid) {
+            tracing::warn!("refused a session from another user");
+            continue;
+        }
+        tokio::spawn(session(stream, Arc::clone(&reg), gate.clone()));
+    }
+}
+
+async fn session(stream: UnixStream, reg: Arc<Registry>, mut gate: watch::Receiver<Gate>) {
+    let (read, mut write) = stream.into_split();
+    let mut lines = BufReader::new(read).lines();
+    let Ok(Some(first)) = lines.next_line().await else { return };
+    if gate.wait_for(|g| !g.paused).await.is_err() {
+        return;
+    }
+    let Ok(hello) = serde_json::from_str::<SessionHello>(&first) else { return };
+    let accepted = SandboxId::parse(&hello.sandbox_id)
+        .ok()
+        .filter(|id| reg.check_session(id, hello.generation, &hello.token))
+        .and_then(|id| Some((reg.inbox(&id)?, id)));
+    let reply = match accepted {
+        Some(_) => SessionReply { accepted: true, reason: String::new() },
+        None => SessionReply { accepted: false, reason: "unknown sandbox, generation or token".into() },
+    };
+    let mut line = serde_json::to_vec(&reply).unwrap_or_default();
+    line.push(b'\n');
+    if write.write_all(&line).await.is_err() {
+        return;
+    }
+    let Some((inbox, id)) = accepted else {
+        tracing::warn!(sandbox = %hello.sandbox_id, "refused a supervisor session");
+        return;
+    };
+    let generation = hello.generation;
+    let current = gate.borrow_and_update().epoch;
+    loop {
+        tokio::select! {
+            next = lines.next_line() => match next {
+                Ok(Some(line)) => {
+                    if let Ok(note) = serde_json::from_str::<SessionNote>(&line) {
+                        let _ = inbox.send(Command::Session { generation, readiness: Some(note.readiness) }).await;
+                    }
+                }
+                _ => break,
+            },
+            changed = gate.changed() => if changed.is_err() || gate.borrow().epoch != current { break },
+        }
+    }
+    tracing::info!(sandbox = %id, "supervisor session closed");
+    let _ = inbox.send(Command::Session { generation, readiness: None }).await;
+}
