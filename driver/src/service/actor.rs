@@ -81,7 +81,7 @@ pub fn spawn(reg: &Arc<Registry>, id: SandboxId, dir: PathBuf, spec: StoredSpec,
     let (tx, rx) = mpsc::channel(16);
     let view = Sandbox {
         sandbox_id: id.to_string(),
-        state: SandboxState::Stopped.into(),
+        state: if initial == Initial::Start { SandboxState::Provisioning } else { SandboxState::Stopped }.into(),
         spec: Some(spec.to_api()),
         generation: store::generation(&dir),
         running_intent: initial == Initial::Start,

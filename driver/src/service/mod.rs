@@ -104,13 +104,19 @@ pub async fn serve(config: ServeConfig) -> Result<()> {
 
     let policy = PeerPolicy { uid: rustix::process::getuid().as_raw(), pid: config.gateway_pid };
     loosen_for_tests(&config.socket);
+    // Both reflection versions: v1, and v1alpha, which many clients (grpcurl, Python's grpcio-reflection) use.
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("cannot build the reflection service")?;
+    let reflection_alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .context("cannot build the reflection service")?;
     let server = tonic::transport::Server::builder()
         .add_service(DriverServer::new(api::Api::new(Arc::clone(&reg), accelerator)))
         .add_service(reflection)
+        .add_service(reflection_alpha)
         .serve_with_incoming(socket::incoming(api_listener, policy));
     let server = tokio::spawn(server);
     eprintln!("vm-driver: serving on {}", config.socket.display());

@@ -1,0 +1,123 @@
+//! A `vm-driver serve` started by a test, and the CLI pointed at it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use crate::procs::{self, Watcher};
+use crate::{harness, wait_until, Scratch};
+
+/// A running service. Dropping it stops it and kills whatever it left.
+#[derive(Debug)]
+pub struct Serve {
+    pub child: Child,
+    pub socket: PathBuf,
+    pub state: PathBuf,
+    env: Vec<(String, String)>,
+    watcher: Option<Watcher>,
+}
+
+impl Serve {
+    /// Starts it in `scratch` with `env` added and waits until its socket answers.
+    pub fn start(scratch: &Scratch, env: &[(&str, &str)]) -> Self {
+        let state = scratch.state();
+        let mut serve = Self {
+            child: Self::spawn(&state, env),
+            socket: state.join("driver.sock"),
+            state,
+            env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            watcher: Some(Watcher::start(&scratch.dir)),
+        };
+        serve.wait_listening();
+        serve
+    }
+
+    fn spawn(state: &Path, env: &[(&str, &str)]) -> Child {
+        let h = harness();
+        Command::new(&h.driver)
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(state)
+            .arg("--image")
+            .arg(&h.image)
+            .args(["--accel", &h.accel])
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("cannot start vm-driver serve")
+    }
+
+    fn wait_listening(&mut self) {
+        let socket = self.socket.clone();
+        assert!(
+            wait_until(Duration::from_secs(30), || std::os::unix::net::UnixStream::connect(&socket).is_ok()),
+            "vm-driver serve did not listen on {}",
+            socket.display()
+        );
+    }
+
+    /// Runs `vm-driver SUBCOMMAND --socket SOCKET ARGS...`.
+    pub fn cli(&self, subcommand: &str, args: &[&str]) -> Output {
+        self.cli_command(subcommand, args).output().expect("cannot run vm-driver")
+    }
+
+    /// The command, for callers that need its stdio.
+    pub fn cli_command(&self, subcommand: &str, args: &[&str]) -> Command {
+        let mut cmd = Command::new(&harness().driver);
+        cmd.arg(subcommand).arg("--socket").arg(&self.socket).args(args);
+        cmd
+    }
+
+    /// SIGKILL, as a crash.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts it again on the same state directory.
+    pub fn restart(&mut self) {
+        let env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        self.child = Self::spawn(&self.state, &env);
+        self.wait_listening();
+    }
+
+    /// Sends `signal` to the service process.
+    pub fn signal(&self, signal: Signal) {
+        procs::signal(i32::try_from(self.child.id()).unwrap(), signal);
+    }
+
+    /// Every QEMU seen so far under this test.
+    pub fn vmms(&self) -> Vec<procs::ProcInfo> {
+        self.watcher.as_ref().map(|w| w.seen().into_iter().filter(procs::ProcInfo::is_qemu).collect()).unwrap_or_default()
+    }
+
+    /// A tokio runtime and a connected API client, for tests that speak gRPC themselves.
+    pub fn grpc(&self) -> (tokio::runtime::Runtime, vm_protocol::driver_api::driver_client::DriverClient<tonic::transport::Channel>) {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let client = rt.block_on(vm_driver::client::connect(&self.socket)).unwrap();
+        (rt, client)
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        self.signal(Signal::SIGTERM);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::time::Instant::now() < deadline && self.child.try_wait().ok().flatten().is_none() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(w) = self.watcher.take() {
+            for p in w.stop() {
+                if p.is_alive() {
+                    procs::signal(p.pid, Signal::SIGKILL);
+                }
+            }
+        }
+    }
+}
