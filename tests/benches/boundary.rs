@@ -5,77 +5,16 @@
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a benchmark fails loudly")]
 
+mod common;
+
 use std::io::Read;
-use std::os::unix::net::UnixListener;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use vm_e2e::image::with_init_script;
+use common::{median, BareVm, CHANNEL_UP};
 use vm_e2e::{harness, procs, Launch, Scratch};
-use vm_protocol::status::Accelerator;
-use vm_supervisor::vmm::VmmConfig;
 
 const STREAM_BYTES: usize = 64 << 20;
-
-/// Brings the channel up the way the agent does, for baseline guests that run a shell script as PID 1.
-const CHANNEL_UP: &str = r#"
-/bin/busybox mount -t proc proc /proc
-/bin/busybox mount -t sysfs sys /sys
-/bin/busybox mount -t devtmpfs dev /dev
-for m in $(/bin/busybox cat /etc/vm-agent/modules); do /bin/busybox insmod $m; done
-while [ ! -e /sys/class/virtio-ports/vport0p1/name ]; do :; done"#;
-
-fn accel() -> Accelerator {
-    match harness().accel.as_str() {
-        "kvm" => Accelerator::Kvm,
-        _ => Accelerator::Tcg,
-    }
-}
-
-/// QEMU exactly as the supervisor starts it, but without supervisor, agent or protocol. Returns the wall
-/// time from spawn to exit and every byte the guest wrote to the channel, with the first and last byte times.
-fn bare_qemu(scratch: &Scratch, init: &str) -> (Duration, usize, Option<Duration>) {
-    let dir = scratch.dir.join("bare");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let initrd = with_init_script(&dir, init);
-    let listener = UnixListener::bind(dir.join("chan.sock")).unwrap();
-    let config = VmmConfig {
-        qemu: vm_supervisor::vmm::find_qemu().expect("qemu-system-x86_64"),
-        kernel: harness().image.join("vmlinuz"),
-        initrd,
-        cpus: 1,
-        memory_mib: 256,
-        accel: accel(),
-    };
-    let start = Instant::now();
-    let mut qemu = Command::new(&config.qemu)
-        .args(config.args())
-        .current_dir(&dir)
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (mut conn, _) = listener.accept().unwrap();
-    let mut buf = vec![0u8; 1 << 16];
-    let (mut total, mut first, mut last) = (0usize, None, None);
-    loop {
-        match conn.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                first.get_or_insert_with(Instant::now);
-                total += n;
-                last = Some(Instant::now());
-            }
-        }
-    }
-    qemu.wait().unwrap();
-    let elapsed = start.elapsed();
-    let span = first.zip(last).map(|(f, l)| l - f);
-    (elapsed, total, span)
-}
 
 /// `vm-driver launch -- CMD`, reading stdout; returns wall time, bytes, first-to-last byte span, and the
 /// supervisor's peak RSS (VmHWM, KiB) as observed from /proc.
@@ -125,16 +64,6 @@ fn vm_hwm_kib(pid: i32) -> u64 {
         .unwrap_or(0)
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    }
-}
-
 fn mb_per_s(bytes: usize, span: Option<Duration>) -> f64 {
     let secs = span.map_or(f64::NAN, |d| d.as_secs_f64());
     bytes as f64 / secs / 1e6
@@ -142,7 +71,7 @@ fn mb_per_s(bytes: usize, span: Option<Duration>) -> f64 {
 
 fn main() {
     // `cargo bench` passes --bench; any other argument is a filter we do not support.
-    let runs: usize = std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    let runs = common::runs();
     let scratch = Scratch::new("bench");
     let dd = format!("{CHANNEL_UP}\n/bin/busybox dd if=/dev/zero of=/dev/vport0p1 bs=65536 count={} 2>/dev/null\n/bin/busybox reboot -f", STREAM_BYTES / 65536);
     // The same bytes through one pipe and `cat` first: what any design that hands the workload a pipe pays.
@@ -152,12 +81,12 @@ fn main() {
         (vec![], vec![], vec![], vec![], vec![], vec![]);
     for i in 0..runs {
         eprintln!("bench: run {}/{runs}", i + 1);
-        bare.push(bare_qemu(&scratch, "/bin/busybox reboot -f").0.as_secs_f64());
+        bare.push(BareVm::boot(&scratch, "/bin/busybox reboot -f").drain().0.as_secs_f64());
         ours.push(launch(&scratch, &["true"]).0.as_secs_f64());
-        let (_, bytes, span) = bare_qemu(&scratch, &dd);
+        let (_, bytes, span) = BareVm::boot(&scratch, &dd).drain();
         assert_eq!(bytes, STREAM_BYTES, "raw dd delivered everything");
         raw_tp.push(mb_per_s(bytes, span));
-        let (_, bytes, span) = bare_qemu(&scratch, &piped);
+        let (_, bytes, span) = BareVm::boot(&scratch, &piped).drain();
         assert_eq!(bytes, STREAM_BYTES, "dd | cat delivered everything");
         pipe_tp.push(mb_per_s(bytes, span));
         let count = format!("count={}", STREAM_BYTES / 65536);

@@ -92,11 +92,17 @@ impl Serve {
 
     /// Every QEMU seen so far under this test.
     pub fn vmms(&self) -> Vec<procs::ProcInfo> {
-        self.watcher.as_ref().map(|w| w.seen().into_iter().filter(procs::ProcInfo::is_qemu).collect()).unwrap_or_default()
+        self.watcher
+            .as_ref()
+            .map(|w| w.seen().into_iter().filter(procs::ProcInfo::is_qemu).collect())
+            .unwrap_or_default()
     }
 
     /// A tokio runtime and a connected API client, for tests that speak gRPC themselves.
-    pub fn grpc(&self) -> (tokio::runtime::Runtime, vm_protocol::driver_api::driver_client::DriverClient<tonic::transport::Channel>) {
+    pub fn grpc(
+        &self,
+    ) -> (tokio::runtime::Runtime, vm_protocol::driver_api::driver_client::DriverClient<tonic::transport::Channel>)
+    {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let client = rt.block_on(vm_driver::client::connect(&self.socket)).unwrap();
         (rt, client)

@@ -75,7 +75,8 @@ fn eight_sandboxes_at_once_and_thirty_two_streams_in_one() {
     let s = Scratch::new("svc-load");
     let serve = Serve::start(&s, &[]);
     let ids: Vec<String> = (0..8).map(|i| format!("load-{i}")).collect();
-    let creates: Vec<_> = ids.iter().map(|id| serve.cli_command("create", &[id]).stdout(Stdio::null()).spawn().unwrap()).collect();
+    let creates: Vec<_> =
+        ids.iter().map(|id| serve.cli_command("create", &[id]).stdout(Stdio::null()).spawn().unwrap()).collect();
     for mut c in creates {
         assert!(c.wait().unwrap().success());
     }
@@ -90,7 +91,8 @@ fn eight_sandboxes_at_once_and_thirty_two_streams_in_one() {
     let streams = (0..32u8).map(|n| {
         let mut client = client.clone();
         async move {
-            let input: Vec<u8> = (0..256 * 1024).map(|i: usize| (i as u8).wrapping_mul(31).wrapping_add(n)).collect();
+            let input: Vec<u8> =
+                (0..=255u8).cycle().take(256 * 1024).map(|b| b.wrapping_mul(31).wrapping_add(n)).collect();
             let start = ExecStart { sandbox_id: "load-0".into(), argv: vec!["cat".into()], ..Default::default() };
             let reqs = vec![
                 ExecRequest { request: Some(exec_request::Request::Start(start)) },
@@ -168,7 +170,18 @@ fn terminals_have_their_size_resize_and_ctrl_c() {
 
     // `vm-driver exec -it`: Ctrl-C is a byte on the terminal, which the guest's terminal turns into SIGINT.
     let mut child = serve
-        .cli_command("exec", &["-i", "-t", "tty", "--", "/bin/sh", "-c", "trap 'echo got-int; exit 42' INT; echo ready; while :; do sleep 0.05; done"])
+        .cli_command(
+            "exec",
+            &[
+                "-i",
+                "-t",
+                "tty",
+                "--",
+                "/bin/sh",
+                "-c",
+                "trap 'echo got-int; exit 42' INT; echo ready; while :; do sleep 0.05; done",
+            ],
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()

@@ -1,0 +1,104 @@
+//! Baselines shared by the benchmarks: QEMU booting the same kernel and image exactly as the supervisor
+//! starts it, but with a shell script as PID 1 instead of the agent, and no supervisor or protocol.
+#![allow(dead_code, reason = "each benchmark uses part of this module")]
+
+use std::io::Read;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use vm_e2e::image::with_init_script;
+use vm_e2e::{harness, Scratch};
+use vm_protocol::status::Accelerator;
+use vm_supervisor::vmm::VmmConfig;
+
+/// Brings the channel up the way the agent does.
+pub const CHANNEL_UP: &str = r#"
+/bin/busybox mount -t proc proc /proc
+/bin/busybox mount -t sysfs sys /sys
+/bin/busybox mount -t devtmpfs dev /dev
+for m in $(/bin/busybox cat /etc/vm-agent/modules); do /bin/busybox insmod $m; done
+while [ ! -e /sys/class/virtio-ports/vport0p1/name ]; do :; done"#;
+
+/// A bare QEMU and the host end of its channel.
+pub struct BareVm {
+    pub qemu: Child,
+    pub conn: UnixStream,
+    pub started: Instant,
+}
+
+impl BareVm {
+    /// Boots a guest whose PID 1 is `init` (a busybox shell script) in `scratch/bare`.
+    pub fn boot(scratch: &Scratch, init: &str) -> Self {
+        let dir = scratch.dir.join("bare");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let initrd = with_init_script(&dir, init);
+        let listener = UnixListener::bind(dir.join("chan.sock")).unwrap();
+        let accel = match harness().accel.as_str() {
+            "kvm" => Accelerator::Kvm,
+            _ => Accelerator::Tcg,
+        };
+        let config = VmmConfig {
+            qemu: vm_supervisor::vmm::find_qemu().expect("qemu-system-x86_64"),
+            kernel: harness().image.join("vmlinuz"),
+            initrd,
+            cpus: 1,
+            memory_mib: 256,
+            accel,
+        };
+        let started = Instant::now();
+        let qemu = Command::new(&config.qemu)
+            .args(config.args())
+            .current_dir(&dir)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let (conn, _) = listener.accept().unwrap();
+        Self { qemu, conn, started }
+    }
+
+    /// Reads the channel to its end and waits for QEMU. Returns the wall time from spawn to exit, the bytes
+    /// the guest wrote, and the span from the first byte to the last.
+    pub fn drain(mut self) -> (Duration, usize, Option<Duration>) {
+        let mut buf = vec![0u8; 1 << 16];
+        let (mut total, mut first, mut last) = (0usize, None, None);
+        loop {
+            match self.conn.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    first.get_or_insert_with(Instant::now);
+                    total += n;
+                    last = Some(Instant::now());
+                }
+            }
+        }
+        self.qemu.wait().unwrap();
+        (self.started.elapsed(), total, first.zip(last).map(|(f, l)| l - f))
+    }
+}
+
+impl Drop for BareVm {
+    fn drop(&mut self) {
+        let _ = self.qemu.kill();
+        let _ = self.qemu.wait();
+    }
+}
+
+pub fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
+/// `BENCH_RUNS`, default 10.
+pub fn runs() -> usize {
+    std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(10)
+}
