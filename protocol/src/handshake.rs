@@ -100,6 +100,13 @@ impl Hello {
         Self { magic: HELLO_MAGIC, version: PROTOCOL_VERSION, capabilities, software: software.into() }
     }
 
+    /// `software` as safe to print in a log line: at most 64 characters, printable ASCII only (anything
+    /// else becomes `?`). A peer's hello is untrusted; this is the only form of it that reaches logs.
+    #[must_use]
+    pub fn software_label(&self) -> String {
+        self.software.chars().take(64).map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' }).collect()
+    }
+
     /// Checks a peer's hello against this build and the capabilities this side needs.
     ///
     /// # Errors
@@ -181,6 +188,15 @@ mod tests {
             ToHost::Hello(h) => Some(h),
             _ => None,
         }
+    }
+
+    #[test]
+    fn software_label_is_printable_and_bounded() {
+        let hostile = Hello::ours(Capabilities::NONE, format!("agent\n\x1b[2J{}", "x".repeat(100)));
+        let label = hostile.software_label();
+        assert_eq!(label.len(), 64);
+        assert!(label.starts_with("agent??[2J"), "{label}");
+        assert_eq!(Hello::ours(Capabilities::NONE, "vm-agent 0.1.0").software_label(), "vm-agent 0.1.0");
     }
 
     #[test]

@@ -216,7 +216,7 @@ async fn supervise_sandbox(
             return Err(e);
         }
     };
-    let vm = AppInfo { name: "microvm".into(), version: link.hello.software.clone() };
+    let vm = AppInfo { name: "microvm".into(), version: link.hello.software_label() };
     // A previous start of this sandbox may have left its socket behind.
     let _ = std::fs::remove_file(ATTACH_SOCKET);
     let listener = match UnixListener::bind(ATTACH_SOCKET) {
@@ -237,9 +237,9 @@ async fn supervise_sandbox(
     status::report(&SupervisorStatus::Ready {
         attach_socket: ATTACH_SOCKET.into(),
         vmm_pid: vmm.id().unwrap_or(0),
-        agent: link.hello.software.clone(),
+        agent: vm.version.clone(),
     });
-    tracing::info!(sandbox = %config.sandbox_id, agent = %link.hello.software, "sandbox ready");
+    tracing::info!(sandbox = %config.sandbox_id, agent = %vm.version, "sandbox ready");
     if let Some(session) = session {
         tokio::spawn(crate::session::run(session, events.clone()));
     }

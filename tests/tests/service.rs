@@ -268,6 +268,53 @@ fn refusals_other_uid_bad_id_symlinked_socket() {
 }
 
 #[test]
+fn exec_detaches_and_reattaches_with_held_output() {
+    let s = Scratch::new("svc-attach");
+    let serve = Serve::start(&s, &[]);
+    ok(serve.cli("create", &["at"]));
+    let (rt, mut client) = serve.grpc();
+    // It writes `held` while no client is attached, then needs stdin from the client that attaches again.
+    let script = "echo first; sleep 2; echo held; read x; echo got-$x; exit 7";
+    let pid = rt.block_on(async {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let argv = ["sh", "-c", script].map(String::from).to_vec();
+        let start = ExecStart { sandbox_id: "at".into(), argv, ..Default::default() };
+        tx.send(ExecRequest { request: Some(exec_request::Request::Start(start)) }).await.unwrap();
+        let mut stream = client.exec(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+        let (mut pid, mut out) = (None, Vec::new());
+        while out != b"first\n" {
+            match stream.next().await.unwrap().unwrap().response {
+                Some(exec_response::Response::Started(started)) => pid = Some(started.process_id),
+                Some(exec_response::Response::Stdout(b)) => out.extend_from_slice(&b),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        pid.unwrap()
+        // The stream and its sender drop here: the client is gone.
+    });
+    let detached = format!("{pid:>7} no ");
+    assert!(
+        wait_until(Duration::from_secs(10), || ok(serve.cli("ps", &["at"])).contains(&detached)),
+        "the process is not listed as detached"
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    let mut attach = serve.cli_command("exec", &["-i", "--attach", &pid.to_string(), "at"]);
+    let mut child = attach.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    child.stdin.take().unwrap().write_all(b"yes\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "held\ngot-yes\n", "held output replayed, then live output");
+    assert_eq!(out.status.code(), Some(7));
+    assert!(!ok(serve.cli("ps", &["at"])).contains(&detached), "it is gone once it exited");
+
+    // A pid with no detached process is refused, clearly.
+    let bad = serve.cli("exec", &["--attach", "99999", "at"]);
+    assert!(!bad.status.success());
+    let why = String::from_utf8_lossy(&bad.stderr);
+    assert!(why.contains("no detached process"), "{why}");
+    eprintln!("e2e: detached pid {pid}, re-attached, held output replayed, exit 7");
+}
+
+#[test]
 fn readiness_closes_with_the_session_and_reopens_with_it() {
     let s = Scratch::new("svc-ready");
     let serve = Serve::start(&s, &[]);
@@ -276,6 +323,14 @@ fn readiness_closes_with_the_session_and_reopens_with_it() {
     let endpoint = get.lines().nth(1).and_then(|l| l.split_whitespace().nth(4)).unwrap().to_owned();
     let connects = || std::net::TcpStream::connect(&endpoint).is_ok();
     assert!(connects(), "the readiness endpoint {endpoint} accepts while the session is up");
+
+    // A session that presents the wrong token is refused, and the real one is untouched.
+    let mut forged = std::os::unix::net::UnixStream::connect(s.state().join("sessions.sock")).unwrap();
+    forged.write_all(b"{\"sandbox_id\":\"rd\",\"generation\":1,\"token\":\"forged\"}\n").unwrap();
+    let mut reply = String::new();
+    forged.read_to_string(&mut reply).unwrap();
+    assert!(reply.contains("\"accepted\":false"), "a forged session was accepted: {reply}");
+    assert!(connects() && state(&serve, "rd") == "ready");
     // Test switch: SIGUSR1 drops every supervisor session and holds reconnections.
     serve.signal(Signal::SIGUSR1);
     assert!(wait_until(Duration::from_secs(10), || !connects()), "readiness still open after the session was lost");

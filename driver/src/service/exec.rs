@@ -16,7 +16,7 @@ use vm_protocol::driver_api::{
 };
 use vm_protocol::flow::DEFAULT_WINDOW_BYTES;
 use vm_protocol::frame::MAX_DATA_BYTES;
-use vm_protocol::message::EnvVar;
+use vm_protocol::message::{EnvVar, Refusal};
 use vm_protocol::{ExitStatus, ProcId, PtySize, SandboxId, SignalName, Spawn, Stream, ToGuest, ToHost};
 
 use super::registry::Registry;
@@ -161,7 +161,7 @@ async fn relay(
                         return;
                     }
                     ToHost::Refused { reason, .. } => {
-                        let _ = tx.send(Err(Status::failed_precondition(format!("refused by the sandbox: {reason:?}")))).await;
+                        let _ = tx.send(Err(refusal(reason))).await;
                         return;
                     }
                     ToHost::Pong { .. } | ToHost::Processes { .. } | ToHost::Hello(_) | ToHost::Reserved => {}
@@ -229,4 +229,14 @@ async fn flush_stdin(attached: &mut Attached, stdin: &mut Stdin) -> Result<(), a
         attached.send(ToGuest::StdinEof { id }).await?;
     }
     Ok(())
+}
+
+/// A refusal from the guest, as a status a client can act on.
+fn refusal(reason: Refusal) -> Status {
+    match reason {
+        Refusal::NoSuchProcess => Status::not_found("no detached process with that pid in the sandbox"),
+        Refusal::ShuttingDown => Status::unavailable("the sandbox is stopping"),
+        Refusal::TooManyProcesses => Status::resource_exhausted("too many processes in the sandbox"),
+        Refusal::IdNotIncreasing | Refusal::Invalid => Status::invalid_argument("the sandbox refused the request"),
+    }
 }

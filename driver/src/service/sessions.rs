@@ -70,7 +70,8 @@ async fn session(stream: UnixStream, reg: Arc<Registry>, mut gate: watch::Receiv
         return;
     }
     let Some((inbox, id)) = accepted else {
-        tracing::warn!(sandbox = %hello.sandbox_id, "refused a supervisor session");
+        // Fixed text: what a refused peer presented is not ours to echo.
+        tracing::warn!("refused a supervisor session");
         return;
     };
     let generation = hello.generation;
