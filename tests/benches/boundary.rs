@@ -12,7 +12,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::{median, BareVm, CHANNEL_UP};
-use vm_e2e::{harness, procs, Launch, Scratch};
+use vm_e2e::{procs, Launch, Scratch};
 
 const STREAM_BYTES: usize = 64 << 20;
 
@@ -97,7 +97,7 @@ fn main() {
     }
     let (bare, ours, rss) = (median(bare), median(ours), median(rss));
     let (raw_tp, pipe_tp, our_tp) = (median(raw_tp), median(pipe_tp), median(our_tp));
-    println!("accelerator: {} | runs: {runs} | medians\n", harness().accel);
+    println!("accelerator: {} | runs: {runs} | medians\n", common::resolved_accel());
     println!("| measure | ours | baseline | ratio | goal |");
     println!("|---|---|---|---|---|");
     println!(

@@ -98,6 +98,16 @@ pub fn median(mut xs: Vec<f64>) -> f64 {
     }
 }
 
+/// The accelerator the harness's setting resolves to on this host, as the supervisor decides it.
+pub fn resolved_accel() -> String {
+    let out =
+        Command::new(&harness().supervisor).args(["--probe-accel", &harness().accel]).env_clear().output().unwrap();
+    match vm_protocol::status::SupervisorStatus::from_line(&String::from_utf8_lossy(&out.stdout)) {
+        Ok(vm_protocol::status::SupervisorStatus::Accelerator { accel, .. }) => accel.as_str().to_owned(),
+        _ => panic!("the accelerator probe failed"),
+    }
+}
+
 /// `BENCH_RUNS`, default 10.
 pub fn runs() -> usize {
     std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(10)
