@@ -112,10 +112,18 @@ fn private_dir(path: &Path) -> Result<(), StateError> {
 /// # Errors
 /// `/dev/urandom` cannot be read.
 pub fn random_id(prefix: &str) -> io::Result<SandboxId> {
-    let mut bytes = [0u8; 8];
+    SandboxId::parse(&format!("{prefix}-{}", random_hex::<8>()?))
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+}
+
+/// `N` random bytes from the kernel, as hex.
+///
+/// # Errors
+/// `/dev/urandom` cannot be read.
+pub fn random_hex<const N: usize>() -> io::Result<String> {
+    let mut bytes = [0u8; N];
     io::Read::read_exact(&mut fs::File::open("/dev/urandom")?, &mut bytes)?;
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    SandboxId::parse(&format!("{prefix}-{hex}")).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 #[cfg(test)]

@@ -131,6 +131,10 @@ pub struct SupervisorProcess {
     liveness: Option<OwnedFd>,
     status: mpsc::UnboundedReceiver<SupervisorStatus>,
     log: PathBuf,
+    /// The accelerator it reported, kept here so a caller may drop and re-poll [`Self::ready`].
+    accel: (Accelerator, Option<String>),
+    /// Fixed by the first [`Self::ready`] call, so re-polling never extends the bound.
+    ready_by: Option<tokio::time::Instant>,
 }
 
 /// The `vm-supervisor` next to this executable.
@@ -193,7 +197,7 @@ impl SupervisorProcess {
                 }
             }
         });
-        Ok(Self { child, liveness: Some(write_end), status, log })
+        Ok(Self { child, liveness: Some(write_end), status, log, accel: (Accelerator::Tcg, None), ready_by: None })
     }
 
     /// The supervisor's pid, while it runs.
@@ -201,18 +205,20 @@ impl SupervisorProcess {
         self.child.id()
     }
 
-    /// Waits until the VM is ready or the start failed.
+    /// Waits until the VM is ready or the start failed, at most `timeout` after the first call. Safe to
+    /// cancel and call again (the actor does, whenever a command arrives during boot).
     ///
     /// # Errors
     /// [`SupervisorError`] with the supervisor's own explanation where it gave one.
     pub async fn ready(&mut self, timeout: Duration) -> Result<Ready, SupervisorError> {
-        let mut accel = (Accelerator::Tcg, None);
+        let deadline = *self.ready_by.get_or_insert_with(|| tokio::time::Instant::now() + timeout);
         let verdict = async {
             loop {
                 match self.status.recv().await {
-                    Some(SupervisorStatus::Accelerator { accel: a, fallback }) => accel = (a, fallback),
+                    Some(SupervisorStatus::Accelerator { accel, fallback }) => self.accel = (accel, fallback),
                     Some(SupervisorStatus::Ready { attach_socket, vmm_pid, .. }) => {
-                        return Ok(Ready { accel: accel.0, fallback: accel.1.clone(), attach_socket, vmm_pid });
+                        let (accel, fallback) = self.accel.clone();
+                        return Ok(Ready { accel, fallback, attach_socket, vmm_pid });
                     }
                     Some(SupervisorStatus::Failed { error }) => return Err(SupervisorError::StartFailed(error)),
                     Some(SupervisorStatus::Stopped { .. }) | None => {
@@ -222,7 +228,7 @@ impl SupervisorProcess {
                 }
             }
         };
-        tokio::time::timeout(timeout, verdict).await.map_err(|_| SupervisorError::Timeout(timeout))?
+        tokio::time::timeout_at(deadline, verdict).await.map_err(|_| SupervisorError::Timeout(timeout))?
     }
 
     /// Stops the supervisor: SIGTERM, wait up to `timeout`, and only then close the liveness pipe; SIGKILL

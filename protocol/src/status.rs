@@ -64,6 +64,9 @@ pub enum SupervisorStatus {
     },
 }
 
+/// The supervisor's attach socket, in the sandbox directory (the `Ready` line reports it too).
+pub const ATTACH_SOCKET: &str = "attach.sock";
+
 /// File in the sandbox directory where the supervisor records the processes of its sandbox, for the
 /// driver's orphan reaper.
 pub const PIDS_FILE: &str = "pids.json";

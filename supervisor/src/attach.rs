@@ -16,8 +16,7 @@ use vm_protocol::{Capabilities, Hello, ToGuest, ToHost};
 use crate::mux::ClientId;
 use crate::Event;
 
-/// File name of the attach socket in the sandbox directory.
-pub const ATTACH_SOCKET: &str = "attach.sock";
+pub use vm_protocol::status::ATTACH_SOCKET;
 
 /// How long a connecting client has to complete its handshake.
 const HANDSHAKE_TIMEOUT_MS: u64 = 5_000;

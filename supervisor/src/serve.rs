@@ -46,6 +46,9 @@ struct Serving<'a> {
     clients: HashMap<ClientId, ClientHandle>,
     /// Why we are stopping, and when QEMU gets SIGKILL if it has not exited.
     stopping: Option<(StopReason, Instant)>,
+    /// The session with `vm-driver serve`, if any: ended as soon as stopping begins, which closes the
+    /// readiness listener, so a stopping sandbox never looks ready.
+    session: Option<tokio::task::AbortHandle>,
 }
 
 /// Runs the sandbox until the VMM has exited; returns why it stopped.
@@ -56,9 +59,18 @@ pub(crate) async fn serve(
     guest: UnboundedSender<ToGuest>,
     rx: &mut UnboundedReceiver<Event>,
     telemetry: &mut Telemetry,
+    session: Option<tokio::task::AbortHandle>,
 ) -> StopReason {
-    let mut state =
-        Serving { config, vmm, telemetry, mux: Mux::default(), guest, clients: HashMap::new(), stopping: None };
+    let mut state = Serving {
+        config,
+        vmm,
+        telemetry,
+        mux: Mux::default(),
+        guest,
+        clients: HashMap::new(),
+        stopping: None,
+        session,
+    };
     let mut lease_ok = true;
     let reason = loop {
         let kill_at = state.stopping.as_ref().map(|(_, at)| *at);
@@ -132,7 +144,7 @@ impl Serving<'_> {
             Some(Event::SessionUp(readiness)) => {
                 tracing::info!(readiness = %readiness, "session accepted; readiness open")
             }
-            Some(Event::SessionDown) => {}
+            Some(Event::SessionDown) => tracing::warn!("session with the driver lost; readiness closed; reconnecting"),
             Some(Event::SessionRefused) => {
                 self.finding(Finding::AdmissionRefused, "the driver refused this supervisor's session");
                 self.stop(StopReason::SessionRefused);
@@ -154,6 +166,7 @@ impl Serving<'_> {
             return;
         }
         tracing::info!(?reason, "stopping the sandbox");
+        self.end_session();
         self.mux.stop_accepting();
         let grace = self.config.stop_grace_ms;
         let _ = self.guest.send(ToGuest::Shutdown { grace_ms: grace });
@@ -163,10 +176,17 @@ impl Serving<'_> {
 
     /// Kills the VMM now. The reason wins over an orderly stop already under way.
     fn stop_now(&mut self, reason: StopReason) {
+        self.end_session();
         self.mux.stop_accepting();
         self.kill_vmm();
         let far = Instant::now() + Duration::from_secs(3600);
         self.stopping = Some((reason, far));
+    }
+
+    fn end_session(&mut self) {
+        if let Some(session) = self.session.take() {
+            session.abort();
+        }
     }
 
     fn kill_vmm(&mut self) {
@@ -181,7 +201,8 @@ impl Serving<'_> {
 
     fn drop_client(&mut self, id: ClientId) {
         self.clients.remove(&id);
-        self.mux.remove_client(id);
+        let actions = self.mux.remove_client(id);
+        self.apply(actions);
     }
 
     fn apply(&mut self, actions: Vec<Action>) {

@@ -57,7 +57,6 @@ pub async fn run(config: SessionConfig, events: UnboundedSender<Event>) {
                         }
                         // The listener is gone with the select: connections are refused from here on.
                         let _ = events.send(Event::SessionDown);
-                        tracing::warn!("session with the driver lost; readiness closed; reconnecting");
                     }
                     Err(_) => tracing::error!("cannot open the readiness listener"),
                 }

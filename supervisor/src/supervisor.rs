@@ -240,10 +240,8 @@ async fn supervise_sandbox(
         agent: vm.version.clone(),
     });
     tracing::info!(sandbox = %config.sandbox_id, agent = %vm.version, "sandbox ready");
-    if let Some(session) = session {
-        tokio::spawn(crate::session::run(session, events.clone()));
-    }
-    let reason = crate::serve::serve(config, &mut vmm, &mut lease, link.tx, &mut rx, telemetry).await;
+    let session = session.map(|s| tokio::spawn(crate::session::run(s, events.clone())).abort_handle());
+    let reason = crate::serve::serve(config, &mut vmm, &mut lease, link.tx, &mut rx, telemetry, session).await;
     if lease.close().await.is_none() {
         tracing::warn!("the lease watchdog did not exit after the VM stopped; killed it");
     }
@@ -461,8 +459,31 @@ fn tails() -> String {
     text
 }
 
+/// The last lines of `path`, made safe to print: the guest writes the console, so control characters
+/// (terminal escapes among them) become `?` and each line is cut at 240 characters.
 fn tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let bytes = std::fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&bytes);
     let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
+    lines[lines.len().saturating_sub(LOG_TAIL_LINES)..]
+        .iter()
+        .map(|line| {
+            line.chars().take(240).map(|c| if c.is_control() && c != '\t' { '?' } else { c }).collect::<String>()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn console_tails_carry_no_terminal_escapes() {
+        let path = std::env::temp_dir().join(format!("tail-{}.log", std::process::id()));
+        std::fs::write(&path, b"boot\n\x1b]0;owned\x07\x1b[2Jclear\xff\n").unwrap();
+        let tail = tail(&path);
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(tail, "boot\n?]0;owned??[2Jclear\u{fffd}");
+    }
 }

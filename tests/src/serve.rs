@@ -5,6 +5,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
+use vm_protocol::driver_api::GetCapabilitiesRequest;
 
 use crate::procs::{self, Watcher};
 use crate::{harness, wait_until, Scratch};
@@ -31,6 +32,9 @@ impl Serve {
             watcher: Some(Watcher::start(&scratch.dir)),
         };
         serve.wait_listening();
+        let (rt, mut client) = serve.grpc();
+        let caps = rt.block_on(client.get_capabilities(GetCapabilitiesRequest {})).unwrap().into_inner();
+        eprintln!("e2e: accelerator used: {} (requested {})", caps.accelerator, harness().accel);
         serve
     }
 

@@ -42,9 +42,24 @@ fn lifecycle_through_the_cli() {
     let serve = Serve::start(&s, &[]);
     let created = ok(serve.cli("create", &["life"]));
     assert!(created.contains("ready"), "create waits until ready: {created}");
+    // A second server on the same state directory is refused: it would boot the same sandboxes again.
+    let second = Command::new(&vm_e2e::harness().driver)
+        .args(["serve", "--state-dir"])
+        .arg(s.state())
+        .arg("--socket")
+        .arg(s.dir.join("second.sock"))
+        .output()
+        .unwrap();
+    assert_eq!(second.status.code(), Some(125));
+    let why = String::from_utf8_lossy(&second.stderr);
+    assert!(why.contains("another vm-driver serve is using the state directory"), "{why}");
     assert_eq!(ok(serve.cli("exec", &["life", "--", "sh", "-c", "echo one; echo two >&2"])), "one\n");
     assert!(ok(serve.cli("list", &[])).contains("ready"));
+    // An orderly stop ends a running exec with the process's own status (SIGTERM: 143), not a broken stream.
+    let mut sleeper = serve.cli_command("exec", &["life", "--", "sleep", "100"]).stdout(Stdio::null()).spawn().unwrap();
+    assert!(wait_until(Duration::from_secs(10), || ok(serve.cli("ps", &["life"])).contains("sleep 100")));
     ok(serve.cli("stop", &["life"]));
+    assert_eq!(sleeper.wait().unwrap().code(), Some(143));
     assert_eq!(state(&serve, "life"), "stopped");
     ok(serve.cli("start", &["life"]));
     wait_state(&serve, "life", "ready");
@@ -280,6 +295,9 @@ fn exec_detaches_and_reattaches_with_held_output() {
         let argv = ["sh", "-c", script].map(String::from).to_vec();
         let start = ExecStart { sandbox_id: "at".into(), argv, ..Default::default() };
         tx.send(ExecRequest { request: Some(exec_request::Request::Start(start)) }).await.unwrap();
+        // A resize of a process without a terminal is dropped, never fatal to it or the sandbox.
+        let resize = exec_request::Request::Resize(TerminalSize { rows: 5, cols: 5 });
+        tx.send(ExecRequest { request: Some(resize) }).await.unwrap();
         let mut stream = client.exec(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
         let (mut pid, mut out) = (None, Vec::new());
         while out != b"first\n" {

@@ -73,6 +73,9 @@ impl Drop for RawMode {
 pub async fn exec(socket: &Path, sandbox: &str, target: Target, interactive: bool, tty: bool) -> Result<u8> {
     let mut client = super::connect(socket).await?;
     let (tx, rx) = mpsc::channel::<ExecRequest>(16);
+    let starting = matches!(target, Target::Start { .. });
+    // Re-attaching may find a terminal; the service drops a resize for a process without one.
+    let resizable = tty || !starting;
     let opening = match target {
         Target::Start { argv, env, cwd } => exec_request::Request::Start(ExecStart {
             sandbox_id: sandbox.to_owned(),
@@ -99,9 +102,10 @@ pub async fn exec(socket: &Path, sandbox: &str, target: Target, interactive: boo
             }
             let _ = tx.send(request(exec_request::Request::StdinEof(StdinEof {}))).await;
         });
-    } else {
+    } else if starting {
         tx.send(request(exec_request::Request::StdinEof(StdinEof {}))).await?;
     }
+    // Re-attaching without -i leaves the process's stdin as it was, for a later client.
     let mut winch = signal(SignalKind::window_change())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut responses = client.exec(ReceiverStream::new(rx)).await?.into_inner();
@@ -127,7 +131,7 @@ pub async fn exec(socket: &Path, sandbox: &str, target: Target, interactive: boo
                 Some(Err(status)) => bail!("{}", status.message()),
                 None => bail!("the stream ended before the process exited"),
             },
-            _ = winch.recv() => {
+            _ = winch.recv(), if resizable => {
                 if let Some(size) = local_size() {
                     let _ = tx.send(request(exec_request::Request::Resize(size))).await;
                 }

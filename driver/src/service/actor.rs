@@ -42,6 +42,8 @@ pub enum Command {
     Session {
         /// Which start it belongs to.
         generation: u64,
+        /// Which connection: a late "lost" from an old connection must not end a newer one.
+        serial: u64,
         /// `Some(endpoint)` when up, `None` when lost.
         readiness: Option<String>,
     },
@@ -67,7 +69,8 @@ struct Actor {
     sup: Option<SupervisorProcess>,
     cgroup: Option<PathBuf>,
     ready: bool,
-    session: bool,
+    /// The serial of the accepted session connection, while it is up.
+    session: Option<u64>,
 }
 
 enum Happened {
@@ -91,7 +94,7 @@ pub fn spawn(reg: &Arc<Registry>, id: SandboxId, dir: PathBuf, spec: StoredSpec,
         return false;
     }
     let mut actor =
-        Actor { id, dir, spec, reg: Arc::clone(reg), view, sup: None, cgroup: None, ready: false, session: false };
+        Actor { id, dir, spec, reg: Arc::clone(reg), view, sup: None, cgroup: None, ready: false, session: None };
     tokio::spawn(async move {
         match initial {
             Initial::Start => actor.start(),
@@ -182,11 +185,22 @@ impl Actor {
                 let _ = reply.send(());
                 return false;
             }
-            Command::Session { generation, readiness } if generation == self.view.generation && self.sup.is_some() => {
-                self.session = readiness.is_some();
-                self.view.readiness_endpoint = readiness.unwrap_or_default();
-                if !self.session && self.view.state == i32::from(SandboxState::Ready) {
-                    self.set(SandboxState::Provisioning, "supervisor session lost; reconnecting".into());
+            Command::Session { generation, serial, readiness }
+                if generation == self.view.generation && self.sup.is_some() =>
+            {
+                match readiness {
+                    Some(endpoint) => {
+                        self.session = Some(serial);
+                        self.view.readiness_endpoint = endpoint;
+                    }
+                    None if self.session == Some(serial) => {
+                        self.session = None;
+                        self.view.readiness_endpoint.clear();
+                        if self.view.state == i32::from(SandboxState::Ready) {
+                            self.set(SandboxState::Provisioning, "supervisor session lost; reconnecting".into());
+                        }
+                    }
+                    None => return true,
                 }
                 self.settle();
             }
@@ -197,7 +211,7 @@ impl Actor {
 
     /// Ready only when the VM is up, the agent answered and the session is accepted.
     fn settle(&mut self) {
-        if self.ready && self.session {
+        if self.ready && self.session.is_some() {
             self.set(SandboxState::Ready, String::new());
         } else {
             self.reg.publish(&self.id, &self.view);
@@ -215,17 +229,25 @@ impl Actor {
 
     /// Boots a new generation.
     fn start(&mut self) {
-        let generation = store::generation(&self.dir) + 1;
+        let generation = store::generation(&self.dir).saturating_add(1);
         self.view.generation = generation;
         self.view.running_intent = true;
         self.view.accelerator.clear();
-        (self.ready, self.session) = (false, false);
+        (self.ready, self.session) = (false, None);
         match self.spawn_supervisor(generation) {
             Ok(sup) => {
                 self.sup = Some(sup);
                 self.set(SandboxState::Provisioning, "booting".into());
             }
-            Err(e) => self.set(SandboxState::Failed, format!("cannot start: {e:#}")),
+            Err(e) => {
+                // Nothing runs: take back the credentials and the cgroup made for it.
+                let _ = std::fs::remove_file(self.dir.join(vm_protocol::status::AUTH_BUNDLE_FILE));
+                if let Some(cg) = self.cgroup.take() {
+                    cgroup::sweep(&cg);
+                }
+                reap::mark_terminated(&self.dir, "failed");
+                self.set(SandboxState::Failed, format!("cannot start: {e:#}"));
+            }
         }
     }
 
@@ -233,7 +255,8 @@ impl Actor {
         let ctx = &self.reg.ctx;
         store::set_generation(&self.dir, generation)?;
         store::clear_tombstone(&self.dir);
-        let token = state::random_id("token")?.to_string();
+        // 256 bits: the session's only credential.
+        let token = state::random_hex::<32>()?;
         self.reg.expect_session(&self.id, generation, token.clone());
         let _ = std::fs::remove_file(self.dir.join(vm_protocol::status::AUTH_BUNDLE_FILE));
         let bundle = AuthBundle { otlp_headers: ctx.otlp_headers.clone(), session_token: Some(token) };
@@ -256,23 +279,29 @@ impl Actor {
         Ok(SupervisorProcess::spawn(&spec)?)
     }
 
+    /// Stops a running supervisor (orderly) and finishes; nothing to do when none runs.
     async fn stop_supervisor(&mut self, reason: &str) {
-        if let Some(sup) = self.sup.take() {
-            sup.stop(self.reg.ctx.stop_timeout).await;
+        if self.sup.is_some() {
             self.finish(reason).await;
         }
     }
 
-    /// After the supervisor ended: reap what it left, sweep the cgroup, write the tombstone.
+    /// Ends this generation: stops the supervisor if it still runs, then reaps what it left, sweeps the
+    /// cgroup and writes the tombstone. Those may block (waiting on pidfds and the cgroup), so they run off
+    /// the async workers, which serve every other sandbox and the API.
     async fn finish(&mut self, reason: &str) {
         if let Some(sup) = self.sup.take() {
             sup.stop(self.reg.ctx.stop_timeout).await;
         }
-        let _ = reap::reap_one(&self.dir);
-        if let Some(cg) = self.cgroup.take() {
-            cgroup::sweep(&cg);
-        }
-        reap::mark_terminated(&self.dir, reason);
-        (self.ready, self.session) = (false, false);
+        let (dir, cgroup, reason) = (self.dir.clone(), self.cgroup.take(), reason.to_owned());
+        let _ = tokio::task::spawn_blocking(move || {
+            let _ = reap::reap_one(&dir);
+            if let Some(cg) = cgroup {
+                cgroup::sweep(&cg);
+            }
+            reap::mark_terminated(&dir, &reason);
+        })
+        .await;
+        (self.ready, self.session) = (false, None);
     }
 }

@@ -1,7 +1,6 @@
 //! The gRPC service: validates requests (ids before any path is built) and hands them to the sandboxes'
 //! actors.
 
-use std::collections::HashSet;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -22,6 +21,7 @@ use super::actor::{self, Command, Initial};
 use super::exec::{self, ExecStream};
 use super::registry::Registry;
 use super::store::{self, StoredSpec};
+use crate::state::StateError;
 
 /// Largest vCPU count accepted.
 const MAX_CPUS: u32 = 64;
@@ -46,11 +46,16 @@ fn sandbox_id(text: &str) -> Result<SandboxId, Status> {
     SandboxId::parse(text).map_err(|e| Status::invalid_argument(e.to_string()))
 }
 
+/// What this driver cannot offer, though the request is well formed.
+const UNIX_READINESS: &str = "unix readiness endpoints are not offered on this host; use READINESS_TCP";
+
 /// Problems with a create request, in words; empty when it is fine.
-fn problems(req: &CreateSandboxRequest) -> Vec<String> {
+fn problems(reg: &Registry, req: &CreateSandboxRequest) -> Vec<String> {
     let mut out = Vec::new();
-    if let Err(e) = SandboxId::parse(&req.sandbox_id) {
-        out.push(e.to_string());
+    match SandboxId::parse(&req.sandbox_id) {
+        Ok(id) if reg.contains(&id) => out.push(format!("sandbox {id} exists")),
+        Ok(_) => {}
+        Err(e) => out.push(e.to_string()),
     }
     let spec = req.spec.clone().unwrap_or_default();
     if spec.cpus > MAX_CPUS {
@@ -60,7 +65,7 @@ fn problems(req: &CreateSandboxRequest) -> Vec<String> {
         out.push(format!("memory_mib must be 64 to {MAX_MEMORY_MIB}"));
     }
     if spec.readiness == i32::from(ReadinessKind::ReadinessUnix) {
-        out.push("unix readiness endpoints are not offered on this host; use READINESS_TCP".into());
+        out.push(UNIX_READINESS.into());
     }
     if spec.env.keys().any(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
         out.push("environment names must be non-empty and contain no '=' or NUL".into());
@@ -72,7 +77,8 @@ async fn ask<T>(reg: &Registry, id: &SandboxId, make: impl FnOnce(oneshot::Sende
     let inbox = reg.inbox(id).ok_or_else(|| Status::not_found(format!("no sandbox {id}")))?;
     let (tx, rx) = oneshot::channel();
     inbox.send(make(tx)).await.map_err(|_| Status::not_found(format!("sandbox {id} is being removed")))?;
-    rx.await.map_err(|_| Status::internal("the sandbox's actor ended"))
+    // The actor ends only on delete or shutdown: either way the sandbox is gone for this request.
+    rx.await.map_err(|_| Status::not_found(format!("sandbox {id} was removed")))
 }
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
@@ -96,29 +102,39 @@ impl Driver for Api {
         &self,
         req: Request<CreateSandboxRequest>,
     ) -> Result<Response<ValidateCreateResponse>, Status> {
-        let problems = problems(req.get_ref());
+        let problems = problems(&self.reg, req.get_ref());
         Ok(Response::new(ValidateCreateResponse { ok: problems.is_empty(), problems }))
     }
 
     async fn create_sandbox(&self, req: Request<CreateSandboxRequest>) -> Result<Response<Sandbox>, Status> {
         let req = req.into_inner();
         let id = sandbox_id(&req.sandbox_id)?;
-        let problems = problems(&req);
-        if let Some(first) = problems.first() {
-            return Err(if first.contains("unix readiness") {
-                Status::failed_precondition(first.clone())
-            } else {
-                Status::invalid_argument(problems.join("; "))
-            });
+        let exists = || Status::already_exists(format!("sandbox {id} exists"));
+        if self.reg.is_closing() {
+            return Err(Status::unavailable("the driver is shutting down"));
         }
         if self.reg.contains(&id) {
-            return Err(Status::already_exists(format!("sandbox {id} exists")));
+            return Err(exists());
         }
-        let dir = self.reg.ctx.state.create_sandbox(&id).map_err(|e| Status::already_exists(e.to_string()))?;
+        let problems = problems(&self.reg, &req);
+        if problems.iter().any(|p| p == UNIX_READINESS) {
+            return Err(Status::failed_precondition(UNIX_READINESS));
+        }
+        if !problems.is_empty() {
+            return Err(Status::invalid_argument(problems.join("; ")));
+        }
+        let dir = self.reg.ctx.state.create_sandbox(&id).map_err(|e| match e {
+            StateError::Exists(_) => exists(),
+            _ => Status::internal("cannot create the sandbox directory"),
+        })?;
         let spec = StoredSpec::from_api(&req.spec.unwrap_or_default());
         store::save_spec(&dir, &spec).map_err(|_| Status::internal("cannot record the spec"))?;
-        if !actor::spawn(&self.reg, id.clone(), dir, spec, Initial::Start) {
-            return Err(Status::already_exists(format!("sandbox {id} exists")));
+        if !actor::spawn(&self.reg, id.clone(), dir.clone(), spec, Initial::Start) {
+            if self.reg.is_closing() {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(Status::unavailable("the driver is shutting down"));
+            }
+            return Err(exists());
         }
         self.reg.platform(&id, "provisioning", "accepted; booting");
         self.reg.get(&id).map(Response::new).ok_or_else(|| Status::internal("the sandbox vanished"))
@@ -185,16 +201,14 @@ impl Driver for Api {
             return Err(Status::not_found(format!("no sandbox {id}")));
         }
         let dir = self.reg.ctx.state.sandbox_dir(&id);
-        let mut attached = crate::attach::connect(&dir, "attach.sock")
+        let mut attached = crate::attach::connect(&dir, vm_protocol::status::ATTACH_SOCKET)
             .await
             .map_err(|_| Status::failed_precondition(format!("sandbox {id} is not running")))?;
         attached.send(ToGuest::ListProcesses).await.map_err(|_| Status::unavailable("supervisor unreachable"))?;
         while let Some(Ok(msg)) = attached.recv().await {
             if let ToHost::Processes { list } = msg {
-                let mut seen = HashSet::new();
                 let processes = list
                     .into_iter()
-                    .filter(|p| seen.insert(p.pid))
                     .map(|p| ProcessInfo { process_id: p.pid, argv: p.argv, attached: p.attached, tty: p.tty })
                     .collect();
                 return Ok(Response::new(ListProcessesResponse { processes }));

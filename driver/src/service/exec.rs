@@ -75,7 +75,7 @@ pub async fn exec(reg: Arc<Registry>, mut inbound: Streaming<ExecRequest>) -> Re
         return Err(Status::failed_precondition(format!("sandbox {id} is not ready")));
     }
     let dir = reg.ctx.state.sandbox_dir(&id);
-    let mut attached = attach::connect(&dir, "attach.sock")
+    let mut attached = attach::connect(&dir, vm_protocol::status::ATTACH_SOCKET)
         .await
         .map_err(|_| Status::unavailable("the sandbox's supervisor is not reachable"))?;
     let opening = match opening {
@@ -189,6 +189,9 @@ async fn relay(
 async fn client_request(attached: &mut Attached, stdin: &mut Stdin, r: exec_request::Request) -> Result<(), Status> {
     let id = ProcId(1);
     let sent = match r {
+        exec_request::Request::Stdin(_) if stdin.eof_requested => {
+            return Err(Status::invalid_argument("stdin after stdin_eof"));
+        }
         exec_request::Request::Stdin(bytes) => {
             stdin.pending.extend(bytes);
             Ok(())
@@ -205,8 +208,8 @@ async fn client_request(attached: &mut Attached, stdin: &mut Stdin, r: exec_requ
             attached.send(ToGuest::Resize { id, size }).await
         }
         exec_request::Request::Signal(name) => {
-            let signal =
-                SignalName::parse(&name).ok_or_else(|| Status::invalid_argument(format!("unknown signal {name:?}")))?;
+            let signal = SignalName::parse(&name)
+                .ok_or_else(|| Status::invalid_argument("unknown signal name (see GetCapabilities.signals)"))?;
             attached.send(ToGuest::Signal { id, signal }).await
         }
         exec_request::Request::Start(_) | exec_request::Request::Attach(_) => {

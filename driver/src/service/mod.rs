@@ -68,6 +68,8 @@ pub struct ServeConfig {
 /// Start-up failures: sockets, state directory, supervisor binary.
 pub async fn serve(config: ServeConfig) -> Result<()> {
     let state = StateDir::open(&config.state_dir)?;
+    // One server per state directory: a second would reap, restore and boot the same sandboxes again.
+    let _lock = lock_state_dir(&config.state_dir)?;
     for reaped in reap::reap_all(&state.sandboxes_dir()) {
         if reaped.killed {
             eprintln!("vm-driver: reaped orphaned sandbox {} (its supervisor was gone)", reaped.sandbox);
@@ -125,7 +127,8 @@ pub async fn serve(config: ServeConfig) -> Result<()> {
         _ = interrupt.recv() => {}
     }
     eprintln!("vm-driver: stopping every sandbox");
-    let stops = reg.inboxes().into_iter().map(|inbox| async move {
+    // No new sandbox after this point: each one known now gets its orderly stop.
+    let stops = reg.close().into_iter().map(|inbox| async move {
         let (tx, rx) = oneshot::channel();
         if inbox.send(Command::Shutdown(tx)).await.is_ok() {
             let _ = rx.await;
@@ -139,6 +142,22 @@ pub async fn serve(config: ServeConfig) -> Result<()> {
     Ok(())
 }
 
+/// Holds an exclusive lock on `STATE/serve.lock` for as long as the returned descriptor lives.
+fn lock_state_dir(dir: &Path) -> Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("serve.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+        .map_err(|_| anyhow::anyhow!("another vm-driver serve is using the state directory {}", dir.display()))?;
+    Ok(file)
+}
+
 /// Brings back what the state directory holds.
 fn restore(reg: &Arc<Registry>, state: &StateDir) {
     let Ok(entries) = std::fs::read_dir(state.sandboxes_dir()) else { return };
@@ -148,8 +167,8 @@ fn restore(reg: &Arc<Registry>, state: &StateDir) {
         let Some(spec) = store::load_spec(&dir) else { continue };
         let initial = if store::is_stopped(&dir) {
             Initial::Stopped
-        } else if let Some(stone) = store::tombstone(&dir).filter(|t| t.reason == "failed") {
-            Initial::Failed(format!("failed before the driver restarted ({})", stone.reason))
+        } else if store::tombstone(&dir).is_some_and(|t| t.reason == "failed") {
+            Initial::Failed("it had failed before the driver restarted; start it to try again".into())
         } else {
             Initial::Start
         };

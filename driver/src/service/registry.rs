@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -18,8 +19,8 @@ use crate::telemetry::TelemetryConfig;
 /// Changes `Watch` subscribers may lag behind before they miss some.
 const WATCH_BUFFER: usize = 1024;
 
-/// What every sandbox actor needs from the driver.
-#[derive(Debug)]
+/// What every sandbox actor needs from the driver. Its `Debug` names the collector headers, never their
+/// values.
 pub struct Context {
     /// The state directory.
     pub state: StateDir,
@@ -41,6 +42,17 @@ pub struct Context {
     pub stop_timeout: Duration,
 }
 
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("state", &self.state)
+            .field("supervisor", &self.supervisor)
+            .field("accel", &self.accel)
+            .field("otlp_headers", &self.otlp_headers.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
 struct Entry {
     view: Sandbox,
     inbox: mpsc::Sender<Command>,
@@ -51,6 +63,8 @@ struct Entry {
 /// The sandboxes.
 pub struct Registry {
     entries: Mutex<HashMap<SandboxId, Entry>>,
+    /// Set (under the `entries` lock) once the driver is going down: no sandbox may be added after.
+    closing: AtomicBool,
     events: broadcast::Sender<WatchEvent>,
     /// Shared settings.
     pub ctx: Context,
@@ -65,17 +79,22 @@ impl std::fmt::Debug for Registry {
 impl Registry {
     /// An empty registry.
     pub fn new(ctx: Context) -> Self {
-        Self { entries: Mutex::new(HashMap::new()), events: broadcast::channel(WATCH_BUFFER).0, ctx }
+        Self {
+            entries: Mutex::new(HashMap::new()),
+            closing: AtomicBool::new(false),
+            events: broadcast::channel(WATCH_BUFFER).0,
+            ctx,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, Entry>> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Adds a sandbox. `false` if the id is taken.
+    /// Adds a sandbox. `false` if the id is taken or the driver is going down.
     pub fn insert(&self, id: SandboxId, view: Sandbox, inbox: mpsc::Sender<Command>) -> bool {
         let mut entries = self.lock();
-        if entries.contains_key(&id) {
+        if entries.contains_key(&id) || self.is_closing() {
             return false;
         }
         entries.insert(id, Entry { view: view.clone(), inbox, session: None });
@@ -142,9 +161,16 @@ impl Registry {
         self.lock().get(id).map(|e| e.inbox.clone())
     }
 
-    /// Every actor's inbox.
-    pub fn inboxes(&self) -> Vec<mpsc::Sender<Command>> {
-        self.lock().values().map(|e| e.inbox.clone()).collect()
+    /// Refuses new sandboxes from now on and returns every actor's inbox, so each gets its orderly stop.
+    pub fn close(&self) -> Vec<mpsc::Sender<Command>> {
+        let entries = self.lock();
+        self.closing.store(true, Ordering::SeqCst);
+        entries.values().map(|e| e.inbox.clone()).collect()
+    }
+
+    /// Whether the driver is going down.
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
     }
 
     /// Sets what the next supervisor of `id` must present.

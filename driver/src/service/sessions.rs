@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 use vm_protocol::status::{SessionHello, SessionNote, SessionReply};
@@ -36,22 +36,38 @@ pub struct Gate {
     pub paused: bool,
 }
 
-/// Accepts sessions forever.
+/// Longest line a supervisor sends (a hello or a note); a peer that sends more is dropped.
+const MAX_LINE_BYTES: u64 = 4096;
+/// How long a connecting peer may take to say hello.
+const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Accepts sessions forever. An accept error (such as running out of descriptors) is waited out, never
+/// fatal: without this server no sandbox can become ready.
 pub async fn serve(listener: UnixListener, reg: Arc<Registry>, gate: watch::Receiver<Gate>) {
     let our_uid = rustix::process::getuid().as_raw();
-    while let Ok((stream, _)) = listener.accept().await {
+    let mut serial = 0u64;
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(_) => {
+                tracing::warn!("cannot accept a supervisor session; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         if stream.peer_cred().map_or(true, |c| c.uid() != our_uid) {
             tracing::warn!("refused a session from another user");
             continue;
         }
-        tokio::spawn(session(stream, Arc::clone(&reg), gate.clone()));
+        serial += 1;
+        tokio::spawn(session(stream, serial, Arc::clone(&reg), gate.clone()));
     }
 }
 
-async fn session(stream: UnixStream, reg: Arc<Registry>, mut gate: watch::Receiver<Gate>) {
+async fn session(stream: UnixStream, serial: u64, reg: Arc<Registry>, mut gate: watch::Receiver<Gate>) {
     let (read, mut write) = stream.into_split();
-    let mut lines = BufReader::new(read).lines();
-    let Ok(Some(first)) = lines.next_line().await else { return };
+    let mut lines = BufReader::new(read.take(MAX_LINE_BYTES)).lines();
+    let Ok(Ok(Some(first))) = tokio::time::timeout(HELLO_TIMEOUT, lines.next_line()).await else { return };
     if gate.wait_for(|g| !g.paused).await.is_err() {
         return;
     }
@@ -77,11 +93,14 @@ async fn session(stream: UnixStream, reg: Arc<Registry>, mut gate: watch::Receiv
     let generation = hello.generation;
     let current = gate.borrow_and_update().epoch;
     loop {
+        // Each line gets the full bound again.
+        lines.get_mut().get_mut().set_limit(MAX_LINE_BYTES);
         tokio::select! {
             next = lines.next_line() => match next {
                 Ok(Some(line)) => {
                     if let Ok(note) = serde_json::from_str::<SessionNote>(&line) {
-                        let _ = inbox.send(Command::Session { generation, readiness: Some(note.readiness) }).await;
+                        let up = Command::Session { generation, serial, readiness: Some(note.readiness) };
+                        let _ = inbox.send(up).await;
                     }
                 }
                 _ => break,
@@ -90,5 +109,5 @@ async fn session(stream: UnixStream, reg: Arc<Registry>, mut gate: watch::Receiv
         }
     }
     tracing::info!(sandbox = %id, "supervisor session closed");
-    let _ = inbox.send(Command::Session { generation, readiness: None }).await;
+    let _ = inbox.send(Command::Session { generation, serial, readiness: None }).await;
 }

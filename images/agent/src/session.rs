@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{killpg, Signal};
 use vm_protocol::handshake::{self, FirstFrameError};
-use vm_protocol::message::Refusal;
 use vm_protocol::{frame, Capabilities, FrameError, Hello, ProcId, SignalName, ToGuest, ToHost};
 
 use crate::outbox::Outbox;
@@ -274,11 +273,10 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
         ToGuest::Resize { id, size } => {
             let mut table = shared.table();
             if let Lookup::Live(p) = known(&mut table, id)? {
-                let resized = p.terminal.as_ref().map(|t| crate::pty::resize(t, size));
-                drop(table);
-                if !matches!(resized, Some(Ok(()))) {
-                    // Not a terminal (or it is gone): say so rather than ignore it.
-                    shared.send(&ToHost::Refused { id, reason: Refusal::Invalid });
+                // Only a terminal has a size. `Refused` is for spawns alone: answering a running process
+                // with it would make the host forget the process.
+                if let Some(terminal) = p.terminal.as_ref() {
+                    let _ = crate::pty::resize(terminal, size);
                 }
             }
         }

@@ -12,7 +12,7 @@
 //! A client that disconnects leaves its processes running, detached: their output is held (never more than
 //! the credit the guest already had, so the hold is bounded) and replayed to the client that re-attaches
 //! with `Attach { pid }`. A detached process that exits keeps its output and exit status for a later
-//! attach; the oldest [`MAX_FINISHED_DETACHED`] such are kept.
+//! attach; the most recent [`MAX_FINISHED_DETACHED`] such are kept.
 //!
 //! This is pure state: it returns [`Action`]s and never does I/O, so it is tested without a VM.
 
@@ -105,6 +105,8 @@ struct Route {
     argv: Vec<String>,
     /// The guest pid, once started.
     pid: Option<u32>,
+    /// The output window granted at spawn.
+    window: u32,
     output: Window,
     stdin: Window,
     tty: bool,
@@ -156,13 +158,25 @@ impl Mux {
     }
 
     /// Forgets a client; its processes keep running, detached.
-    pub fn remove_client(&mut self, client: ClientId) {
-        let Some(state) = self.clients.remove(&client) else { return };
+    ///
+    /// Output the departed client received but never credited is credited back to the guest here, so every
+    /// detach restores the process's whole window for the hold (and for the next client) instead of
+    /// shrinking it.
+    #[must_use]
+    pub fn remove_client(&mut self, client: ClientId) -> Vec<Action> {
+        let Some(state) = self.clients.remove(&client) else { return Vec::new() };
+        let mut actions = Vec::new();
         for guest_id in state.procs.into_values() {
-            if let Some(route) = self.routes.get_mut(&guest_id) {
-                route.detached = true;
+            let Some(route) = self.routes.get_mut(&guest_id) else { continue };
+            route.detached = true;
+            let uncredited = u64::from(route.window).saturating_sub(route.output.available());
+            if let Ok(bytes) = u32::try_from(uncredited) {
+                if bytes > 0 && route.output.grant(bytes).is_ok() {
+                    actions.push(Action::ToGuest(ToGuest::Credit { id: guest_id, bytes }));
+                }
             }
         }
+        actions
     }
 
     /// Handles one message from a client.
@@ -196,6 +210,7 @@ impl Mux {
                         client_id: id,
                         argv: spawn.argv.clone(),
                         pid: None,
+                        window: spawn.output_window,
                         output: Window::new(spawn.output_window),
                         stdin: Window::new(0),
                         tty: spawn.pty.is_some(),
@@ -232,7 +247,11 @@ impl Mux {
                 None => Ok(Vec::new()),
             },
             ToGuest::Signal { id, signal } => self.map_forward(client, id, |id| ToGuest::Signal { id, signal }),
-            ToGuest::Resize { id, size } => self.map_forward(client, id, |id| ToGuest::Resize { id, size }),
+            // Only a terminal has a size; a resize of anything else is dropped here.
+            ToGuest::Resize { id, size } => match self.client_route(client, id)? {
+                Some((guest_id, route)) if route.tty => forward(ToGuest::Resize { id: guest_id, size }),
+                Some(_) | None => Ok(Vec::new()),
+            },
             ToGuest::Attach { id, pid } => Ok(self.attach(client, id, pid)),
             ToGuest::ListProcesses => {
                 let list = self
@@ -334,7 +353,8 @@ impl Mux {
         route.client = client;
         route.client_id = id;
         route.detached = false;
-        let stdin_window = u32::try_from(route.stdin.available()).unwrap_or(u32::MAX);
+        let stdin_window =
+            if route.stdin_closed { 0 } else { u32::try_from(route.stdin.available()).unwrap_or(u32::MAX) };
         let mut actions = vec![Action::ToClient(client, ToHost::Started { id, pid, stdin_window })];
         for held in route.held.drain(..) {
             let msg = match held {

@@ -1,6 +1,6 @@
 //! The multiplexer's rules, checked without a VM.
 use super::*;
-use vm_protocol::{Spawn, Stream};
+use vm_protocol::{PtySize, Spawn, Stream};
 
 const A: ClientId = ClientId(1);
 const B: ClientId = ClientId(2);
@@ -63,7 +63,7 @@ fn a_departed_clients_process_keeps_running_and_its_output_waits_for_reattach() 
     let mut mux = mux_with(&[A, B]);
     mux.from_client(A, spawn(1, 8)).unwrap();
     mux.from_guest(ToHost::Started { id: ProcId(1), pid: 77, stdin_window: 4 }).unwrap();
-    mux.remove_client(A);
+    assert_eq!(mux.remove_client(A), []);
     let out = |n: usize| ToHost::Output { id: ProcId(1), stream: Stream::Stdout, data: vec![1; n].into() };
     assert_eq!(mux.from_guest(out(5)).unwrap(), [], "held, not credited and not dropped");
     assert!(matches!(mux.from_guest(out(4)), Err(GuestViolation::Credit { .. })), "the hold is bounded by the window");
@@ -88,7 +88,7 @@ fn a_process_that_exits_while_detached_keeps_its_status_for_the_next_client() {
     let mut mux = mux_with(&[A, B]);
     mux.from_client(A, spawn(1, 8)).unwrap();
     mux.from_guest(ToHost::Started { id: ProcId(1), pid: 5, stdin_window: 4 }).unwrap();
-    mux.remove_client(A);
+    assert_eq!(mux.remove_client(A), []);
     let exited = mux.from_guest(ToHost::Exited { id: ProcId(1), status: ExitStatus::Code(3) }).unwrap();
     assert!(matches!(&exited[..], [Action::Exited { .. }]), "reported for telemetry");
     let attached = mux.from_client(B, ToGuest::Attach { id: ProcId(1), pid: 5 }).unwrap();
@@ -146,12 +146,43 @@ fn stdin_eof_reaches_the_guest_once_even_across_reattach() {
         mux.from_client(A, ToGuest::StdinEof { id: ProcId(1) }).unwrap(),
         [Action::ToGuest(ToGuest::StdinEof { id: ProcId(1) })]
     );
-    mux.remove_client(A);
+    assert_eq!(mux.remove_client(A), []);
     mux.from_client(B, ToGuest::Attach { id: ProcId(1), pid: 6 }).unwrap();
     assert_eq!(mux.from_client(B, ToGuest::StdinEof { id: ProcId(1) }).unwrap(), [], "not a second EOF to the guest");
     let data = ToGuest::Stdin { id: ProcId(1), data: vec![1].into() };
     assert!(
         matches!(mux.from_client(B, data), Err(ClientViolation::Unexpected(_))),
         "data after EOF stays with the client"
+    );
+}
+
+#[test]
+fn a_detach_credits_back_what_the_departed_client_never_credited() {
+    let mut mux = mux_with(&[A, B]);
+    mux.from_client(A, spawn(1, 8)).unwrap();
+    mux.from_guest(ToHost::Started { id: ProcId(1), pid: 7, stdin_window: 0 }).unwrap();
+    let out = |n: usize| ToHost::Output { id: ProcId(1), stream: Stream::Stdout, data: vec![1; n].into() };
+    mux.from_guest(out(6)).unwrap();
+    assert_eq!(
+        mux.remove_client(A),
+        [Action::ToGuest(ToGuest::Credit { id: ProcId(1), bytes: 6 })],
+        "the window is whole again"
+    );
+    assert_eq!(mux.from_guest(out(8)).unwrap(), [], "a whole window is held");
+    assert!(matches!(mux.from_guest(out(1)), Err(GuestViolation::Credit { .. })), "and no more");
+}
+
+#[test]
+fn only_a_terminal_is_resized() {
+    let mut mux = mux_with(&[A]);
+    let size = PtySize { rows: 10, cols: 20 };
+    mux.from_client(A, spawn(1, 8)).unwrap();
+    assert_eq!(mux.from_client(A, ToGuest::Resize { id: ProcId(1), size }).unwrap(), [], "no terminal: dropped");
+    let ToGuest::Spawn(mut tty) = spawn(2, 8) else { unreachable!() };
+    tty.pty = Some(size);
+    mux.from_client(A, ToGuest::Spawn(tty)).unwrap();
+    assert_eq!(
+        mux.from_client(A, ToGuest::Resize { id: ProcId(2), size }).unwrap(),
+        [Action::ToGuest(ToGuest::Resize { id: ProcId(2), size })]
     );
 }
