@@ -29,17 +29,21 @@ thread_local! {
 // guarantees carry over; the only extra work is a thread-local `Cell` update, which never allocates
 // (const-initialized) and never unwinds.
 unsafe impl GlobalAlloc for Counting {
+    // SAFETY: `GlobalAlloc::alloc`'s contract (non-zero-size layout) is the caller's; nothing is added.
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LARGEST.with(|l| l.set(l.get().max(layout.size())));
         // SAFETY: same contract as our caller's; forwarded unchanged.
         unsafe { System.alloc(layout) }
     }
 
+    // SAFETY: `GlobalAlloc::dealloc`'s contract (a pointer from this allocator, its layout) is the caller's.
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: `ptr` came from `System.alloc` via this wrapper with this `layout`.
         unsafe { System.dealloc(ptr, layout) }
     }
 
+    // SAFETY: `GlobalAlloc::realloc`'s contract (a pointer from this allocator, its layout, a valid new
+    // size) is the caller's.
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         LARGEST.with(|l| l.set(l.get().max(new_size)));
         // SAFETY: `ptr` came from `System` with `layout`; forwarded unchanged.

@@ -333,11 +333,7 @@ impl Drop for Running {
         let _ = self.driver.kill();
         let _ = self.driver.wait();
         if let Some(w) = self.watcher.take() {
-            for p in w.stop() {
-                if p.is_alive() {
-                    procs::signal(p.pid, nix::sys::signal::Signal::SIGKILL);
-                }
-            }
+            w.kill_survivors();
         }
     }
 }
@@ -412,11 +408,7 @@ impl Drop for DirectSupervisor {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if let Some(w) = self.watcher.take() {
-            for p in w.stop() {
-                if p.is_alive() {
-                    procs::signal(p.pid, nix::sys::signal::Signal::SIGKILL);
-                }
-            }
+            w.kill_survivors();
         }
     }
 }

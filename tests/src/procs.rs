@@ -134,6 +134,15 @@ impl Watcher {
         }
         self.seen()
     }
+
+    /// Stops watching and SIGKILLs whatever it saw that still runs: a test's cleanup, pass or fail.
+    pub fn kill_survivors(self) {
+        for p in self.stop() {
+            if p.is_alive() {
+                signal(p.pid, nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+    }
 }
 
 /// Sends `signal` to `pid`, ignoring a process that is already gone.

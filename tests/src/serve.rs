@@ -123,11 +123,7 @@ impl Drop for Serve {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if let Some(w) = self.watcher.take() {
-            for p in w.stop() {
-                if p.is_alive() {
-                    procs::signal(p.pid, Signal::SIGKILL);
-                }
-            }
+            w.kill_survivors();
         }
     }
 }
