@@ -36,8 +36,8 @@ pub fn create(id: &SandboxId, sandbox_dir: &Path) -> Option<PathBuf> {
         let mount = mount_point().ok_or("no cgroup v2 mount")?;
         let parent = mount.join("vm-driver");
         fs::create_dir_all(&parent).map_err(|_| "cgroup v2 is not writable")?;
-        let suffix = crate::state::random_id("cg").map_err(|_| "no randomness")?;
-        let cgroup = parent.join(format!("{id}-{}", &suffix.as_str()[3..11]));
+        let suffix = crate::state::random_hex::<4>().map_err(|_| "no randomness")?;
+        let cgroup = parent.join(format!("{id}-{suffix}"));
         fs::create_dir(&cgroup).map_err(|_| "cgroup v2 is not writable")?;
         fs::write(sandbox_dir.join(CGROUP_FILE), cgroup.as_os_str().as_encoded_bytes())
             .map_err(|_| "cannot record the cgroup")?;
@@ -67,14 +67,25 @@ pub fn sweep(cgroup: &Path) -> bool {
     let populated = || fs::read_to_string(cgroup.join("cgroup.events")).is_ok_and(|e| e.contains("populated 1"));
     let found = populated();
     if found {
-        let _ = fs::write(cgroup.join("cgroup.kill"), b"1");
+        // Before Linux 5.14 there is no `cgroup.kill`: then kill each process it lists, until it is empty.
+        let killer = fs::write(cgroup.join("cgroup.kill"), b"1").is_ok();
         let deadline = Instant::now() + Duration::from_millis(SWEEP_WAIT_MS);
         while populated() && Instant::now() < deadline {
+            if !killer {
+                kill_listed(cgroup);
+            }
             std::thread::sleep(Duration::from_millis(10));
         }
     }
     let _ = fs::remove_dir(cgroup);
     found
+}
+
+fn kill_listed(cgroup: &Path) {
+    let procs = fs::read_to_string(cgroup.join("cgroup.procs")).unwrap_or_default();
+    for pid in procs.lines().filter_map(|l| l.trim().parse().ok()).filter_map(rustix::process::Pid::from_raw) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+    }
 }
 
 #[cfg(test)]

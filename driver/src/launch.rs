@@ -85,7 +85,7 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
     let root = config.state_dir.clone().unwrap_or_else(state::default_root);
     let state = StateDir::open(&root)?;
     for reaped in reap::reap_all(&state.sandboxes_dir()) {
-        if reaped.killed {
+        if reaped.killed() {
             eprintln!("vm-driver: reaped orphaned sandbox {} (its supervisor was gone)", reaped.sandbox);
         }
     }
@@ -93,10 +93,14 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
         Some(id) => id.clone(),
         None => state::random_id("launch").context("cannot make a sandbox id")?,
     };
-    // Read before anything is started, so a malformed value fails fast and leaves nothing behind.
+    // Read before anything is made, so a malformed value fails fast and leaves nothing behind.
     let otlp_headers = telemetry::headers_from_env()?;
+    let mut signals = Signals {
+        terminate: signal(SignalKind::terminate()).context("cannot watch SIGTERM")?,
+        hangup: signal(SignalKind::hangup()).context("cannot watch SIGHUP")?,
+        interrupt: signal(SignalKind::interrupt()).context("cannot watch SIGINT")?,
+    };
     let dir = state.create_sandbox(&id)?;
-    telemetry::write_bundle(&dir, &AuthBundle { otlp_headers, session_token: None })?;
     let spec = SupervisorSpec {
         binary,
         sandbox_id: id.clone(),
@@ -106,17 +110,22 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
         memory_mib: config.memory_mib,
         accel: config.accel.clone(),
         boot_timeout: config.boot_timeout,
-        stop_grace: Duration::from_secs(3),
+        stop_grace: supervisor::STOP_GRACE,
         cgroup: cgroup::create(&id, &dir),
         telemetry: config.telemetry.clone(),
         session: None,
     };
-    let mut signals = Signals {
-        terminate: signal(SignalKind::terminate()).context("cannot watch SIGTERM")?,
-        hangup: signal(SignalKind::hangup()).context("cannot watch SIGHUP")?,
-        interrupt: signal(SignalKind::interrupt()).context("cannot watch SIGINT")?,
+    let started = telemetry::write_bundle(&dir, &AuthBundle { otlp_headers, session_token: None })
+        .map_err(anyhow::Error::from)
+        .and_then(|()| Ok(SupervisorProcess::spawn(&spec)?));
+    let sup = match started {
+        Ok(sup) => sup,
+        Err(e) => {
+            reap::end_generation(&dir, spec.cgroup.as_deref(), "failed");
+            eprintln!("vm-driver: sandbox directory kept at {}", dir.display());
+            return Err(e);
+        }
     };
-    let sup = SupervisorProcess::spawn(&spec)?;
     let (code, stopped) = drive(&config, &dir, sup, &mut signals).await;
     finish(&dir, &spec, code.is_ok(), &stopped, config.keep);
     code
@@ -212,20 +221,13 @@ fn finish(dir: &Path, spec: &SupervisorSpec, ok: bool, (stopped, report): &Ended
         Stopped::Killed => eprintln!("vm-driver: vm-supervisor did not stop in time and was killed"),
         Stopped::Exited(_) => {}
     }
-    if !clean {
-        // A supervisor that died without its orderly stop may have left its VMM behind.
-        if let Some(reaped) = reap::reap_one(dir) {
-            if reaped.killed {
-                eprintln!("vm-driver: the supervisor died; killed the VM it left behind");
-            }
-        }
+    let left = reap::end_generation(dir, spec.cgroup.as_deref(), if clean { "stopped" } else { "failed" });
+    if left.vm {
+        eprintln!("vm-driver: the supervisor died; killed the VM it left behind");
     }
-    if let Some(cg) = &spec.cgroup {
-        if cgroup::sweep(cg) {
-            eprintln!("vm-driver: the cgroup sweep found processes after the stop and killed them");
-        }
+    if left.cgroup {
+        eprintln!("vm-driver: the cgroup sweep found processes after the stop and killed them");
     }
-    reap::mark_terminated(dir, if clean { "stopped" } else { "failed" });
     if clean && !keep {
         let _ = std::fs::remove_dir_all(dir);
     } else if !clean {

@@ -143,7 +143,7 @@ fn reap(state_dir: Option<PathBuf>) -> Result<()> {
     let root = state_dir.unwrap_or_else(vm_driver::state::default_root);
     let state = vm_driver::state::StateDir::open(&root)?;
     for reaped in vm_driver::reap::reap_all(&state.sandboxes_dir()) {
-        let what = if reaped.killed { "killed its VM" } else { "nothing left running" };
+        let what = if reaped.killed() { "killed its VM" } else { "nothing left running" };
         println!("{}: supervisor gone; {what}; marked terminated", reaped.sandbox);
     }
     Ok(())

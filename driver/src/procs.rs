@@ -10,20 +10,9 @@ use vm_protocol::status::ProcessRecord;
 /// How long to wait for a killed process to be gone.
 const KILL_CONFIRM_MS: i64 = 2_000;
 
-/// Start time (field 22 of `/proc/<pid>/stat`) of a live pid.
-pub fn start_time(pid: i32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let fields: Vec<&str> = text.rsplit_once(") ")?.1.split(' ').collect();
-    // A zombie has exited; it only waits to be reaped.
-    if fields.first() == Some(&"Z") {
-        return None;
-    }
-    fields.get(19)?.parse().ok()
-}
-
 /// Whether the very process `record` names is still running.
 pub fn is_alive(record: &ProcessRecord) -> bool {
-    start_time(record.pid) == Some(record.start_time)
+    ProcessRecord::read(record.pid).as_ref() == Some(record)
 }
 
 /// A pidfd for `record`, if that very process still exists. The start time is checked after opening, so

@@ -10,7 +10,7 @@ use std::fs;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use vm_protocol::status::{SandboxPids, PIDS_FILE};
+use vm_protocol::status::{SandboxPids, AUTH_BUNDLE_FILE, PIDS_FILE};
 
 use crate::{cgroup, procs};
 
@@ -31,8 +31,15 @@ pub struct Tombstone {
 pub struct Reaped {
     /// The sandbox directory's name (its id).
     pub sandbox: String,
-    /// Whether a VMM or watchdog was still running and had to be killed.
-    pub killed: bool,
+    /// What was still running and had to be killed.
+    pub left: Leftovers,
+}
+
+impl Reaped {
+    /// Whether anything was still running.
+    pub fn killed(&self) -> bool {
+        self.left.vm || self.left.cgroup
+    }
 }
 
 /// Reaps every orphaned sandbox under `sandboxes_dir`.
@@ -56,16 +63,36 @@ pub fn reap_one(dir: &Path) -> Option<Reaped> {
         return None;
     }
     // Watchdog first, so it cannot race us; then the VMM.
-    let mut killed = false;
+    let mut vm = false;
     for record in [pids.watchdog, pids.vmm].into_iter().flatten() {
-        killed |= procs::kill(&record);
+        vm |= procs::kill(&record);
     }
-    if let Some(cg) = cgroup::recorded(dir) {
-        killed |= cgroup::sweep(&cg);
-    }
-    let reason = if killed { "orphan reaped: supervisor gone, VM killed" } else { "supervisor gone" };
+    let cgroup = cgroup::recorded(dir).is_some_and(|cg| cgroup::sweep(&cg));
+    let left = Leftovers { vm, cgroup };
+    let reason = if vm || cgroup { "orphan reaped: supervisor gone, VM killed" } else { "supervisor gone" };
     mark_terminated(dir, reason);
-    Some(Reaped { sandbox: dir.file_name()?.to_string_lossy().into_owned(), killed })
+    Some(Reaped { sandbox: dir.file_name()?.to_string_lossy().into_owned(), left })
+}
+
+/// What [`end_generation`] found still running and killed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Leftovers {
+    /// A VMM or watchdog outlived the supervisor.
+    pub vm: bool,
+    /// Other processes were still in the cgroup.
+    pub cgroup: bool,
+}
+
+/// After a supervisor ended, or failed to start: kills what it left (VMM, watchdog, anything in `cgroup`),
+/// removes the auth bundle if it never read it (it holds collector credentials), and writes the tombstone.
+/// Blocking: it waits on pidfds and the cgroup.
+pub fn end_generation(dir: &Path, cgroup: Option<&Path>, reason: &str) -> Leftovers {
+    // `reap_one` sweeps the recorded cgroup itself when it reaps.
+    let left =
+        reap_one(dir).map_or_else(|| Leftovers { vm: false, cgroup: cgroup.is_some_and(cgroup::sweep) }, |r| r.left);
+    let _ = fs::remove_file(dir.join(AUTH_BUNDLE_FILE));
+    mark_terminated(dir, reason);
+    left
 }
 
 /// Writes the tombstone.

@@ -12,7 +12,7 @@
 
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -27,8 +27,8 @@ use vm_protocol::SandboxId;
 use crate::image::Image;
 use crate::telemetry::TelemetryConfig;
 
-/// Default bound on the wait between SIGTERM and SIGKILL.
-pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Grace the agent gives workload processes between SIGTERM and SIGKILL when a sandbox stops.
+pub const STOP_GRACE: Duration = Duration::from_secs(3);
 
 /// How long to wait for the supervisor's last status lines after it exited.
 const REPORT_WAIT_MS: u64 = 500;
@@ -110,8 +110,6 @@ pub struct Ready {
     pub fallback: Option<String>,
     /// The attach socket's file name in the sandbox directory.
     pub attach_socket: String,
-    /// The VMM's pid.
-    pub vmm_pid: u32,
 }
 
 /// How a stop ended.
@@ -200,11 +198,6 @@ impl SupervisorProcess {
         Ok(Self { child, liveness: Some(write_end), status, log, accel: (Accelerator::Tcg, None), ready_by: None })
     }
 
-    /// The supervisor's pid, while it runs.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.id()
-    }
-
     /// Waits until the VM is ready or the start failed, at most `timeout` after the first call. Safe to
     /// cancel and call again (the actor does, whenever a command arrives during boot).
     ///
@@ -216,9 +209,9 @@ impl SupervisorProcess {
             loop {
                 match self.status.recv().await {
                     Some(SupervisorStatus::Accelerator { accel, fallback }) => self.accel = (accel, fallback),
-                    Some(SupervisorStatus::Ready { attach_socket, vmm_pid, .. }) => {
+                    Some(SupervisorStatus::Ready { attach_socket, .. }) => {
                         let (accel, fallback) = self.accel.clone();
-                        return Ok(Ready { accel, fallback, attach_socket, vmm_pid });
+                        return Ok(Ready { accel, fallback, attach_socket });
                     }
                     Some(SupervisorStatus::Failed { error }) => return Err(SupervisorError::StartFailed(error)),
                     Some(SupervisorStatus::Stopped { .. }) | None => {
@@ -267,11 +260,6 @@ impl SupervisorProcess {
     /// Waits until the supervisor exits on its own (the caller did not ask it to).
     pub async fn exited(&mut self) -> String {
         self.child.wait().await.map_or_else(|e| e.to_string(), |s| s.to_string())
-    }
-
-    /// The supervisor's log file.
-    pub fn log(&self) -> &Path {
-        &self.log
     }
 }
 

@@ -60,8 +60,12 @@ impl TelemetryConfig {
 /// # Errors
 /// [`HeaderError`] naming the variable, never its value.
 pub fn headers_from_env() -> Result<Vec<(String, String)>, HeaderError> {
+    headers_from(|var| std::env::var(var).ok())
+}
+
+fn headers_from(lookup: impl Fn(&str) -> Option<String>) -> Result<Vec<(String, String)>, HeaderError> {
     for var in HEADER_VARS {
-        if let Ok(text) = std::env::var(var) {
+        if let Some(text) = lookup(var) {
             return parse_headers(&text).ok_or(HeaderError { var });
         }
     }
@@ -130,8 +134,15 @@ mod tests {
 
     #[test]
     fn errors_never_show_the_value() {
-        let e = HeaderError { var: HEADER_VARS[0] };
-        assert_eq!(e.to_string(), "OTEL_EXPORTER_OTLP_LOGS_HEADERS is not a comma-separated list of key=value pairs");
+        // Malformed (the bad escape), and carrying a secret.
+        let env = |var: &str| (var == HEADER_VARS[0]).then(|| "authorization=Bearer s3cr3t-%zz".to_owned());
+        let e = headers_from(env).unwrap_err();
+        let text = format!("{e} {e:?}");
+        assert!(text.contains("OTEL_EXPORTER_OTLP_LOGS_HEADERS"), "{text}");
+        assert!(!text.contains("s3cr3t") && !text.contains("Bearer"), "{text}");
+        // The fallback variable is read only when the first is unset.
+        let fallback = |var: &str| (var == HEADER_VARS[1]).then(|| "k=v".to_owned());
+        assert_eq!(headers_from(fallback).unwrap(), vec![("k".into(), "v".into())]);
     }
 
     #[test]

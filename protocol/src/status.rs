@@ -81,6 +81,20 @@ pub struct ProcessRecord {
     pub start_time: u64,
 }
 
+impl ProcessRecord {
+    /// The record of `pid` as it runs now, from `/proc/<pid>/stat`; `None` when it is gone or a zombie
+    /// (it has exited and only waits to be reaped). The one reader of start times for the driver and the
+    /// supervisor; the watchdog keeps its own so it stays dependency-free.
+    pub fn read(pid: i32) -> Option<Self> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let fields: Vec<&str> = text.rsplit_once(") ")?.1.split(' ').collect();
+        if fields.first() == Some(&"Z") {
+            return None;
+        }
+        Some(Self { pid, start_time: fields.get(19)?.parse().ok()? })
+    }
+}
+
 /// The contents of [`PIDS_FILE`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxPids {

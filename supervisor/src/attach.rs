@@ -28,13 +28,21 @@ pub struct ClientHandle {
     pub tx: UnboundedSender<ToHost>,
     /// The task writing them; it ends after the last queued frame once `tx` is dropped.
     pub writer: tokio::task::JoinHandle<()>,
+    /// The task reading the client's frames; aborting it (with `tx` dropped) disconnects the client.
+    pub reader: tokio::task::AbortHandle,
 }
 
 /// Accepts clients forever, each in its own task.
 pub fn serve(listener: UnixListener, capabilities: Capabilities, events: UnboundedSender<Event>) {
     tokio::spawn(async move {
         let mut next = 0u64;
-        while let Ok((stream, _)) = listener.accept().await {
+        loop {
+            // An accept error (out of descriptors, say) is waited out: the sandbox stays reachable.
+            let Ok((stream, _)) = listener.accept().await else {
+                tracing::warn!("cannot accept an attach connection; retrying");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
             next += 1;
             let id = ClientId(next);
             let events = events.clone();
@@ -71,14 +79,23 @@ async fn client(mut stream: UnixStream, id: ClientId, capabilities: Capabilities
     let (read, write) = stream.into_split();
     let (tx, rx) = mpsc::unbounded_channel::<ToHost>();
     let writer = tokio::spawn(crate::framed::drain_into(write, rx));
-    if events.send(Event::ClientConnected(id, ClientHandle { tx, writer })).is_err() {
-        return;
-    }
-    let mut frames = FramedRead::new(read, FrameCodec::<ToGuest, ToHost>::new());
-    while let Some(Ok(msg)) = frames.next().await {
-        if events.send(Event::Client(id, msg)).is_err() {
-            break;
+    // The reader starts only once the loop knows the client, so its frames never precede `ClientConnected`.
+    let (known, known_rx) = tokio::sync::oneshot::channel::<()>();
+    let reader_events = events.clone();
+    let reader = tokio::spawn(async move {
+        if known_rx.await.is_err() {
+            return;
         }
+        let mut frames = FramedRead::new(read, FrameCodec::<ToGuest, ToHost>::new());
+        while let Some(Ok(msg)) = frames.next().await {
+            if reader_events.send(Event::Client(id, msg)).is_err() {
+                return;
+            }
+        }
+        let _ = reader_events.send(Event::ClientClosed(id));
+    });
+    let handle = ClientHandle { tx, writer, reader: reader.abort_handle() };
+    if events.send(Event::ClientConnected(id, handle)).is_ok() {
+        let _ = known.send(());
     }
-    let _ = events.send(Event::ClientClosed(id));
 }

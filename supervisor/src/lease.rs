@@ -16,9 +16,6 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 use vm_protocol::status::ProcessRecord;
 
-/// The watchdog's stderr, in the sandbox directory.
-pub const WATCHDOG_LOG: &str = "watchdog.log";
-
 /// Time between pulses.
 pub const PULSE_INTERVAL_MS: u64 = 250;
 /// Longest wait for a pulse's echo.
@@ -28,9 +25,7 @@ pub const READY_TIMEOUT_MS: u64 = 5_000;
 /// Longest wait for the watchdog to exit after a normal close.
 const CLOSE_TIMEOUT_MS: u64 = 2_000;
 
-const PULSE: u8 = b'P';
-const READY: u8 = b'R';
-const KILLING: u8 = b'K';
+use vm_watchdog::{KILLING, PULSE, READY};
 
 /// Why the lease failed. Each one means the VM must stop now.
 #[derive(Debug, thiserror::Error)]
@@ -131,7 +126,7 @@ impl Lease {
             Ok(Ok(_)) if ready[0] == READY => {}
             _ => return Err(LeaseError::NotReady),
         }
-        let record = child.id().and_then(|pid| crate::pids::record(i32::try_from(pid).ok()?));
+        let record = child.id().and_then(|pid| ProcessRecord::read(i32::try_from(pid).ok()?));
         let mut interval = tokio::time::interval(Duration::from_millis(PULSE_INTERVAL_MS));
         interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
         Ok(Self { child, pulses, echoes, ledger: Ledger::new(require_echo()), interval, record })

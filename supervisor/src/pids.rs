@@ -2,14 +2,7 @@
 
 use std::path::Path;
 
-use vm_protocol::status::{ProcessRecord, SandboxPids, PIDS_FILE};
-
-/// The record of a live process, read from `/proc/<pid>/stat`.
-pub fn record(pid: i32) -> Option<ProcessRecord> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let start_time = text.rsplit_once(") ")?.1.split(' ').nth(19)?.parse().ok()?;
-    Some(ProcessRecord { pid, start_time })
-}
+use vm_protocol::status::{SandboxPids, PIDS_FILE};
 
 /// Writes the pids file in the current (sandbox) directory atomically: a reader sees the old or the new.
 ///

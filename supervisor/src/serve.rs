@@ -77,6 +77,7 @@ pub(crate) async fn serve(
         tokio::select! {
             exit = state.vmm.wait() => {
                 let status = exit.map_or_else(|e| e.to_string(), |s| s.to_string());
+                state.end_session();
                 break state.stopping.take().map_or(StopReason::VmmExited(status), |(reason, _)| reason);
             }
             () = sleep_until_some(kill_at) => {
@@ -178,9 +179,8 @@ impl Serving<'_> {
     fn stop_now(&mut self, reason: StopReason) {
         self.end_session();
         self.mux.stop_accepting();
+        self.stopping = Some((reason, Instant::now()));
         self.kill_vmm();
-        let far = Instant::now() + Duration::from_secs(3600);
-        self.stopping = Some((reason, far));
     }
 
     fn end_session(&mut self) {
@@ -189,8 +189,13 @@ impl Serving<'_> {
         }
     }
 
+    /// SIGKILLs QEMU. Its exit then arrives through `vmm.wait()`, so the kill deadline is spent: moving it
+    /// out keeps the loop from waking (and killing, and logging) again and again until QEMU is reaped.
     fn kill_vmm(&mut self) {
         let _ = self.vmm.start_kill();
+        if let Some((_, at)) = self.stopping.as_mut() {
+            *at = Instant::now() + Duration::from_secs(3600);
+        }
     }
 
     /// Reports a finding. `detail` is fixed text plus ids.
@@ -200,7 +205,10 @@ impl Serving<'_> {
     }
 
     fn drop_client(&mut self, id: ClientId) {
-        self.clients.remove(&id);
+        if let Some(client) = self.clients.remove(&id) {
+            // Its writer ends once `tx` is gone; with the reader aborted too, the connection closes.
+            client.reader.abort();
+        }
         let actions = self.mux.remove_client(id);
         self.apply(actions);
     }

@@ -15,7 +15,7 @@ use signal_hook::iterator::Signals;
 use tokio::net::UnixListener;
 use tokio::process::Child;
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
-use vm_protocol::status::{SandboxPids, SessionHello, SupervisorStatus};
+use vm_protocol::status::{ProcessRecord, SandboxPids, SessionHello, SupervisorStatus};
 
 use crate::accel::{self, KvmUnusable};
 use crate::attach::{self, ATTACH_SOCKET};
@@ -143,6 +143,13 @@ const DRIVER_GONE_FLUSH_MS: u64 = 250;
 /// A [`StartError`] if the VM never became ready; the failure is also reported as a status line and an
 /// OCSF event.
 pub async fn run(config: SupervisorConfig, console: Console) -> Result<StopReason, StartError> {
+    // First: every file the supervisor and QEMU write (events.jsonl, sockets, logs) is relative to it.
+    if let Err(e) = std::env::set_current_dir(&config.sandbox_dir) {
+        let e = StartError::SandboxDir(config.sandbox_dir.clone(), e);
+        status::report(&SupervisorStatus::Failed { error: chain(&e) });
+        console.shutdown(std::time::Instant::now() + Duration::from_secs(1));
+        return Err(e);
+    }
     let bundle = crate::auth::take(&config.sandbox_dir).map_err(StartError::Bundle);
     let token = bundle.as_ref().ok().and_then(|b| b.session_token.clone());
     let settings = bundle.and_then(|b| TelemetrySettings::load(b.otlp_headers).map_err(StartError::Telemetry));
@@ -268,8 +275,6 @@ async fn boot(
     events: &UnboundedSender<Event>,
     rx: &mut UnboundedReceiver<Event>,
 ) -> Result<Booted, StartError> {
-    std::env::set_current_dir(&config.sandbox_dir)
-        .map_err(|e| StartError::SandboxDir(config.sandbox_dir.clone(), e))?;
     if let Some(cgroup) = &config.cgroup {
         // Before anything is started, so QEMU and the watchdog inherit it. Not fatal: it is the last sweep,
         // not the first line of defence.
@@ -326,9 +331,9 @@ async fn supervise(
     events: &UnboundedSender<Event>,
     rx: &mut UnboundedReceiver<Event>,
 ) -> Result<(Lease, guest::GuestLink), StartError> {
-    let vmm_record = vmm.id().and_then(|p| pids::record(i32::try_from(p).ok()?));
+    let vmm_record = vmm.id().and_then(|p| ProcessRecord::read(i32::try_from(p).ok()?));
     let mut recorded = SandboxPids {
-        supervisor: pids::record(i32::try_from(std::process::id()).unwrap_or(0))
+        supervisor: ProcessRecord::read(i32::try_from(std::process::id()).unwrap_or(0))
             .ok_or_else(|| StartError::Pids(std::io::ErrorKind::NotFound.into()))?,
         vmm: vmm_record,
         watchdog: None,

@@ -4,6 +4,8 @@
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a benchmark fails loudly")]
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal::{SIGCONT, SIGKILL, SIGSTOP};
@@ -40,13 +42,8 @@ fn once(fault: Fault, n: usize) -> Duration {
     elapsed
 }
 
-fn median(mut xs: Vec<Duration>) -> Duration {
-    xs.sort();
-    xs[xs.len() / 2]
-}
-
 fn main() {
-    let runs: usize = std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    let runs = common::runs();
     println!("\n| fault -> VMM exit | median | min | max | goal |");
     println!("|---|---|---|---|---|");
     for (name, fault, goal) in [
@@ -56,7 +53,8 @@ fn main() {
     ] {
         let times: Vec<Duration> = (0..runs).map(|i| once(fault, i)).collect();
         let (min, max) = (*times.iter().min().unwrap(), *times.iter().max().unwrap());
-        println!("| {name} | {:.1} ms | {:.1} ms | {:.1} ms | {goal} |", ms(median(times)), ms(min), ms(max));
+        let median = common::median(times.iter().copied().map(ms).collect());
+        println!("| {name} | {median:.1} ms | {:.1} ms | {:.1} ms | {goal} |", ms(min), ms(max));
     }
 }
 

@@ -7,7 +7,11 @@
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a benchmark fails loudly")]
 
+mod common;
+
 use std::time::{Duration, Instant};
+
+use common::median;
 
 use vm_e2e::attach::AttachClient;
 use vm_e2e::otlp_receiver::{Behavior, Receiver};
@@ -44,11 +48,6 @@ fn run(n: usize, telemetry: bool) -> (f64, Duration, usize) {
     signal(i32::try_from(run.driver.id()).unwrap(), nix::sys::signal::Signal::SIGTERM);
     run.driver.wait().unwrap();
     (cpu_ms_per_1000, start.elapsed(), receiver.records().len())
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
 }
 
 fn main() {

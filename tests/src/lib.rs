@@ -48,7 +48,8 @@ pub fn harness() -> &'static Harness {
         for bin in [&driver, &supervisor] {
             assert!(bin.is_file(), "{} is missing: run scripts/test (it builds the binaries first)", bin.display());
         }
-        let image = std::env::var_os("VM_DRIVER_IMAGE").map_or_else(default_image, PathBuf::from);
+        // Where the driver itself looks by default (VM_DRIVER_IMAGE, else the build-image cache).
+        let image = vm_driver::image::default_dir().expect("no default image directory: set HOME or VM_DRIVER_IMAGE");
         for file in ["vmlinuz", "initramfs.cpio"] {
             assert!(
                 image.join(file).is_file(),
@@ -60,13 +61,6 @@ pub fn harness() -> &'static Harness {
         assert!(["auto", "kvm", "tcg"].contains(&accel.as_str()), "VM_TEST_ACCEL must be auto, kvm or tcg");
         Harness { driver, supervisor, image, accel }
     })
-}
-
-fn default_image() -> PathBuf {
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache"));
-    cache.join("vm-driver/images/default")
 }
 
 /// A per-test scratch directory, removed when the test passes and kept (and printed) when it fails.
@@ -232,12 +226,6 @@ pub fn report_accel(outcome: &Outcome) {
             outcome.seen.iter().map(|p| (p.pid, p.comm.as_str())).collect::<Vec<_>>()
         ),
     }
-}
-
-/// Hex sha256.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Polls `check` every 10 ms until it holds or `limit` passes.

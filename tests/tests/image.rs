@@ -27,7 +27,7 @@ fn two_builds_give_the_same_bytes() {
     for file in ["vmlinuz", "initramfs.cpio", "manifest.json"] {
         let (x, y) = (std::fs::read(a.join(file)).unwrap(), std::fs::read(b.join(file)).unwrap());
         assert!(x == y, "{file} differs between two builds");
-        eprintln!("e2e: {file}: {} bytes, sha256 {}", x.len(), vm_e2e::sha256_hex(&x));
+        eprintln!("e2e: {file}: {} bytes, sha256 {}", x.len(), vm_image::debian::sha256(&x));
     }
     let manifest = std::fs::read_to_string(a.join("manifest.json")).unwrap();
     for must in ["linux-image-", "busybox-static", "virtio_console", "\"sha256\""] {

@@ -7,7 +7,8 @@
 
 use std::time::Duration;
 
-use vm_e2e::{harness, sha256_hex, Launch, Scratch};
+use vm_e2e::{harness, Launch, Scratch};
+use vm_image::debian::sha256 as sha256_hex;
 
 #[test]
 fn streams_are_separate_and_the_exit_code_is_ours() {

@@ -238,6 +238,28 @@ fn a_killed_service_leaves_no_vm_and_restores_its_sandboxes() {
     assert_eq!(ok(serve.cli("exec", &["r2", "--", "echo", "back"])), "back\n");
 }
 
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `vm-driver list` as uid/gid 65534, from a copy of the binary any user can run. Switching users needs
+/// root; without it `sudo -n` must be able to (CI runners have passwordless sudo).
+fn list_as_another_user(s: &Scratch, socket: &Path) -> Output {
+    use std::os::unix::fs::PermissionsExt;
+    let copy = s.dir.join("vm-driver-for-nobody");
+    if !copy.exists() {
+        std::fs::copy(&vm_e2e::harness().driver, &copy).unwrap();
+    }
+    std::fs::set_permissions(&s.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root = rustix::process::geteuid().is_root();
+    let mut cmd = if root { Command::new("setpriv") } else { Command::new("sudo") };
+    if !root {
+        cmd.args(["-n", "setpriv"]);
+    }
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
+    cmd.arg(&copy).args(["list", "--socket"]).arg(socket).output().unwrap()
+}
+
 #[test]
 fn refusals_other_uid_bad_id_symlinked_socket() {
     let s = Scratch::new("svc-refuse");
@@ -245,13 +267,13 @@ fn refusals_other_uid_bad_id_symlinked_socket() {
     // Positive control: our own uid is served.
     ok(serve.cli("list", &[]));
     // The socket is reachable by anyone here (test switch), so the peer-credential check is what refuses.
-    let other = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(&vm_e2e::harness().driver)
-        .args(["list", "--socket"])
-        .arg(&serve.socket)
-        .output()
-        .unwrap();
+    // Control: with the check off too, the same peer is served, so the user switch, the binary and the
+    // socket all work for it.
+    let open = Scratch::new("svc-refuse-ctl");
+    let unchecked = Serve::start(&open, &[("VM_TEST_CONTROL", "api-socket-world-reachable,api-no-peer-check")]);
+    let served = list_as_another_user(&open, &unchecked.socket);
+    assert!(served.status.success(), "control: not served with the check off: {}", stderr(&served));
+    let other = list_as_another_user(&s, &serve.socket);
     assert!(!other.status.success(), "a peer of another uid was served: {}", text(&other));
 
     // A bad id is an invalid-argument error before any path is built.

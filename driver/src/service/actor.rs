@@ -241,11 +241,7 @@ impl Actor {
             }
             Err(e) => {
                 // Nothing runs: take back the credentials and the cgroup made for it.
-                let _ = std::fs::remove_file(self.dir.join(vm_protocol::status::AUTH_BUNDLE_FILE));
-                if let Some(cg) = self.cgroup.take() {
-                    cgroup::sweep(&cg);
-                }
-                reap::mark_terminated(&self.dir, "failed");
+                reap::end_generation(&self.dir, self.cgroup.take().as_deref(), "failed");
                 self.set(SandboxState::Failed, format!("cannot start: {e:#}"));
             }
         }
@@ -254,6 +250,9 @@ impl Actor {
     fn spawn_supervisor(&mut self, generation: u64) -> anyhow::Result<SupervisorProcess> {
         let ctx = &self.reg.ctx;
         store::set_generation(&self.dir, generation)?;
+        // The last generation's pids go before its tombstone: a reaper must never see dead pids and no
+        // tombstone, and sweep the cgroup this generation is about to use.
+        let _ = std::fs::remove_file(self.dir.join(vm_protocol::status::PIDS_FILE));
         store::clear_tombstone(&self.dir);
         // 256 bits: the session's only credential.
         let token = state::random_hex::<32>()?;
@@ -271,7 +270,7 @@ impl Actor {
             memory_mib: self.spec.memory_mib,
             accel: ctx.accel.clone(),
             boot_timeout: ctx.boot_timeout,
-            stop_grace: std::time::Duration::from_secs(3),
+            stop_grace: crate::supervisor::STOP_GRACE,
             cgroup: self.cgroup.clone(),
             telemetry: ctx.telemetry.clone(),
             session: Some((ctx.sessions_socket.clone(), generation)),
@@ -294,14 +293,7 @@ impl Actor {
             sup.stop(self.reg.ctx.stop_timeout).await;
         }
         let (dir, cgroup, reason) = (self.dir.clone(), self.cgroup.take(), reason.to_owned());
-        let _ = tokio::task::spawn_blocking(move || {
-            let _ = reap::reap_one(&dir);
-            if let Some(cg) = cgroup {
-                cgroup::sweep(&cg);
-            }
-            reap::mark_terminated(&dir, &reason);
-        })
-        .await;
+        let _ = tokio::task::spawn_blocking(move || reap::end_generation(&dir, cgroup.as_deref(), &reason)).await;
         (self.ready, self.session) = (false, None);
     }
 }

@@ -17,7 +17,7 @@ use vm_protocol::driver_api::{
 use vm_protocol::flow::DEFAULT_WINDOW_BYTES;
 use vm_protocol::frame::MAX_DATA_BYTES;
 use vm_protocol::message::{EnvVar, Refusal};
-use vm_protocol::{ExitStatus, ProcId, PtySize, SandboxId, SignalName, Spawn, Stream, ToGuest, ToHost};
+use vm_protocol::{Capabilities, ExitStatus, ProcId, PtySize, SandboxId, SignalName, Spawn, Stream, ToGuest, ToHost};
 
 use super::registry::Registry;
 use crate::attach::{self, Attached};
@@ -81,6 +81,9 @@ pub async fn exec(reg: Arc<Registry>, mut inbound: Streaming<ExecRequest>) -> Re
     let opening = match opening {
         Opening::Attach(pid) => ToGuest::Attach { id: ProcId(1), pid },
         Opening::Start(mut spawn, extra_env) => {
+            if spawn.pty.is_some() && !attached.capabilities.contains(Capabilities::PTY) {
+                return Err(Status::failed_precondition("the sandbox's agent offers no terminals"));
+            }
             let spec_env = view.spec.map(|s| s.env).unwrap_or_default();
             spawn.env = spec_env.into_iter().chain(extra_env).map(|(key, value)| EnvVar { key, value }).collect();
             ToGuest::Spawn(spawn)

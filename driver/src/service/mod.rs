@@ -71,7 +71,7 @@ pub async fn serve(config: ServeConfig) -> Result<()> {
     // One server per state directory: a second would reap, restore and boot the same sandboxes again.
     let _lock = lock_state_dir(&config.state_dir)?;
     for reaped in reap::reap_all(&state.sandboxes_dir()) {
-        if reaped.killed {
+        if reaped.killed() {
             eprintln!("vm-driver: reaped orphaned sandbox {} (its supervisor was gone)", reaped.sandbox);
         }
     }

@@ -30,8 +30,11 @@ use crate::process::{self, Lookup, StdinCmd, Table};
 use crate::reaper;
 
 /// What this agent can do.
-pub const CAPABILITIES: Capabilities =
-    Capabilities::EXEC.union(Capabilities::SIGNALS).union(Capabilities::POWER_OFF).union(Capabilities::PING);
+pub const CAPABILITIES: Capabilities = Capabilities::EXEC
+    .union(Capabilities::SIGNALS)
+    .union(Capabilities::POWER_OFF)
+    .union(Capabilities::PING)
+    .union(Capabilities::PTY);
 
 /// After SIGKILL, how long to wait for the last `Exited` frames before giving up on them.
 const KILL_DRAIN_MS: u64 = 1000;

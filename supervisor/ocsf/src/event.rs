@@ -260,9 +260,6 @@ pub struct Event {
     /// The finding (Detection Finding).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finding_info: Option<FindingInfo>,
-    /// Data without an OCSF attribute (counters reported at stop).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub unmapped: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// Everything constant about one emitter: schema version, product, the sandbox as a device, the actor.
@@ -284,11 +281,6 @@ impl Source {
             uid: None,
         };
         Self { schema, product, sandbox: sandbox.to_owned(), sequence: std::cell::Cell::new(0) }
-    }
-
-    /// The schema version in use.
-    pub fn schema(&self) -> &SchemaVersion {
-        &self.schema
     }
 
     fn device(&self) -> Device {
@@ -341,7 +333,6 @@ impl Source {
             process: None,
             exit_code: None,
             finding_info: None,
-            unmapped: None,
         }
     }
 
@@ -451,18 +442,6 @@ impl Event {
             _ => "EVENT",
         };
         format!("OCSF {class}:{} [{}] {}", self.activity_name.to_uppercase(), self.severity, self.message)
-    }
-
-    /// The severity as an enum.
-    pub fn severity_level(&self) -> Severity {
-        match self.severity_id {
-            2 => Severity::Low,
-            3 => Severity::Medium,
-            4 => Severity::High,
-            5 => Severity::Critical,
-            6 => Severity::Fatal,
-            _ => Severity::Informational,
-        }
     }
 }
 

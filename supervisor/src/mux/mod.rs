@@ -153,6 +153,7 @@ impl Mux {
     }
 
     /// Processes still known to the guest.
+    #[cfg(test)]
     pub fn live_processes(&self) -> usize {
         self.routes.len()
     }
@@ -184,6 +185,10 @@ impl Mux {
     /// # Errors
     /// A [`ClientViolation`]; the caller disconnects the client (and calls [`Mux::remove_client`]).
     pub fn from_client(&mut self, client: ClientId, msg: ToGuest) -> Result<Vec<Action>, ClientViolation> {
+        // A removed (or never added) client's late messages go nowhere.
+        if !self.clients.contains_key(&client) {
+            return Ok(Vec::new());
+        }
         let reply = |m: ToHost| Ok(vec![Action::ToClient(client, m)]);
         let forward = |m: ToGuest| Ok(vec![Action::ToGuest(m)]);
         match msg {

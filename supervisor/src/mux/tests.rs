@@ -186,3 +186,11 @@ fn only_a_terminal_is_resized() {
         [Action::ToGuest(ToGuest::Resize { id: ProcId(2), size })]
     );
 }
+
+#[test]
+fn a_removed_client_is_not_brought_back_by_its_late_messages() {
+    let mut mux = mux_with(&[A]);
+    let _ = mux.remove_client(A);
+    assert_eq!(mux.from_client(A, spawn(1, 8)).unwrap(), [], "nothing reaches the guest");
+    assert_eq!(mux.from_client(A, ToGuest::ListProcesses).unwrap(), []);
+}

@@ -66,11 +66,6 @@ impl Jsonl {
         let _ = self.tx.send(json);
     }
 
-    /// Write batches that failed so far.
-    pub fn failures(&self) -> u64 {
-        self.failed.load(Ordering::Relaxed)
-    }
-
     /// Drains the queue to disk (until `deadline`) and syncs. Returns the failed batch count.
     pub fn shutdown(mut self, deadline: Instant) -> u64 {
         drop(self.tx);

@@ -219,11 +219,6 @@ impl Otlp {
         self.logger.emit(record);
     }
 
-    /// Records waiting for the collector.
-    pub fn queued(&self) -> usize {
-        self.queue.len()
-    }
-
     /// Flushes until `budget` has passed, then stops. Everything not delivered by then is counted as dropped.
     pub async fn shutdown(self, budget: Duration) -> ExportReport {
         let _ = self.stop.send(Some(Instant::now() + budget));
@@ -286,6 +281,31 @@ fn http_logs_url(endpoint: &str) -> String {
     }
 }
 
+/// Runs one export, cut short at the stop deadline, including a deadline set while it is under way: a
+/// request started before the stop must not outlive the flush budget.
+async fn bounded(
+    export: impl std::future::Future<Output = OTelSdkResult>,
+    mut deadline: Option<Instant>,
+    stop: &mut watch::Receiver<Option<Instant>>,
+) -> OTelSdkResult {
+    tokio::pin!(export);
+    loop {
+        match deadline {
+            Some(d) => {
+                let timeout = opentelemetry_sdk::error::OTelSdkError::Timeout(EXPORT_TIMEOUT);
+                return tokio::time::timeout_at(d, &mut export).await.unwrap_or(Err(timeout));
+            }
+            None => tokio::select! {
+                result = &mut export => return result,
+                changed = stop.changed() => match changed {
+                    Ok(()) => deadline = *stop.borrow(),
+                    Err(_) => return export.await,
+                },
+            },
+        }
+    }
+}
+
 async fn export_loop(
     exporter: LogExporter,
     queue: Arc<Queue>,
@@ -311,13 +331,7 @@ async fn export_loop(
             continue;
         }
         let refs: Vec<(&SdkLogRecord, &InstrumentationScope)> = batch.iter().map(|b| (&b.0, &b.1)).collect();
-        let export = exporter.export(LogBatch::new(&refs));
-        let result = match deadline {
-            Some(d) => tokio::time::timeout_at(d, export)
-                .await
-                .unwrap_or(Err(opentelemetry_sdk::error::OTelSdkError::Timeout(EXPORT_TIMEOUT))),
-            None => export.await,
-        };
+        let result = bounded(exporter.export(LogBatch::new(&refs)), deadline, &mut stop).await;
         drop(refs);
         match result {
             Ok(()) => {

@@ -78,11 +78,14 @@ fn wait(
         return Ok(Input::VmmExited);
     }
     let mut byte = [0u8; 1];
-    match rustix::io::read(stdin, &mut byte) {
-        Ok(0) => Ok(Input::Eof),
-        Ok(_) => Ok(Input::Byte(byte[0])),
-        Err(Errno::INTR) => Ok(Input::Silence),
-        Err(e) => Err(e),
+    loop {
+        // An interrupted read is no evidence of silence: the byte is there (poll said so); read again.
+        match rustix::io::read(stdin, &mut byte) {
+            Ok(0) => return Ok(Input::Eof),
+            Ok(_) => return Ok(Input::Byte(byte[0])),
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e),
+        }
     }
 }
 

@@ -35,7 +35,8 @@ impl BareVm {
         std::fs::create_dir_all(&dir).unwrap();
         let initrd = with_init_script(&dir, init);
         let listener = UnixListener::bind(dir.join("chan.sock")).unwrap();
-        let accel = match harness().accel.as_str() {
+        // What ours resolves to, so both sides of every ratio run on the same accelerator.
+        let accel = match resolved_accel().as_str() {
             "kvm" => Accelerator::Kvm,
             _ => Accelerator::Tcg,
         };
@@ -98,8 +99,14 @@ pub fn median(mut xs: Vec<f64>) -> f64 {
     }
 }
 
-/// The accelerator the harness's setting resolves to on this host, as the supervisor decides it.
+/// The accelerator the harness's setting resolves to on this host, as the supervisor decides it (asked
+/// once).
 pub fn resolved_accel() -> String {
+    static ACCEL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ACCEL.get_or_init(probe_accel).clone()
+}
+
+fn probe_accel() -> String {
     let out =
         Command::new(&harness().supervisor).args(["--probe-accel", &harness().accel]).env_clear().output().unwrap();
     match vm_protocol::status::SupervisorStatus::from_line(&String::from_utf8_lossy(&out.stdout)) {
