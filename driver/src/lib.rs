@@ -12,6 +12,9 @@
 //! forbid-unsafe boundary is a process boundary.
 #![warn(missing_docs)]
 
+#[cfg(all(feature = "test-controls", not(debug_assertions)))]
+compile_error!("test controls switch safety mechanisms off: they are for debug test builds, never a release");
+
 pub mod attach;
 pub mod cgroup;
 pub mod client;
@@ -23,8 +26,6 @@ pub mod service;
 pub mod state;
 pub mod supervisor;
 pub mod telemetry;
-#[cfg(feature = "test-controls")]
-pub mod test_controls;
 mod unix;
 
 /// Exit status of `vm-driver` when it fails before the workload produced one (as `docker run` uses 125).

@@ -22,13 +22,11 @@ use vm_protocol::driver_api::SandboxSpec;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    #[cfg(feature = "test-controls")]
+    eprintln!("{}", vm_contract::test_control::announcement("vm-driver"));
     // Sandbox directories hold logs and secrets: everything the driver creates is private to this user.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .init();
+    init_diagnostics();
     let multi = matches!(cli.command, Command::Serve(_));
     let runtime = if multi {
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()
@@ -133,6 +131,19 @@ async fn run(command: Command) -> Result<u8> {
         }
         Command::Reap { state_dir } => reap(state_dir).map(|()| 0),
     }
+}
+
+/// Diagnostics on stderr, filtered by `RUST_LOG` (default `warn`); the HTTP, gRPC and OpenTelemetry libraries
+/// never reach it, whatever `RUST_LOG` says (`vm_contract::logs`).
+fn init_diagnostics() {
+    use tracing_subscriber::filter::{filter_fn, FilterExt};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let env = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    let quiet = filter_fn(|meta| !vm_contract::logs::is_silenced(meta.target()));
+    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(false);
+    let _ = tracing_subscriber::registry().with(layer.with_filter(env.and(quiet))).try_init();
 }
 
 fn state_dir(vm: &VmArgs) -> PathBuf {

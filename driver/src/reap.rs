@@ -90,7 +90,9 @@ pub fn end_generation(dir: &Path, cgroup: Option<&Path>, reason: &str) -> Leftov
     // `reap_one` sweeps the recorded cgroup itself when it reaps.
     let left =
         reap_one(dir).map_or_else(|| Leftovers { vm: false, cgroup: cgroup.is_some_and(cgroup::sweep) }, |r| r.left);
-    let _ = fs::remove_file(dir.join(AUTH_BUNDLE_FILE));
+    if !keep_credentials() {
+        let _ = fs::remove_file(dir.join(AUTH_BUNDLE_FILE));
+    }
     mark_terminated(dir, reason);
     left
 }
@@ -105,8 +107,18 @@ pub fn mark_terminated(dir: &Path, reason: &str) {
 }
 
 #[cfg(feature = "test-controls")]
+fn keep_credentials() -> bool {
+    vm_contract::test_control::TestControl::KeepCredentials.is_on()
+}
+
+#[cfg(not(feature = "test-controls"))]
+fn keep_credentials() -> bool {
+    false
+}
+
+#[cfg(feature = "test-controls")]
 fn disabled() -> bool {
-    crate::test_controls::enabled("no-reaper")
+    vm_contract::test_control::TestControl::NoReaper.is_on()
 }
 
 #[cfg(not(feature = "test-controls"))]

@@ -39,7 +39,7 @@ pub const SUPERVISOR_LOG: &str = "supervisor.log";
 /// Environment variables a supervisor may inherit; everything else is cleared.
 fn passed_env() -> &'static [&'static str] {
     #[cfg(feature = "test-controls")]
-    return &["PATH", "RUST_LOG", crate::test_controls::VAR];
+    return &["PATH", "RUST_LOG", vm_contract::test_control::VAR];
     #[cfg(not(feature = "test-controls"))]
     &["PATH", "RUST_LOG"]
 }
@@ -160,7 +160,7 @@ impl SupervisorProcess {
         let (read_end, write_end) =
             rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| SupervisorError::Stdio(e.into()))?;
         #[cfg(feature = "test-controls")]
-        if crate::test_controls::enabled("leak-liveness-write-end") {
+        if vm_contract::test_control::TestControl::LeakLivenessWriteEnd.is_on() {
             // Control: the write end leaks into the supervisor, and from there into QEMU.
             let _ = rustix::io::fcntl_setfd(&write_end, rustix::io::FdFlags::empty());
         }
@@ -228,7 +228,7 @@ impl SupervisorProcess {
     /// (then close) if it does not exit in time. Returns how it ended and its final report, if it gave one.
     pub async fn stop(mut self, timeout: Duration) -> (Stopped, Option<SupervisorStatus>) {
         #[cfg(feature = "test-controls")]
-        if crate::test_controls::enabled("close-liveness-first") {
+        if vm_contract::test_control::TestControl::CloseLivenessFirst.is_on() {
             // Control: the wrong order, which makes the supervisor take its "driver gone" path.
             drop(self.liveness.take());
         }

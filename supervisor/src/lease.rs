@@ -172,7 +172,7 @@ impl Lease {
 
 #[cfg(feature = "test-controls")]
 fn require_echo() -> bool {
-    !crate::test_controls::enabled("pulse-write-only")
+    !vm_contract::test_control::TestControl::PulseWriteOnly.is_on()
 }
 
 #[cfg(not(feature = "test-controls"))]

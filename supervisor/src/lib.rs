@@ -11,10 +11,14 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(all(feature = "test-controls", not(debug_assertions)))]
+compile_error!("test controls switch safety mechanisms off: they are for debug test builds, never a release");
+
 pub mod accel;
 pub mod attach;
 pub mod auth;
 pub mod config;
+pub mod diagnostics;
 mod framed;
 pub mod guest;
 pub mod lease;
@@ -26,8 +30,6 @@ pub mod session;
 pub mod status;
 pub mod supervisor;
 pub mod telemetry;
-#[cfg(feature = "test-controls")]
-pub mod test_controls;
 pub mod vmm;
 
 /// Everything that reaches the event loop.

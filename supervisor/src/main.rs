@@ -21,14 +21,18 @@ fn main() -> ExitCode {
         return probe(args.get(2).map_or("auto", String::as_str));
     }
     let config = SupervisorConfig::parse();
+    #[cfg(feature = "test-controls")]
+    {
+        use vm_contract::test_control::{announcement, TestControl};
+        eprintln!("{}", announcement("vm-supervisor"));
+        if TestControl::SupervisorExitsAtStart.is_on() {
+            return ExitCode::from(1);
+        }
+    }
     // Everything the supervisor and QEMU create is private to this user.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let console = Console::start();
-    tracing_subscriber::fmt()
-        .with_writer(console.handle())
-        .with_ansi(false)
-        .with_env_filter(diagnostic_filter())
-        .init();
+    vm_supervisor::diagnostics::init(console.handle());
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -45,26 +49,6 @@ fn main() -> ExitCode {
         }
         Err(_) => ExitCode::from(1),
     }
-}
-
-/// `RUST_LOG` (default `info`) for the supervisor's own diagnostics. The HTTP, gRPC and OpenTelemetry
-/// libraries are silenced at every level: their messages can carry a collector's error text or echo request
-/// metadata, and the exporter reports its failures in fixed text instead.
-fn diagnostic_filter() -> tracing_subscriber::EnvFilter {
-    let base = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
-    let quiet = [
-        "opentelemetry",
-        "opentelemetry_sdk",
-        "opentelemetry_otlp",
-        "tonic",
-        "h2",
-        "hyper",
-        "hyper_util",
-        "reqwest",
-        "tower",
-    ];
-    let directives = quiet.iter().fold(base, |acc, target| format!("{acc},{target}=off"));
-    tracing_subscriber::EnvFilter::try_new(directives).unwrap_or_else(|_| "info".into())
 }
 
 fn probe(choice: &str) -> ExitCode {

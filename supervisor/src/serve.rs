@@ -78,7 +78,10 @@ pub(crate) async fn serve(
             exit = state.vmm.wait() => {
                 let status = exit.map_or_else(|e| e.to_string(), |s| s.to_string());
                 state.end_session();
-                break state.stopping.take().map_or(StopReason::VmmExited(status), |(reason, _)| reason);
+                break match state.stopping.take() {
+                    None | Some((StopReason::ChannelClosed, _)) => StopReason::VmmExited(status),
+                    Some((reason, _)) => reason,
+                };
             }
             () = sleep_until_some(kill_at) => {
                 tracing::warn!("the VM did not power off in time; killing the VMM");
@@ -136,10 +139,17 @@ impl Serving<'_> {
                 self.clients.insert(id, handle);
             }
             Some(Event::ClientClosed(id)) => self.drop_client(id),
-            Some(Event::GuestClosed(error)) => {
-                if self.stopping.is_none() {
-                    tracing::warn!(error = ?error.map(|e| e.to_string()), "the guest channel closed unexpectedly");
-                }
+            Some(Event::GuestClosed(_)) if self.stopping.is_some() => {}
+            Some(Event::GuestClosed(Some(error))) if error.is_violation() => {
+                tracing::error!(error = %error, "protocol violation by the guest");
+                self.finding(Finding::GuestProtocolViolation, &error.to_string());
+                self.stop(StopReason::GuestViolation(error.to_string()));
+            }
+            Some(Event::GuestClosed(_)) => {
+                // The agent never closes the channel first: the VM is broken or stopping on its own. If QEMU
+                // exits meanwhile, its exit is reported as the cause.
+                tracing::warn!("the guest channel closed unexpectedly; stopping the VM");
+                self.stop(StopReason::ChannelClosed);
             }
             Some(Event::AdmissionRefused(what)) => self.finding(Finding::AdmissionRefused, what),
             Some(Event::SessionUp(readiness)) => {

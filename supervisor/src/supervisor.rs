@@ -20,6 +20,7 @@ use vm_protocol::status::{ProcessRecord, SandboxPids, SessionHello, SupervisorSt
 use crate::accel::{self, KvmUnusable};
 use crate::attach::{self, ATTACH_SOCKET};
 use crate::config::SupervisorConfig;
+use crate::diagnostics::{chain, tails};
 use crate::guest::{self, AttachError};
 use crate::lease::{Lease, LeaseError};
 use crate::session::SessionConfig;
@@ -35,9 +36,6 @@ use vm_protocol::handshake::FirstFrameError;
 /// After the channel failed during boot, how long to wait for QEMU's own exit before calling it a guest
 /// failure.
 const VMM_EXIT_GRACE_MS: u64 = 500;
-
-/// Lines of `vmm.log` and `console.log` quoted in a boot failure.
-const LOG_TAIL_LINES: usize = 12;
 
 /// Why start-up failed. Nothing is left running when this is returned.
 #[derive(Debug, thiserror::Error)]
@@ -113,8 +111,26 @@ pub enum StopReason {
     VmmExited(String),
     /// The guest broke the protocol; the VM was stopped.
     GuestViolation(String),
+    /// The guest channel closed while QEMU kept running; the VM was stopped.
+    ChannelClosed,
     /// The driver refused this supervisor's session; the VM was stopped.
     SessionRefused,
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Terminated => f.write_str("stopped on request"),
+            Self::DriverGone => f.write_str("the driver is gone; the VM was killed"),
+            Self::LeaseLost(why) => write!(f, "the lease with the watchdog was lost ({why}); the VM was killed"),
+            Self::VmmExited(status) => write!(f, "the VMM exited on its own ({status})"),
+            Self::GuestViolation(what) => {
+                write!(f, "the guest broke the boundary protocol ({what}); the VM was stopped")
+            }
+            Self::ChannelClosed => f.write_str("the guest closed the boundary channel; the VM was stopped"),
+            Self::SessionRefused => f.write_str("the driver refused this supervisor's session; the VM was stopped"),
+        }
+    }
 }
 
 impl StopReason {
@@ -122,7 +138,7 @@ impl StopReason {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Terminated => 0,
-            Self::VmmExited(_) | Self::GuestViolation(_) => 3,
+            Self::VmmExited(_) | Self::GuestViolation(_) | Self::ChannelClosed => 3,
             Self::DriverGone => 4,
             Self::LeaseLost(_) => 5,
             Self::SessionRefused => 6,
@@ -164,6 +180,11 @@ pub async fn run(config: SupervisorConfig, console: Console) -> Result<StopReaso
             return Err(e);
         }
     };
+    #[cfg(feature = "test-controls")]
+    {
+        let event = telemetry.source().config_change(&vm_contract::test_control::announcement("vm-supervisor"));
+        telemetry.emit(event);
+    }
     let outcome = supervise_sandbox(&config, token, &mut telemetry).await;
     if let Err(e) = &outcome {
         // Logged here, while the console still runs.
@@ -210,7 +231,7 @@ async fn supervise_sandbox(
         Err(e) => {
             let mut error = chain(&e);
             if matches!(e, StartError::Boot(_) | StartError::VmmExitedDuringBoot { .. }) {
-                error.push_str(&tails());
+                error.push_str(&tails(&[files::VMM_LOG, files::CONSOLE_LOG]));
             }
             if matches!(e, StartError::Boot(AttachError::Handshake(_))) {
                 let event =
@@ -254,7 +275,7 @@ async fn supervise_sandbox(
     }
     let (status, detail) = match &reason {
         StopReason::Terminated => (Status::Success, None),
-        other => (Status::Failure, Some(format!("{other:?}"))),
+        other => (Status::Failure, Some(other.to_string())),
     };
     for app in [&vm, &sandbox] {
         let event = telemetry.source().lifecycle(Lifecycle::Stop, app, status, detail.clone());
@@ -403,8 +424,8 @@ async fn handshake(
 /// The environment of the supervisor's children: nothing, except test switches in test builds.
 fn child_env() -> Vec<(&'static str, String)> {
     #[cfg(feature = "test-controls")]
-    if let Ok(value) = std::env::var(crate::test_controls::VAR) {
-        return vec![(crate::test_controls::VAR, value)];
+    if let Ok(value) = std::env::var(vm_contract::test_control::VAR) {
+        return vec![(vm_contract::test_control::VAR, value)];
     }
     Vec::new()
 }
@@ -437,58 +458,5 @@ fn watch_signals(events: UnboundedSender<Event>) {
             }
         }
         Err(_) => tracing::error!("cannot register signal handlers; SIGTERM will kill without an orderly stop"),
-    }
-}
-
-/// The error and its causes, outermost first.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
-}
-
-/// The last lines of QEMU's and the guest's logs, for a boot failure message.
-fn tails() -> String {
-    let mut text = String::new();
-    for file in [files::VMM_LOG, files::CONSOLE_LOG] {
-        let tail = tail(Path::new(file));
-        if !tail.is_empty() {
-            text.push_str(&format!("\n--- last lines of {file} ---\n{tail}"));
-        }
-    }
-    text
-}
-
-/// The last lines of `path`, made safe to print: the guest writes the console, so control characters
-/// (terminal escapes among them) become `?` and each line is cut at 240 characters.
-fn tail(path: &Path) -> String {
-    let bytes = std::fs::read(path).unwrap_or_default();
-    let text = String::from_utf8_lossy(&bytes);
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(LOG_TAIL_LINES)..]
-        .iter()
-        .map(|line| {
-            line.chars().take(240).map(|c| if c.is_control() && c != '\t' { '?' } else { c }).collect::<String>()
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn console_tails_carry_no_terminal_escapes() {
-        let path = std::env::temp_dir().join(format!("tail-{}.log", std::process::id()));
-        std::fs::write(&path, b"boot\n\x1b]0;owned\x07\x1b[2Jclear\xff\n").unwrap();
-        let tail = tail(&path);
-        let _ = std::fs::remove_file(&path);
-        assert_eq!(tail, "boot\n?]0;owned??[2Jclear\u{fffd}");
     }
 }

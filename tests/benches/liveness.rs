@@ -1,6 +1,6 @@
-//! Fault to VMM exit, for the three faults the lease and the liveness pipe exist for. Medians of
-//! `BENCH_RUNS` (default 10); each run boots a fresh sandbox, waits for its canary, injects the fault and
-//! times the VMM's exit through a pidfd opened beforehand.
+//! Fault to VMM exit, for the three faults the lease and the liveness pipe exist for. `BENCH_RUNS` runs
+//! (default 10); each boots a fresh sandbox, waits for its canary, injects the fault and times the VMM's
+//! exit through a pidfd opened beforehand.
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a benchmark fails loudly")]
 
@@ -8,6 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::Report;
 use nix::sys::signal::Signal::{SIGCONT, SIGKILL, SIGSTOP};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::process::{pidfd_open, Pid, PidfdFlags};
@@ -44,20 +45,20 @@ fn once(fault: Fault, n: usize) -> Duration {
 
 fn main() {
     let runs = common::runs();
-    println!("\n| fault -> VMM exit | median | min | max | goal |");
-    println!("|---|---|---|---|---|");
-    for (name, fault, goal) in [
-        ("driver SIGKILL", Fault::KillDriver, "<= 100 ms"),
-        ("supervisor SIGKILL", Fault::KillSupervisor, "<= 100 ms"),
-        ("supervisor SIGSTOP", Fault::StopSupervisor, "<= 3 s"),
-    ] {
-        let times: Vec<Duration> = (0..runs).map(|i| once(fault, i)).collect();
-        let (min, max) = (*times.iter().min().unwrap(), *times.iter().max().unwrap());
-        let median = common::median(times.iter().copied().map(ms).collect());
-        println!("| {name} | {median:.1} ms | {:.1} ms | {:.1} ms | {goal} |", ms(min), ms(max));
+    let mut report = Report::new("liveness");
+    let faults = [
+        ("driver SIGKILL -> VMM exit (ms)", Fault::KillDriver, "<= 100"),
+        ("supervisor SIGKILL -> VMM exit (ms)", Fault::KillSupervisor, "<= 100"),
+        ("supervisor SIGSTOP -> VMM exit (ms)", Fault::StopSupervisor, "<= 3000"),
+    ];
+    for i in 0..runs {
+        eprintln!("bench: run {}/{runs}", i + 1);
+        for (name, fault, _) in faults {
+            report.sample(name, once(fault, i).as_secs_f64() * 1e3);
+        }
     }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
+    for (name, _, goal) in faults {
+        report.single(name, name, 1, goal);
+    }
+    report.finish("Liveness: fault to VMM exit", runs);
 }

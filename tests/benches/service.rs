@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use common::{median, BareVm, CHANNEL_UP};
+use common::{channel_up_then_one_byte, median, BareVm, Report, CHANNEL_UP};
 use tokio_stream::StreamExt;
 use vm_e2e::serve::Serve;
 use vm_e2e::Scratch;
@@ -95,42 +95,49 @@ fn ms(d: &Duration) -> f64 {
 fn main() {
     let runs = common::runs();
     let scratch = Scratch::new("bench-svc");
-    let serve = Serve::start(&scratch, &[]);
+    let serve = Serve::start(&scratch);
     let (rt, mut client) = serve.grpc();
-    let (mut ready, mut bare_boot, mut execs, mut spawns, mut pings) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut report = Report::new("service");
     for i in 0..runs {
         eprintln!("bench: run {}/{runs}", i + 1);
-        bare_boot.push(ms(&BareVm::boot(&scratch, "/bin/busybox reboot -f").drain().0));
+        report.sample(
+            "bare boot to first channel byte (ms)",
+            ms(&BareVm::boot(&scratch, &channel_up_then_one_byte()).first_byte()),
+        );
         let (spawn_trips, ping_trips) = bare_round_trips(&scratch);
-        spawns.extend(spawn_trips.iter().map(ms));
-        pings.extend(ping_trips.iter().map(ms));
+        report.sample("bare guest `true` per trip (ms)", median(&spawn_trips.iter().map(ms).collect::<Vec<_>>()));
+        report.sample("raw ping-pong (ms)", median(&ping_trips.iter().map(ms).collect::<Vec<_>>()));
         let id = format!("bench-{i}");
         rt.block_on(async {
-            ready.push(ms(&create_ready(&mut client, &id).await));
+            report.sample("create -> ready (ms)", ms(&create_ready(&mut client, &id).await));
+            let mut execs = Vec::with_capacity(EXECS);
             for _ in 0..EXECS {
                 execs.push(ms(&exec_true(&mut client, &id).await));
             }
+            report.sample("exec true (ms)", median(&execs));
             client.delete_sandbox(SandboxRef { sandbox_id: id.clone() }).await.unwrap();
         });
     }
-    let (ready, bare_boot) = (median(ready), median(bare_boot));
-    let (exec, spawn, ping) = (median(execs), median(spawns), median(pings));
-    println!(
-        "accelerator: {} | runs: {runs}, {EXECS} round trips of each kind per run | medians\n",
-        common::resolved_accel()
+    report.compare(
+        "exec `true` round trip (ms) vs raw channel 1-byte ping-pong",
+        "exec true (ms)",
+        "raw ping-pong (ms)",
+        3,
+        "-",
     );
-    println!("| measure | ours | baseline | ratio |");
-    println!("|---|---|---|---|");
-    println!(
-        "| exec `true` round trip (ms) vs raw channel 1-byte ping-pong | {exec:.2} | {ping:.3} | {:.1} |",
-        exec / ping
+    report.compare(
+        "exec `true` round trip (ms) vs bare guest running `true` per 1-byte trip",
+        "exec true (ms)",
+        "bare guest `true` per trip (ms)",
+        2,
+        "<= 1.30",
     );
-    println!(
-        "| exec `true` round trip (ms) vs bare guest shell running `true` per 1-byte trip | {exec:.2} | {spawn:.2} | {:.2} |",
-        exec / spawn
+    report.compare(
+        "create -> ready (ms) vs bare boot to the guest's first channel byte",
+        "create -> ready (ms)",
+        "bare boot to first channel byte (ms)",
+        0,
+        "-",
     );
-    println!(
-        "| create -> ready (ms) vs bare QEMU boot+poweroff | {ready:.0} | {bare_boot:.0} | {:.2} |",
-        ready / bare_boot
-    );
+    report.finish(&format!("The service (each run: a fresh sandbox, median of {EXECS} execs in it)"), runs);
 }

@@ -11,7 +11,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::median;
+use common::Report;
 
 use vm_e2e::attach::AttachClient;
 use vm_e2e::otlp_receiver::{Behavior, Receiver};
@@ -52,23 +52,30 @@ fn run(n: usize, telemetry: bool) -> (f64, Duration, usize) {
 
 fn main() {
     let runs: usize = std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3).min(5);
-    let (mut cpu_on, mut cpu_off, mut stop_on, mut stop_off) = (vec![], vec![], vec![], vec![]);
+    let mut report = Report::new("telemetry");
     for i in 0..runs {
+        eprintln!("bench: run {}/{runs}", i + 1);
         let (cpu, stop, received) = run(i, true);
         assert!(received >= 2 * PROCESSES, "every queued event was delivered ({received})");
-        cpu_on.push(cpu);
-        stop_on.push(stop.as_secs_f64());
+        report.sample("cpu with sinks", cpu);
+        report.sample("stop with 10k queued (s)", stop.as_secs_f64());
         let (cpu, stop, _) = run(i, false);
-        cpu_off.push(cpu);
-        stop_off.push(stop.as_secs_f64());
+        report.sample("cpu shorthand only", cpu);
+        report.sample("stop with nothing queued (s)", stop.as_secs_f64());
     }
-    let (cpu_on, cpu_off) = (median(cpu_on), median(cpu_off));
-    let (stop_on, stop_off) = (median(stop_on), median(stop_off));
-    let flush = (stop_on - stop_off).max(0.001);
-    println!("\n| telemetry ({runs} runs, medians) | with OCSF JSON + JSONL + OTLP | shorthand only | ratio |");
-    println!("|---|---|---|---|");
-    println!("| supervisor CPU per 1,000 events (ms) | {cpu_on:.1} | {cpu_off:.1} | {:.2} |", cpu_on / cpu_off);
-    println!("| stop with 10,000 events queued (s) | {stop_on:.2} | {stop_off:.2} (nothing queued) | - |");
-    println!("| flush of 10,000 queued events (s) | {flush:.2} | - | - |");
-    println!("| events per second sustained to the collector | {:.0} | - | - |", 10_000.0 / flush);
+    report.compare(
+        "supervisor CPU per 1,000 events (ms): OCSF JSON + JSONL + OTLP vs console shorthand only",
+        "cpu with sinks",
+        "cpu shorthand only",
+        1,
+        "-",
+    );
+    report.compare(
+        "stop (s): 10,000 events queued for the collector vs nothing queued",
+        "stop with 10k queued (s)",
+        "stop with nothing queued (s)",
+        2,
+        "-",
+    );
+    report.finish("Telemetry (each run drives 5,000 processes = 10,000 Process Activity events)", runs);
 }

@@ -42,15 +42,43 @@ pub fn read_cpio(bytes: &[u8]) -> Vec<Entry> {
 /// into `dir`, and returns its path. The agent stays in the archive (as `/init.agent`), so the image is as
 /// large as the real one and a boot-time baseline built from it unpacks the same bytes.
 pub fn with_init_script(dir: &Path, script: &str) -> PathBuf {
+    with_init(dir, "broken-initramfs.cpio", format!("#!/bin/busybox sh\n{script}\n").into_bytes(), &[])
+}
+
+/// Where `scripts/test` builds the rogue agent (`scripts/guest-cargo -p vm-rogue-agent`).
+pub fn rogue_agent() -> PathBuf {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/guest/x86_64-unknown-linux-gnu/release/vm-rogue-agent");
+    assert!(
+        path.is_file(),
+        "{} is missing: scripts/test builds it (scripts/guest-cargo -p vm-rogue-agent)",
+        path.display()
+    );
+    path
+}
+
+/// A copy of the harness image whose PID 1 is the rogue agent, attacking in `mode` (see
+/// `tests/rogue-agent`), written into `dir`.
+pub fn with_rogue_agent(dir: &Path, mode: &str) -> PathBuf {
+    let rogue = std::fs::read(rogue_agent()).unwrap();
+    let name = format!("rogue-{mode}.cpio");
+    with_init(dir, &name, rogue, &[("etc/rogue-mode", format!("{mode}\n").into_bytes())])
+}
+
+fn with_init(dir: &Path, name: &str, init_bytes: Vec<u8>, extra: &[(&str, Vec<u8>)]) -> PathBuf {
     let original = std::fs::read(crate::harness().image.join("initramfs.cpio")).unwrap();
     let mut entries = read_cpio(&original);
     let init = entries.iter_mut().find(|e| e.path == "init").expect("the image has /init");
-    let agent = std::mem::replace(&mut init.kind, Kind::File(format!("#!/bin/busybox sh\n{script}\n").into_bytes()));
+    init.perm = 0o755;
+    let agent = std::mem::replace(&mut init.kind, Kind::File(init_bytes));
     entries.push(Entry { path: "init.agent".into(), perm: 0o644, kind: agent });
+    for (path, bytes) in extra {
+        entries.push(Entry { path: (*path).to_owned(), perm: 0o644, kind: Kind::File(bytes.clone()) });
+    }
     entries.sort_by(|a, b| a.path.cmp(&b.path));
     let mut out = Vec::new();
     cpio::write(&mut out, &entries, 0).unwrap();
-    let path = dir.join("broken-initramfs.cpio");
+    let path = dir.join(name);
     std::fs::write(&path, out).unwrap();
     path
 }

@@ -21,33 +21,63 @@ pub mod serve;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use procs::{ProcInfo, Watcher};
+pub use vm_contract::test_control::TestControl;
+
+/// The binaries of one build.
+#[derive(Debug)]
+pub struct Binaries {
+    pub driver: PathBuf,
+    pub supervisor: PathBuf,
+}
+
+impl Binaries {
+    fn at(dir: &Path, what: &str) -> Self {
+        let bins = Self { driver: dir.join("vm-driver"), supervisor: dir.join("vm-supervisor") };
+        for bin in [&bins.driver, &bins.supervisor, &dir.join("vm-watchdog")] {
+            assert!(bin.is_file(), "{} ({what}) is missing: run scripts/test, which builds it first", bin.display());
+        }
+        bins
+    }
+}
 
 /// Where the binaries and the image are, and which accelerator the tests ask for.
 #[derive(Debug)]
 pub struct Harness {
-    pub driver: PathBuf,
-    pub supervisor: PathBuf,
+    /// `cargo build --release`: exactly what `scripts/install` ships. Every test runs these, unless it is
+    /// a control or injects a fault.
+    pub shipped: Binaries,
+    /// The debug build with the `test-controls` features (`target/debug`), which announces itself at every
+    /// start: only for the causal tests' controls and for fault injection.
+    pub controls: Binaries,
     pub image: PathBuf,
     /// `auto`, `kvm` or `tcg`, from `VM_TEST_ACCEL` (default `auto`). CI on KVM runners sets `kvm`.
     pub accel: String,
+}
+
+impl Harness {
+    /// The build that runs with `controls` set: the shipped one when there are none.
+    pub fn build(&self, controls: &[TestControl]) -> &Binaries {
+        if controls.is_empty() {
+            &self.shipped
+        } else {
+            &self.controls
+        }
+    }
 }
 
 /// The shared harness; the first call checks that everything exists.
 pub fn harness() -> &'static Harness {
     static HARNESS: OnceLock<Harness> = OnceLock::new();
     HARNESS.get_or_init(|| {
-        // target/<profile>/deps/<test-binary> -> target/<profile>
+        // target/<profile>/deps/<test-binary> -> target/
         let exe = std::env::current_exe().unwrap();
-        let bin_dir = exe.parent().and_then(Path::parent).unwrap().to_owned();
-        let driver = bin_dir.join("vm-driver");
-        let supervisor = bin_dir.join("vm-supervisor");
-        for bin in [&driver, &supervisor] {
-            assert!(bin.is_file(), "{} is missing: run scripts/test (it builds the binaries first)", bin.display());
-        }
+        let target = exe.ancestors().nth(3).unwrap().to_owned();
+        let shipped = Binaries::at(&target.join("release"), "the release build");
+        let controls = Binaries::at(&target.join("debug"), "the test-controls build");
         // Where the driver itself looks by default (VM_DRIVER_IMAGE, else the build-image cache).
         let image = vm_driver::image::default_dir().expect("no default image directory: set HOME or VM_DRIVER_IMAGE");
         for file in ["vmlinuz", "initramfs.cpio"] {
@@ -59,35 +89,116 @@ pub fn harness() -> &'static Harness {
         }
         let accel = std::env::var("VM_TEST_ACCEL").unwrap_or_else(|_| "auto".into());
         assert!(["auto", "kvm", "tcg"].contains(&accel.as_str()), "VM_TEST_ACCEL must be auto, kvm or tcg");
-        Harness { driver, supervisor, image, accel }
+        Harness { shipped, controls, image, accel }
     })
 }
 
-/// A per-test scratch directory, removed when the test passes and kept (and printed) when it fails.
+/// The environment that switches `controls` on.
+pub fn control_env(controls: &[TestControl]) -> Option<(&'static str, String)> {
+    (!controls.is_empty())
+        .then(|| (vm_contract::test_control::VAR, controls.iter().map(|c| c.name()).collect::<Vec<_>>().join(",")))
+}
+
+/// A per-test scratch directory, removed when the test passes and kept (and printed) when it fails; and the
+/// test's deadline.
+///
+/// No end-to-end test may hang the suite: when the deadline passes, the test's processes (everything whose
+/// working directory or command line is inside the scratch directory: driver, supervisor, watchdog, VMM)
+/// are killed, which ends whatever the test waits on, and the test fails saying what it was waiting for. A
+/// test still stuck a minute later ends the test binary.
 #[derive(Debug)]
 pub struct Scratch {
     pub dir: PathBuf,
+    deadline: Arc<(Mutex<Progress>, Condvar)>,
 }
+
+#[derive(Debug)]
+struct Progress {
+    done: bool,
+    expired: bool,
+    waiting_for: String,
+}
+
+/// The deadline of a test that does not choose its own.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(240);
 
 impl Scratch {
     pub fn new(name: &str) -> Self {
+        Self::with_deadline(name, DEFAULT_DEADLINE)
+    }
+
+    pub fn with_deadline(name: &str, limit: Duration) -> Self {
         // Short, so socket paths stay well inside sun_path.
         let dir = std::env::temp_dir().join(format!("e2e-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        Self { dir }
+        let progress = Progress { done: false, expired: false, waiting_for: "the test to start".into() };
+        let deadline = Arc::new((Mutex::new(progress), Condvar::new()));
+        let (watched, test, scratch) = (Arc::clone(&deadline), name.to_owned(), dir.clone());
+        std::thread::spawn(move || enforce(&watched, &test, &scratch, limit));
+        Self { dir, deadline }
     }
 
     /// The state directory to pass to the driver.
     pub fn state(&self) -> PathBuf {
         self.dir.join("state")
     }
+
+    /// Records what the test waits for now, for the deadline's report.
+    pub fn waiting_for(&self, what: &str) {
+        let mut p = self.deadline.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        what.clone_into(&mut p.waiting_for);
+    }
+
+    /// Whether the deadline passed (its processes were killed).
+    pub fn expired(&self) -> bool {
+        self.deadline.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).expired
+    }
+}
+
+fn enforce(deadline: &(Mutex<Progress>, Condvar), test: &str, dir: &Path, limit: Duration) {
+    let (lock, cvar) = deadline;
+    let guard = lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (mut progress, timeout) =
+        cvar.wait_timeout_while(guard, limit, |p| !p.done).unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !timeout.timed_out() {
+        return;
+    }
+    progress.expired = true;
+    eprintln!(
+        "e2e: DEADLINE: {test} did not finish within {} s; it was waiting for {}; killing its processes",
+        limit.as_secs(),
+        progress.waiting_for
+    );
+    drop(progress);
+    for _ in 0..50 {
+        for p in procs::inside(dir) {
+            procs::signal(p.pid, nix::sys::signal::Signal::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let guard = lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (guard, stuck) = cvar
+        .wait_timeout_while(guard, Duration::from_secs(60), |p| !p.done)
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    drop(guard);
+    if stuck.timed_out() {
+        eprintln!("e2e: DEADLINE: {test} is still stuck a minute after its processes were killed; ending the run");
+        std::process::exit(101);
+    }
 }
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        let expired = {
+            let mut p = self.deadline.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            p.done = true;
+            p.expired
+        };
+        self.deadline.1.notify_all();
+        if std::thread::panicking() || expired {
             eprintln!("e2e: kept {} for inspection (console.log, vmm.log, supervisor.log)", self.dir.display());
+            assert!(!expired || std::thread::panicking(), "the test passed its deadline");
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
@@ -140,6 +251,7 @@ pub struct Launch<'a> {
     stdin: Option<Vec<u8>>,
     accel: Option<String>,
     image: Option<PathBuf>,
+    controls: Vec<TestControl>,
 }
 
 impl<'a> Launch<'a> {
@@ -151,7 +263,14 @@ impl<'a> Launch<'a> {
             stdin: None,
             accel: None,
             image: None,
+            controls: Vec::new(),
         }
+    }
+
+    /// Runs the controls build with `control` switched on.
+    pub fn control(mut self, control: TestControl) -> Self {
+        self.controls.push(control);
+        self
     }
 
     pub fn flag(mut self, flag: &str) -> Self {
@@ -178,7 +297,8 @@ impl<'a> Launch<'a> {
 
     pub fn command(&self) -> Command {
         let h = harness();
-        let mut cmd = Command::new(&h.driver);
+        let mut cmd = Command::new(&h.build(&self.controls).driver);
+        cmd.envs(control_env(&self.controls));
         cmd.arg("launch")
             .arg("--state-dir")
             .arg(self.scratch.state())
@@ -201,6 +321,7 @@ impl<'a> Launch<'a> {
             .stderr(Stdio::piped());
         let watcher = Watcher::start(&self.scratch.dir);
         let start = Instant::now();
+        self.scratch.waiting_for("vm-driver launch to exit");
         let mut child = cmd.spawn().expect("cannot start vm-driver");
         if let Some(bytes) = self.stdin {
             let mut stdin = child.stdin.take().unwrap();
@@ -265,6 +386,7 @@ impl Running {
     /// Starts `launch` with `env` added (test switches) and waits for `canary` as the first stdout line.
     pub fn start(launch: Launch<'_>, env: &[(&str, &str)], canary: &str) -> Self {
         let scratch_dir = launch.scratch.dir.clone();
+        let scratch = launch.scratch;
         let mut cmd = launch.command();
         cmd.envs(env.iter().copied()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let watcher = Watcher::start(&scratch_dir);
@@ -273,6 +395,7 @@ impl Running {
         let stderr = driver.stderr.take();
         let mut running = Self { driver, stdout, stderr, watcher: Some(watcher), sandbox_dir: PathBuf::new() };
         if !canary.is_empty() {
+            scratch.waiting_for("the workload's canary line from inside the VM");
             let mut line = String::new();
             std::io::BufRead::read_line(&mut running.stdout, &mut line).unwrap();
             assert_eq!(line.trim_end(), canary, "the workload's canary line from inside the VM");
@@ -355,7 +478,7 @@ impl DirectSupervisor {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         let watcher = Watcher::start(&scratch.dir);
-        let mut child = Command::new(&h.supervisor)
+        let mut child = Command::new(&h.shipped.supervisor)
             .args(["--sandbox-id", "direct", "--sandbox-dir"])
             .arg(&dir)
             .arg("--kernel")
@@ -372,6 +495,7 @@ impl DirectSupervisor {
             .spawn()
             .expect("cannot start vm-supervisor");
         let mut status = std::io::BufReader::new(child.stdout.take().unwrap());
+        scratch.waiting_for("the directly started supervisor to report ready");
         loop {
             let mut line = String::new();
             assert!(std::io::BufRead::read_line(&mut status, &mut line).unwrap() > 0, "supervisor exited before ready");

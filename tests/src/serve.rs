@@ -8,12 +8,13 @@ use nix::sys::signal::Signal;
 use vm_protocol::driver_api::GetCapabilitiesRequest;
 
 use crate::procs::{self, Watcher};
-use crate::{harness, wait_until, Scratch};
+use crate::{control_env, harness, wait_until, Scratch, TestControl};
 
 /// A running service. Dropping it stops it and kills whatever it left.
 #[derive(Debug)]
 pub struct Serve {
     pub child: Child,
+    controls: Vec<TestControl>,
     pub socket: PathBuf,
     pub state: PathBuf,
     env: Vec<(String, String)>,
@@ -21,11 +22,20 @@ pub struct Serve {
 }
 
 impl Serve {
-    /// Starts it in `scratch` with `env` added and waits until its socket answers.
-    pub fn start(scratch: &Scratch, env: &[(&str, &str)]) -> Self {
+    /// Starts the shipped build in `scratch` and waits until its socket answers.
+    pub fn start(scratch: &Scratch) -> Self {
+        Self::with_controls(scratch, &[])
+    }
+
+    /// Starts it with `controls` switched on (the controls build, when there are any).
+    pub fn with_controls(scratch: &Scratch, controls: &[TestControl]) -> Self {
         let state = scratch.state();
+        let env: Vec<(&str, String)> = control_env(controls).into_iter().collect();
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        scratch.waiting_for("vm-driver serve to listen");
         let mut serve = Self {
-            child: Self::spawn(&state, env),
+            child: Self::spawn(&state, controls, &env),
+            controls: controls.to_vec(),
             socket: state.join("driver.sock"),
             state,
             env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
@@ -38,9 +48,9 @@ impl Serve {
         serve
     }
 
-    fn spawn(state: &Path, env: &[(&str, &str)]) -> Child {
+    fn spawn(state: &Path, controls: &[TestControl], env: &[(&str, &str)]) -> Child {
         let h = harness();
-        Command::new(&h.driver)
+        Command::new(&h.build(controls).driver)
             .arg("serve")
             .arg("--state-dir")
             .arg(state)
@@ -71,7 +81,7 @@ impl Serve {
 
     /// The command, for callers that need its stdio.
     pub fn cli_command(&self, subcommand: &str, args: &[&str]) -> Command {
-        let mut cmd = Command::new(&harness().driver);
+        let mut cmd = Command::new(&harness().build(&self.controls).driver);
         cmd.arg(subcommand).arg("--socket").arg(&self.socket).args(args);
         cmd
     }
@@ -85,7 +95,7 @@ impl Serve {
     /// Starts it again on the same state directory.
     pub fn restart(&mut self) {
         let env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        self.child = Self::spawn(&self.state, &env);
+        self.child = Self::spawn(&self.state, &self.controls, &env);
         self.wait_listening();
     }
 

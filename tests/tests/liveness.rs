@@ -14,16 +14,12 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal::{SIGCONT, SIGKILL, SIGSTOP, SIGTERM};
 use vm_e2e::image::with_init_script;
 use vm_e2e::procs::{self, signal};
-use vm_e2e::{gone_within, survives, Launch, Running, Scratch};
+use vm_e2e::{gone_within, survives, Launch, Running, Scratch, TestControl};
 
 const CANARY: &str = "canary-from-the-guest";
 
 fn sleeper(s: &Scratch) -> Launch<'_> {
     Launch::new(s, &["/bin/sh", "-c", &format!("echo {CANARY}; exec sleep 1000")])
-}
-
-fn control(name: &str) -> [(&'static str, &str); 1] {
-    [("VM_TEST_CONTROL", name)]
 }
 
 #[test]
@@ -43,7 +39,7 @@ fn killing_the_driver_stops_supervisor_watchdog_and_vm() {
 #[test]
 fn control_a_leaked_write_end_keeps_the_vm_alive_after_the_driver_dies() {
     let s = Scratch::new("kill-driver-ctl");
-    let mut run = Running::start(sleeper(&s), &control("leak-liveness-write-end"), CANARY);
+    let mut run = Running::start(sleeper(&s).control(TestControl::LeakLivenessWriteEnd), &[], CANARY);
     let p = run.procs();
     run.driver.kill().unwrap();
     run.driver.wait().unwrap();
@@ -67,7 +63,7 @@ fn the_write_end_stays_in_the_driver() {
 
     // Control: the same probe sees the leak when the write end is not close-on-exec.
     let s = Scratch::new("write-end-ctl");
-    let run = Running::start(sleeper(&s), &control("leak-liveness-write-end"), CANARY);
+    let run = Running::start(sleeper(&s).control(TestControl::LeakLivenessWriteEnd), &[], CANARY);
     let p = run.procs();
     let pipe = procs::stdin_pipe(p.supervisor.pid).unwrap();
     let leaked = procs::pipe_fds(p.vmm.pid).into_iter().any(|(i, f)| i == pipe && f & 0o3 == 0o1);
@@ -89,7 +85,7 @@ fn pausing_the_supervisor_lets_the_watchdog_kill_the_vm() {
 #[test]
 fn control_a_watchdog_that_only_watches_eof_lets_a_frozen_supervisor_keep_the_vm() {
     let s = Scratch::new("stop-sup-ctl");
-    let run = Running::start(sleeper(&s), &control("watchdog-eof-only"), CANARY);
+    let run = Running::start(sleeper(&s).control(TestControl::WatchdogEofOnly), &[], CANARY);
     let p = run.procs();
     signal(p.supervisor.pid, SIGSTOP);
     let survived = survives(&p.vmm, Duration::from_secs(5));
@@ -129,7 +125,7 @@ fn pausing_the_watchdog_makes_the_supervisor_stop_the_vm() {
 #[test]
 fn control_a_supervisor_that_trusts_writes_keeps_the_vm_with_a_frozen_watchdog() {
     let s = Scratch::new("stop-wd-ctl");
-    let run = Running::start(sleeper(&s), &control("pulse-write-only"), CANARY);
+    let run = Running::start(sleeper(&s).control(TestControl::PulseWriteOnly), &[], CANARY);
     let p = run.procs();
     signal(p.watchdog.pid, SIGSTOP);
     let survived = survives(&p.vmm, Duration::from_secs(5));
@@ -182,9 +178,9 @@ fn orphan_a_vm(s: &Scratch) -> (Running, procs::ProcInfo) {
 
 /// Starts a driver (`vm-driver launch -- true`) on the same state directory; returns its stderr. Every
 /// starting driver reaps first.
-fn start_a_driver(s: &Scratch, env: &[(&str, &str)]) -> String {
-    let mut cmd = Launch::new(s, &["true"]).command();
-    let out = cmd.envs(env.iter().copied()).output().unwrap();
+fn start_a_driver(s: &Scratch, controls: &[TestControl]) -> String {
+    let launch = controls.iter().fold(Launch::new(s, &["true"]), |l, c| l.control(*c));
+    let out = launch.command().output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -201,20 +197,42 @@ fn a_starting_driver_reaps_a_vm_whose_supervisor_and_watchdog_died() {
 }
 
 #[test]
+fn vm_driver_reap_kills_an_orphaned_vm_and_marks_it_terminated() {
+    let s = Scratch::new("reap-cli");
+    let (run, vmm) = orphan_a_vm(&s);
+    let reap = || {
+        let out = std::process::Command::new(&vm_e2e::harness().shipped.driver)
+            .args(["reap", "--state-dir"])
+            .arg(s.state())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let report = reap();
+    assert!(report.contains("supervisor gone; killed its VM; marked terminated"), "{report}");
+    assert!(gone_within(&vmm, Duration::from_secs(5)), "vm-driver reap killed the orphaned VM");
+    let tombstone = std::fs::read_to_string(run.sandbox_dir.join("terminated.json")).unwrap();
+    assert!(tombstone.contains("orphan reaped"), "{tombstone}");
+    assert_eq!(reap(), "", "a second reap finds nothing to do");
+}
+
+#[test]
 fn control_without_the_reaper_the_orphaned_vm_keeps_running() {
     let s = Scratch::new("reap-ctl");
     let (_run, vmm) = orphan_a_vm(&s);
-    start_a_driver(&s, &control("no-reaper"));
+    start_a_driver(&s, &[TestControl::NoReaper]);
     assert!(survives(&vmm, Duration::from_secs(5)), "control: with the reaper off the VM outlives everything");
     eprintln!("e2e: control confirmed: orphaned VM alive 5 s after a driver started");
 }
 
 /// The workload writes more than the credit window holds, so records queue inside the guest behind a sink
 /// that is not reading; then the test asks for a stop and counts what arrives.
-fn stop_with_queued_records(s: &Scratch, env: &[(&str, &str)]) -> (usize, usize) {
+fn stop_with_queued_records(s: &Scratch, controls: &[TestControl]) -> (usize, usize) {
     const RECORDS: usize = 700_000;
     let script = format!("echo {CANARY}; seq 1 {RECORDS}; echo emitted > /dev/console; exec sleep 1000");
-    let mut run = Running::start(Launch::new(s, &["/bin/sh", "-c", &script]), env, CANARY);
+    let launch = controls.iter().fold(Launch::new(s, &["/bin/sh", "-c", &script]), |l, c| l.control(*c));
+    let mut run = Running::start(launch, &[], CANARY);
     let console = run.sandbox_dir.join("console.log");
     assert!(
         vm_e2e::wait_until(Duration::from_secs(60), || std::fs::read_to_string(&console)
@@ -247,7 +265,7 @@ fn an_orderly_stop_delivers_every_queued_record() {
 #[test]
 fn control_closing_the_pipe_first_loses_records() {
     let s = Scratch::new("records-ctl");
-    let (written, received) = stop_with_queued_records(&s, &control("close-liveness-first"));
+    let (written, received) = stop_with_queued_records(&s, &[TestControl::CloseLivenessFirst]);
     eprintln!("e2e: control, close -> SIGTERM: {received} of {written} records delivered, {} lost", written - received);
     assert!(received < written, "control: closing the pipe first loses the records still queued");
 }

@@ -1,5 +1,5 @@
-//! OCSF events as the supervisor builds them, validated against the official 1.8.0 definitions; and the
-//! validator itself, shown able to fail.
+//! OCSF events as the supervisor builds them, validated against the facts extracted from the official 1.8.0
+//! definitions (`tests/ocsf-1.8.0/`); and the validator itself, shown able to fail.
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 #![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
@@ -69,4 +69,8 @@ fn the_validator_rejects_broken_events() {
         .is_empty(),
         "metadata without version"
     );
+    let module = broken(&|e| e["module"] = serde_json::json!({"type_id": 1}));
+    assert!(module.iter().any(|p| p.contains("object module is not in the OCSF 1.8.0 extract")), "{module:?}");
+    let cloud = broken(&|e| e["cloud"] = serde_json::json!({"provider": "x"}));
+    assert!(cloud.iter().any(|p| p.contains("cloud profile")), "a profile attribute without the profile: {cloud:?}");
 }

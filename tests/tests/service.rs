@@ -12,7 +12,7 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use tokio_stream::StreamExt;
 use vm_e2e::serve::Serve;
-use vm_e2e::{gone_within, wait_until, Scratch};
+use vm_e2e::{gone_within, wait_until, Scratch, TestControl};
 use vm_protocol::driver_api::{
     exec_request, exec_response, CreateSandboxRequest, ExecRequest, ExecStart, SandboxRef, StdinEof, TerminalSize,
 };
@@ -39,11 +39,11 @@ fn wait_state(serve: &Serve, id: &str, wanted: &str) {
 #[test]
 fn lifecycle_through_the_cli() {
     let s = Scratch::new("svc-cli");
-    let serve = Serve::start(&s, &[]);
+    let serve = Serve::start(&s);
     let created = ok(serve.cli("create", &["life"]));
     assert!(created.contains("ready"), "create waits until ready: {created}");
     // A second server on the same state directory is refused: it would boot the same sandboxes again.
-    let second = Command::new(&vm_e2e::harness().driver)
+    let second = Command::new(&vm_e2e::harness().shipped.driver)
         .args(["serve", "--state-dir"])
         .arg(s.state())
         .arg("--socket")
@@ -77,7 +77,7 @@ fn lifecycle_through_a_generic_grpc_client() {
     let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/py-grpc/bin/python");
     assert!(python.is_file(), "the Python gRPC client is missing: scripts/test installs it into target/py-grpc");
     let s = Scratch::new("svc-grpc");
-    let serve = Serve::start(&s, &[]);
+    let serve = Serve::start(&s);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/grpc_lifecycle.py");
     let out = Command::new(python).arg(script).arg(&serve.socket).arg("grpc-life").output().unwrap();
     eprintln!("{}{}", text(&out), String::from_utf8_lossy(&out.stderr));
@@ -88,7 +88,7 @@ fn lifecycle_through_a_generic_grpc_client() {
 #[test]
 fn eight_sandboxes_at_once_and_thirty_two_streams_in_one() {
     let s = Scratch::new("svc-load");
-    let serve = Serve::start(&s, &[]);
+    let serve = Serve::start(&s);
     let ids: Vec<String> = (0..8).map(|i| format!("load-{i}")).collect();
     let creates: Vec<_> =
         ids.iter().map(|id| serve.cli_command("create", &[id]).stdout(Stdio::null()).spawn().unwrap()).collect();
@@ -173,7 +173,7 @@ fn exec_tty(serve: &Serve, id: &str, argv: &[&str], size: (u32, u32), resize: Op
 #[test]
 fn terminals_have_their_size_resize_and_ctrl_c() {
     let s = Scratch::new("svc-tty");
-    let serve = Serve::start(&s, &[]);
+    let serve = Serve::start(&s);
     ok(serve.cli("create", &["tty"]));
     let (out, status) = exec_tty(&serve, "tty", &["stty", "size"], (37, 111), None);
     assert_eq!((out.trim(), status), ("37 111", 0));
@@ -219,7 +219,7 @@ fn terminals_have_their_size_resize_and_ctrl_c() {
 #[test]
 fn a_killed_service_leaves_no_vm_and_restores_its_sandboxes() {
     let s = Scratch::new("svc-recover");
-    let mut serve = Serve::start(&s, &[]);
+    let mut serve = Serve::start(&s);
     for id in ["r1", "r2", "r3"] {
         ok(serve.cli("create", &[id]));
     }
@@ -248,7 +248,7 @@ fn list_as_another_user(s: &Scratch, socket: &Path) -> Output {
     use std::os::unix::fs::PermissionsExt;
     let copy = s.dir.join("vm-driver-for-nobody");
     if !copy.exists() {
-        std::fs::copy(&vm_e2e::harness().driver, &copy).unwrap();
+        std::fs::copy(&vm_e2e::harness().shipped.driver, &copy).unwrap();
     }
     std::fs::set_permissions(&s.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let root = rustix::process::geteuid().is_root();
@@ -263,14 +263,14 @@ fn list_as_another_user(s: &Scratch, socket: &Path) -> Output {
 #[test]
 fn refusals_other_uid_bad_id_symlinked_socket() {
     let s = Scratch::new("svc-refuse");
-    let serve = Serve::start(&s, &[("VM_TEST_CONTROL", "api-socket-world-reachable")]);
+    let serve = Serve::with_controls(&s, &[TestControl::ApiSocketWorldReachable]);
     // Positive control: our own uid is served.
     ok(serve.cli("list", &[]));
     // The socket is reachable by anyone here (test switch), so the peer-credential check is what refuses.
     // Control: with the check off too, the same peer is served, so the user switch, the binary and the
     // socket all work for it.
     let open = Scratch::new("svc-refuse-ctl");
-    let unchecked = Serve::start(&open, &[("VM_TEST_CONTROL", "api-socket-world-reachable,api-no-peer-check")]);
+    let unchecked = Serve::with_controls(&open, &[TestControl::ApiSocketWorldReachable, TestControl::ApiNoPeerCheck]);
     let served = list_as_another_user(&open, &unchecked.socket);
     assert!(served.status.success(), "control: not served with the check off: {}", stderr(&served));
     let other = list_as_another_user(&s, &serve.socket);
@@ -293,7 +293,7 @@ fn refusals_other_uid_bad_id_symlinked_socket() {
     std::fs::set_permissions(&private, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let link = private.join("link.sock");
     std::os::unix::fs::symlink("/tmp/elsewhere.sock", &link).unwrap();
-    let out = Command::new(&vm_e2e::harness().driver)
+    let out = Command::new(&vm_e2e::harness().shipped.driver)
         .args(["serve", "--state-dir"])
         .arg(s.dir.join("other-state"))
         .arg("--socket")
@@ -307,7 +307,7 @@ fn refusals_other_uid_bad_id_symlinked_socket() {
 #[test]
 fn exec_detaches_and_reattaches_with_held_output() {
     let s = Scratch::new("svc-attach");
-    let serve = Serve::start(&s, &[]);
+    let serve = Serve::start(&s);
     ok(serve.cli("create", &["at"]));
     let (rt, mut client) = serve.grpc();
     // It writes `held` while no client is attached, then needs stdin from the client that attaches again.
@@ -357,7 +357,7 @@ fn exec_detaches_and_reattaches_with_held_output() {
 #[test]
 fn readiness_closes_with_the_session_and_reopens_with_it() {
     let s = Scratch::new("svc-ready");
-    let serve = Serve::start(&s, &[]);
+    let serve = Serve::with_controls(&s, &[TestControl::SessionGateSignals]);
     ok(serve.cli("create", &["rd"]));
     let get = ok(serve.cli("get", &["rd"]));
     let endpoint = get.lines().nth(1).and_then(|l| l.split_whitespace().nth(4)).unwrap().to_owned();
@@ -371,7 +371,7 @@ fn readiness_closes_with_the_session_and_reopens_with_it() {
     forged.read_to_string(&mut reply).unwrap();
     assert!(reply.contains("\"accepted\":false"), "a forged session was accepted: {reply}");
     assert!(connects() && state(&serve, "rd") == "ready");
-    // Test switch: SIGUSR1 drops every supervisor session and holds reconnections.
+    // Fault injection (session-gate-signals): SIGUSR1 drops every supervisor session and holds reconnections.
     serve.signal(Signal::SIGUSR1);
     assert!(wait_until(Duration::from_secs(10), || !connects()), "readiness still open after the session was lost");
     assert_ne!(state(&serve, "rd"), "ready");

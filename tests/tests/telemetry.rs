@@ -14,7 +14,7 @@ use vm_e2e::attach::AttachClient;
 use vm_e2e::ocsf_schema::{schema_dir, Schema};
 use vm_e2e::otlp_receiver::{Behavior, Receiver, Record};
 use vm_e2e::procs::signal;
-use vm_e2e::{DirectSupervisor, Launch, Running, Scratch};
+use vm_e2e::{DirectSupervisor, Launch, Running, Scratch, TestControl};
 
 const GATEWAY: &str = "gateway-e2e-7";
 const HEADER_SECRET: &str = "Bearer hdr-secret-5b1f0c";
@@ -100,11 +100,6 @@ fn the_jsonl_file_holds_the_same_events() {
     assert_eq!(mode & 0o777, 0o600);
 }
 
-/// Lines of a log that are diagnostics rather than OCSF event lines (which carry the record itself).
-fn diagnostics(text: &str) -> Vec<&str> {
-    text.lines().filter(|l| !l.contains(" OCSF ") && !l.contains(" OCSF_JSON ")).collect()
-}
-
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
@@ -167,12 +162,13 @@ fn header_values_go_nowhere_but_the_collector() {
 /// Runs 5,000 processes through the attach socket (10,000 Process Activity events) while the collector
 /// refuses everything, then makes it slow and stops the sandbox. Returns (events in JSONL, unique events the
 /// collector received).
-fn stop_with_10k_queued(name: &str, env: &[(&str, &str)]) -> (usize, usize) {
+fn stop_with_10k_queued(name: &str, controls: &[TestControl]) -> (usize, usize) {
     let receiver = Receiver::start(Behavior::Reject("unavailable".into()));
     let s = Scratch::new(name);
     let launch =
         otlp_launch(&s, name, &receiver.grpc_endpoint(), "grpc", &["/bin/sh", "-c", "echo canary; exec sleep 1000"]);
-    let mut run = Running::start(launch, env, "canary");
+    let launch = controls.iter().fold(launch, |l, c| l.control(*c));
+    let mut run = Running::start(launch, &[], "canary");
     let statuses = AttachClient::connect(&run.sandbox_dir).run_many(&["true"], 5_000, 32);
     assert!(statuses.iter().all(|s| s.shell_code() == 0));
     receiver.set_behavior(Behavior::Slow(Duration::from_millis(100)));
@@ -194,7 +190,7 @@ fn an_orderly_stop_delivers_ten_thousand_queued_events() {
 
 #[test]
 fn control_closing_the_pipe_first_loses_queued_events() {
-    let (written, received) = stop_with_10k_queued("lossy", &[("VM_TEST_CONTROL", "close-liveness-first")]);
+    let (written, received) = stop_with_10k_queued("lossy", &[TestControl::CloseLivenessFirst]);
     eprintln!(
         "e2e: control, close -> SIGTERM: {received} of {written} events reached the collector, {} lost",
         written - received
@@ -202,46 +198,121 @@ fn control_closing_the_pipe_first_loses_queued_events() {
     assert!(received < written);
 }
 
-#[test]
-fn collector_errors_and_sink_failures_stay_out_of_the_logs() {
-    const COLLECTOR_CANARY: &str = "collector-canary-91ac";
-    const PAYLOAD_CANARY: &str = "payload-canary-3e7d";
-    // A collector that rejects every export with a message carrying a canary.
-    let rejecting = Receiver::start(Behavior::Reject(format!("denied: {COLLECTOR_CANARY}")));
-    let s = Scratch::new("redact-collector");
-    let mut cmd = otlp_launch(&s, "redact-a", &rejecting.grpc_endpoint(), "grpc", &["echo", PAYLOAD_CANARY]).command();
-    let out = cmd.env("RUST_LOG", "trace").output().unwrap();
-    assert_eq!(out.status.code(), Some(0));
-    let dir = s.state().join("sandboxes/redact-a");
-    let supervisor_log = read(&dir.join("supervisor.log"));
-    assert!(supervisor_log.contains("OCSF OTLP export failed"), "the failure is reported, in fixed text");
-    for (name, text) in [
+const COLLECTOR_CANARY: &str = "collector-canary-91ac";
+const PAYLOAD_CANARY: &str = "payload-canary-3e7d";
+/// A targeted `RUST_LOG`: each library that talks to the collector, at its most verbose.
+const LIBRARY_TRACE: &str = "info,h2=trace,hyper=trace,hyper_util=trace,tonic=trace,tower=trace,\
+                             opentelemetry=trace,opentelemetry_sdk=trace,opentelemetry_otlp=trace,reqwest=trace";
+const LIBRARIES: [&str; 6] = ["h2::", "hyper", "tonic::", "tower::", "opentelemetry", "reqwest::"];
+
+/// The logs of one run, by name.
+struct Logs(Vec<(&'static str, String)>);
+
+impl Logs {
+    fn all_lines(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        self.0.iter().flat_map(|(name, text)| text.lines().map(move |l| (*name, l)))
+    }
+
+    /// Every line of the logs (not `events.jsonl`, the record itself) that is not an OCSF event line. Event
+    /// lines (`<time> OCSF ...`, `<time> OCSF_JSON {...}`) carry the record, argv included; everything else
+    /// is a diagnostic (`<time> LEVEL target: ...`), failure lines among them, and may not.
+    fn diagnostics(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        self.all_lines()
+            .filter(|(log, _)| *log != "events.jsonl")
+            .filter(|(_, l)| !matches!(l.split_whitespace().nth(1), Some("OCSF" | "OCSF_JSON")))
+    }
+
+    fn get(&self, name: &str) -> &str {
+        self.0.iter().find(|(n, _)| *n == name).map_or("", |(_, t)| t.as_str())
+    }
+
+    /// Diagnostic lines written by an HTTP, gRPC or OpenTelemetry library.
+    fn library_lines(&self) -> usize {
+        self.diagnostics()
+            .filter(|(_, l)| {
+                l.split_whitespace().nth(2).is_some_and(|t| LIBRARIES.iter().any(|lib| t.starts_with(lib)))
+            })
+            .count()
+    }
+}
+
+/// `echo PAYLOAD_CANARY` in a sandbox whose collector rejects every export with a message carrying the
+/// collector canary, under `rust_log`.
+fn redaction_run(name: &str, rust_log: &str, controls: &[TestControl], collector: &Receiver) -> Logs {
+    let s = Scratch::new(name);
+    let launch = otlp_launch(&s, name, &collector.grpc_endpoint(), "grpc", &["echo", PAYLOAD_CANARY]);
+    let mut cmd = controls.iter().fold(launch, |l, c| l.control(*c)).command();
+    let out = cmd.env("RUST_LOG", rust_log).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let dir = s.state().join("sandboxes").join(name);
+    Logs(vec![
         ("driver stderr", String::from_utf8_lossy(&out.stderr).into_owned()),
-        ("supervisor.log", supervisor_log.clone()),
+        ("supervisor.log", read(&dir.join("supervisor.log"))),
         ("console.log", read(&dir.join("console.log"))),
         ("events.jsonl", read(&dir.join("events.jsonl"))),
-    ] {
-        assert!(!text.contains(COLLECTOR_CANARY), "the collector's error text is in {name}");
+    ])
+}
+
+#[test]
+fn collector_errors_and_payloads_stay_out_of_every_log_line() {
+    let rejecting = Receiver::start(Behavior::Reject(format!("denied: {COLLECTOR_CANARY}")));
+    for (name, rust_log) in [("redact-all", "trace"), ("redact-libs", LIBRARY_TRACE)] {
+        let logs = redaction_run(name, rust_log, &[], &rejecting);
+        assert!(
+            logs.get("supervisor.log").contains("OCSF OTLP export failed"),
+            "the failure is reported, in fixed text"
+        );
+        for (log, line) in logs.all_lines() {
+            assert!(
+                !line.contains(COLLECTOR_CANARY),
+                "RUST_LOG={rust_log}: the collector's error text is in {log}: {line}"
+            );
+        }
+        for (log, line) in logs.diagnostics() {
+            assert!(!line.contains(PAYLOAD_CANARY), "RUST_LOG={rust_log}: payload in a diagnostic of {log}: {line}");
+        }
+        assert_eq!(logs.library_lines(), 0, "RUST_LOG={rust_log}: a library's log reached a log");
+        // Positive controls: the payload reached its sink, and the collector really sends its canary.
+        assert!(logs.get("events.jsonl").contains(PAYLOAD_CANARY));
     }
-    assert!(diagnostics(&supervisor_log).iter().all(|l| !l.contains(PAYLOAD_CANARY)), "payload in a diagnostic");
-    // Positive controls: the collector really sends its canary, and the payload reached its sink.
     assert!(rejecting.rejected() > 0);
     assert!(rejecting.probe_grpc().is_some_and(|m| m.contains(COLLECTOR_CANARY)));
-    assert!(read(&dir.join("events.jsonl")).contains(PAYLOAD_CANARY));
 
-    // A sink that fails (the JSONL file on a full disk) while the records carry a canary.
+    // A sink that fails (the JSONL file on a full disk: fault injection) while the records carry the canary.
     let accepting = Receiver::start(Behavior::Accept);
-    let s = Scratch::new("redact-sink");
-    let mut cmd = otlp_launch(&s, "redact-b", &accepting.grpc_endpoint(), "grpc", &["echo", PAYLOAD_CANARY]).command();
-    let out = cmd.env("RUST_LOG", "trace").env("VM_TEST_CONTROL", "jsonl-sink-fails").output().unwrap();
-    assert_eq!(out.status.code(), Some(0));
-    let supervisor_log = read(&s.state().join("sandboxes/redact-b/supervisor.log"));
-    assert!(supervisor_log.contains("OCSF JSONL sink write failed"), "the failure is reported, in fixed text");
-    assert!(diagnostics(&supervisor_log).iter().all(|l| !l.contains(PAYLOAD_CANARY)), "payload in a diagnostic");
-    assert!(!String::from_utf8_lossy(&out.stderr).contains(PAYLOAD_CANARY));
+    let logs = redaction_run("redact-sink", "trace", &[TestControl::JsonlSinkFails], &accepting);
     assert!(
-        accepting.records().iter().any(|r| r.body.contains(PAYLOAD_CANARY)),
-        "positive control: it reached the collector"
+        logs.get("supervisor.log").contains("OCSF JSONL sink write failed"),
+        "the failure is reported, in fixed text"
+    );
+    for (log, line) in logs.diagnostics() {
+        assert!(!line.contains(PAYLOAD_CANARY), "payload in a diagnostic of {log}: {line}");
+    }
+    assert!(accepting.records().iter().any(|r| r.body.contains(PAYLOAD_CANARY)), "positive control: it was exported");
+}
+
+#[test]
+fn control_without_fixed_text_and_silencing_the_canaries_reach_the_logs() {
+    let rejecting = Receiver::start(Behavior::Reject(format!("denied: {COLLECTOR_CANARY}")));
+    for (name, rust_log) in [("redact-all-ctl", "trace"), ("redact-libs-ctl", LIBRARY_TRACE)] {
+        let logs = redaction_run(name, rust_log, &[TestControl::VerboseFailureLogs], &rejecting);
+        let leaked = logs.all_lines().filter(|(_, l)| l.contains(COLLECTOR_CANARY)).count();
+        let payload = logs.diagnostics().filter(|(_, l)| l.contains(PAYLOAD_CANARY)).count();
+        let libraries = logs.library_lines();
+        eprintln!(
+            "e2e: control, RUST_LOG={rust_log}: {leaked} lines carry the collector's text, {payload} diagnostics the \
+             payload, {libraries} are library lines"
+        );
+        assert!(leaked > 0, "control: the collector's error text reaches the logs");
+        assert!(payload > 0, "control: a naive failure line carries the payload");
+        assert!(libraries > 0, "control: the library directives are live once the silencing is off");
+    }
+    let accepting = Receiver::start(Behavior::Accept);
+    let controls = [TestControl::JsonlSinkFails, TestControl::VerboseFailureLogs];
+    let logs = redaction_run("redact-sink-ctl", "info", &controls, &accepting);
+    assert!(
+        logs.diagnostics().any(|(_, l)| l.contains(PAYLOAD_CANARY)),
+        "control: a naive failure line carries the payload"
     );
 }
 

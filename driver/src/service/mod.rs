@@ -191,8 +191,11 @@ async fn probe_accelerator(binary: &Path, accel: &str) -> (String, String) {
 #[cfg(feature = "test-controls")]
 fn session_controls(gate: &Arc<watch::Sender<sessions::Gate>>) {
     let gate = Arc::clone(gate);
-    // Test control: SIGUSR1 drops every supervisor session and holds new ones; SIGUSR2 lets them in again.
+    // Fault injection: SIGUSR1 drops every supervisor session and holds new ones; SIGUSR2 lets them in again.
     // Tests use it to watch readiness close on session loss and reopen on reconnection.
+    if !vm_contract::test_control::TestControl::SessionGateSignals.is_on() {
+        return;
+    }
     let (Ok(mut usr1), Ok(mut usr2)) = (signal(SignalKind::user_defined1()), signal(SignalKind::user_defined2()))
     else {
         return;
@@ -218,7 +221,7 @@ fn session_controls(_gate: &Arc<watch::Sender<sessions::Gate>>) {}
 fn loosen_for_tests(socket: &Path) {
     // Test control: let other users reach the socket, so the peer-credential check is what refuses them.
     use std::os::unix::fs::PermissionsExt;
-    if crate::test_controls::enabled("api-socket-world-reachable") {
+    if vm_contract::test_control::TestControl::ApiSocketWorldReachable.is_on() {
         let _ = std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o666));
         if let Some(dir) = socket.parent() {
             let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711));

@@ -82,7 +82,7 @@ fn private_dir(dir: &Path) -> Result<(), SocketError> {
 impl PeerPolicy {
     fn admits(&self, peer: &tokio::net::unix::UCred) -> bool {
         #[cfg(feature = "test-controls")]
-        if crate::test_controls::enabled("api-no-peer-check") {
+        if vm_contract::test_control::TestControl::ApiNoPeerCheck.is_on() {
             // Control: the check off, to show it is what refuses another user.
             return true;
         }

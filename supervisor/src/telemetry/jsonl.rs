@@ -49,7 +49,10 @@ impl Jsonl {
                         ok &= writeln!(out, "{more}").is_ok();
                     }
                     ok &= out.flush().is_ok();
-                    if !ok && failures.fetch_add(1, Ordering::Relaxed) == 0 {
+                    if !ok && crate::diagnostics::verbose_failures() {
+                        // The control of the redaction test: what a naive sink would log.
+                        tracing::warn!(record = %first, "OCSF JSONL sink write failed");
+                    } else if !ok && failures.fetch_add(1, Ordering::Relaxed) == 0 {
                         // Fixed text: the error could quote the event.
                         tracing::warn!("OCSF JSONL sink write failed; counting further failures");
                     }

@@ -132,7 +132,7 @@ fn open_jsonl() -> std::io::Result<Jsonl> {
 
 #[cfg(feature = "test-controls")]
 fn open_jsonl() -> std::io::Result<Jsonl> {
-    if crate::test_controls::enabled("jsonl-sink-fails") {
+    if vm_contract::test_control::TestControl::JsonlSinkFails.is_on() {
         // Fault injection: every write fails (ENOSPC).
         return Ok(Jsonl::on_file(std::fs::OpenOptions::new().write(true).open("/dev/full")?));
     }

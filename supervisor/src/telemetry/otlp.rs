@@ -338,11 +338,17 @@ async fn export_loop(
                 report.exported += batch.len() as u64;
                 backoff = BACKOFF_MIN;
             }
-            Err(_) => {
+            Err(e) => {
                 report.failed_requests += 1;
                 if last_failure_log.is_none_or(|t| t.elapsed() >= FAILURE_LOG_INTERVAL) {
                     // Fixed text: the error could carry the collector's message or echo a header.
-                    tracing::warn!(queued = queue.len() + batch.len(), "OCSF OTLP export failed; retrying");
+                    if crate::diagnostics::verbose_failures() {
+                        // The control of the redaction test: what a naive exporter would log.
+                        let records: Vec<_> = batch.iter().filter_map(|(r, _)| r.body()).collect();
+                        tracing::warn!(error = %e, ?records, "OCSF OTLP export failed; retrying");
+                    } else {
+                        tracing::warn!(queued = queue.len() + batch.len(), "OCSF OTLP export failed; retrying");
+                    }
                     last_failure_log = Some(Instant::now());
                 }
                 queue.put_back(batch);

@@ -16,6 +16,17 @@ use vm_watchdog::{decide, Action, Input, KillReason, Policy, KILL_ATTEMPTS, KILL
 fn main() -> ExitCode {
     // Out of the supervisor's session and process group: its signals are not ours.
     let _ = rustix::process::setsid();
+    #[cfg(feature = "test-controls")]
+    {
+        use vm_contract::test_control::{announcement, TestControl};
+        eprintln!("{}", announcement("vm-watchdog"));
+        if TestControl::WatchdogNeverReady.is_on() {
+            // Fault injection: hold on without the ready byte until the supervisor gives up and kills us.
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+    }
     let Some((pid, start_time)) = parse_args() else {
         eprintln!("vm-watchdog: usage: vm-watchdog --vmm-pid PID --vmm-start-time TICKS");
         return ExitCode::from(2);
@@ -154,8 +165,7 @@ fn parse_args() -> Option<(i32, u64)> {
 
 #[cfg(feature = "test-controls")]
 fn policy() -> Policy {
-    let controls = std::env::var("VM_TEST_CONTROL").unwrap_or_default();
-    Policy { silence_kills: !controls.split(',').any(|c| c == "watchdog-eof-only") }
+    Policy { silence_kills: !vm_contract::test_control::TestControl::WatchdogEofOnly.is_on() }
 }
 
 #[cfg(not(feature = "test-controls"))]

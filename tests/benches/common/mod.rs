@@ -2,6 +2,10 @@
 //! starts it, but with a shell script as PID 1 instead of the agent, and no supervisor or protocol.
 #![allow(dead_code, reason = "each benchmark uses part of this module")]
 
+mod report;
+#[allow(unused_imports, reason = "each benchmark uses part of this module")]
+pub use report::{median, Report};
+
 use std::io::Read;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Child, Command, Stdio};
@@ -19,6 +23,12 @@ pub const CHANNEL_UP: &str = r#"
 /bin/busybox mount -t devtmpfs dev /dev
 for m in $(/bin/busybox cat /etc/vm-agent/modules); do /bin/busybox insmod $m; done
 while [ ! -e /sys/class/virtio-ports/vport0p1/name ]; do :; done"#;
+
+/// A guest that brings the channel up, writes one byte on it and powers off: a bare boot timed to the point
+/// where our agent says hello.
+pub fn channel_up_then_one_byte() -> String {
+    format!("{CHANNEL_UP}\n/bin/busybox printf r > /dev/vport0p1\n/bin/busybox reboot -f")
+}
 
 /// A bare QEMU and the host end of its channel.
 pub struct BareVm {
@@ -62,6 +72,14 @@ impl BareVm {
         Self { qemu, conn, started }
     }
 
+    /// The time from QEMU's spawn to the first byte the guest writes on the channel: the point at which the
+    /// agent would say hello. Then QEMU is killed.
+    pub fn first_byte(mut self) -> Duration {
+        let mut byte = [0u8; 1];
+        self.conn.read_exact(&mut byte).unwrap();
+        self.started.elapsed()
+    }
+
     /// Reads the channel to its end and waits for QEMU. Returns the wall time from spawn to exit, the bytes
     /// the guest wrote, and the span from the first byte to the last.
     pub fn drain(mut self) -> (Duration, usize, Option<Duration>) {
@@ -89,16 +107,6 @@ impl Drop for BareVm {
     }
 }
 
-pub fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    }
-}
-
 /// The accelerator the harness's setting resolves to on this host, as the supervisor decides it (asked
 /// once).
 pub fn resolved_accel() -> String {
@@ -107,8 +115,11 @@ pub fn resolved_accel() -> String {
 }
 
 fn probe_accel() -> String {
-    let out =
-        Command::new(&harness().supervisor).args(["--probe-accel", &harness().accel]).env_clear().output().unwrap();
+    let out = Command::new(&harness().shipped.supervisor)
+        .args(["--probe-accel", &harness().accel])
+        .env_clear()
+        .output()
+        .unwrap();
     match vm_protocol::status::SupervisorStatus::from_line(&String::from_utf8_lossy(&out.stdout)) {
         Ok(vm_protocol::status::SupervisorStatus::Accelerator { accel, .. }) => accel.as_str().to_owned(),
         _ => panic!("the accelerator probe failed"),

@@ -1,0 +1,107 @@
+//! Switches that turn one safety mechanism off, for the causal tests' controls.
+//!
+//! Every binary reads them only when built with its `test-controls` feature, which a release build refuses
+//! (`compile_error!`); a build that has them says so on stderr at every start, and the supervisor also
+//! reports it as an OCSF configuration event. The names travel in [`VAR`], comma-separated.
+
+use std::fmt;
+
+/// The environment variable that carries the switches, comma-separated.
+pub const VAR: &str = "VM_TEST_CONTROL";
+
+macro_rules! controls {
+    ($($variant:ident = $name:literal: $doc:literal,)+) => {
+        /// One switch.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum TestControl {
+            $(#[doc = $doc] $variant,)+
+        }
+
+        impl TestControl {
+            /// Every switch.
+            pub const ALL: &'static [Self] = &[$(Self::$variant,)+];
+
+            /// Its name in [`VAR`].
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name,)+
+                }
+            }
+        }
+    };
+}
+
+controls! {
+    LeakLivenessWriteEnd = "leak-liveness-write-end": "driver: the liveness pipe's write end is inherited by the supervisor (and QEMU).",
+    CloseLivenessFirst = "close-liveness-first": "driver: a stop closes the liveness pipe before SIGTERM (the wrong order).",
+    NoReaper = "no-reaper": "driver: the orphan reaper does nothing.",
+    NoCgroupSweep = "no-cgroup-sweep": "driver: the cgroup sweep after a stop does nothing.",
+    KeepCredentials = "keep-credentials": "driver: a failed start leaves the auth bundle in place.",
+    ApiNoPeerCheck = "api-no-peer-check": "driver: the API socket serves any peer.",
+    ApiSocketWorldReachable = "api-socket-world-reachable": "driver: fault injection, the API socket and its directory reachable by all users.",
+    SessionGateSignals = "session-gate-signals": "driver: fault injection, SIGUSR1 drops every supervisor session and holds new ones, SIGUSR2 lets them in.",
+    PulseWriteOnly = "pulse-write-only": "supervisor: a pulse that was written counts, echoed or not.",
+    JsonlSinkFails = "jsonl-sink-fails": "supervisor: fault injection, every write to events.jsonl fails (ENOSPC).",
+    VerboseFailureLogs = "verbose-failure-logs": "supervisor: failures are logged with their error text and library logs are not silenced.",
+    SupervisorExitsAtStart = "supervisor-exits-at-start": "supervisor: fault injection, exit before reading the auth bundle.",
+    WatchdogEofOnly = "watchdog-eof-only": "watchdog: silence does not kill, only EOF does.",
+    WatchdogNeverReady = "watchdog-never-ready": "watchdog: fault injection, never send the ready byte.",
+}
+
+impl TestControl {
+    /// Parses one name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|c| c.name() == name)
+    }
+
+    /// The switches set in `value` (the contents of [`VAR`]); unknown names are ignored.
+    pub fn list(value: &str) -> Vec<Self> {
+        value.split(',').filter_map(|n| Self::parse(n.trim())).collect()
+    }
+
+    /// The switches set in this process's environment.
+    pub fn active() -> Vec<Self> {
+        std::env::var(VAR).map(|v| Self::list(&v)).unwrap_or_default()
+    }
+
+    /// Whether this switch is set in this process's environment.
+    pub fn is_on(self) -> bool {
+        Self::active().contains(&self)
+    }
+}
+
+impl fmt::Display for TestControl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The line a binary built with test controls prints on stderr at every start.
+pub fn announcement(binary: &str) -> String {
+    let active: Vec<&str> = TestControl::active().iter().map(|c| c.name()).collect();
+    format!(
+        "{binary}: WARNING: built with test controls: safety mechanisms can be switched off through {VAR}; \
+         never ship this build (active: {})",
+        if active.is_empty() { "none".to_owned() } else { active.join(",") }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_are_distinct() {
+        for c in TestControl::ALL {
+            assert_eq!(TestControl::parse(c.name()), Some(*c));
+        }
+        let mut names: Vec<&str> = TestControl::ALL.iter().map(|c| c.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), TestControl::ALL.len());
+        assert_eq!(
+            TestControl::list("no-reaper, bogus,pulse-write-only"),
+            [TestControl::NoReaper, TestControl::PulseWriteOnly]
+        );
+    }
+}

@@ -1,0 +1,173 @@
+//! `vm-rogue-agent`: a hostile PID 1 for the end-to-end tests. It boots like the real agent (the agent's own
+//! `init` and `port`), completes the handshake, and then attacks the host in the mode named by
+//! `/etc/rogue-mode` (the test writes it into the image):
+//!
+//! | mode | attack |
+//! |---|---|
+//! | `garbage-after-handshake` | a frame header announcing 2.9 GB, then junk |
+//! | `oversized-frame` | a frame one byte over the limit |
+//! | `unknown-id` | output for a process the host never started |
+//! | `empty-output-flood` | zero-length `Output` frames for a real process, as fast as it can |
+//! | `repeated-started` | `Started` for the same process, over and over |
+//! | `credit-overrun` | more output than the host granted |
+//! | `stdin-credit-overflow` | stdin credit past the window cap |
+//! | `exit-signal-max` / `exit-signal-negative` | a process "killed by" signal `i32::MAX` / `-128` |
+//! | `console-flood` | answers politely, and writes to the serial console without end |
+//! | `ignore-shutdown` | answers politely, and never powers off when told to |
+//!
+//! "Answers politely" means: every `Spawn` gets `Started`, one line of output and `Exited(0)`, without
+//! running anything. The fixture never powers the VM off on its own: the host has to.
+#![forbid(unsafe_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test fixture; a panic is an attack too")]
+
+use std::fs::File;
+use std::io::Write;
+use std::time::Duration;
+
+use vm_protocol::flow::DEFAULT_WINDOW_BYTES;
+use vm_protocol::frame::{self, MAX_FRAME_BYTES};
+use vm_protocol::handshake::{self, Capabilities, Hello};
+use vm_protocol::{ExitStatus, ProcId, Stream, ToGuest, ToHost, CHANNEL_PORT_NAME};
+
+const CAPABILITIES: Capabilities =
+    Capabilities::EXEC.union(Capabilities::SIGNALS).union(Capabilities::POWER_OFF).union(Capabilities::PING);
+
+fn main() {
+    let mode = std::fs::read_to_string("/etc/rogue-mode").unwrap_or_default().trim().to_owned();
+    eprintln!("vm-rogue-agent: mode {mode}");
+    vm_agent::init::boot().expect("boot");
+    let mut port = vm_agent::port::open(CHANNEL_PORT_NAME, Duration::from_secs(10)).expect("port");
+    let mut out = port.try_clone().expect("clone");
+    send(&mut out, &ToHost::Hello(Hello::ours(CAPABILITIES, "vm-rogue-agent")));
+    let mut scratch = Vec::new();
+    frame::read_body(&mut port, &mut scratch).expect("host hello");
+    handshake::accept_first(&scratch, Capabilities::NONE, |m| match m {
+        ToGuest::Hello(h) => Some(h),
+        _ => None,
+    })
+    .expect("host hello");
+    eprintln!("vm-rogue-agent: handshake done; attacking");
+    match mode.as_str() {
+        "garbage-after-handshake" => {
+            out.write_all(&0xAC00_0000u32.to_le_bytes()).unwrap();
+            out.write_all(b"junk-junk-junk").unwrap();
+        }
+        "oversized-frame" => {
+            out.write_all(&u32::try_from(MAX_FRAME_BYTES + 1).unwrap().to_le_bytes()).unwrap();
+        }
+        "unknown-id" => send(&mut out, &output(ProcId(999), b"who am i")),
+        "console-flood" => {
+            std::thread::spawn(|| {
+                let mut console = File::options().write(true).open("/dev/console").expect("console");
+                let line = [b'x'; 4095];
+                loop {
+                    let _ = console.write_all(&line);
+                    let _ = console.write_all(b"\n");
+                }
+            });
+            polite(&mut port, &mut out, false);
+        }
+        "ignore-shutdown" => polite(&mut port, &mut out, true),
+        attack => {
+            let id = wait_for_spawn(&mut port);
+            attack_process(&mut out, attack, id);
+        }
+    }
+    loop {
+        // Keep reading (so the host's writes never block) and ignore everything, Shutdown included.
+        if frame::read_body(&mut port, &mut scratch).ok() != Some(true) {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+    }
+}
+
+fn attack_process(out: &mut File, attack: &str, id: ProcId) {
+    let started = ToHost::Started { id, pid: 4242, stdin_window: DEFAULT_WINDOW_BYTES };
+    match attack {
+        "empty-output-flood" => {
+            send(out, &started);
+            let empty = output(id, b"");
+            let mut wire = Vec::new();
+            frame::encode(&empty, &mut wire).unwrap();
+            let burst = wire.repeat(4096);
+            loop {
+                if out.write_all(&burst).is_err() {
+                    return;
+                }
+            }
+        }
+        "repeated-started" => loop {
+            let mut wire = Vec::new();
+            frame::encode(&started, &mut wire).unwrap();
+            if out.write_all(&wire.repeat(1024)).is_err() {
+                return;
+            }
+        },
+        "credit-overrun" => {
+            send(out, &started);
+            let chunk = vec![b'o'; 1024 * 1024];
+            for _ in 0..(2 * DEFAULT_WINDOW_BYTES as usize / chunk.len()) {
+                send(out, &output(id, &chunk));
+            }
+        }
+        "stdin-credit-overflow" => {
+            send(out, &started);
+            for _ in 0..64 {
+                send(out, &ToHost::StdinCredit { id, bytes: u32::MAX });
+            }
+        }
+        "exit-signal-max" => {
+            send(out, &started);
+            send(out, &ToHost::Exited { id, status: ExitStatus::Signaled(i32::MAX) });
+        }
+        "exit-signal-negative" => {
+            send(out, &started);
+            send(out, &ToHost::Exited { id, status: ExitStatus::Signaled(-128) });
+        }
+        other => eprintln!("vm-rogue-agent: unknown mode {other:?}; idling"),
+    }
+}
+
+/// Answers every request as a well-behaved agent would, without running anything; on `Shutdown`, keeps
+/// going (`ignore_shutdown`) or returns.
+fn polite(port: &mut File, out: &mut File, ignore_shutdown: bool) {
+    let mut scratch = Vec::new();
+    while let Ok(true) = frame::read_body(port, &mut scratch) {
+        match frame::decode_body::<ToGuest>(&scratch) {
+            Ok(ToGuest::Spawn(spawn)) => {
+                let id = spawn.id;
+                send(out, &ToHost::Started { id, pid: 1000 + id.0, stdin_window: DEFAULT_WINDOW_BYTES });
+                send(out, &output(id, b"polite\n"));
+                send(out, &ToHost::Exited { id, status: ExitStatus::Code(0) });
+            }
+            Ok(ToGuest::Ping { nonce }) => send(out, &ToHost::Pong { nonce }),
+            Ok(ToGuest::Shutdown { .. }) if ignore_shutdown => eprintln!("vm-rogue-agent: ignoring Shutdown"),
+            Ok(ToGuest::Shutdown { .. }) => return,
+            _ => {}
+        }
+    }
+}
+
+fn wait_for_spawn(port: &mut File) -> ProcId {
+    let mut scratch = Vec::new();
+    loop {
+        match frame::read_body(port, &mut scratch) {
+            Ok(true) => {
+                if let Ok(ToGuest::Spawn(spawn)) = frame::decode_body::<ToGuest>(&scratch) {
+                    return spawn.id;
+                }
+            }
+            _ => std::thread::sleep(Duration::from_secs(3600)),
+        }
+    }
+}
+
+fn output(id: ProcId, data: &[u8]) -> ToHost {
+    ToHost::Output { id, stream: Stream::Stdout, data: data.to_vec().into() }
+}
+
+fn send(out: &mut File, msg: &ToHost) {
+    let mut wire = Vec::new();
+    frame::encode(msg, &mut wire).unwrap();
+    let _ = out.write_all(&wire);
+}
