@@ -11,10 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
-use vm_protocol::SandboxId;
-
-/// File in the sandbox directory that records the sandbox's cgroup.
-pub const CGROUP_FILE: &str = "cgroup";
+use vm_contract::ids::SandboxId;
+use vm_contract::layout::SandboxFile;
 
 /// How long the sweep waits for the cgroup to empty.
 const SWEEP_WAIT_MS: u64 = 2_000;
@@ -39,7 +37,7 @@ pub fn create(id: &SandboxId, sandbox_dir: &Path) -> Option<PathBuf> {
         let suffix = crate::state::random_hex::<4>().map_err(|_| "no randomness")?;
         let cgroup = parent.join(format!("{id}-{suffix}"));
         fs::create_dir(&cgroup).map_err(|_| "cgroup v2 is not writable")?;
-        fs::write(sandbox_dir.join(CGROUP_FILE), cgroup.as_os_str().as_encoded_bytes())
+        fs::write(sandbox_dir.join(SandboxFile::Cgroup.name()), cgroup.as_os_str().as_encoded_bytes())
             .map_err(|_| "cannot record the cgroup")?;
         Ok::<_, &str>(cgroup)
     })();
@@ -55,7 +53,7 @@ pub fn create(id: &SandboxId, sandbox_dir: &Path) -> Option<PathBuf> {
 
 /// The cgroup recorded in a sandbox directory.
 pub fn recorded(sandbox_dir: &Path) -> Option<PathBuf> {
-    let text = fs::read_to_string(sandbox_dir.join(CGROUP_FILE)).ok()?;
+    let text = fs::read_to_string(sandbox_dir.join(SandboxFile::Cgroup.name())).ok()?;
     let path = PathBuf::from(text.trim());
     // Only ever sweep what this driver created.
     (path.parent()?.file_name()? == "vm-driver").then_some(path)
@@ -64,8 +62,7 @@ pub fn recorded(sandbox_dir: &Path) -> Option<PathBuf> {
 /// Kills everything left in `cgroup`, waits for it to empty and removes it. Returns whether anything was
 /// still running.
 pub fn sweep(cgroup: &Path) -> bool {
-    #[cfg(feature = "test-controls")]
-    if vm_contract::test_control::TestControl::NoCgroupSweep.is_on() {
+    if crate::control(vm_contract::test_control::TestControl::NoCgroupSweep) {
         return false;
     }
     let populated = || fs::read_to_string(cgroup.join("cgroup.events")).is_ok_and(|e| e.contains("populated 1"));
@@ -108,9 +105,9 @@ mod tests {
     fn only_sweeps_cgroups_it_created() {
         let dir = std::env::temp_dir().join(format!("cg-test-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
-        fs::write(dir.join(CGROUP_FILE), "/sys/fs/cgroup/user.slice").unwrap();
+        fs::write(dir.join(SandboxFile::Cgroup.name()), "/sys/fs/cgroup/user.slice").unwrap();
         assert_eq!(recorded(&dir), None);
-        fs::write(dir.join(CGROUP_FILE), "/sys/fs/cgroup/vm-driver/x-1234").unwrap();
+        fs::write(dir.join(SandboxFile::Cgroup.name()), "/sys/fs/cgroup/vm-driver/x-1234").unwrap();
         assert_eq!(recorded(&dir), Some(PathBuf::from("/sys/fs/cgroup/vm-driver/x-1234")));
         fs::remove_dir_all(&dir).unwrap();
     }

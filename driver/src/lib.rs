@@ -1,34 +1,40 @@
 //! The host driver: turns "run this command in a sandbox" into a microVM under its own supervisor.
 //!
-//! - [`image`]: which kernel and initramfs to boot.
-//! - [`state`]: the state directory and each sandbox's private directory.
-//! - [`supervisor`]: starting a supervisor with the parent-liveness pipe, and the orderly stop.
-//! - [`attach`]: running a process through the supervisor's attach socket.
-//! - [`reap`]: killing the VMs of sandboxes whose supervisor is gone ([`procs`], [`cgroup`]).
-//! - [`launch`]: `vm-driver launch`, which ties them together for one command.
+//! - [`sandbox`]: the one sandbox lifecycle (start, ready, stop, end of a generation), and the supervisor
+//!   process with its liveness pipe and stop ordering ([`sandbox::supervisor`]).
+//! - [`attach_client`] and [`relay`]: running a process through the supervisor's attach socket.
+//! - [`reap`] (with `cgroup` and `procs`): nothing a supervisor leaves behind survives it.
+//! - [`state`], [`image`], [`telemetry`]: where sandboxes live, what they boot, where their events go.
 //! - [`service`]: `vm-driver serve`, the gateway-facing gRPC service for many sandboxes.
 //!
-//! The driver never links the supervisor: it starts the `vm-supervisor` binary, so the supervisor's
-//! forbid-unsafe boundary is a process boundary.
+//! The `vm-driver` binary (`src/bin/vm-driver/`) is the edge: its command line and commands (`launch`, the
+//! API clients) use this library. The driver never links the supervisor: it starts the `vm-supervisor`
+//! binary, so the supervisor's forbid-unsafe boundary is a process boundary.
 #![warn(missing_docs)]
 
 #[cfg(all(feature = "test-controls", not(debug_assertions)))]
 compile_error!("test controls switch safety mechanisms off: they are for debug test builds, never a release");
 
-pub mod attach;
-pub mod cgroup;
-pub mod client;
+pub mod attach_client;
+mod cgroup;
 pub mod image;
-pub mod launch;
-pub mod procs;
+mod procs;
 pub mod reap;
+pub mod relay;
+pub mod sandbox;
 pub mod service;
 pub mod state;
-pub mod supervisor;
 pub mod telemetry;
 mod unix;
 
-/// Exit status of `vm-driver` when it fails before the workload produced one (as `docker run` uses 125).
-pub const EXIT_DRIVER_ERROR: u8 = 125;
-/// Exit status when `--timeout` expired (as `timeout(1)` uses 124).
-pub const EXIT_TIMEOUT: u8 = 124;
+/// Whether test control `c` is switched on. Only the controls build (feature `test-controls`, debug only)
+/// reads the switches; in a release build this is `false` and the control's code is dead.
+pub(crate) fn control(c: vm_contract::test_control::TestControl) -> bool {
+    #[cfg(feature = "test-controls")]
+    return c.is_on();
+    #[cfg(not(feature = "test-controls"))]
+    {
+        let _ = c;
+        false
+    }
+}

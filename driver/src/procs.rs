@@ -5,21 +5,16 @@ use std::time::Duration;
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
-use vm_protocol::status::ProcessRecord;
+use vm_contract::pids::ProcessRecord;
 
 /// How long to wait for a killed process to be gone.
 const KILL_CONFIRM_MS: i64 = 2_000;
-
-/// Whether the very process `record` names is still running.
-pub fn is_alive(record: &ProcessRecord) -> bool {
-    ProcessRecord::read(record.pid).as_ref() == Some(record)
-}
 
 /// A pidfd for `record`, if that very process still exists. The start time is checked after opening, so
 /// the pidfd cannot refer to a process that merely reused the pid.
 fn open(record: &ProcessRecord) -> Option<OwnedFd> {
     let fd = pidfd_open(Pid::from_raw(record.pid)?, PidfdFlags::empty()).ok()?;
-    is_alive(record).then_some(fd)
+    record.is_alive().then_some(fd)
 }
 
 /// SIGKILLs the process `record` names, if it still exists, and waits until it is gone. Returns whether

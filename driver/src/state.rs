@@ -12,7 +12,8 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use vm_protocol::SandboxId;
+use vm_contract::ids::SandboxId;
+use vm_contract::layout::SandboxLayout;
 
 /// Why the state directory cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -75,18 +76,19 @@ impl StateDir {
     }
 
     /// The directory of sandbox `id` (whether or not it exists).
-    pub fn sandbox_dir(&self, id: &SandboxId) -> PathBuf {
-        self.sandboxes_dir().join(id.as_str())
+    pub fn layout(&self, id: &SandboxId) -> SandboxLayout {
+        SandboxLayout::new(self.sandboxes_dir().join(id.as_str()))
     }
 
     /// Creates a new sandbox directory.
     ///
     /// # Errors
     /// [`StateError::Exists`] if the id is taken.
-    pub fn create_sandbox(&self, id: &SandboxId) -> Result<PathBuf, StateError> {
-        let dir = self.sandbox_dir(id);
+    pub fn create_sandbox(&self, id: &SandboxId) -> Result<SandboxLayout, StateError> {
+        let layout = self.layout(id);
+        let dir = layout.dir().to_owned();
         match DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => Ok(dir),
+            Ok(()) => Ok(layout),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(StateError::Exists(id.clone())),
             Err(source) => Err(StateError::Io { path: dir, source }),
         }
@@ -121,9 +123,17 @@ pub fn random_id(prefix: &str) -> io::Result<SandboxId> {
 /// # Errors
 /// `/dev/urandom` cannot be read.
 pub fn random_hex<const N: usize>() -> io::Result<String> {
+    Ok(random_bytes::<N>()?.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// `N` random bytes from the kernel.
+///
+/// # Errors
+/// `/dev/urandom` cannot be read.
+pub fn random_bytes<const N: usize>() -> io::Result<[u8; N]> {
     let mut bytes = [0u8; N];
     io::Read::read_exact(&mut fs::File::open("/dev/urandom")?, &mut bytes)?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(bytes)
 }
 
 #[cfg(test)]
@@ -141,8 +151,8 @@ mod tests {
         let root = temp("create");
         let state = StateDir::open(&root).unwrap();
         let id = SandboxId::parse("abc").unwrap();
-        let dir = state.create_sandbox(&id).unwrap();
-        assert_eq!(fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        let layout = state.create_sandbox(&id).unwrap();
+        assert_eq!(fs::metadata(layout.dir()).unwrap().permissions().mode() & 0o777, 0o700);
         assert!(matches!(state.create_sandbox(&id), Err(StateError::Exists(_))));
         fs::remove_dir_all(&root).unwrap();
     }

@@ -1,16 +1,10 @@
 //! Telemetry settings for supervisors: plain settings go into their environment, collector headers into the
-//! sandbox's auth bundle (a 0600 file the supervisor reads and deletes). Header values never appear in an
-//! argv, an environment, the guest or a log line; every error here is fixed text.
+//! sandbox's auth bundle (`vm_contract::auth`). Header values never appear in an argv, an environment, the
+//! guest or a log line; every error here is fixed text.
 
 use std::ffi::OsString;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
 
-use vm_protocol::status::{env, AuthBundle, AUTH_BUNDLE_FILE};
-
-/// Where the collector headers are read from, in order.
-pub const HEADER_VARS: [&str; 2] = ["OTEL_EXPORTER_OTLP_LOGS_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"];
+use vm_contract::env::{self, HEADER_VARS};
 
 /// What the driver was told about telemetry (flags or their environment equivalents).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -33,11 +27,6 @@ pub struct TelemetryConfig {
 pub struct HeaderError {
     var: &'static str,
 }
-
-/// Could not write the auth bundle.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot write the sandbox's auth bundle")]
-pub struct BundleError(#[source] std::io::Error);
 
 impl TelemetryConfig {
     /// The supervisor's environment for these settings.
@@ -101,21 +90,6 @@ fn percent_decode(text: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// Writes the bundle into the sandbox directory with mode 0600, created exclusively.
-///
-/// # Errors
-/// [`BundleError`].
-pub fn write_bundle(sandbox_dir: &Path, bundle: &AuthBundle) -> Result<(), BundleError> {
-    let json = serde_json::to_vec(bundle).map_err(|e| BundleError(e.into()))?;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(sandbox_dir.join(AUTH_BUNDLE_FILE))
-        .map_err(BundleError)?;
-    file.write_all(&json).map_err(BundleError)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,16 +117,5 @@ mod tests {
         // The fallback variable is read only when the first is unset.
         let fallback = |var: &str| (var == HEADER_VARS[1]).then(|| "k=v".to_owned());
         assert_eq!(headers_from(fallback).unwrap(), vec![("k".into(), "v".into())]);
-    }
-
-    #[test]
-    fn the_bundle_is_private() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("bundle-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        write_bundle(&dir, &AuthBundle { otlp_headers: vec![("a".into(), "b".into())], session_token: None }).unwrap();
-        let mode = std::fs::metadata(dir.join(AUTH_BUNDLE_FILE)).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o600);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -81,10 +81,31 @@ pub enum FrameError {
     Io(#[source] io::Error),
 }
 
+/// How a peer's bytes broke the framing: the part of a [`FrameError`] that is the peer's fault, as a plain
+/// value to report and compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum FrameViolation {
+    /// A header announcing more than [`MAX_FRAME_BYTES`].
+    #[error("frame of {0} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")]
+    TooLarge(u64),
+    /// A header announcing an empty body.
+    #[error("frame has an empty body")]
+    Empty,
+    /// A body that is not exactly one message.
+    #[error("frame body does not decode as a message")]
+    Malformed,
+}
+
 impl FrameError {
-    /// Whether the peer sent bytes that break the protocol (as opposed to the stream failing or ending).
-    pub fn is_violation(&self) -> bool {
-        matches!(self, Self::TooLarge { .. } | Self::Empty | Self::Malformed(_))
+    /// The violation, when the peer sent bytes that break the protocol (as opposed to the stream failing or
+    /// ending).
+    pub fn violation(&self) -> Option<FrameViolation> {
+        match self {
+            Self::TooLarge { len } => Some(FrameViolation::TooLarge(*len)),
+            Self::Empty => Some(FrameViolation::Empty),
+            Self::Malformed(_) => Some(FrameViolation::Malformed),
+            Self::Encode(_) | Self::Truncated | Self::Io(_) => None,
+        }
     }
 }
 

@@ -9,8 +9,6 @@
 //! - [`handshake`]: the versioned hello that opens every connection.
 //! - [`process`]: process ids, exit statuses, named signals, output streams.
 //! - [`flow`]: credit windows that bound buffering on both sides.
-//! - [`ids`]: validated sandbox ids.
-//! - [`status`]: the supervisor's status lines to the driver.
 //! - `driver_api` (feature `grpc`): the gRPC API of `vm-driver serve`, generated from `proto/`.
 //!
 //! The wire format is documented in `docs/protocol.md`.
@@ -35,17 +33,14 @@ pub mod driver_api;
 pub mod flow;
 pub mod frame;
 pub mod handshake;
-pub mod ids;
 pub mod message;
 pub mod process;
-pub mod status;
 
 /// Name of the virtio-serial port that carries the boundary channel (`/sys/class/virtio-ports/*/name`).
 pub const CHANNEL_PORT_NAME: &str = "vm.boundary";
 
 pub use flow::{CreditError, Window};
-pub use frame::FrameError;
+pub use frame::{FrameError, FrameViolation};
 pub use handshake::{Capabilities, HandshakeError, Hello, PROTOCOL_VERSION};
-pub use ids::{SandboxId, SandboxIdError};
 pub use message::{Spawn, ToGuest, ToHost};
 pub use process::{ExitStatus, ProcId, PtySize, SignalName, Stream};

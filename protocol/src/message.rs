@@ -63,9 +63,9 @@ pub enum ToGuest {
         /// Milliseconds between SIGTERM and SIGKILL.
         grace_ms: u32,
     },
-    /// Attach socket only: take over a process whose client went away, as `id` on this connection. The
-    /// output held meanwhile is replayed after `Started`.
-    Attach {
+    /// Attach socket only: re-attach to a process whose client went away, taking it over as `id` on this
+    /// connection. The output held meanwhile is replayed after `Started`.
+    Reattach {
         /// The id this connection will use for it.
         id: ProcId,
         /// Its guest pid (from `Started` or `Processes`).

@@ -9,18 +9,7 @@ use std::fs::OpenOptions;
 use std::io;
 use std::path::PathBuf;
 
-use vm_protocol::status::Accelerator;
-
-/// What the caller asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum AccelChoice {
-    /// KVM where it can boot the guest, else TCG.
-    Auto,
-    /// KVM or a clear error.
-    Kvm,
-    /// Software emulation.
-    Tcg,
-}
+pub use vm_contract::accel::{AccelChoice, Accelerator};
 
 /// Why KVM cannot be used here.
 #[derive(Debug, thiserror::Error)]

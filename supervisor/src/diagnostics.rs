@@ -11,6 +11,7 @@ use tracing_subscriber::filter::{filter_fn, FilterExt};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
+pub use vm_contract::logs::chain;
 use vm_contract::logs::is_silenced;
 
 use crate::telemetry::console::ConsoleHandle;
@@ -34,22 +35,7 @@ pub fn init(console: ConsoleHandle) {
 /// Whether failures are logged with their error text and libraries are heard: only in the control of the
 /// redaction test (`verbose-failure-logs`), to show that this is what keeps payloads out of the logs.
 pub fn verbose_failures() -> bool {
-    #[cfg(feature = "test-controls")]
-    return vm_contract::test_control::TestControl::VerboseFailureLogs.is_on();
-    #[cfg(not(feature = "test-controls"))]
-    false
-}
-
-/// The error and its causes, outermost first.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
+    crate::control(vm_contract::test_control::TestControl::VerboseFailureLogs)
 }
 
 /// The last lines of QEMU's and the guest's logs, for a boot failure message.

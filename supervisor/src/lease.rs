@@ -14,7 +14,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::time::{Instant, Interval, MissedTickBehavior};
-use vm_protocol::status::ProcessRecord;
+use vm_contract::args::WatchdogArgs;
+use vm_contract::pids::ProcessRecord;
 
 /// Time between pulses.
 pub const PULSE_INTERVAL_MS: u64 = 250;
@@ -27,15 +28,20 @@ const CLOSE_TIMEOUT_MS: u64 = 2_000;
 
 use vm_watchdog::{KILLING, PULSE, READY};
 
-/// Why the lease failed. Each one means the VM must stop now.
+/// Why the lease could not be established; the VM is refused.
 #[derive(Debug, thiserror::Error)]
-pub enum LeaseError {
+pub enum LeaseStartError {
     /// The watchdog binary could not be started.
     #[error("cannot start the lease watchdog")]
     Spawn(#[source] std::io::Error),
     /// No ready byte in time.
     #[error("the lease watchdog was not ready within {READY_TIMEOUT_MS} ms")]
     NotReady,
+}
+
+/// Why a running lease failed. Each one means the VM must stop now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LeaseFailure {
     /// An echo is overdue.
     #[error("the lease watchdog did not echo a pulse within {ACK_TIMEOUT_MS} ms")]
     EchoLate,
@@ -72,19 +78,19 @@ impl Ledger {
     /// An echo came back.
     ///
     /// # Errors
-    /// [`LeaseError::Unexpected`] when no pulse is outstanding.
-    pub fn echoed(&mut self) -> Result<(), LeaseError> {
-        self.unechoed.pop_front().map(drop).ok_or(LeaseError::Unexpected)
+    /// [`LeaseFailure::Unexpected`] when no pulse is outstanding.
+    pub fn echoed(&mut self) -> Result<(), LeaseFailure> {
+        self.unechoed.pop_front().map(drop).ok_or(LeaseFailure::Unexpected)
     }
 
     /// Whether every pulse older than the ack timeout has been echoed.
     ///
     /// # Errors
-    /// [`LeaseError::EchoLate`].
-    pub fn check(&self, now: Instant) -> Result<(), LeaseError> {
+    /// [`LeaseFailure::EchoLate`].
+    pub fn check(&self, now: Instant) -> Result<(), LeaseFailure> {
         match self.unechoed.front() {
             Some(sent) if self.require_echo && now.duration_since(*sent) > Duration::from_millis(ACK_TIMEOUT_MS) => {
-                Err(LeaseError::EchoLate)
+                Err(LeaseFailure::EchoLate)
             }
             _ => Ok(()),
         }
@@ -107,24 +113,24 @@ impl Lease {
     /// Starts the watchdog on `vmm` and waits for its ready byte.
     ///
     /// # Errors
-    /// [`LeaseError::Spawn`] or [`LeaseError::NotReady`]; the VM must then be refused.
-    pub async fn start(binary: &Path, vmm: ProcessRecord, env: &[(&str, String)]) -> Result<Self, LeaseError> {
+    /// [`LeaseStartError`]; the VM must then be refused.
+    pub async fn start(binary: &Path, vmm: ProcessRecord, env: &[(&str, String)]) -> Result<Self, LeaseStartError> {
         let mut child = Command::new(binary)
-            .args(["--vmm-pid", &vmm.pid.to_string(), "--vmm-start-time", &vmm.start_time.to_string()])
+            .args(WatchdogArgs { vmm }.to_argv())
             .env_clear()
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .map_err(LeaseError::Spawn)?;
+            .map_err(LeaseStartError::Spawn)?;
         let (Some(pulses), Some(mut echoes)) = (child.stdin.take(), child.stdout.take()) else {
-            return Err(LeaseError::Spawn(std::io::ErrorKind::BrokenPipe.into()));
+            return Err(LeaseStartError::Spawn(std::io::ErrorKind::BrokenPipe.into()));
         };
         let mut ready = [0u8];
         match tokio::time::timeout(Duration::from_millis(READY_TIMEOUT_MS), echoes.read_exact(&mut ready)).await {
             Ok(Ok(_)) if ready[0] == READY => {}
-            _ => return Err(LeaseError::NotReady),
+            _ => return Err(LeaseStartError::NotReady),
         }
         let record = child.id().and_then(|pid| ProcessRecord::read(i32::try_from(pid).ok()?));
         let mut interval = tokio::time::interval(Duration::from_millis(PULSE_INTERVAL_MS));
@@ -136,21 +142,21 @@ impl Lease {
     /// branch of the event loop; cancelling it between steps loses nothing.
     ///
     /// # Errors
-    /// Any [`LeaseError`]: stop the VM.
-    pub async fn step(&mut self) -> Result<(), LeaseError> {
+    /// Any [`LeaseFailure`]: stop the VM.
+    pub async fn step(&mut self) -> Result<(), LeaseFailure> {
         let mut echo = [0u8];
         tokio::select! {
             _ = self.interval.tick() => {
                 self.ledger.check(Instant::now())?;
-                self.pulses.write_all(&[PULSE]).await.map_err(|_| LeaseError::WatchdogGone)?;
+                self.pulses.write_all(&[PULSE]).await.map_err(|_| LeaseFailure::WatchdogGone)?;
                 self.ledger.sent(Instant::now());
                 Ok(())
             }
             read = self.echoes.read(&mut echo) => match read {
                 Ok(1) if echo[0] == PULSE => self.ledger.echoed(),
-                Ok(1) if echo[0] == KILLING => Err(LeaseError::WatchdogKilling),
-                Ok(0) | Err(_) => Err(LeaseError::WatchdogGone),
-                Ok(_) => Err(LeaseError::Unexpected),
+                Ok(1) if echo[0] == KILLING => Err(LeaseFailure::WatchdogKilling),
+                Ok(0) | Err(_) => Err(LeaseFailure::WatchdogGone),
+                Ok(_) => Err(LeaseFailure::Unexpected),
             }
         }
     }
@@ -170,14 +176,8 @@ impl Lease {
     }
 }
 
-#[cfg(feature = "test-controls")]
 fn require_echo() -> bool {
-    !vm_contract::test_control::TestControl::PulseWriteOnly.is_on()
-}
-
-#[cfg(not(feature = "test-controls"))]
-fn require_echo() -> bool {
-    true
+    !crate::control(vm_contract::test_control::TestControl::PulseWriteOnly)
 }
 
 #[cfg(test)]
@@ -190,7 +190,7 @@ mod tests {
         let mut ledger = Ledger::new(true);
         ledger.sent(t0);
         assert!(ledger.check(t0 + Duration::from_millis(900)).is_ok());
-        assert!(matches!(ledger.check(t0 + Duration::from_millis(1001)), Err(LeaseError::EchoLate)));
+        assert_eq!(ledger.check(t0 + Duration::from_millis(1001)), Err(LeaseFailure::EchoLate));
         ledger.echoed().unwrap();
         assert!(ledger.check(t0 + Duration::from_secs(10)).is_ok());
     }
@@ -198,7 +198,7 @@ mod tests {
     #[test]
     fn echoes_without_pulses_are_refused() {
         let mut ledger = Ledger::new(true);
-        assert!(matches!(ledger.echoed(), Err(LeaseError::Unexpected)));
+        assert_eq!(ledger.echoed(), Err(LeaseFailure::Unexpected));
     }
 
     #[test]

@@ -1,11 +1,14 @@
 //! The supervisor: one process per microVM, and the VM's only keeper.
 //!
-//! It chooses the accelerator ([`accel`]), starts QEMU hardened ([`vmm`]), attaches the boundary channel
-//! and checks the agent's handshake ([`guest`]), serves the attach socket through which the driver runs
-//! processes ([`attach`], routed by [`mux`]), reports its progress to the driver on stdout ([`status`]) and
-//! treats EOF on stdin as the driver's death ([`liveness`]), keeps the lease with the watchdog ([`lease`])
-//! and records its processes for the driver's reaper ([`pids`]). [`supervisor`] boots the VM; `serve` runs
-//! the event loop and the stop.
+//! Organised by phase:
+//! - [`run`]: one sandbox from start to exit, around the phases below.
+//! - [`boot`]: choose the accelerator ([`accel`]), start QEMU hardened ([`vmm`]), start the lease with the
+//!   watchdog ([`lease`]), connect the guest link and check the agent's handshake ([`guest_link`]).
+//! - `serve`: the event loop; the attach socket's server ([`attach_server`]) and the multiplexer that routes
+//!   between its clients and the guest ([`mux`]); the session with `vm-driver serve` ([`session`]).
+//! - [`stop`]: why a sandbox stops and what asks for a stop (signals; the liveness pipe is [`liveness`]).
+//! - [`diagnostics`]: what reaches `supervisor.log`; [`telemetry`]: OCSF events and their sinks; [`status`]:
+//!   status lines to the driver.
 //!
 //! The crate forbids unsafe code: everything that needs a syscall goes through `rustix`, `tokio` or `std`.
 #![forbid(unsafe_code)]
@@ -15,22 +18,33 @@
 compile_error!("test controls switch safety mechanisms off: they are for debug test builds, never a release");
 
 pub mod accel;
-pub mod attach;
-pub mod auth;
-pub mod config;
+pub mod attach_server;
+pub mod boot;
 pub mod diagnostics;
 mod framed;
-pub mod guest;
+pub mod guest_link;
 pub mod lease;
 pub mod liveness;
 pub mod mux;
-pub mod pids;
+pub mod run;
 mod serve;
 pub mod session;
 pub mod status;
-pub mod supervisor;
+pub mod stop;
 pub mod telemetry;
 pub mod vmm;
+
+/// Whether test control `c` is switched on. Only the controls build (feature `test-controls`, debug only)
+/// reads the switches; in a release build this is `false` and the control's code is dead.
+pub(crate) fn control(c: vm_contract::test_control::TestControl) -> bool {
+    #[cfg(feature = "test-controls")]
+    return c.is_on();
+    #[cfg(not(feature = "test-controls"))]
+    {
+        let _ = c;
+        false
+    }
+}
 
 /// Everything that reaches the event loop.
 #[derive(Debug)]
@@ -40,7 +54,7 @@ pub enum Event {
     /// The guest channel closed (with the reason, if it was not a clean EOF).
     GuestClosed(Option<vm_protocol::FrameError>),
     /// A client finished its handshake.
-    ClientConnected(mux::ClientId, attach::ClientHandle),
+    ClientConnected(mux::ClientId, attach_server::ClientHandle),
     /// A message from a client.
     Client(mux::ClientId, vm_protocol::ToGuest),
     /// A client disconnected or sent bytes that are not frames.

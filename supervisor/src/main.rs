@@ -1,32 +1,30 @@
-//! `vm-supervisor`: runs one microVM for `vm-driver`.
-//!
-//! Exit status: 0 after an orderly stop (SIGTERM); 1 when the VM never became ready; 2 for a bad command
-//! line; 3 when the VM stopped on its own or broke the protocol; 4 when the driver went away (liveness EOF);
-//! 5 when the lease with the watchdog was lost; 6 when the driver refused the session. In every case the VMM
-//! has exited.
+//! `vm-supervisor`: runs one microVM for `vm-driver`. Its arguments are `vm_contract::args::SupervisorArgs`;
+//! its exit status is a `vm_contract::exit::SupervisorExit`. In every case the VMM has exited.
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use vm_supervisor::config::SupervisorConfig;
-use vm_supervisor::supervisor;
+use vm_contract::args::{SupervisorArgs, PROBE_ACCEL};
+use vm_contract::exit::SupervisorExit;
+use vm_contract::status::SupervisorStatus;
+use vm_supervisor::accel::{AccelChoice, Host};
+use vm_supervisor::run;
+use vm_supervisor::stop::StopReason;
 use vm_supervisor::telemetry::console::Console;
 
 fn main() -> ExitCode {
-    // `vm-supervisor --probe-accel auto|kvm|tcg`: print the accelerator status line for this host and exit,
-    // so the driver reports the same choice the supervisor would make.
-    let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("--probe-accel") {
-        return probe(args.get(2).map_or("auto", String::as_str));
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(PROBE_ACCEL) {
+        return probe(argv.get(2).map_or("auto", String::as_str));
     }
-    let config = SupervisorConfig::parse();
+    let args = SupervisorArgs::parse();
     #[cfg(feature = "test-controls")]
     {
         use vm_contract::test_control::{announcement, TestControl};
         eprintln!("{}", announcement("vm-supervisor"));
         if TestControl::SupervisorExitsAtStart.is_on() {
-            return ExitCode::from(1);
+            return ExitCode::from(SupervisorExit::StartFailed.code());
         }
     }
     // Everything the supervisor and QEMU create is private to this user.
@@ -37,33 +35,31 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("vm-supervisor: cannot start the runtime: {e}");
-            return ExitCode::from(1);
+            return ExitCode::from(SupervisorExit::StartFailed.code());
         }
     };
-    match runtime.block_on(supervisor::run(config, console)) {
+    let exit = match runtime.block_on(run::run(args, console)) {
         Ok(reason) => {
-            if reason != supervisor::StopReason::Terminated {
-                tracing::warn!(?reason, "the sandbox ended without an orderly stop");
+            if reason != StopReason::Terminated {
+                tracing::warn!(reason = %reason, "the sandbox ended without an orderly stop");
             }
-            ExitCode::from(reason.exit_code())
+            reason.exit()
         }
-        Err(_) => ExitCode::from(1),
-    }
+        Err(_) => SupervisorExit::StartFailed,
+    };
+    ExitCode::from(exit.code())
 }
 
+/// `vm-supervisor --probe-accel auto|kvm|tcg`: the accelerator status line for this host.
 fn probe(choice: &str) -> ExitCode {
-    use clap::ValueEnum;
-    use vm_protocol::status::SupervisorStatus;
-    let Ok(choice) = vm_supervisor::accel::AccelChoice::from_str(choice, true) else { return ExitCode::from(2) };
-    match vm_supervisor::accel::Host::default().choose(choice) {
-        Ok((accel, fallback)) => {
-            let line = SupervisorStatus::Accelerator { accel, fallback: fallback.map(|w| w.to_string()) }.to_line();
-            print!("{line}");
-            ExitCode::SUCCESS
-        }
-        Err(why) => {
-            print!("{}", SupervisorStatus::Failed { error: why.to_string() }.to_line());
-            ExitCode::from(1)
-        }
+    let Ok(choice) = choice.parse::<AccelChoice>() else { return ExitCode::from(SupervisorExit::Usage.code()) };
+    let line = match Host::default().choose(choice) {
+        Ok((accel, fallback)) => SupervisorStatus::Accelerator { accel, fallback: fallback.map(|w| w.to_string()) },
+        Err(why) => SupervisorStatus::Failed { error: why.to_string() },
+    };
+    print!("{}", line.to_line());
+    match line {
+        SupervisorStatus::Accelerator { .. } => ExitCode::SUCCESS,
+        _ => ExitCode::from(SupervisorExit::StartFailed.code()),
     }
 }

@@ -21,13 +21,13 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::time::Instant;
 use vm_protocol::ToGuest;
 
-use crate::attach::ClientHandle;
-use crate::config::SupervisorConfig;
+use vm_contract::args::SupervisorArgs;
 use vm_ocsf::{Finding, ProcessActivity, ProcessInfo};
 
-use crate::lease::{Lease, LeaseError};
-use crate::mux::{Action, ClientId, Mux};
-use crate::supervisor::StopReason;
+use crate::attach_server::ClientHandle;
+use crate::lease::{Lease, LeaseFailure};
+use crate::mux::{Action, ClientId, GuestViolation, Mux};
+use crate::stop::StopReason;
 use crate::telemetry::Telemetry;
 use crate::Event;
 
@@ -38,7 +38,7 @@ const STOP_MARGIN_MS: u64 = 5_000;
 const CLIENT_DRAIN_MS: u64 = 2_000;
 
 struct Serving<'a> {
-    config: &'a SupervisorConfig,
+    args: &'a SupervisorArgs,
     vmm: &'a mut Child,
     telemetry: &'a mut Telemetry,
     mux: Mux,
@@ -53,7 +53,7 @@ struct Serving<'a> {
 
 /// Runs the sandbox until the VMM has exited; returns why it stopped.
 pub(crate) async fn serve(
-    config: &SupervisorConfig,
+    args: &SupervisorArgs,
     vmm: &mut Child,
     lease: &mut Lease,
     guest: UnboundedSender<ToGuest>,
@@ -61,22 +61,14 @@ pub(crate) async fn serve(
     telemetry: &mut Telemetry,
     session: Option<tokio::task::AbortHandle>,
 ) -> StopReason {
-    let mut state = Serving {
-        config,
-        vmm,
-        telemetry,
-        mux: Mux::default(),
-        guest,
-        clients: HashMap::new(),
-        stopping: None,
-        session,
-    };
+    let mut state =
+        Serving { args, vmm, telemetry, mux: Mux::default(), guest, clients: HashMap::new(), stopping: None, session };
     let mut lease_ok = true;
     let reason = loop {
         let kill_at = state.stopping.as_ref().map(|(_, at)| *at);
         tokio::select! {
             exit = state.vmm.wait() => {
-                let status = exit.map_or_else(|e| e.to_string(), |s| s.to_string());
+                let status = exit.ok();
                 state.end_session();
                 break match state.stopping.take() {
                     None | Some((StopReason::ChannelClosed, _)) => StopReason::VmmExited(status),
@@ -95,9 +87,9 @@ pub(crate) async fn serve(
                         continue;
                     }
                     tracing::error!(error = %e, "lease lost; stopping the VM");
-                    let finding = if matches!(e, LeaseError::WatchdogKilling) { Finding::WatchdogAction } else { Finding::LeaseLost };
+                    let finding = if e == LeaseFailure::WatchdogKilling { Finding::WatchdogAction } else { Finding::LeaseLost };
                     state.finding(finding, &e.to_string());
-                    state.stop_now(StopReason::LeaseLost(e.to_string()));
+                    state.stop_now(StopReason::LeaseLost(e));
                 }
             }
             event = rx.recv() => state.handle(event),
@@ -121,11 +113,7 @@ impl Serving<'_> {
         match event {
             Some(Event::Guest(msg)) => match self.mux.from_guest(msg) {
                 Ok(actions) => self.apply(actions),
-                Err(violation) => {
-                    tracing::error!(error = %violation, "protocol violation by the guest");
-                    self.finding(Finding::GuestProtocolViolation, &violation.to_string());
-                    self.stop(StopReason::GuestViolation(violation.to_string()));
-                }
+                Err(violation) => self.guest_violation(violation),
             },
             Some(Event::Client(id, msg)) => match self.mux.from_client(id, msg) {
                 Ok(actions) => self.apply(actions),
@@ -140,10 +128,10 @@ impl Serving<'_> {
             }
             Some(Event::ClientClosed(id)) => self.drop_client(id),
             Some(Event::GuestClosed(_)) if self.stopping.is_some() => {}
-            Some(Event::GuestClosed(Some(error))) if error.is_violation() => {
-                tracing::error!(error = %error, "protocol violation by the guest");
-                self.finding(Finding::GuestProtocolViolation, &error.to_string());
-                self.stop(StopReason::GuestViolation(error.to_string()));
+            Some(Event::GuestClosed(Some(error))) if error.violation().is_some() => {
+                if let Some(violation) = error.violation() {
+                    self.guest_violation(violation.into());
+                }
             }
             Some(Event::GuestClosed(_)) => {
                 // The agent never closes the channel first: the VM is broken or stopping on its own. If QEMU
@@ -171,6 +159,13 @@ impl Serving<'_> {
         }
     }
 
+    /// The guest broke the protocol: a finding, then the orderly stop.
+    fn guest_violation(&mut self, violation: GuestViolation) {
+        tracing::error!(error = %violation, "protocol violation by the guest");
+        self.finding(Finding::GuestProtocolViolation, &violation.to_string());
+        self.stop(StopReason::GuestViolation(violation));
+    }
+
     /// Begins the orderly stop once; later requests only keep the first reason.
     fn stop(&mut self, reason: StopReason) {
         if self.stopping.is_some() {
@@ -179,7 +174,7 @@ impl Serving<'_> {
         tracing::info!(?reason, "stopping the sandbox");
         self.end_session();
         self.mux.stop_accepting();
-        let grace = self.config.stop_grace_ms;
+        let grace = self.args.stop_grace_ms;
         let _ = self.guest.send(ToGuest::Shutdown { grace_ms: grace });
         let kill_at = Instant::now() + Duration::from_millis(u64::from(grace) + STOP_MARGIN_MS);
         self.stopping = Some((reason, kill_at));
@@ -236,13 +231,13 @@ impl Serving<'_> {
                 }
                 Action::Started { guest_id, pid, argv } => {
                     let info =
-                        ProcessInfo::new(self.config.sandbox_id.as_str(), guest_id.0, i32::try_from(pid).ok(), &argv);
+                        ProcessInfo::new(self.args.sandbox_id.as_str(), guest_id.0, i32::try_from(pid).ok(), &argv);
                     let event = self.telemetry.source().process(ProcessActivity::Launch, info, None);
                     self.telemetry.emit(event);
                 }
                 Action::Exited { guest_id, pid, argv, status } => {
                     let pid = pid.and_then(|p| i32::try_from(p).ok());
-                    let info = ProcessInfo::new(self.config.sandbox_id.as_str(), guest_id.0, pid, &argv);
+                    let info = ProcessInfo::new(self.args.sandbox_id.as_str(), guest_id.0, pid, &argv);
                     let event =
                         self.telemetry.source().process(ProcessActivity::Terminate, info, Some(status.shell_code()));
                     self.telemetry.emit(event);

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, UnixStream};
 use tokio::sync::mpsc::UnboundedSender;
-use vm_protocol::status::{SessionHello, SessionNote, SessionReply};
+use vm_contract::session::{SessionHello, SessionNote, SessionReply};
 
 use crate::Event;
 

@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use vm_protocol::status::SupervisorStatus;
+use vm_contract::status::SupervisorStatus;
 
 /// Writes one status line. A driver that stopped reading loses nothing it needs: it learns the outcome from
 /// the exit status, so a failed write is ignored.

@@ -16,18 +16,10 @@ use std::path::PathBuf;
 use std::process::Stdio;
 
 use tokio::process::{Child, Command};
-use vm_protocol::status::Accelerator;
+use vm_contract::accel::Accelerator;
+use vm_contract::layout::SandboxFile;
+use vm_contract::shape::SandboxShape;
 use vm_protocol::CHANNEL_PORT_NAME;
-
-/// File names inside the sandbox directory.
-pub mod files {
-    /// The boundary channel's socket (the supervisor listens, QEMU connects).
-    pub const CHANNEL_SOCKET: &str = "chan.sock";
-    /// The guest's serial console.
-    pub const CONSOLE_LOG: &str = "console.log";
-    /// QEMU's own stderr.
-    pub const VMM_LOG: &str = "vmm.log";
-}
 
 /// Kernel arguments for every boot: serial console, reboot (not hang) on panic or request, and no probing
 /// of hardware microvm does not have.
@@ -50,10 +42,8 @@ pub struct VmmConfig {
     pub kernel: PathBuf,
     /// Guest initramfs.
     pub initrd: PathBuf,
-    /// vCPUs.
-    pub cpus: u8,
-    /// Guest memory in MiB.
-    pub memory_mib: u32,
+    /// vCPUs and memory.
+    pub shape: SandboxShape,
     /// Accelerator.
     pub accel: Accelerator,
 }
@@ -62,26 +52,27 @@ impl VmmConfig {
     /// QEMU's argument vector.
     pub fn args(&self) -> Vec<OsString> {
         let mut kernel_args = String::from(KERNEL_ARGS);
-        let accel = match self.accel {
-            Accelerator::Kvm => "kvm",
-            Accelerator::Tcg => {
-                kernel_args.push(' ');
-                kernel_args.push_str(TCG_KERNEL_ARGS);
-                "tcg"
-            }
-        };
+        if self.accel == Accelerator::Tcg {
+            kernel_args.push(' ');
+            kernel_args.push_str(TCG_KERNEL_ARGS);
+        }
         let mut args: Vec<OsString> = Vec::new();
         let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
         push(&["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
-        push(&["-M", "microvm,pit=on,pic=on,rtc=on", "-accel", accel]);
+        push(&["-M", "microvm,pit=on,pic=on,rtc=on", "-accel", self.accel.as_str()]);
         if self.accel == Accelerator::Kvm {
             push(&["-cpu", "host"]);
         }
-        push(&["-smp", &self.cpus.to_string(), "-m", &format!("{}M", self.memory_mib)]);
+        push(&["-smp", &self.shape.cpus().to_string(), "-m", &format!("{}M", self.shape.memory_mib())]);
         push(&["-sandbox", SANDBOX_POLICY]);
-        push(&["-chardev", &format!("file,id=console,path={}", files::CONSOLE_LOG), "-serial", "chardev:console"]);
+        push(&[
+            "-chardev",
+            &format!("file,id=console,path={}", SandboxFile::Console.name()),
+            "-serial",
+            "chardev:console",
+        ]);
         push(&["-device", "virtio-serial-device"]);
-        push(&["-chardev", &format!("socket,id=boundary,path={},server=off", files::CHANNEL_SOCKET)]);
+        push(&["-chardev", &format!("socket,id=boundary,path={},server=off", SandboxFile::Channel.name())]);
         push(&["-device", &format!("virtserialport,chardev=boundary,name={CHANNEL_PORT_NAME}")]);
         push(&["-append", &kernel_args]);
         args.extend([OsString::from("-kernel"), self.kernel.clone().into_os_string()]);
@@ -95,7 +86,7 @@ impl VmmConfig {
     /// # Errors
     /// The log cannot be created or QEMU cannot be executed.
     pub fn spawn(&self) -> std::io::Result<Child> {
-        let log = File::create(files::VMM_LOG)?;
+        let log = File::create(SandboxFile::VmmLog.name())?;
         Command::new(&self.qemu)
             .args(self.args())
             .env_clear()
@@ -122,8 +113,7 @@ mod tests {
             qemu: "qemu".into(),
             kernel: "/img/vmlinuz".into(),
             initrd: "/img/initramfs.cpio".into(),
-            cpus: 2,
-            memory_mib: 512,
+            shape: SandboxShape::new(2, 512).unwrap(),
             accel,
         }
     }

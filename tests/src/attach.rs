@@ -3,6 +3,7 @@
 
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use vm_contract::layout::SandboxFile;
 
 use vm_protocol::flow::DEFAULT_WINDOW_BYTES;
 use vm_protocol::{frame, Capabilities, ExitStatus, Hello, ProcId, Spawn, ToGuest, ToHost};
@@ -18,7 +19,8 @@ pub struct AttachClient {
 impl AttachClient {
     /// Connects to `<sandbox_dir>/attach.sock` and handshakes.
     pub fn connect(sandbox_dir: &Path) -> Self {
-        let mut stream = UnixStream::connect(sandbox_dir.join("attach.sock")).expect("connect to attach.sock");
+        let mut stream =
+            UnixStream::connect(sandbox_dir.join(SandboxFile::Attach.name())).expect("connect to attach.sock");
         let mut scratch = Vec::new();
         match frame::read::<ToHost, _>(&mut stream, &mut scratch).unwrap() {
             Some(ToHost::Hello(h)) => h.check(Capabilities::EXEC).unwrap(),

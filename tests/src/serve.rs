@@ -118,7 +118,7 @@ impl Serve {
     ) -> (tokio::runtime::Runtime, vm_protocol::driver_api::driver_client::DriverClient<tonic::transport::Channel>)
     {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        let client = rt.block_on(vm_driver::client::connect(&self.socket)).unwrap();
+        let client = rt.block_on(vm_driver::service::client::connect(&self.socket)).unwrap();
         (rt, client)
     }
 }

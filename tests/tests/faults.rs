@@ -12,6 +12,7 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use vm_contract::layout::SandboxFile;
 
 use nix::sys::signal::Signal::{self, SIGCONT, SIGHUP, SIGINT, SIGKILL, SIGSTOP, SIGTERM};
 use serde_json::Value;
@@ -28,12 +29,13 @@ fn sleeper(s: &Scratch) -> Launch<'_> {
 }
 
 fn events(sandbox_dir: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(sandbox_dir.join("events.jsonl")).unwrap_or_default();
+    let text = std::fs::read_to_string(sandbox_dir.join(SandboxFile::Events.name())).unwrap_or_default();
     text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
 fn tombstone(sandbox_dir: &Path) -> Value {
-    serde_json::from_slice(&std::fs::read(sandbox_dir.join("terminated.json")).expect("a tombstone")).unwrap()
+    serde_json::from_slice(&std::fs::read(sandbox_dir.join(SandboxFile::Tombstone.name())).expect("a tombstone"))
+        .unwrap()
 }
 
 fn driver_pid(run: &Running) -> i32 {
@@ -82,7 +84,7 @@ fn a_watchdog_that_never_becomes_ready_refuses_the_vm() {
 fn escape_into_the_cgroup(s: &Scratch, controls: &[TestControl]) -> (std::process::Child, String) {
     let launch = controls.iter().fold(sleeper(s), |l, c| l.control(*c));
     let mut run = Running::start(launch, &[], CANARY);
-    let cgroup = std::fs::read_to_string(run.sandbox_dir.join("cgroup"))
+    let cgroup = std::fs::read_to_string(run.sandbox_dir.join(SandboxFile::Cgroup.name()))
         .expect("this host has no writable cgroup v2, so the sweep cannot be tested (see ENVIRONMENT facts)");
     let escaped = Command::new("sleep").arg("1000").stdin(Stdio::null()).spawn().unwrap();
     std::fs::write(Path::new(cgroup.trim()).join("cgroup.procs"), escaped.id().to_string()).unwrap();
@@ -120,7 +122,7 @@ fn supervisor_dies_before_reading_its_credentials(s: &Scratch, controls: &[TestC
     assert_eq!(out.status.code(), Some(DRIVER_ERROR), "{}", String::from_utf8_lossy(&out.stderr));
     let dir = s.state().join("sandboxes/creds");
     assert!(dir.is_dir(), "the sandbox directory is kept after a failed start");
-    std::fs::read(dir.join("auth.json")).ok()
+    std::fs::read(dir.join(SandboxFile::AuthBundle.name())).ok()
 }
 
 #[test]
@@ -213,7 +215,7 @@ fn the_shipped_build_has_no_test_controls_and_the_controls_build_says_so() {
     let out = cmd.env("VM_TEST_CONTROL", "no-reaper,watchdog-eof-only").output().unwrap();
     assert!(out.status.success());
     let dir = s.state().join("sandboxes/shipped");
-    let log = std::fs::read_to_string(dir.join("supervisor.log")).unwrap();
+    let log = std::fs::read_to_string(dir.join(SandboxFile::SupervisorLog.name())).unwrap();
     assert!(!String::from_utf8_lossy(&out.stderr).contains("test controls"));
     assert!(!log.contains("test controls"), "{log}");
     assert!(events(&dir).iter().all(|e| e["class_uid"] != 5019));
@@ -224,7 +226,7 @@ fn the_shipped_build_has_no_test_controls_and_the_controls_build_says_so() {
     assert!(stderr.contains("vm-driver: WARNING: built with test controls"), "{stderr}");
     assert!(stderr.contains("(active: no-reaper)"), "{stderr}");
     let dir = s.state().join("sandboxes/controls");
-    let log = std::fs::read_to_string(dir.join("supervisor.log")).unwrap();
+    let log = std::fs::read_to_string(dir.join(SandboxFile::SupervisorLog.name())).unwrap();
     for binary in ["vm-supervisor", "vm-watchdog"] {
         assert!(log.contains(&format!("{binary}: WARNING: built with test controls")), "{binary}: {log}");
     }

@@ -10,6 +10,7 @@
 
 use std::io::{BufRead, Read};
 use std::time::{Duration, Instant};
+use vm_contract::layout::SandboxFile;
 
 use nix::sys::signal::Signal::{SIGCONT, SIGKILL, SIGSTOP, SIGTERM};
 use vm_e2e::image::with_init_script;
@@ -157,7 +158,7 @@ fn hostile_guest(s: &Scratch) -> Launch<'_> {
 fn orphan_a_vm(s: &Scratch) -> (Running, procs::ProcInfo) {
     let run = Running::start(hostile_guest(s), &[], "");
     let p = run.procs();
-    let console = run.sandbox_dir.join("console.log");
+    let console = run.sandbox_dir.join(SandboxFile::Console.name());
     assert!(
         vm_e2e::wait_until(Duration::from_secs(60), || std::fs::read_to_string(&console)
             .is_ok_and(|c| c.contains(CANARY))),
@@ -192,7 +193,7 @@ fn a_starting_driver_reaps_a_vm_whose_supervisor_and_watchdog_died() {
     let report = start_a_driver(&s, &[]);
     assert!(gone_within(&vmm, Duration::from_secs(5)), "the reaper killed the orphaned VM");
     assert!(report.contains("reaped orphaned sandbox"), "{report}");
-    let tombstone = std::fs::read_to_string(run.sandbox_dir.join("terminated.json")).unwrap();
+    let tombstone = std::fs::read_to_string(run.sandbox_dir.join(SandboxFile::Tombstone.name())).unwrap();
     assert!(tombstone.contains("orphan reaped"), "{tombstone}");
 }
 
@@ -212,7 +213,7 @@ fn vm_driver_reap_kills_an_orphaned_vm_and_marks_it_terminated() {
     let report = reap();
     assert!(report.contains("supervisor gone; killed its VM; marked terminated"), "{report}");
     assert!(gone_within(&vmm, Duration::from_secs(5)), "vm-driver reap killed the orphaned VM");
-    let tombstone = std::fs::read_to_string(run.sandbox_dir.join("terminated.json")).unwrap();
+    let tombstone = std::fs::read_to_string(run.sandbox_dir.join(SandboxFile::Tombstone.name())).unwrap();
     assert!(tombstone.contains("orphan reaped"), "{tombstone}");
     assert_eq!(reap(), "", "a second reap finds nothing to do");
 }
@@ -233,7 +234,7 @@ fn stop_with_queued_records(s: &Scratch, controls: &[TestControl]) -> (usize, us
     let script = format!("echo {CANARY}; seq 1 {RECORDS}; echo emitted > /dev/console; exec sleep 1000");
     let launch = controls.iter().fold(Launch::new(s, &["/bin/sh", "-c", &script]), |l, c| l.control(*c));
     let mut run = Running::start(launch, &[], CANARY);
-    let console = run.sandbox_dir.join("console.log");
+    let console = run.sandbox_dir.join(SandboxFile::Console.name());
     assert!(
         vm_e2e::wait_until(Duration::from_secs(60), || std::fs::read_to_string(&console)
             .is_ok_and(|c| c.contains("emitted"))),

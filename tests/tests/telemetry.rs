@@ -7,6 +7,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
+use vm_contract::layout::SandboxFile;
 
 use nix::sys::signal::Signal::SIGTERM;
 use serde_json::Value;
@@ -89,13 +90,15 @@ fn the_jsonl_file_holds_the_same_events() {
     let s = Scratch::new("jsonl");
     let out = Launch::new(&s, &["/bin/sh", "-c", "exit 3"]).flag("--id").flag("jsonl-sb").run();
     assert_eq!(out.code, Some(3));
-    let text = std::fs::read_to_string(s.state().join("sandboxes/jsonl-sb/events.jsonl")).unwrap();
+    let text = std::fs::read_to_string(s.state().join("sandboxes/jsonl-sb").join(SandboxFile::Events.name())).unwrap();
     let events: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert!(has(&events, 1007, 2) && events.iter().any(|e| e["exit_code"] == 3));
     let schema = Schema::load(&schema_dir());
     assert!(events.iter().all(|e| schema.validate(e).is_empty()));
     let mode = std::os::unix::fs::PermissionsExt::mode(
-        &std::fs::metadata(s.state().join("sandboxes/jsonl-sb/events.jsonl")).unwrap().permissions(),
+        &std::fs::metadata(s.state().join("sandboxes/jsonl-sb").join(SandboxFile::Events.name()))
+            .unwrap()
+            .permissions(),
     );
     assert_eq!(mode & 0o777, 0o600);
 }
@@ -139,15 +142,15 @@ fn header_values_go_nowhere_but_the_collector() {
         }
         assert!(!std::fs::read(format!("/proc/{}/environ", proc.pid)).unwrap().is_empty() || what != "supervisor");
     }
-    assert!(!run.sandbox_dir.join("auth.json").exists(), "the bundle is removed once read");
+    assert!(!run.sandbox_dir.join(SandboxFile::AuthBundle.name()).exists(), "the bundle is removed once read");
     signal(i32::try_from(run.driver.id()).unwrap(), SIGTERM);
     run.driver.wait().unwrap();
     let stderr = run.stderr_text();
     for (name, text) in [
         ("driver stderr", stderr),
-        ("supervisor.log", read(&run.sandbox_dir.join("supervisor.log"))),
-        ("console.log", read(&run.sandbox_dir.join("console.log"))),
-        ("events.jsonl", read(&run.sandbox_dir.join("events.jsonl"))),
+        (SandboxFile::SupervisorLog.name(), read(&run.sandbox_dir.join(SandboxFile::SupervisorLog.name()))),
+        (SandboxFile::Console.name(), read(&run.sandbox_dir.join(SandboxFile::Console.name()))),
+        (SandboxFile::Events.name(), read(&run.sandbox_dir.join(SandboxFile::Events.name()))),
     ] {
         assert!(!text.contains("hdr-secret"), "the header value is in {name}");
     }
@@ -174,7 +177,7 @@ fn stop_with_10k_queued(name: &str, controls: &[TestControl]) -> (usize, usize) 
     receiver.set_behavior(Behavior::Slow(Duration::from_millis(100)));
     signal(i32::try_from(run.driver.id()).unwrap(), SIGTERM);
     run.driver.wait().unwrap();
-    let jsonl = read(&run.sandbox_dir.join("events.jsonl")).lines().count();
+    let jsonl = read(&run.sandbox_dir.join(SandboxFile::Events.name())).lines().count();
     let unique: HashSet<u64> =
         bodies(&receiver.records()).iter().filter_map(|e| e["metadata"]["sequence"].as_u64()).collect();
     (jsonl, unique.len())
@@ -218,7 +221,7 @@ impl Logs {
     /// is a diagnostic (`<time> LEVEL target: ...`), failure lines among them, and may not.
     fn diagnostics(&self) -> impl Iterator<Item = (&'static str, &str)> {
         self.all_lines()
-            .filter(|(log, _)| *log != "events.jsonl")
+            .filter(|(log, _)| *log != SandboxFile::Events.name())
             .filter(|(_, l)| !matches!(l.split_whitespace().nth(1), Some("OCSF" | "OCSF_JSON")))
     }
 
@@ -247,9 +250,9 @@ fn redaction_run(name: &str, rust_log: &str, controls: &[TestControl], collector
     let dir = s.state().join("sandboxes").join(name);
     Logs(vec![
         ("driver stderr", String::from_utf8_lossy(&out.stderr).into_owned()),
-        ("supervisor.log", read(&dir.join("supervisor.log"))),
-        ("console.log", read(&dir.join("console.log"))),
-        ("events.jsonl", read(&dir.join("events.jsonl"))),
+        (SandboxFile::SupervisorLog.name(), read(&dir.join(SandboxFile::SupervisorLog.name()))),
+        (SandboxFile::Console.name(), read(&dir.join(SandboxFile::Console.name()))),
+        (SandboxFile::Events.name(), read(&dir.join(SandboxFile::Events.name()))),
     ])
 }
 
@@ -259,7 +262,7 @@ fn collector_errors_and_payloads_stay_out_of_every_log_line() {
     for (name, rust_log) in [("redact-all", "trace"), ("redact-libs", LIBRARY_TRACE)] {
         let logs = redaction_run(name, rust_log, &[], &rejecting);
         assert!(
-            logs.get("supervisor.log").contains("OCSF OTLP export failed"),
+            logs.get(SandboxFile::SupervisorLog.name()).contains("OCSF OTLP export failed"),
             "the failure is reported, in fixed text"
         );
         for (log, line) in logs.all_lines() {
@@ -273,7 +276,7 @@ fn collector_errors_and_payloads_stay_out_of_every_log_line() {
         }
         assert_eq!(logs.library_lines(), 0, "RUST_LOG={rust_log}: a library's log reached a log");
         // Positive controls: the payload reached its sink, and the collector really sends its canary.
-        assert!(logs.get("events.jsonl").contains(PAYLOAD_CANARY));
+        assert!(logs.get(SandboxFile::Events.name()).contains(PAYLOAD_CANARY));
     }
     assert!(rejecting.rejected() > 0);
     assert!(rejecting.probe_grpc().is_some_and(|m| m.contains(COLLECTOR_CANARY)));
@@ -282,7 +285,7 @@ fn collector_errors_and_payloads_stay_out_of_every_log_line() {
     let accepting = Receiver::start(Behavior::Accept);
     let logs = redaction_run("redact-sink", "trace", &[TestControl::JsonlSinkFails], &accepting);
     assert!(
-        logs.get("supervisor.log").contains("OCSF JSONL sink write failed"),
+        logs.get(SandboxFile::SupervisorLog.name()).contains("OCSF JSONL sink write failed"),
         "the failure is reported, in fixed text"
     );
     for (log, line) in logs.diagnostics() {
@@ -349,6 +352,6 @@ fn a_blocked_stderr_never_stalls_the_supervisor_and_never_tears_a_line() {
         }
     }
     // The JSONL file lost nothing while the console dropped.
-    let events = read(&sup.sandbox_dir.join("events.jsonl")).lines().count();
+    let events = read(&sup.sandbox_dir.join(SandboxFile::Events.name())).lines().count();
     assert!(events >= 1_200, "{events}");
 }

@@ -1,5 +1,5 @@
-//! One task per sandbox: it owns the supervisor, moves the sandbox through its states and answers the API's
-//! commands in order.
+//! One task per sandbox: it owns the sandbox's running generation, moves it through its states and answers
+//! the API's commands in order.
 //!
 //! ```text
 //! PROVISIONING --supervisor ready + session accepted--> READY --Stop--> STOPPING --> STOPPED --Start--> ...
@@ -7,25 +7,23 @@
 //!      `--boot fails--> FAILED <--------------------------'
 //! ```
 //!
-//! Stopping writes the `stopped` marker first, then runs the orderly stop (SIGTERM, bounded wait, close the
-//! liveness pipe); whatever the supervisor leaves behind is reaped and its cgroup swept; a tombstone records
-//! how it ended. On driver shutdown the sandbox stops without the marker, so it comes back on restart.
+//! Starting and stopping are the one lifecycle of [`crate::sandbox`]. Stopping writes the `stopped` marker
+//! first; on driver shutdown the sandbox stops without it, so it comes back on restart.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
+use vm_contract::ids::SandboxId;
+use vm_contract::layout::SandboxLayout;
+use vm_contract::session::{Generation, SessionId};
+use vm_contract::tombstone::EndReason;
 use vm_protocol::driver_api::{Sandbox, SandboxState};
-use vm_protocol::status::AuthBundle;
-use vm_protocol::SandboxId;
 
 use super::registry::Registry;
 use super::store::{self, StoredSpec};
-use crate::supervisor::{Ready, SupervisorError, SupervisorProcess, SupervisorSpec};
-use crate::{cgroup, reap, state, telemetry};
-
-/// How much the boot timeout is padded for the supervisor's own verdict.
-const READY_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
+use crate::sandbox::supervisor::{describe, Ready, SupervisorError};
+use crate::sandbox::{self, Running, SessionSpec, StartSpec};
+use crate::state;
 
 /// What the API (and the session server) ask of a sandbox.
 #[derive(Debug)]
@@ -41,7 +39,7 @@ pub enum Command {
     /// The supervisor of `generation` opened its session (with this readiness endpoint) or lost it.
     Session {
         /// Which start it belongs to.
-        generation: u64,
+        generation: Generation,
         /// Which connection: a late "lost" from an old connection must not end a newer one.
         serial: u64,
         /// `Some(endpoint)` when up, `None` when lost.
@@ -62,12 +60,11 @@ pub enum Initial {
 
 struct Actor {
     id: SandboxId,
-    dir: PathBuf,
+    layout: SandboxLayout,
     spec: StoredSpec,
     reg: Arc<Registry>,
     view: Sandbox,
-    sup: Option<SupervisorProcess>,
-    cgroup: Option<PathBuf>,
+    running: Option<Running>,
     ready: bool,
     /// The serial of the accepted session connection, while it is up.
     session: Option<u64>,
@@ -76,25 +73,24 @@ struct Actor {
 enum Happened {
     Command(Option<Command>),
     Ready(Result<Ready, SupervisorError>),
-    Exited(String),
+    Exited(Option<std::process::ExitStatus>),
 }
 
 /// Registers the sandbox and starts its actor. `false` if the id is taken.
-pub fn spawn(reg: &Arc<Registry>, id: SandboxId, dir: PathBuf, spec: StoredSpec, initial: Initial) -> bool {
+pub fn spawn(reg: &Arc<Registry>, id: SandboxId, layout: SandboxLayout, spec: StoredSpec, initial: Initial) -> bool {
     let (tx, rx) = mpsc::channel(16);
     let view = Sandbox {
         sandbox_id: id.to_string(),
         state: if initial == Initial::Start { SandboxState::Provisioning } else { SandboxState::Stopped }.into(),
         spec: Some(spec.to_api()),
-        generation: store::generation(&dir),
+        generation: store::generation(&layout).0,
         running_intent: initial == Initial::Start,
         ..Sandbox::default()
     };
     if !reg.insert(id.clone(), view.clone(), tx) {
         return false;
     }
-    let mut actor =
-        Actor { id, dir, spec, reg: Arc::clone(reg), view, sup: None, cgroup: None, ready: false, session: None };
+    let mut actor = Actor { id, layout, spec, reg: Arc::clone(reg), view, running: None, ready: false, session: None };
     tokio::spawn(async move {
         match initial {
             Initial::Start => actor.start(),
@@ -109,14 +105,14 @@ pub fn spawn(reg: &Arc<Registry>, id: SandboxId, dir: PathBuf, spec: StoredSpec,
 impl Actor {
     async fn run(mut self, mut rx: mpsc::Receiver<Command>) {
         loop {
-            let happened = match self.sup.as_mut() {
-                Some(sup) if !self.ready => tokio::select! {
+            let happened = match self.running.as_mut() {
+                Some(running) if !self.ready => tokio::select! {
                     cmd = rx.recv() => Happened::Command(cmd),
-                    ready = sup.ready(self.reg.ctx.boot_timeout + READY_MARGIN) => Happened::Ready(ready),
+                    ready = running.ready() => Happened::Ready(ready),
                 },
-                Some(sup) => tokio::select! {
+                Some(running) => tokio::select! {
                     cmd = rx.recv() => Happened::Command(cmd),
-                    status = sup.exited() => Happened::Exited(status),
+                    status = running.exited() => Happened::Exited(status),
                 },
                 None => Happened::Command(rx.recv().await),
             };
@@ -136,12 +132,13 @@ impl Actor {
                     self.settle();
                 }
                 Happened::Ready(Err(e)) => {
-                    let detail = format!("start failed: {:#}", anyhow::Error::new(e));
-                    self.finish("failed").await;
+                    let detail = format!("start failed: {}", vm_contract::logs::chain(&e));
+                    self.finish(EndReason::Failed).await;
                     self.set(SandboxState::Failed, detail);
                 }
                 Happened::Exited(status) => {
-                    self.finish("failed").await;
+                    self.finish(EndReason::Failed).await;
+                    let status = describe(&status);
                     self.reg.platform(&self.id, "supervisor-exited", format!("vm-supervisor ended with {status}"));
                     self.set(
                         SandboxState::Failed,
@@ -156,37 +153,37 @@ impl Actor {
     async fn command(&mut self, cmd: Command) -> bool {
         match cmd {
             Command::Stop(reply) => {
-                let _ = store::set_stopped(&self.dir, true);
+                let _ = store::set_stopped(&self.layout, true);
                 self.view.running_intent = false;
-                if self.sup.is_some() {
+                if self.running.is_some() {
                     self.set(SandboxState::Stopping, String::new());
-                    self.stop_supervisor("stopped").await;
+                    self.finish(EndReason::Stopped).await;
                 }
                 self.set(SandboxState::Stopped, String::new());
                 let _ = reply.send(self.view.clone());
             }
             Command::Start(reply) => {
-                if self.sup.is_none() {
-                    let _ = store::set_stopped(&self.dir, false);
+                if self.running.is_none() {
+                    let _ = store::set_stopped(&self.layout, false);
                     self.start();
                 }
                 let _ = reply.send(self.view.clone());
             }
             Command::Delete(reply) => {
-                self.stop_supervisor("deleted").await;
-                let _ = std::fs::remove_dir_all(&self.dir);
+                self.finish(EndReason::Deleted).await;
+                let _ = std::fs::remove_dir_all(self.layout.dir());
                 self.reg.remove(&self.id);
                 self.reg.platform(&self.id, "deleted", "sandbox deleted");
                 let _ = reply.send(());
                 return false;
             }
             Command::Shutdown(reply) => {
-                self.stop_supervisor("driver shutdown").await;
+                self.finish(EndReason::DriverShutdown).await;
                 let _ = reply.send(());
                 return false;
             }
             Command::Session { generation, serial, readiness }
-                if generation == self.view.generation && self.sup.is_some() =>
+                if generation.0 == self.view.generation && self.running.is_some() =>
             {
                 match readiness {
                     Some(endpoint) => {
@@ -229,71 +226,48 @@ impl Actor {
 
     /// Boots a new generation.
     fn start(&mut self) {
-        let generation = store::generation(&self.dir).saturating_add(1);
-        self.view.generation = generation;
+        let generation = store::generation(&self.layout).next();
+        self.view.generation = generation.0;
         self.view.running_intent = true;
         self.view.accelerator.clear();
         (self.ready, self.session) = (false, None);
-        match self.spawn_supervisor(generation) {
-            Ok(sup) => {
-                self.sup = Some(sup);
+        match self.start_generation(generation) {
+            Ok(running) => {
+                self.running = Some(running);
                 self.set(SandboxState::Provisioning, "booting".into());
             }
-            Err(e) => {
-                // Nothing runs: take back the credentials and the cgroup made for it.
-                reap::end_generation(&self.dir, self.cgroup.take().as_deref(), "failed");
-                self.set(SandboxState::Failed, format!("cannot start: {e:#}"));
-            }
+            Err(e) => self.set(SandboxState::Failed, format!("cannot start: {e}")),
         }
     }
 
-    fn spawn_supervisor(&mut self, generation: u64) -> anyhow::Result<SupervisorProcess> {
+    fn start_generation(&mut self, generation: Generation) -> Result<Running, String> {
         let ctx = &self.reg.ctx;
-        store::set_generation(&self.dir, generation)?;
-        // The last generation's pids go before its tombstone: a reaper must never see dead pids and no
-        // tombstone, and sweep the cgroup this generation is about to use.
-        let _ = std::fs::remove_file(self.dir.join(vm_protocol::status::PIDS_FILE));
-        store::clear_tombstone(&self.dir);
+        let text = |e: &dyn std::error::Error| vm_contract::logs::chain(e);
+        store::set_generation(&self.layout, generation).map_err(|e| text(&e))?;
         // 256 bits: the session's only credential.
-        let token = state::random_hex::<32>()?;
-        self.reg.expect_session(&self.id, generation, token.clone());
-        let _ = std::fs::remove_file(self.dir.join(vm_protocol::status::AUTH_BUNDLE_FILE));
-        let bundle = AuthBundle { otlp_headers: ctx.otlp_headers.clone(), session_token: Some(token) };
-        telemetry::write_bundle(&self.dir, &bundle)?;
-        self.cgroup = cgroup::create(&self.id, &self.dir);
-        let spec = SupervisorSpec {
-            binary: ctx.supervisor.clone(),
-            sandbox_id: self.id.clone(),
-            sandbox_dir: self.dir.clone(),
+        let token = state::random_hex::<32>().map_err(|e| text(&e))?;
+        let id = SessionId::from_bytes(state::random_bytes::<16>().map_err(|e| text(&e))?);
+        self.reg.expect_session(&self.id, generation, id.clone(), token.clone());
+        let spec = StartSpec {
+            supervisor: ctx.supervisor.clone(),
+            id: self.id.clone(),
+            layout: self.layout.clone(),
             image: ctx.image.clone(),
-            cpus: u8::try_from(self.spec.cpus).unwrap_or(1),
-            memory_mib: self.spec.memory_mib,
-            accel: ctx.accel.clone(),
+            shape: self.spec.shape,
+            accel: ctx.accel,
             boot_timeout: ctx.boot_timeout,
-            stop_grace: crate::supervisor::STOP_GRACE,
-            cgroup: self.cgroup.clone(),
             telemetry: ctx.telemetry.clone(),
-            session: Some((ctx.sessions_socket.clone(), generation)),
+            otlp_headers: ctx.otlp_headers.clone(),
+            session: Some(SessionSpec { socket: ctx.sessions_socket.clone(), generation, id, token }),
         };
-        Ok(SupervisorProcess::spawn(&spec)?)
+        sandbox::start(&spec).map_err(|e| text(&e))
     }
 
-    /// Stops a running supervisor (orderly) and finishes; nothing to do when none runs.
-    async fn stop_supervisor(&mut self, reason: &str) {
-        if self.sup.is_some() {
-            self.finish(reason).await;
+    /// Ends the running generation, if any: the orderly stop, then reap, sweep and tombstone.
+    async fn finish(&mut self, reason: EndReason) {
+        if let Some(running) = self.running.take() {
+            running.stop(self.reg.ctx.stop_timeout).await.end(reason).await;
         }
-    }
-
-    /// Ends this generation: stops the supervisor if it still runs, then reaps what it left, sweeps the
-    /// cgroup and writes the tombstone. Those may block (waiting on pidfds and the cgroup), so they run off
-    /// the async workers, which serve every other sandbox and the API.
-    async fn finish(&mut self, reason: &str) {
-        if let Some(sup) = self.sup.take() {
-            sup.stop(self.reg.ctx.stop_timeout).await;
-        }
-        let (dir, cgroup, reason) = (self.dir.clone(), self.cgroup.take(), reason.to_owned());
-        let _ = tokio::task::spawn_blocking(move || reap::end_generation(&dir, cgroup.as_deref(), &reason)).await;
         (self.ready, self.session) = (false, None);
     }
 }

@@ -9,24 +9,21 @@ use tokio::sync::oneshot;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
+use vm_contract::ids::SandboxId;
+use vm_contract::shape::{SandboxShape, MAX_CPUS, MAX_MEMORY_MIB};
 use vm_protocol::driver_api::driver_server::Driver;
 use vm_protocol::driver_api::{
     watch_event, Capabilities, CreateSandboxRequest, DeleteSandboxResponse, ExecRequest, GetCapabilitiesRequest,
     ListProcessesResponse, ListSandboxesRequest, ListSandboxesResponse, ProcessInfo, ReadinessKind, Sandbox,
     SandboxRef, ValidateCreateResponse, WatchEvent, WatchRequest,
 };
-use vm_protocol::{SandboxId, SignalName, ToGuest, ToHost};
+use vm_protocol::{SignalName, ToGuest, ToHost};
 
 use super::actor::{self, Command, Initial};
 use super::exec::{self, ExecStream};
 use super::registry::Registry;
 use super::store::{self, StoredSpec};
 use crate::state::StateError;
-
-/// Largest vCPU count accepted.
-const MAX_CPUS: u32 = 64;
-/// Largest memory accepted, in MiB.
-const MAX_MEMORY_MIB: u32 = 65_536;
 
 /// The service.
 #[derive(Debug, Clone)]
@@ -58,11 +55,8 @@ fn problems(reg: &Registry, req: &CreateSandboxRequest) -> Vec<String> {
         Err(e) => out.push(e.to_string()),
     }
     let spec = req.spec.clone().unwrap_or_default();
-    if spec.cpus > MAX_CPUS {
-        out.push(format!("cpus must be at most {MAX_CPUS}"));
-    }
-    if spec.memory_mib != 0 && !(64..=MAX_MEMORY_MIB).contains(&spec.memory_mib) {
-        out.push(format!("memory_mib must be 64 to {MAX_MEMORY_MIB}"));
+    if let Err(e) = SandboxShape::with_defaults(spec.cpus, spec.memory_mib) {
+        out.push(e.to_string());
     }
     if spec.readiness == i32::from(ReadinessKind::ReadinessUnix) {
         out.push(UNIX_READINESS.into());
@@ -123,15 +117,16 @@ impl Driver for Api {
         if !problems.is_empty() {
             return Err(Status::invalid_argument(problems.join("; ")));
         }
-        let dir = self.reg.ctx.state.create_sandbox(&id).map_err(|e| match e {
+        let spec =
+            StoredSpec::from_api(&req.spec.unwrap_or_default()).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let layout = self.reg.ctx.state.create_sandbox(&id).map_err(|e| match e {
             StateError::Exists(_) => exists(),
             _ => Status::internal("cannot create the sandbox directory"),
         })?;
-        let spec = StoredSpec::from_api(&req.spec.unwrap_or_default());
-        store::save_spec(&dir, &spec).map_err(|_| Status::internal("cannot record the spec"))?;
-        if !actor::spawn(&self.reg, id.clone(), dir.clone(), spec, Initial::Start) {
+        store::save_spec(&layout, &spec).map_err(|_| Status::internal("cannot record the spec"))?;
+        if !actor::spawn(&self.reg, id.clone(), layout.clone(), spec, Initial::Start) {
             if self.reg.is_closing() {
-                let _ = std::fs::remove_dir_all(&dir);
+                let _ = std::fs::remove_dir_all(layout.dir());
                 return Err(Status::unavailable("the driver is shutting down"));
             }
             return Err(exists());
@@ -200,8 +195,7 @@ impl Driver for Api {
         if self.reg.get(&id).is_none() {
             return Err(Status::not_found(format!("no sandbox {id}")));
         }
-        let dir = self.reg.ctx.state.sandbox_dir(&id);
-        let mut attached = crate::attach::connect(&dir, vm_protocol::status::ATTACH_SOCKET)
+        let mut attached = crate::attach_client::connect(&self.reg.ctx.state.layout(&id))
             .await
             .map_err(|_| Status::failed_precondition(format!("sandbox {id} is not running")))?;
         attached.send(ToGuest::ListProcesses).await.map_err(|_| Status::unavailable("supervisor unreachable"))?;

@@ -5,29 +5,24 @@
 //! connection closes and the process keeps running, detached; `ExecAttach` with its pid picks it up again,
 //! with the output held meanwhile replayed first.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
+use vm_contract::ids::SandboxId;
 use vm_protocol::driver_api::{
     exec_request, exec_response, ExecExited, ExecRequest, ExecResponse, ExecStarted, SandboxState,
 };
-use vm_protocol::flow::DEFAULT_WINDOW_BYTES;
-use vm_protocol::frame::MAX_DATA_BYTES;
 use vm_protocol::message::{EnvVar, Refusal};
-use vm_protocol::{Capabilities, ExitStatus, ProcId, PtySize, SandboxId, SignalName, Spawn, Stream, ToGuest, ToHost};
+use vm_protocol::{Capabilities, ExitStatus, ProcId, PtySize, SignalName, Spawn, Stream, ToGuest, ToHost};
 
 use super::registry::Registry;
-use crate::attach::{self, Attached};
+use crate::attach_client::{self, Attached};
+use crate::relay::{ProcessRelay, OUTPUT_WINDOW};
 
 /// Responses queued towards a client before output stops being credited.
 const RESPONSE_QUEUE: usize = 16;
-/// Stdin buffered from the client before the stream stops being read.
-const STDIN_BUFFER_BYTES: usize = 2 * MAX_DATA_BYTES;
-/// Output credit goes back in batches of this size.
-const CREDIT_BATCH_BYTES: u64 = DEFAULT_WINDOW_BYTES as u64 / 4;
 
 /// The response stream of one Exec.
 pub type ExecStream = ReceiverStream<Result<ExecResponse, Status>>;
@@ -37,7 +32,7 @@ enum Opening {
     /// A new process, with the request's own environment (applied over the sandbox's).
     Start(Spawn, std::collections::HashMap<String, String>),
     /// A detached process, by guest pid.
-    Attach(u32),
+    Reattach(u32),
 }
 
 /// Starts an Exec from its first message.
@@ -62,11 +57,11 @@ pub async fn exec(reg: Arc<Registry>, mut inbound: Streaming<ExecRequest>) -> Re
                 env: Vec::new(),
                 cwd: Some(start.cwd).filter(|c| !c.is_empty()),
                 pty: start.tty.then_some(size),
-                output_window: DEFAULT_WINDOW_BYTES,
+                output_window: OUTPUT_WINDOW,
             };
             (start.sandbox_id, Opening::Start(spawn, start.env), false)
         }
-        Some(exec_request::Request::Attach(a)) => (a.sandbox_id, Opening::Attach(a.process_id), true),
+        Some(exec_request::Request::Attach(a)) => (a.sandbox_id, Opening::Reattach(a.process_id), true),
         _ => return Err(Status::invalid_argument("the first Exec message must be start or attach")),
     };
     let id = SandboxId::parse(&sandbox).map_err(|e| Status::invalid_argument(e.to_string()))?;
@@ -74,12 +69,11 @@ pub async fn exec(reg: Arc<Registry>, mut inbound: Streaming<ExecRequest>) -> Re
     if view.state != i32::from(SandboxState::Ready) {
         return Err(Status::failed_precondition(format!("sandbox {id} is not ready")));
     }
-    let dir = reg.ctx.state.sandbox_dir(&id);
-    let mut attached = attach::connect(&dir, vm_protocol::status::ATTACH_SOCKET)
+    let mut attached = attach_client::connect(&reg.ctx.state.layout(&id))
         .await
         .map_err(|_| Status::unavailable("the sandbox's supervisor is not reachable"))?;
     let opening = match opening {
-        Opening::Attach(pid) => ToGuest::Attach { id: ProcId(1), pid },
+        Opening::Reattach(pid) => ToGuest::Reattach { id: ProcId(1), pid },
         Opening::Start(mut spawn, extra_env) => {
             if spawn.pty.is_some() && !attached.capabilities.contains(Capabilities::PTY) {
                 return Err(Status::failed_precondition("the sandbox's agent offers no terminals"));
@@ -99,80 +93,42 @@ fn response(r: exec_response::Response) -> Result<ExecResponse, Status> {
     Ok(ExecResponse { response: Some(r) })
 }
 
-#[derive(Default)]
-struct Stdin {
-    pending: VecDeque<u8>,
-    credit: u64,
-    eof_requested: bool,
-    eof_sent: bool,
-}
-
 async fn relay(
     mut attached: Attached,
     mut inbound: Streaming<ExecRequest>,
     tx: mpsc::Sender<Result<ExecResponse, Status>>,
     reattached: bool,
 ) {
-    let id = ProcId(1);
-    let mut stdin = Stdin::default();
+    let mut relay = ProcessRelay::new(ProcId(1));
     let mut inbound_open = true;
-    let mut uncredited = 0u64;
     loop {
         tokio::select! {
             frame = attached.recv() => {
-                let msg = match frame {
-                    Some(Ok(msg)) => msg,
-                    _ => {
-                        let _ = tx.send(Err(Status::unavailable("the sandbox stopped before the process exited"))).await;
-                        return;
-                    }
+                let Some(Ok(msg)) = frame else {
+                    let _ = tx.send(Err(Status::unavailable("the sandbox stopped before the process exited"))).await;
+                    return;
                 };
-                match msg {
-                    ToHost::Started { pid, stdin_window, .. } => {
-                        stdin.credit = u64::from(stdin_window);
-                        let started = ExecStarted { process_id: pid, reattached };
-                        if tx.send(response(exec_response::Response::Started(started))).await.is_err() {
+                match from_sandbox(&mut relay, msg, reattached) {
+                    Reply::Send(response, credit) => {
+                        if tx.send(response).await.is_err() {
                             return;
                         }
-                    }
-                    ToHost::Output { stream, data, .. } => {
-                        let n = data.len() as u64;
-                        let r = match stream {
-                            Stream::Stdout => exec_response::Response::Stdout(data.into_vec()),
-                            Stream::Stderr => exec_response::Response::Stderr(data.into_vec()),
-                        };
-                        if tx.send(response(r)).await.is_err() {
-                            return;
-                        }
-                        uncredited += n;
-                        if uncredited >= CREDIT_BATCH_BYTES {
-                            let bytes = u32::try_from(uncredited).unwrap_or(u32::MAX);
-                            uncredited -= u64::from(bytes);
-                            if attached.send(ToGuest::Credit { id, bytes }).await.is_err() {
+                        if let Some(credit) = credit {
+                            if attached.send(credit).await.is_err() {
                                 return;
                             }
                         }
                     }
-                    ToHost::StdinCredit { bytes, .. } => stdin.credit += u64::from(bytes),
-                    ToHost::Exited { status, .. } => {
-                        let (code, signal) = match status {
-                            ExitStatus::Code(c) => (c, 0),
-                            ExitStatus::Signaled(s) => (-1, s),
-                        };
-                        let exited = ExecExited { code, signal, status: status.shell_code() };
-                        let _ = tx.send(response(exec_response::Response::Exited(exited))).await;
+                    Reply::End(response) => {
+                        let _ = tx.send(response).await;
                         return;
                     }
-                    ToHost::Refused { reason, .. } => {
-                        let _ = tx.send(Err(refusal(reason))).await;
-                        return;
-                    }
-                    ToHost::Pong { .. } | ToHost::Processes { .. } | ToHost::Hello(_) | ToHost::Reserved => {}
+                    Reply::Nothing => {}
                 }
             }
-            request = inbound.message(), if inbound_open && stdin.pending.len() < STDIN_BUFFER_BYTES => match request {
+            request = inbound.message(), if inbound_open && relay.wants_stdin() => match request {
                 Ok(Some(ExecRequest { request: Some(r) })) => {
-                    if let Err(status) = client_request(&mut attached, &mut stdin, r).await {
+                    if let Err(status) = from_client(&mut attached, &mut relay, r).await {
                         let _ = tx.send(Err(status)).await;
                         return;
                     }
@@ -183,25 +139,70 @@ async fn relay(
             },
             () = tx.closed() => return,
         }
-        if flush_stdin(&mut attached, &mut stdin).await.is_err() {
-            return;
+        while let Some(msg) = relay.next_stdin() {
+            if attached.send(msg).await.is_err() {
+                return;
+            }
         }
     }
 }
 
-async fn client_request(attached: &mut Attached, stdin: &mut Stdin, r: exec_request::Request) -> Result<(), Status> {
-    let id = ProcId(1);
-    let sent = match r {
-        exec_request::Request::Stdin(_) if stdin.eof_requested => {
-            return Err(Status::invalid_argument("stdin after stdin_eof"));
+/// What a message from the sandbox means for the stream.
+enum Reply {
+    /// A response for the client, and the output credit to return once it is queued.
+    Send(Result<ExecResponse, Status>, Option<ToGuest>),
+    /// The last response.
+    End(Result<ExecResponse, Status>),
+    Nothing,
+}
+
+fn from_sandbox(relay: &mut ProcessRelay, msg: ToHost, reattached: bool) -> Reply {
+    match msg {
+        ToHost::Started { pid, stdin_window, .. } => {
+            relay.started(stdin_window);
+            Reply::Send(response(exec_response::Response::Started(ExecStarted { process_id: pid, reattached })), None)
         }
+        ToHost::Output { stream, data, .. } => {
+            let credit = relay.output_handed_on(data.len());
+            let r = match stream {
+                Stream::Stdout => exec_response::Response::Stdout(data.into_vec()),
+                Stream::Stderr => exec_response::Response::Stderr(data.into_vec()),
+            };
+            Reply::Send(response(r), credit)
+        }
+        ToHost::StdinCredit { bytes, .. } => match relay.stdin_credit(bytes) {
+            Ok(()) => Reply::Nothing,
+            Err(_) => Reply::End(Err(Status::internal("the sandbox broke the stdin credit rules"))),
+        },
+        ToHost::Exited { status, .. } => {
+            let (code, signal) = match status {
+                ExitStatus::Code(c) => (c, 0),
+                ExitStatus::Signaled(s) => (-1, s),
+            };
+            Reply::End(response(exec_response::Response::Exited(ExecExited {
+                code,
+                signal,
+                status: status.shell_code(),
+            })))
+        }
+        ToHost::Refused { reason, .. } => Reply::End(Err(refusal(reason))),
+        ToHost::Pong { .. } | ToHost::Processes { .. } | ToHost::Hello(_) | ToHost::Reserved => Reply::Nothing,
+    }
+}
+
+async fn from_client(
+    attached: &mut Attached,
+    relay: &mut ProcessRelay,
+    r: exec_request::Request,
+) -> Result<(), Status> {
+    let id = relay.id();
+    let sent = match r {
         exec_request::Request::Stdin(bytes) => {
-            stdin.pending.extend(bytes);
-            Ok(())
+            return relay.push_stdin(&bytes).map_err(|e| Status::invalid_argument(e.to_string()));
         }
         exec_request::Request::StdinEof(_) => {
-            stdin.eof_requested = true;
-            Ok(())
+            relay.stdin_eof();
+            return Ok(());
         }
         exec_request::Request::Resize(size) => {
             let size = PtySize {
@@ -220,21 +221,6 @@ async fn client_request(attached: &mut Attached, stdin: &mut Stdin, r: exec_requ
         }
     };
     sent.map_err(|_| Status::unavailable("the sandbox's supervisor is not reachable"))
-}
-
-async fn flush_stdin(attached: &mut Attached, stdin: &mut Stdin) -> Result<(), attach::AttachError> {
-    let id = ProcId(1);
-    while !stdin.pending.is_empty() && stdin.credit > 0 {
-        let n = stdin.pending.len().min(MAX_DATA_BYTES).min(usize::try_from(stdin.credit).unwrap_or(usize::MAX));
-        let chunk: Vec<u8> = stdin.pending.drain(..n).collect();
-        stdin.credit -= n as u64;
-        attached.send(ToGuest::Stdin { id, data: chunk.into() }).await?;
-    }
-    if stdin.eof_requested && stdin.pending.is_empty() && !stdin.eof_sent {
-        stdin.eof_sent = true;
-        attached.send(ToGuest::StdinEof { id }).await?;
-    }
-    Ok(())
 }
 
 /// A refusal from the guest, as a status a client can act on.

@@ -6,37 +6,45 @@
 //! - [`sessions`]: supervisors' sessions, which gate readiness.
 //! - [`exec`]: process streams relayed to the sandboxes' attach sockets.
 //! - [`store`]: what a sandbox directory remembers across restarts.
+//! - [`client`]: how a client reaches the socket (the CLI's commands, tests).
 //!
 //! On start the driver reaps orphans, then restores its sandboxes: running-intent ones boot again (a new
 //! generation), stopped ones stay stopped, failed ones are reported failed. On SIGTERM or SIGINT every
 //! sandbox is stopped in order, in parallel, keeping its intent, and the driver exits.
 
-pub mod actor;
-pub mod api;
-pub mod exec;
-pub mod registry;
-pub mod sessions;
-pub mod socket;
-pub mod store;
+mod actor;
+mod api;
+pub mod client;
+mod exec;
+mod registry;
+mod sessions;
+mod socket;
+mod store;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context as _, Result};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{oneshot, watch};
+use vm_contract::accel::AccelChoice;
+use vm_contract::args::PROBE_ACCEL;
+use vm_contract::ids::SandboxId;
+use vm_contract::layout::SandboxLayout;
+use vm_contract::status::SupervisorStatus;
+use vm_contract::test_control::TestControl;
+use vm_contract::tombstone::{EndReason, Tombstone};
 use vm_protocol::driver_api::driver_server::DriverServer;
 use vm_protocol::driver_api::FILE_DESCRIPTOR_SET;
-use vm_protocol::SandboxId;
 
 use self::actor::{Command, Initial};
 use self::registry::{Context, Registry};
 use self::socket::PeerPolicy;
 use crate::image::Image;
-use crate::state::StateDir;
-use crate::telemetry::{self, TelemetryConfig};
-use crate::{reap, supervisor};
+use crate::reap;
+use crate::sandbox::supervisor::{self, SupervisorError};
+use crate::state::{StateDir, StateError};
+use crate::telemetry::{self, HeaderError, TelemetryConfig};
 
 /// Longest Unix socket path.
 const MAX_SUN_PATH: usize = 107;
@@ -52,8 +60,8 @@ pub struct ServeConfig {
     pub gateway_pid: Option<i32>,
     /// The guest image.
     pub image: Image,
-    /// `auto`, `kvm` or `tcg`.
-    pub accel: String,
+    /// The accelerator asked for.
+    pub accel: AccelChoice,
     /// Telemetry settings for supervisors.
     pub telemetry: TelemetryConfig,
     /// Boot timeout per sandbox.
@@ -62,11 +70,46 @@ pub struct ServeConfig {
     pub stop_timeout: Duration,
 }
 
+/// Why `serve` could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The state directory is unusable.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// Another `serve` uses the state directory.
+    #[error("another vm-driver serve is using the state directory {}", .0.display())]
+    Locked(PathBuf),
+    /// The lock file cannot be opened.
+    #[error("cannot open {}", .0.display())]
+    Lock(PathBuf, #[source] std::io::Error),
+    /// No supervisor binary.
+    #[error(transparent)]
+    Supervisor(#[from] SupervisorError),
+    /// The session socket's path would not fit in `sockaddr_un`.
+    #[error("the state directory path is too long for a Unix socket; choose a shorter --state-dir")]
+    PathTooLong,
+    /// A signal handler could not be installed.
+    #[error("cannot watch SIGTERM and SIGINT")]
+    Signals(#[source] std::io::Error),
+    /// The API socket cannot be served.
+    #[error(transparent)]
+    Socket(#[from] socket::SocketError),
+    /// The session socket cannot be bound.
+    #[error("cannot bind the session socket")]
+    Sessions(#[source] std::io::Error),
+    /// The collector headers are malformed.
+    #[error(transparent)]
+    Headers(#[from] HeaderError),
+    /// The reflection service cannot be built.
+    #[error("cannot build the reflection service")]
+    Reflection(#[source] tonic_reflection::server::Error),
+}
+
 /// Runs the service until SIGTERM or SIGINT.
 ///
 /// # Errors
 /// Start-up failures: sockets, state directory, supervisor binary.
-pub async fn serve(config: ServeConfig) -> Result<()> {
+pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
     let state = StateDir::open(&config.state_dir)?;
     // One server per state directory: a second would reap, restore and boot the same sandboxes again.
     let _lock = lock_state_dir(&config.state_dir)?;
@@ -76,21 +119,21 @@ pub async fn serve(config: ServeConfig) -> Result<()> {
         }
     }
     let binary = supervisor::locate()?;
-    let accelerator = probe_accelerator(&binary, &config.accel).await;
+    let accelerator = probe_accelerator(&binary, config.accel).await;
     let sessions_path = config.state_dir.join("sessions.sock");
     if sessions_path.as_os_str().len() > MAX_SUN_PATH {
-        bail!("the state directory path is too long for a Unix socket; choose a shorter --state-dir");
+        return Err(ServeError::PathTooLong);
     }
-    let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
-    let mut interrupt = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(ServeError::Signals)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(ServeError::Signals)?;
     let api_listener = socket::bind(&config.socket).await?;
-    let sessions_listener = sessions::bind(&sessions_path).context("cannot bind the session socket")?;
+    let sessions_listener = sessions::bind(&sessions_path).map_err(ServeError::Sessions)?;
     let reg = Arc::new(Registry::new(Context {
         state: state.clone(),
         sessions_socket: sessions_path.clone(),
         supervisor: binary,
         image: config.image.clone(),
-        accel: config.accel.clone(),
+        accel: config.accel,
         telemetry: config.telemetry.clone(),
         otlp_headers: telemetry::headers_from_env()?,
         boot_timeout: config.boot_timeout,
@@ -110,11 +153,11 @@ pub async fn serve(config: ServeConfig) -> Result<()> {
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .build_v1()
-        .context("cannot build the reflection service")?;
+        .map_err(ServeError::Reflection)?;
     let reflection_alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .build_v1alpha()
-        .context("cannot build the reflection service")?;
+        .map_err(ServeError::Reflection)?;
     let server = tonic::transport::Server::builder()
         .add_service(DriverServer::new(api::Api::new(Arc::clone(&reg), accelerator)))
         .add_service(reflection)
@@ -143,7 +186,7 @@ pub async fn serve(config: ServeConfig) -> Result<()> {
 }
 
 /// Holds an exclusive lock on `STATE/serve.lock` for as long as the returned descriptor lives.
-fn lock_state_dir(dir: &Path) -> Result<std::fs::File> {
+fn lock_state_dir(dir: &Path) -> Result<std::fs::File, ServeError> {
     use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join("serve.lock");
     let file = std::fs::OpenOptions::new()
@@ -152,9 +195,9 @@ fn lock_state_dir(dir: &Path) -> Result<std::fs::File> {
         .write(true)
         .mode(0o600)
         .open(&path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
+        .map_err(|e| ServeError::Lock(path.clone(), e))?;
     rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
-        .map_err(|_| anyhow::anyhow!("another vm-driver serve is using the state directory {}", dir.display()))?;
+        .map_err(|_| ServeError::Locked(dir.to_owned()))?;
     Ok(file)
 }
 
@@ -162,40 +205,37 @@ fn lock_state_dir(dir: &Path) -> Result<std::fs::File> {
 fn restore(reg: &Arc<Registry>, state: &StateDir) {
     let Ok(entries) = std::fs::read_dir(state.sandboxes_dir()) else { return };
     for entry in entries.flatten() {
-        let dir = entry.path();
+        let layout = SandboxLayout::new(entry.path());
         let Some(id) = entry.file_name().to_str().and_then(|n| SandboxId::parse(n).ok()) else { continue };
-        let Some(spec) = store::load_spec(&dir) else { continue };
-        let initial = if store::is_stopped(&dir) {
+        let Some(spec) = store::load_spec(&layout) else { continue };
+        let initial = if store::is_stopped(&layout) {
             Initial::Stopped
-        } else if store::tombstone(&dir).is_some_and(|t| t.reason == "failed") {
+        } else if Tombstone::read(layout.dir()).is_some_and(|t| t.reason == EndReason::Failed) {
             Initial::Failed("it had failed before the driver restarted; start it to try again".into())
         } else {
             Initial::Start
         };
-        actor::spawn(reg, id, dir, spec, initial);
+        actor::spawn(reg, id, layout, spec, initial);
     }
 }
 
 /// What `auto` resolves to on this host, and why, as the supervisor decides it.
-async fn probe_accelerator(binary: &Path, accel: &str) -> (String, String) {
-    let out = tokio::process::Command::new(binary).args(["--probe-accel", accel]).env_clear().output().await;
+async fn probe_accelerator(binary: &Path, accel: AccelChoice) -> (String, String) {
+    let out = tokio::process::Command::new(binary).args([PROBE_ACCEL, accel.as_str()]).env_clear().output().await;
     let line = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
-    match vm_protocol::status::SupervisorStatus::from_line(&line) {
-        Ok(vm_protocol::status::SupervisorStatus::Accelerator { accel, fallback }) => {
-            (accel.as_str().into(), fallback.unwrap_or_default())
-        }
+    match SupervisorStatus::from_line(&line) {
+        Ok(SupervisorStatus::Accelerator { accel, fallback }) => (accel.as_str().into(), fallback.unwrap_or_default()),
         _ => ("unknown".into(), "the accelerator probe failed".into()),
     }
 }
 
-#[cfg(feature = "test-controls")]
+/// Fault injection (`session-gate-signals`): SIGUSR1 drops every supervisor session and holds new ones;
+/// SIGUSR2 lets them in again. Tests use it to watch readiness close on session loss and reopen.
 fn session_controls(gate: &Arc<watch::Sender<sessions::Gate>>) {
-    let gate = Arc::clone(gate);
-    // Fault injection: SIGUSR1 drops every supervisor session and holds new ones; SIGUSR2 lets them in again.
-    // Tests use it to watch readiness close on session loss and reopen on reconnection.
-    if !vm_contract::test_control::TestControl::SessionGateSignals.is_on() {
+    if !crate::control(TestControl::SessionGateSignals) {
         return;
     }
+    let gate = Arc::clone(gate);
     let (Ok(mut usr1), Ok(mut usr2)) = (signal(SignalKind::user_defined1()), signal(SignalKind::user_defined2()))
     else {
         return;
@@ -214,20 +254,14 @@ fn session_controls(gate: &Arc<watch::Sender<sessions::Gate>>) {
     });
 }
 
-#[cfg(not(feature = "test-controls"))]
-fn session_controls(_gate: &Arc<watch::Sender<sessions::Gate>>) {}
-
-#[cfg(feature = "test-controls")]
+/// Fault injection (`api-socket-world-reachable`): other users reach the socket, so the peer-credential check
+/// is what refuses them.
 fn loosen_for_tests(socket: &Path) {
-    // Test control: let other users reach the socket, so the peer-credential check is what refuses them.
     use std::os::unix::fs::PermissionsExt;
-    if vm_contract::test_control::TestControl::ApiSocketWorldReachable.is_on() {
+    if crate::control(TestControl::ApiSocketWorldReachable) {
         let _ = std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o666));
         if let Some(dir) = socket.parent() {
             let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711));
         }
     }
 }
-
-#[cfg(not(feature = "test-controls"))]
-fn loosen_for_tests(_socket: &Path) {}

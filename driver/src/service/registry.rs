@@ -8,8 +8,10 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::{broadcast, mpsc};
+use vm_contract::accel::AccelChoice;
+use vm_contract::ids::SandboxId;
+use vm_contract::session::{Generation, SessionHello, SessionId};
 use vm_protocol::driver_api::{watch_event, PlatformEvent, Sandbox, WatchEvent};
-use vm_protocol::SandboxId;
 
 use super::actor::Command;
 use crate::image::Image;
@@ -30,8 +32,8 @@ pub struct Context {
     pub supervisor: PathBuf,
     /// The guest image.
     pub image: Image,
-    /// `auto`, `kvm` or `tcg`.
-    pub accel: String,
+    /// The accelerator asked for.
+    pub accel: AccelChoice,
     /// Telemetry settings for supervisors.
     pub telemetry: TelemetryConfig,
     /// Collector headers, for each sandbox's auth bundle.
@@ -53,11 +55,18 @@ impl std::fmt::Debug for Context {
     }
 }
 
+/// The session a sandbox's current supervisor must open.
+struct Expected {
+    generation: Generation,
+    session_id: SessionId,
+    token: String,
+}
+
 struct Entry {
     view: Sandbox,
     inbox: mpsc::Sender<Command>,
-    /// The generation and token the current supervisor must present.
-    session: Option<(u64, String)>,
+    /// What the current supervisor must present.
+    session: Option<Expected>,
 }
 
 /// The sandboxes.
@@ -174,18 +183,21 @@ impl Registry {
     }
 
     /// Sets what the next supervisor of `id` must present.
-    pub fn expect_session(&self, id: &SandboxId, generation: u64, token: String) {
+    pub fn expect_session(&self, id: &SandboxId, generation: Generation, session_id: SessionId, token: String) {
         if let Some(entry) = self.lock().get_mut(id) {
-            entry.session = Some((generation, token));
+            entry.session = Some(Expected { generation, session_id, token });
         }
     }
 
     /// Whether a supervisor presenting these is the one `id` expects.
-    pub fn check_session(&self, id: &SandboxId, generation: u64, token: &str) -> bool {
-        self.lock().get(id).and_then(|e| e.session.as_ref()).is_some_and(|(g, t)| {
-            *g == generation
-                && t.len() == token.len()
-                && t.bytes().zip(token.bytes()).fold(0, |acc, (a, b)| acc | (a ^ b)) == 0
+    pub fn check_session(&self, hello: &SessionHello) -> bool {
+        let Ok(id) = SandboxId::parse(&hello.sandbox_id) else { return false };
+        self.lock().get(&id).and_then(|e| e.session.as_ref()).is_some_and(|expected| {
+            let t = &expected.token;
+            expected.generation == hello.generation
+                && expected.session_id == hello.session_id
+                && t.len() == hello.token.len()
+                && t.bytes().zip(hello.token.bytes()).fold(0, |acc, (a, b)| acc | (a ^ b)) == 0
         })
     }
 }

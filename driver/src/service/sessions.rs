@@ -9,8 +9,8 @@ use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
-use vm_protocol::status::{SessionHello, SessionNote, SessionReply};
-use vm_protocol::SandboxId;
+use vm_contract::ids::SandboxId;
+use vm_contract::session::{SessionHello, SessionNote, SessionReply};
 
 use super::actor::Command;
 use super::registry::Registry;
@@ -71,11 +71,13 @@ async fn session(stream: UnixStream, serial: u64, reg: Arc<Registry>, mut gate: 
     if gate.wait_for(|g| !g.paused).await.is_err() {
         return;
     }
-    let Ok(hello) = serde_json::from_str::<SessionHello>(&first) else { return };
-    let accepted = SandboxId::parse(&hello.sandbox_id)
-        .ok()
-        .filter(|id| reg.check_session(id, hello.generation, &hello.token))
-        .and_then(|id| Some((reg.inbox(&id)?, id)));
+    // A hello that does not parse is refused like a wrong one: the peer learns nothing more.
+    let hello = serde_json::from_str::<SessionHello>(&first).ok();
+    let accepted = hello
+        .as_ref()
+        .filter(|h| reg.check_session(h))
+        .and_then(|h| SandboxId::parse(&h.sandbox_id).ok())
+        .and_then(|id| Some((reg.inbox(&id)?, id, hello.as_ref()?.generation)));
     let reply = match accepted {
         Some(_) => SessionReply { accepted: true, reason: String::new() },
         None => SessionReply { accepted: false, reason: "unknown sandbox, generation or token".into() },
@@ -85,12 +87,11 @@ async fn session(stream: UnixStream, serial: u64, reg: Arc<Registry>, mut gate: 
     if write.write_all(&line).await.is_err() {
         return;
     }
-    let Some((inbox, id)) = accepted else {
+    let Some((inbox, id, generation)) = accepted else {
         // Fixed text: what a refused peer presented is not ours to echo.
         tracing::warn!("refused a supervisor session");
         return;
     };
-    let generation = hello.generation;
     let current = gate.borrow_and_update().epoch;
     loop {
         // Each line gets the full bound again.

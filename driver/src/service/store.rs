@@ -1,52 +1,44 @@
-//! What a sandbox directory remembers across driver restarts.
-//!
-//! ```text
-//! spec.json        the accepted spec (written once, at create)
-//! generation       the last start's generation
-//! stopped          present while the sandbox was stopped on purpose (written before stopping)
-//! terminated.json  the tombstone: how the last supervisor ended
-//! ```
+//! What a sandbox directory remembers across driver restarts: the accepted spec (written once, at create),
+//! the last start's generation, the `stopped` marker (present while the sandbox was stopped on purpose,
+//! written before stopping), and the tombstone (`vm_contract::tombstone`).
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use vm_contract::layout::{SandboxFile, SandboxLayout};
+use vm_contract::session::Generation;
+use vm_contract::shape::{SandboxShape, ShapeError};
 use vm_protocol::driver_api::{ReadinessKind, SandboxSpec};
-
-use crate::reap::{Tombstone, TOMBSTONE_FILE};
-
-const SPEC_FILE: &str = "spec.json";
-const GENERATION_FILE: &str = "generation";
-const STOPPED_MARKER: &str = "stopped";
 
 /// The spec as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StoredSpec {
-    /// vCPUs.
-    pub cpus: u32,
-    /// Memory in MiB.
-    pub memory_mib: u32,
+    /// vCPUs and memory.
+    pub shape: SandboxShape,
     /// Environment of every process.
     pub env: BTreeMap<String, String>,
 }
 
 impl StoredSpec {
     /// From the API, with defaults filled in.
-    pub fn from_api(spec: &SandboxSpec) -> Self {
-        Self {
-            cpus: if spec.cpus == 0 { 1 } else { spec.cpus },
-            memory_mib: if spec.memory_mib == 0 { 256 } else { spec.memory_mib },
+    ///
+    /// # Errors
+    /// [`ShapeError`] for a shape out of range.
+    pub fn from_api(spec: &SandboxSpec) -> Result<Self, ShapeError> {
+        Ok(Self {
+            shape: SandboxShape::with_defaults(spec.cpus, spec.memory_mib)?,
             env: spec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-        }
+        })
     }
 
     /// Back to the API.
     pub fn to_api(&self) -> SandboxSpec {
         SandboxSpec {
-            cpus: self.cpus,
-            memory_mib: self.memory_mib,
+            cpus: u32::from(self.shape.cpus()),
+            memory_mib: self.shape.memory_mib(),
             env: self.env.clone().into_iter().collect(),
             readiness: ReadinessKind::ReadinessTcp.into(),
         }
@@ -57,34 +49,37 @@ impl StoredSpec {
 ///
 /// # Errors
 /// I/O.
-pub fn save_spec(dir: &Path, spec: &StoredSpec) -> io::Result<()> {
-    fs::write(dir.join(SPEC_FILE), serde_json::to_vec(spec).map_err(io::Error::other)?)
+pub fn save_spec(layout: &SandboxLayout, spec: &StoredSpec) -> io::Result<()> {
+    fs::write(layout.path(SandboxFile::Spec), serde_json::to_vec(spec).map_err(io::Error::other)?)
 }
 
 /// Reads the spec; `None` for a directory that is not a served sandbox (a `launch` one, say).
-pub fn load_spec(dir: &Path) -> Option<StoredSpec> {
-    serde_json::from_slice(&fs::read(dir.join(SPEC_FILE)).ok()?).ok()
+pub fn load_spec(layout: &SandboxLayout) -> Option<StoredSpec> {
+    serde_json::from_slice(&fs::read(layout.path(SandboxFile::Spec)).ok()?).ok()
 }
 
 /// The last generation (0 when never started).
-pub fn generation(dir: &Path) -> u64 {
-    fs::read_to_string(dir.join(GENERATION_FILE)).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0)
+pub fn generation(layout: &SandboxLayout) -> Generation {
+    fs::read_to_string(layout.path(SandboxFile::Generation))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or_default()
 }
 
 /// Records the generation being started.
 ///
 /// # Errors
 /// I/O.
-pub fn set_generation(dir: &Path, generation: u64) -> io::Result<()> {
-    fs::write(dir.join(GENERATION_FILE), generation.to_string())
+pub fn set_generation(layout: &SandboxLayout, generation: Generation) -> io::Result<()> {
+    fs::write(layout.path(SandboxFile::Generation), generation.to_string())
 }
 
 /// Marks (or unmarks) the sandbox as stopped on purpose; written before stopping starts.
 ///
 /// # Errors
 /// I/O.
-pub fn set_stopped(dir: &Path, stopped: bool) -> io::Result<()> {
-    let marker = dir.join(STOPPED_MARKER);
+pub fn set_stopped(layout: &SandboxLayout, stopped: bool) -> io::Result<()> {
+    let marker = layout.path(SandboxFile::Stopped);
     if stopped {
         fs::write(marker, b"")
     } else {
@@ -96,16 +91,6 @@ pub fn set_stopped(dir: &Path, stopped: bool) -> io::Result<()> {
 }
 
 /// Whether the sandbox was stopped on purpose.
-pub fn is_stopped(dir: &Path) -> bool {
-    dir.join(STOPPED_MARKER).exists()
-}
-
-/// The tombstone of the last supervisor, if any.
-pub fn tombstone(dir: &Path) -> Option<Tombstone> {
-    serde_json::from_slice(&fs::read(dir.join(TOMBSTONE_FILE)).ok()?).ok()
-}
-
-/// Removes a stale tombstone before a new start.
-pub fn clear_tombstone(dir: &Path) {
-    let _ = fs::remove_file(dir.join(TOMBSTONE_FILE));
+pub fn is_stopped(layout: &SandboxLayout) -> bool {
+    layout.path(SandboxFile::Stopped).exists()
 }

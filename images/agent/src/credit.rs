@@ -1,23 +1,25 @@
-//! The output credit of one process, shared by its stdout and stderr pumps.
+//! The output credit of one process, shared by its stdout and stderr pumps: a [`Window`] the pumps block on.
 
 use std::sync::{Condvar, Mutex, PoisonError};
 
+use vm_protocol::{CreditError, Window};
+
 /// Bytes the guest may still send for one process. Pumps block here when the host stops granting.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Credit {
     state: Mutex<State>,
     changed: Condvar,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
-    available: u64,
+    window: Window,
     closed: bool,
 }
 
 impl Credit {
     pub(crate) fn new(initial: u32) -> Self {
-        Self { state: Mutex::new(State { available: u64::from(initial), closed: false }), changed: Condvar::new() }
+        Self { state: Mutex::new(State { window: Window::new(initial), closed: false }), changed: Condvar::new() }
     }
 
     /// Blocks until some credit is available, then reserves up to `max` bytes of it. `None` once closed.
@@ -27,9 +29,8 @@ impl Credit {
             if state.closed {
                 return None;
             }
-            if state.available > 0 {
-                let n = usize::try_from(state.available).unwrap_or(usize::MAX).min(max);
-                state.available -= n as u64;
+            let n = state.take(max);
+            if n > 0 {
                 return Some(n);
             }
             state = self.changed.wait(state).unwrap_or_else(PoisonError::into_inner);
@@ -42,21 +43,34 @@ impl Credit {
         if state.closed {
             return 0;
         }
-        let n = usize::try_from(state.available).unwrap_or(usize::MAX).min(max);
-        state.available -= n as u64;
-        n
+        state.take(max)
     }
 
     /// Adds credit granted by the host.
-    pub(crate) fn grant(&self, bytes: u32) {
+    ///
+    /// # Errors
+    /// [`CreditError::TooLarge`] when the host grants past the window cap: a protocol violation.
+    pub(crate) fn grant(&self, bytes: u32) -> Result<(), CreditError> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state.available = state.available.saturating_add(u64::from(bytes));
+        state.window.grant(bytes)?;
         self.changed.notify_all();
+        Ok(())
     }
 
     /// Wakes every blocked pump and makes it stop: used when the VM is going down.
     pub(crate) fn close(&self) {
         self.state.lock().unwrap_or_else(PoisonError::into_inner).closed = true;
         self.changed.notify_all();
+    }
+}
+
+impl State {
+    fn take(&mut self, max: usize) -> usize {
+        let n = usize::try_from(self.window.available()).unwrap_or(usize::MAX).min(max);
+        // Within what is available by construction.
+        if self.window.consume(n).is_err() {
+            return 0;
+        }
+        n
     }
 }

@@ -1,11 +1,11 @@
-//! `vm-agent`: PID 1 of the guest. Brings the guest up, serves one boundary session, powers off.
+//! `vm-agent`: PID 1 of the guest. Brings the guest up, serves one boundary link, powers off.
 #![forbid(unsafe_code)]
 
 use std::error::Error;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use vm_agent::{init, port, power, session};
+use vm_agent::{init, link, port, power};
 use vm_protocol::CHANNEL_PORT_NAME;
 
 /// How long to wait for the channel's port after the modules loaded.
@@ -27,8 +27,8 @@ fn run() -> Result<(), Box<dyn Error>> {
     init::boot()?;
     let port = port::open(CHANNEL_PORT_NAME, Duration::from_millis(PORT_TIMEOUT_MS))?;
     let writer = port.try_clone()?;
-    let end = session::serve(port, writer, &session::Config::default())?;
-    eprintln!("vm-agent: session ended ({end:?}); powering off");
+    let end = link::serve(port, writer, &link::Config::default())?;
+    eprintln!("vm-agent: the link ended ({end:?}); powering off");
     Ok(())
 }
 

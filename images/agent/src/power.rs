@@ -1,4 +1,4 @@
-//! Powering the VM off. Only the PID 1 binary calls this; the session logic never does.
+//! Powering the VM off. Only the PID 1 binary calls this; the link logic never does.
 //!
 //! The kernel runs with `reboot=t panic=-1` and QEMU with `-no-reboot`, so a reboot request (or a panic of
 //! PID 1) makes QEMU exit under either firmware; `poweroff` would hang under qboot with ACPI off.
@@ -12,7 +12,7 @@ use nix::unistd::{sync, Pid};
 
 /// Kills every other process, flushes filesystems and resets the VM. Never returns.
 pub fn off() -> ! {
-    // PID 1 is spared by kill(-1); this sweeps orphans the session did not know.
+    // PID 1 is spared by kill(-1); this sweeps orphans the link did not know.
     let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
     sync();
     let _ = reboot(RebootMode::RB_AUTOBOOT);

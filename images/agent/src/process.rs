@@ -27,8 +27,8 @@ use vm_protocol::message::Refusal;
 use vm_protocol::{ExitStatus, ProcId, Spawn, Stream, ToHost, Window};
 
 use crate::credit::Credit;
+use crate::link::{Config, Shared};
 use crate::outbox::OutputFrame;
-use crate::session::{Config, Shared};
 
 /// Exit code for a command that was not found, as shells report it.
 pub(crate) const EXIT_NOT_FOUND: i32 = 127;

@@ -12,7 +12,7 @@ use nix::errno::Errno;
 use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
 use vm_protocol::ExitStatus;
 
-use crate::session::Shared;
+use crate::link::Shared;
 
 /// How long to sleep when there are no children before looking again (spawns wake it earlier).
 const IDLE_RECHECK_MS: u64 = 1000;

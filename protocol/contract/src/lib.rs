@@ -3,10 +3,37 @@
 //! Each contract is one type that both sides use, so the two ends of a process boundary cannot drift apart.
 //! Nothing here is linked into the guest agent: the boundary protocol with the guest is `vm-protocol`.
 //!
-//! - [`logs`]: what no host process may log.
-//! - [`test_control`]: the switches that turn a safety mechanism off in test builds.
+//! | contract | type | between |
+//! |---|---|---|
+//! | the supervisor's and the watchdog's argv | [`args::SupervisorArgs`], [`args::WatchdogArgs`] | driver -> supervisor -> watchdog |
+//! | the sandbox directory's files | [`layout::SandboxFile`], [`layout::SandboxLayout`] | all three, and the tests |
+//! | exit statuses | [`exit::SupervisorExit`], [`exit::WatchdogExit`], [`exit::driver`] | child -> parent, driver -> user |
+//! | status lines on the supervisor's stdout | [`status::SupervisorStatus`] | supervisor -> driver |
+//! | secrets, in a 0600 file read once | [`auth::AuthBundle`] | driver -> supervisor |
+//! | processes for the reaper | [`pids::SandboxPids`], [`pids::ProcessRecord`] | supervisor -> driver |
+//! | how a generation ended | [`tombstone::Tombstone`], [`tombstone::EndReason`] | driver -> later drivers |
+//! | the session with `serve` | [`session::SessionHello`], [`session::Generation`], [`session::SessionId`] | supervisor <-> driver |
+//! | telemetry settings | [`env`] | driver -> supervisor |
+//! | sandbox ids and shapes | [`ids::SandboxId`], [`shape::SandboxShape`] | user -> driver -> supervisor |
+//! | the accelerator | [`accel::AccelChoice`], [`accel::Accelerator`] | user -> driver -> supervisor |
+//! | what may be logged | [`logs`] | all |
+//! | test-build switches | [`test_control::TestControl`] | tests -> all |
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod accel;
+pub mod args;
+pub mod auth;
+pub mod env;
+pub mod exit;
+pub mod ids;
+pub mod layout;
 pub mod logs;
+pub mod pids;
+pub mod session;
+pub mod shape;
+pub mod status;
 pub mod test_control;
+pub mod tombstone;
+
+pub use ids::{SandboxId, SandboxIdError};

@@ -1,4 +1,4 @@
-//! What the host processes may log. The HTTP, gRPC, TLS and OpenTelemetry libraries never reach a log, at
+//! What the host processes may log, and how they word an error. The HTTP, gRPC, TLS and OpenTelemetry libraries never reach a log, at
 //! any `RUST_LOG`: their messages can carry a collector's error text or echo request metadata (headers,
 //! tokens). Each process filters them out with [`is_silenced`], whatever directives `RUST_LOG` holds.
 
@@ -16,6 +16,19 @@ pub const SILENCED: [&str; 11] = [
     "tower",
     "rustls",
 ];
+
+/// An error and its causes, outermost first, as one line: how every host process words a failure in a log,
+/// a status line or an API detail.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
 
 /// Whether a log target belongs to a silenced crate (the crate itself or one of its modules).
 pub fn is_silenced(target: &str) -> bool {

@@ -11,7 +11,7 @@
 //!
 //! A client that disconnects leaves its processes running, detached: their output is held (never more than
 //! the credit the guest already had, so the hold is bounded) and replayed to the client that re-attaches
-//! with `Attach { pid }`. A detached process that exits keeps its output and exit status for a later
+//! with `Reattach { pid }`. A detached process that exits keeps its output and exit status for a later
 //! attach; the most recent [`MAX_FINISHED_DETACHED`] such are kept.
 //!
 //! This is pure state: it returns [`Action`]s and never does I/O, so it is tested without a VM.
@@ -20,7 +20,7 @@ use std::collections::HashMap;
 
 use vm_protocol::flow::MAX_WINDOW_BYTES;
 use vm_protocol::message::{ProcessSummary, Refusal};
-use vm_protocol::{CreditError, ExitStatus, ProcId, ToGuest, ToHost, Window};
+use vm_protocol::{CreditError, ExitStatus, FrameViolation, ProcId, ToGuest, ToHost, Window};
 
 /// Detached processes that exited and still wait for someone to collect their output and status.
 pub const MAX_FINISHED_DETACHED: usize = 64;
@@ -96,6 +96,9 @@ pub enum GuestViolation {
     /// A message the guest may not send after the handshake.
     #[error("the guest may not send {0} after the handshake")]
     Unexpected(&'static str),
+    /// Bytes that are not a frame.
+    #[error(transparent)]
+    Frame(#[from] FrameViolation),
 }
 
 #[derive(Debug)]
@@ -257,7 +260,7 @@ impl Mux {
                 Some((guest_id, route)) if route.tty => forward(ToGuest::Resize { id: guest_id, size }),
                 Some(_) | None => Ok(Vec::new()),
             },
-            ToGuest::Attach { id, pid } => Ok(self.attach(client, id, pid)),
+            ToGuest::Reattach { id, pid } => Ok(self.attach(client, id, pid)),
             ToGuest::ListProcesses => {
                 let list = self
                     .routes

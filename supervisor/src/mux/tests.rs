@@ -71,7 +71,7 @@ fn a_departed_clients_process_keeps_running_and_its_output_waits_for_reattach() 
     assert!(
         matches!(&listed[..], [Action::ToClient(_, ToHost::Processes { list })] if list[0].pid == 77 && !list[0].attached)
     );
-    let attached = mux.from_client(B, ToGuest::Attach { id: ProcId(9), pid: 77 }).unwrap();
+    let attached = mux.from_client(B, ToGuest::Reattach { id: ProcId(9), pid: 77 }).unwrap();
     assert!(
         matches!(&attached[0], Action::ToClient(c, ToHost::Started { id, pid: 77, .. }) if *c == B && *id == ProcId(9))
     );
@@ -91,10 +91,10 @@ fn a_process_that_exits_while_detached_keeps_its_status_for_the_next_client() {
     assert_eq!(mux.remove_client(A), []);
     let exited = mux.from_guest(ToHost::Exited { id: ProcId(1), status: ExitStatus::Code(3) }).unwrap();
     assert!(matches!(&exited[..], [Action::Exited { .. }]), "reported for telemetry");
-    let attached = mux.from_client(B, ToGuest::Attach { id: ProcId(1), pid: 5 }).unwrap();
+    let attached = mux.from_client(B, ToGuest::Reattach { id: ProcId(1), pid: 5 }).unwrap();
     assert!(matches!(attached.last(), Some(Action::ToClient(_, ToHost::Exited { status: ExitStatus::Code(3), .. }))));
     assert_eq!(mux.live_processes(), 0, "collected once");
-    let again = mux.from_client(B, ToGuest::Attach { id: ProcId(2), pid: 5 }).unwrap();
+    let again = mux.from_client(B, ToGuest::Reattach { id: ProcId(2), pid: 5 }).unwrap();
     assert!(matches!(&again[..], [Action::ToClient(_, ToHost::Refused { reason: Refusal::NoSuchProcess, .. })]));
 }
 
@@ -147,7 +147,7 @@ fn stdin_eof_reaches_the_guest_once_even_across_reattach() {
         [Action::ToGuest(ToGuest::StdinEof { id: ProcId(1) })]
     );
     assert_eq!(mux.remove_client(A), []);
-    mux.from_client(B, ToGuest::Attach { id: ProcId(1), pid: 6 }).unwrap();
+    mux.from_client(B, ToGuest::Reattach { id: ProcId(1), pid: 6 }).unwrap();
     assert_eq!(mux.from_client(B, ToGuest::StdinEof { id: ProcId(1) }).unwrap(), [], "not a second EOF to the guest");
     let data = ToGuest::Stdin { id: ProcId(1), data: vec![1].into() };
     assert!(

@@ -12,9 +12,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-/// The file name in the sandbox directory.
-pub const EVENTS_FILE: &str = "events.jsonl";
-
 /// The JSONL sink.
 #[derive(Debug)]
 pub struct Jsonl {

@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 use vm_ocsf::{Event, Source};
 
 use self::console::{Console, ConsoleHandle, CONSOLE_DRAIN};
-use self::jsonl::{Jsonl, EVENTS_FILE};
+use vm_contract::layout::SandboxFile;
+
+use self::jsonl::Jsonl;
 use self::otlp::{ExportReport, Otlp, OtlpError};
 use self::settings::TelemetrySettings;
 
@@ -42,7 +44,7 @@ pub struct TelemetryReport {
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
     /// The events file cannot be opened.
-    #[error("cannot open {EVENTS_FILE}")]
+    #[error("cannot open {}", SandboxFile::Events.name())]
     Jsonl(#[source] std::io::Error),
     /// The OTLP exporter cannot be built.
     #[error("cannot set up OTLP export")]
@@ -125,16 +127,10 @@ impl Telemetry {
     }
 }
 
-#[cfg(not(feature = "test-controls"))]
 fn open_jsonl() -> std::io::Result<Jsonl> {
-    Jsonl::open(std::path::Path::new(EVENTS_FILE))
-}
-
-#[cfg(feature = "test-controls")]
-fn open_jsonl() -> std::io::Result<Jsonl> {
-    if vm_contract::test_control::TestControl::JsonlSinkFails.is_on() {
+    if crate::control(vm_contract::test_control::TestControl::JsonlSinkFails) {
         // Fault injection: every write fails (ENOSPC).
         return Ok(Jsonl::on_file(std::fs::OpenOptions::new().write(true).open("/dev/full")?));
     }
-    Jsonl::open(std::path::Path::new(EVENTS_FILE))
+    Jsonl::open(SandboxFile::Events.as_ref())
 }

@@ -1,7 +1,7 @@
 //! Telemetry settings: from the environment the driver set; collector headers come from the auth bundle.
 
+use vm_contract::env;
 use vm_ocsf::{SchemaVersion, UnsupportedVersion};
-use vm_protocol::status::env;
 
 use super::otlp::{OtlpSettings, Protocol};
 

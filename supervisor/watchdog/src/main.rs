@@ -1,7 +1,5 @@
-//! `vm-watchdog --vmm-pid PID --vmm-start-time TICKS`: started by the supervisor, never by hand.
-//!
-//! Exit status: 0 once the VMM is gone (stopped by the supervisor, or killed here and confirmed); 1 when
-//! the kill could not be confirmed or the VMM could not be watched; 2 for bad arguments.
+//! `vm-watchdog --vmm-pid PID --vmm-start-time TICKS` (`vm_contract::args::WatchdogArgs`): started by the
+//! supervisor, never by hand. Its exit status is a `vm_contract::exit::WatchdogExit`.
 #![forbid(unsafe_code)]
 
 use std::os::fd::{AsFd, OwnedFd};
@@ -11,6 +9,9 @@ use std::time::{Duration, Instant};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
 use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
+use vm_contract::args::WatchdogArgs;
+use vm_contract::exit::WatchdogExit;
+use vm_contract::pids::ProcessRecord;
 use vm_watchdog::{decide, Action, Input, KillReason, Policy, KILL_ATTEMPTS, KILL_CONFIRM_MS, READY, SILENCE_MS};
 
 fn main() -> ExitCode {
@@ -27,16 +28,15 @@ fn main() -> ExitCode {
             }
         }
     }
-    let Some((pid, start_time)) = parse_args() else {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(WatchdogArgs { vmm }) = WatchdogArgs::parse(&args) else {
         eprintln!("vm-watchdog: usage: vm-watchdog --vmm-pid PID --vmm-start-time TICKS");
-        return ExitCode::from(2);
+        return exit(WatchdogExit::Usage);
     };
-    let pidfd = match open_vmm(pid, start_time) {
-        Ok(fd) => fd,
-        Err(()) => {
-            eprintln!("vm-watchdog: the VMM (pid {pid}) is not running; nothing to watch");
-            return ExitCode::from(1);
-        }
+    let pid = vmm.pid;
+    let Some(pidfd) = open_vmm(vmm) else {
+        eprintln!("vm-watchdog: the VMM (pid {pid}) is not running; nothing to watch");
+        return exit(WatchdogExit::Unconfirmed);
     };
     if write_byte(READY).is_err() {
         // The supervisor is already gone.
@@ -62,7 +62,7 @@ fn watch(pidfd: &OwnedFd, pid: i32, policy: Policy) -> ExitCode {
                 }
             }
             Some(Action::Kill(reason)) => return kill(pidfd, pid, reason),
-            Some(Action::Exit) => return ExitCode::SUCCESS,
+            Some(Action::Exit) => return exit(WatchdogExit::VmmGone),
             // Silence with the silence check off (test control): keep waiting.
             None => last_pulse = Instant::now(),
         }
@@ -125,25 +125,22 @@ fn kill(pidfd: &OwnedFd, pid: i32, reason: KillReason) -> ExitCode {
     };
     if confirmed {
         eprintln!("vm-watchdog: {why}; killed the VMM (pid {pid})");
-        ExitCode::SUCCESS
+        exit(WatchdogExit::VmmGone)
     } else {
         eprintln!("vm-watchdog: {why}; the VMM (pid {pid}) did not exit after {KILL_ATTEMPTS} SIGKILLs");
-        ExitCode::from(1)
+        exit(WatchdogExit::Unconfirmed)
     }
 }
 
-/// Opens a pidfd for `pid` and checks, after opening, that it is the process that started at `start_time`:
-/// from then on the pidfd names that process even if the pid is reused.
-fn open_vmm(pid: i32, start_time: u64) -> Result<OwnedFd, ()> {
-    let raw = Pid::from_raw(pid).ok_or(())?;
-    let fd = pidfd_open(raw, PidfdFlags::empty()).map_err(|_| ())?;
-    (vm_watchdog_start_time(pid) == Some(start_time)).then_some(fd).ok_or(())
+fn exit(how: WatchdogExit) -> ExitCode {
+    ExitCode::from(how.code())
 }
 
-/// Field 22 of `/proc/<pid>/stat`.
-fn vm_watchdog_start_time(pid: i32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    text.rsplit_once(") ")?.1.split(' ').nth(19)?.parse().ok()
+/// Opens a pidfd for the VMM and checks, after opening, that it is the process the record names: from then
+/// on the pidfd names that process even if the pid is reused.
+fn open_vmm(vmm: ProcessRecord) -> Option<OwnedFd> {
+    let fd = pidfd_open(Pid::from_raw(vmm.pid)?, PidfdFlags::empty()).ok()?;
+    vmm.is_alive().then_some(fd)
 }
 
 fn write_byte(byte: u8) -> rustix::io::Result<()> {
@@ -155,12 +152,6 @@ fn write_byte(byte: u8) -> rustix::io::Result<()> {
             Err(e) => return Err(e),
         }
     }
-}
-
-fn parse_args() -> Option<(i32, u64)> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let value = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1));
-    Some((value("--vmm-pid")?.parse().ok()?, value("--vmm-start-time")?.parse().ok()?))
 }
 
 #[cfg(feature = "test-controls")]

@@ -7,6 +7,8 @@ use std::io::{Read, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use vm_contract::args::WatchdogArgs;
+use vm_contract::pids::ProcessRecord;
 use vm_watchdog::{PULSE, READY};
 
 struct Rig {
@@ -16,15 +18,14 @@ struct Rig {
     echoes: ChildStdout,
 }
 
-fn start_time(pid: u32) -> u64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    text.rsplit_once(") ").unwrap().1.split(' ').nth(19).unwrap().parse().unwrap()
+fn record(pid: u32) -> ProcessRecord {
+    ProcessRecord::read(i32::try_from(pid).unwrap()).unwrap()
 }
 
 fn rig() -> Rig {
     let vmm = Command::new("sleep").arg("1000").spawn().unwrap();
     let mut watchdog = Command::new(env!("CARGO_BIN_EXE_vm-watchdog"))
-        .args(["--vmm-pid", &vmm.id().to_string(), "--vmm-start-time", &start_time(vmm.id()).to_string()])
+        .args(WatchdogArgs { vmm: record(vmm.id()) }.to_argv())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -98,7 +99,7 @@ fn kills_the_vmm_on_a_wrong_byte() {
 fn refuses_a_pid_whose_start_time_does_not_match() {
     let mut vmm = Command::new("sleep").arg("1000").spawn().unwrap();
     let status = Command::new(env!("CARGO_BIN_EXE_vm-watchdog"))
-        .args(["--vmm-pid", &vmm.id().to_string(), "--vmm-start-time", "1"])
+        .args(WatchdogArgs { vmm: ProcessRecord { start_time: 1, ..record(vmm.id()) } }.to_argv())
         .status()
         .unwrap();
     assert_eq!(status.code(), Some(1));

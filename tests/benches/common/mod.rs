@@ -10,10 +10,14 @@ use std::io::Read;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use vm_contract::layout::SandboxFile;
 
+use vm_contract::accel::Accelerator;
+use vm_contract::args::PROBE_ACCEL;
+use vm_contract::shape::SandboxShape;
+use vm_contract::status::SupervisorStatus;
 use vm_e2e::image::with_init_script;
 use vm_e2e::{harness, Scratch};
-use vm_protocol::status::Accelerator;
 use vm_supervisor::vmm::VmmConfig;
 
 /// Brings the channel up the way the agent does.
@@ -44,7 +48,7 @@ impl BareVm {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let initrd = with_init_script(&dir, init);
-        let listener = UnixListener::bind(dir.join("chan.sock")).unwrap();
+        let listener = UnixListener::bind(dir.join(SandboxFile::Channel.name())).unwrap();
         // What ours resolves to, so both sides of every ratio run on the same accelerator.
         let accel = match resolved_accel().as_str() {
             "kvm" => Accelerator::Kvm,
@@ -54,8 +58,7 @@ impl BareVm {
             qemu: vm_supervisor::vmm::find_qemu().expect("qemu-system-x86_64"),
             kernel: harness().image.join("vmlinuz"),
             initrd,
-            cpus: 1,
-            memory_mib: 256,
+            shape: SandboxShape::default(),
             accel,
         };
         let started = Instant::now();
@@ -115,13 +118,10 @@ pub fn resolved_accel() -> String {
 }
 
 fn probe_accel() -> String {
-    let out = Command::new(&harness().shipped.supervisor)
-        .args(["--probe-accel", &harness().accel])
-        .env_clear()
-        .output()
-        .unwrap();
-    match vm_protocol::status::SupervisorStatus::from_line(&String::from_utf8_lossy(&out.stdout)) {
-        Ok(vm_protocol::status::SupervisorStatus::Accelerator { accel, .. }) => accel.as_str().to_owned(),
+    let out =
+        Command::new(&harness().shipped.supervisor).args([PROBE_ACCEL, &harness().accel]).env_clear().output().unwrap();
+    match SupervisorStatus::from_line(&String::from_utf8_lossy(&out.stdout)) {
+        Ok(SupervisorStatus::Accelerator { accel, .. }) => accel.as_str().to_owned(),
         _ => panic!("the accelerator probe failed"),
     }
 }

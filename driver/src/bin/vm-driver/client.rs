@@ -1,44 +1,26 @@
-//! The CLI's side of the driver API: `vm-driver create|get|list|stop|start|rm|ps|exec` against a running
-//! `vm-driver serve`.
+//! The CLI's side of the driver API: `vm-driver create|get|list|stop|start|rm|ps` against a running
+//! `vm-driver serve` (`exec` is in `exec.rs`).
 
-pub mod exec;
-
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use tokio_stream::StreamExt;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 use vm_protocol::driver_api::driver_client::DriverClient;
 use vm_protocol::driver_api::{
     watch_event, CreateSandboxRequest, ListSandboxesRequest, Sandbox, SandboxRef, SandboxSpec, SandboxState,
     WatchRequest,
 };
 
-/// The default API socket: `$VM_DRIVER_SOCKET`, else `driver.sock` in the default state directory.
-pub fn default_socket() -> PathBuf {
-    std::env::var_os("VM_DRIVER_SOCKET")
-        .filter(|v| !v.is_empty())
-        .map_or_else(|| crate::state::default_root().join("driver.sock"), PathBuf::from)
-}
-
 /// Connects to `serve` over its Unix socket.
 ///
 /// # Errors
 /// The socket does not answer.
 pub async fn connect(socket: &Path) -> Result<DriverClient<Channel>> {
-    let path = socket.to_owned();
-    // The URI is required by the API but unused: the connector always dials the socket.
-    let channel = Endpoint::try_from("http://vm-driver.invalid")?
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?))
-            }
-        }))
+    vm_driver::service::client::connect(socket)
         .await
-        .with_context(|| format!("cannot reach vm-driver serve at {}", socket.display()))?;
-    Ok(DriverClient::new(channel))
+        .with_context(|| format!("cannot reach vm-driver serve at {}", socket.display()))
 }
 
 /// A state's name, as the CLI prints it.

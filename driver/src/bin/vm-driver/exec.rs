@@ -18,8 +18,6 @@ use vm_protocol::driver_api::{
     exec_request, exec_response, ExecAttach, ExecRequest, ExecStart, StdinEof, TerminalSize,
 };
 
-use crate::attach;
-
 /// What to run or attach to.
 #[derive(Debug, Clone)]
 pub enum Target {
@@ -32,8 +30,8 @@ pub enum Target {
         /// Working directory.
         cwd: Option<String>,
     },
-    /// A running process, by its guest pid.
-    Attach(u32),
+    /// A running process to re-attach to, by its guest pid.
+    Reattach(u32),
 }
 
 fn request(r: exec_request::Request) -> ExecRequest {
@@ -71,7 +69,7 @@ impl Drop for RawMode {
 /// # Errors
 /// The service refused or the stream broke before an exit status.
 pub async fn exec(socket: &Path, sandbox: &str, target: Target, interactive: bool, tty: bool) -> Result<u8> {
-    let mut client = super::connect(socket).await?;
+    let mut client = crate::client::connect(socket).await?;
     let (tx, rx) = mpsc::channel::<ExecRequest>(16);
     let starting = matches!(target, Target::Start { .. });
     // Re-attaching may find a terminal; the service drops a resize for a process without one.
@@ -85,7 +83,7 @@ pub async fn exec(socket: &Path, sandbox: &str, target: Target, interactive: boo
             tty,
             size: if tty { local_size() } else { None },
         }),
-        Target::Attach(pid) => {
+        Target::Reattach(pid) => {
             exec_request::Request::Attach(ExecAttach { sandbox_id: sandbox.to_owned(), process_id: pid })
         }
     };
@@ -93,7 +91,7 @@ pub async fn exec(socket: &Path, sandbox: &str, target: Target, interactive: boo
     let _raw = if tty && local_size().is_some() { RawMode::enter() } else { None };
     if interactive {
         let tx = tx.clone();
-        let mut chunks = attach::stdin_chunks();
+        let mut chunks = crate::stdin::chunks();
         tokio::spawn(async move {
             while let Some(bytes) = chunks.recv().await {
                 if tx.send(request(exec_request::Request::Stdin(bytes))).await.is_err() {

@@ -1,11 +1,16 @@
-//! `vm-driver`: run commands in sandboxed microVMs.
+//! `vm-driver`: run commands in sandboxed microVMs. The binary's edge: the command line, the commands that
+//! drive the library, and `anyhow` errors turned into exit statuses.
 //!
-//! Exit status of `launch` and `exec`: the workload's (its code, or 128 + the signal that killed it); 124
-//! when `--timeout` expired; 130/143/129 when interrupted, terminated or hung up; 125 when the driver failed
-//! before the workload produced a status (bad input, missing image, unusable accelerator, boot failure); 2
-//! for a bad command line. Other commands: 0 or 125.
+//! Exit status of `launch` and `exec`: the workload's (its code, or 128 + the signal that killed it), else
+//! one of `vm_contract::exit::driver`: 124 when `--timeout` expired; 130/143/129 when interrupted, terminated
+//! or hung up; 125 when the driver failed before the workload produced a status (bad input, missing image,
+//! unusable accelerator, boot failure); 2 for a bad command line. Other commands: 0 or 125.
 
 mod cli;
+mod client;
+mod exec;
+mod launch;
+mod stdin;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,10 +19,11 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use clap::Parser;
 use cli::{Cli, Command, VmArgs};
-use vm_driver::client::{self, exec::Target, Lifecycle};
-use vm_driver::launch::{self, LaunchConfig};
+use client::Lifecycle;
+use exec::Target;
+use launch::LaunchConfig;
+use vm_contract::exit::driver::DRIVER_ERROR;
 use vm_driver::service::{self, ServeConfig};
-use vm_driver::EXIT_DRIVER_ERROR;
 use vm_protocol::driver_api::SandboxSpec;
 
 fn main() -> ExitCode {
@@ -37,14 +43,14 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("vm-driver: cannot start the runtime: {e}");
-            return ExitCode::from(EXIT_DRIVER_ERROR);
+            return ExitCode::from(DRIVER_ERROR);
         }
     };
     let code = match runtime.block_on(run(cli.command)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("vm-driver: {e:#}");
-            EXIT_DRIVER_ERROR
+            DRIVER_ERROR
         }
     };
     // A stdin thread may be blocked in read(); it must not hold the process open.
@@ -56,17 +62,16 @@ async fn run(command: Command) -> Result<u8> {
     match command {
         Command::Launch(args) => {
             let args = *args;
-            let image = (args.vm.image.clone(), args.vm.kernel.clone(), args.vm.initrd.clone());
+            let shape = args.shape.shape();
             launch::run(LaunchConfig {
                 argv: args.cmd,
                 env: args.env,
                 workdir: args.workdir,
-                image: image.0,
-                kernel: image.1,
-                initrd: image.2,
-                cpus: args.cpus,
-                memory_mib: args.memory,
-                accel: args.vm.accel.name(),
+                image: args.vm.image,
+                kernel: args.vm.kernel,
+                initrd: args.vm.initrd,
+                shape,
+                accel: args.vm.accel,
                 timeout: args.timeout.map(Duration::from_secs),
                 boot_timeout: Duration::from_secs(args.vm.boot_timeout),
                 stop_timeout: Duration::from_secs(args.vm.stop_timeout),
@@ -90,7 +95,7 @@ async fn run(command: Command) -> Result<u8> {
                 state_dir,
                 gateway_pid: args.gateway_pid,
                 image,
-                accel: args.vm.accel.name(),
+                accel: args.vm.accel,
                 telemetry: args.telemetry.config(),
                 boot_timeout: Duration::from_secs(args.vm.boot_timeout),
                 stop_timeout: Duration::from_secs(args.vm.stop_timeout),
@@ -99,9 +104,10 @@ async fn run(command: Command) -> Result<u8> {
             Ok(0)
         }
         Command::Create(args) => {
+            let shape = args.shape.shape();
             let spec = SandboxSpec {
-                cpus: args.cpus,
-                memory_mib: args.memory,
+                cpus: u32::from(shape.cpus()),
+                memory_mib: shape.memory_mib(),
                 env: args.env.into_iter().collect(),
                 readiness: 0,
             };
@@ -123,11 +129,11 @@ async fn run(command: Command) -> Result<u8> {
         Command::Ps(args) => client::ps(&args.socket.path(), args.id.as_str()).await.map(|()| 0),
         Command::Exec(args) => {
             let target = match (args.attach, args.cmd.is_empty()) {
-                (Some(pid), _) => Target::Attach(pid),
+                (Some(pid), _) => Target::Reattach(pid),
                 (None, false) => Target::Start { argv: args.cmd, env: args.env, cwd: args.workdir },
                 (None, true) => bail!("exec needs -- CMD or --attach PID"),
             };
-            client::exec::exec(&args.socket.path(), args.id.as_str(), target, args.interactive, args.tty).await
+            exec::exec(&args.socket.path(), args.id.as_str(), target, args.interactive, args.tty).await
         }
         Command::Reap { state_dir } => reap(state_dir).map(|()| 0),
     }

@@ -1,4 +1,5 @@
-//! One boundary session: handshake, then the host's requests until it asks to shut down or goes away.
+//! One boundary link to the host: handshake, then the host's requests until it asks to shut down or goes
+//! away.
 //!
 //! ```text
 //! guest                                   host
@@ -11,7 +12,7 @@
 //!
 //! The calling thread reads; each process has a stdin writer and two output pumps; one reaper thread
 //! collects exit statuses. Nothing the host sends is ignored: a late message for a process that already
-//! exited is a benign race, and anything else unexpected ends the session as a violation.
+//! exited is a benign race, and anything else unexpected ends the link as a violation.
 
 use std::fs::File;
 use std::io::Read;
@@ -63,7 +64,7 @@ impl Default for Config {
     }
 }
 
-/// How a session ended.
+/// How a link ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum End {
     /// The host asked for a shutdown; every process was stopped.
@@ -72,9 +73,9 @@ pub enum End {
     HostGone,
 }
 
-/// Why a session failed. Every process was killed before this is returned.
+/// Why a link failed. Every process was killed before this is returned.
 #[derive(Debug, thiserror::Error)]
-pub enum SessionError {
+pub enum LinkError {
     /// Sending our hello failed.
     #[error("cannot send hello")]
     SendHello(#[source] FrameError),
@@ -103,7 +104,7 @@ pub(crate) struct Shared {
     pub(crate) children: Condvar,
     /// Notified whenever a process leaves the table.
     drained: Condvar,
-    /// Set when the session is over; the reaper then stops.
+    /// Set when the link is over; the reaper then stops.
     pub(crate) ended: AtomicBool,
 }
 
@@ -134,14 +135,14 @@ impl Shared {
     }
 }
 
-/// Serves one session on `reader`/`writer` (the two halves of the channel) until it ends.
+/// Serves one link on `reader`/`writer` (the two halves of the channel) until it ends.
 ///
 /// The host's requests are read on a thread of their own, which keeps running while a stop is under way:
 /// the credit the host returns during the stop is what lets the last output drain.
 ///
 /// # Errors
-/// A [`SessionError`] when the handshake fails or the host breaks the protocol.
-pub fn serve(mut reader: impl Read + Send + 'static, writer: File, config: &Config) -> Result<End, SessionError> {
+/// A [`LinkError`] when the handshake fails or the host breaks the protocol.
+pub fn serve(mut reader: impl Read + Send + 'static, writer: File, config: &Config) -> Result<End, LinkError> {
     let shared = Arc::new(Shared {
         outbox: Outbox::new(writer),
         table: Mutex::new(Table::default()),
@@ -156,7 +157,7 @@ pub fn serve(mut reader: impl Read + Send + 'static, writer: File, config: &Conf
     thread::Builder::new()
         .name("vm-agent-reaper".into())
         .spawn(move || reaper::run(&reaper_shared))
-        .map_err(|_| SessionError::Violation { what: "cannot start the reaper thread".into() })?;
+        .map_err(|_| LinkError::Violation { what: "cannot start the reaper thread".into() })?;
 
     let (ends, end) = mpsc::channel();
     let (reader_shared, reader_config) = (Arc::clone(&shared), config.clone());
@@ -166,7 +167,7 @@ pub fn serve(mut reader: impl Read + Send + 'static, writer: File, config: &Conf
             let mut scratch = scratch;
             serve_requests(&reader_shared, &reader_config, &mut reader, &mut scratch, &ends);
         })
-        .map_err(|_| SessionError::Violation { what: "cannot start the reader thread".into() })?;
+        .map_err(|_| LinkError::Violation { what: "cannot start the reader thread".into() })?;
 
     // The first ending decides; a shutdown request lets the workload drain within its grace period.
     let ending = end.recv().unwrap_or(Ending::HostGone);
@@ -180,19 +181,19 @@ pub fn serve(mut reader: impl Read + Send + 'static, writer: File, config: &Conf
     }
 }
 
-fn handshake(shared: &Shared, reader: &mut impl Read, scratch: &mut Vec<u8>) -> Result<Hello, SessionError> {
+fn handshake(shared: &Shared, reader: &mut impl Read, scratch: &mut Vec<u8>) -> Result<Hello, LinkError> {
     let ours = Hello::ours(CAPABILITIES, concat!("vm-agent ", env!("CARGO_PKG_VERSION")));
-    shared.outbox.send(&ToHost::Hello(ours)).map_err(SessionError::SendHello)?;
+    shared.outbox.send(&ToHost::Hello(ours)).map_err(LinkError::SendHello)?;
     match frame::read_body(reader, scratch) {
         Ok(true) => {}
-        Ok(false) => return Err(SessionError::ClosedDuringHandshake),
-        Err(e) => return Err(SessionError::Handshake(e.into())),
+        Ok(false) => return Err(LinkError::ClosedDuringHandshake),
+        Err(e) => return Err(LinkError::Handshake(e.into())),
     }
     handshake::accept_first(scratch, Capabilities::NONE, |m| match m {
         ToGuest::Hello(h) => Some(h),
         _ => None,
     })
-    .map_err(SessionError::Handshake)
+    .map_err(LinkError::Handshake)
 }
 
 /// How the reading of requests ended, or a shutdown request (after which reading goes on).
@@ -203,7 +204,7 @@ enum Ending {
     /// The channel closed or failed: the host is gone.
     HostGone,
     /// The host broke the protocol.
-    Violation(SessionError),
+    Violation(LinkError),
 }
 
 /// Reads and handles the host's requests until the channel ends or breaks, reporting each ending on `ends`
@@ -223,7 +224,7 @@ fn serve_requests(
                 return;
             }
             Err(e) => {
-                let _ = ends.send(Ending::Violation(SessionError::Frame(e)));
+                let _ = ends.send(Ending::Violation(LinkError::Frame(e)));
                 return;
             }
         };
@@ -241,7 +242,7 @@ fn serve_requests(
 }
 
 /// Handles one request; `Ok(Some(grace))` is a shutdown request.
-fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<Duration>, SessionError> {
+fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<Duration>, LinkError> {
     match msg {
         ToGuest::Spawn(req) => process::spawn(shared, config, req),
         ToGuest::Stdin { id, data } => {
@@ -270,7 +271,7 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
         ToGuest::Credit { id, bytes } => {
             let mut table = shared.table();
             if let Lookup::Live(p) = known(&mut table, id)? {
-                p.credit.grant(bytes);
+                p.credit.grant(bytes).map_err(|e| LinkError::Violation { what: format!("process {id}: {e}") })?;
             }
         }
         ToGuest::Resize { id, size } => {
@@ -286,25 +287,25 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
         ToGuest::Ping { nonce } => shared.send(&ToHost::Pong { nonce }),
         ToGuest::Shutdown { grace_ms } => return Ok(Some(Duration::from_millis(u64::from(grace_ms)))),
         ToGuest::Hello(_) | ToGuest::Reserved => {
-            return Err(SessionError::Violation { what: "unexpected hello after the handshake".into() })
+            return Err(LinkError::Violation { what: "unexpected hello after the handshake".into() })
         }
-        ToGuest::Attach { .. } | ToGuest::ListProcesses => {
-            return Err(SessionError::Violation { what: "an attach-socket request reached the guest".into() })
+        ToGuest::Reattach { .. } | ToGuest::ListProcesses => {
+            return Err(LinkError::Violation { what: "an attach-socket request reached the guest".into() })
         }
     }
     Ok(None)
 }
 
 /// Resolves an id, turning a never-spawned id into a violation.
-fn known(table: &mut Table, id: ProcId) -> Result<Lookup<'_>, SessionError> {
+fn known(table: &mut Table, id: ProcId) -> Result<Lookup<'_>, LinkError> {
     match table.lookup(id) {
         Lookup::Unknown => Err(violation(id, "message for a process that was never spawned")),
         other => Ok(other),
     }
 }
 
-fn violation(id: ProcId, what: &str) -> SessionError {
-    SessionError::Violation { what: format!("process {id}: {what}") }
+fn violation(id: ProcId, what: &str) -> LinkError {
+    LinkError::Violation { what: format!("process {id}: {what}") }
 }
 
 fn to_nix(signal: SignalName) -> Signal {

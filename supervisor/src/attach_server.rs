@@ -1,4 +1,4 @@
-//! The attach socket: how the driver runs processes in the VM.
+//! The attach socket's server: how the driver runs processes in the VM.
 //!
 //! It lives in the sandbox directory (0700) with mode 0600, and a connecting peer must also have our uid
 //! (`SO_PEERCRED`). The supervisor plays the guest's part of the handshake, advertising the agent's
@@ -15,8 +15,6 @@ use vm_protocol::{Capabilities, Hello, ToGuest, ToHost};
 
 use crate::mux::ClientId;
 use crate::Event;
-
-pub use vm_protocol::status::ATTACH_SOCKET;
 
 /// How long a connecting client has to complete its handshake.
 const HANDSHAKE_TIMEOUT_MS: u64 = 5_000;

@@ -1,5 +1,5 @@
-//! The boundary channel to the guest agent: accept QEMU's connection, check the agent's hello, then pump
-//! frames between the socket and the event loop.
+//! The guest link: the boundary channel to the guest agent. Accept QEMU's connection, check the agent's
+//! hello, then pump frames between the socket and the event loop.
 
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ pub const REQUIRED: Capabilities = Capabilities::EXEC.union(Capabilities::SIGNAL
 
 /// Why the guest link did not come up.
 #[derive(Debug, thiserror::Error)]
-pub enum AttachError {
+pub enum LinkError {
     /// QEMU never connected to the channel socket.
     #[error("the VMM did not connect to the boundary channel")]
     Accept(#[source] std::io::Error),
@@ -43,19 +43,19 @@ pub struct GuestLink {
 /// writer tasks. Guest messages arrive as [`Event::Guest`], the end as [`Event::GuestClosed`].
 ///
 /// # Errors
-/// An [`AttachError`].
-pub async fn attach(
+/// A [`LinkError`].
+pub async fn connect(
     listener: &UnixListener,
     timeout: Duration,
     events: UnboundedSender<Event>,
-) -> Result<GuestLink, AttachError> {
+) -> Result<GuestLink, LinkError> {
     let start = tokio::time::Instant::now();
-    let (mut stream, _) = listener.accept().await.map_err(AttachError::Accept)?;
+    let (mut stream, _) = listener.accept().await.map_err(LinkError::Accept)?;
     let ours = Hello::ours(Capabilities::NONE, concat!("vm-supervisor ", env!("CARGO_PKG_VERSION")));
     let hello = tokio::time::timeout_at(start + timeout, codec::host_handshake(&mut stream, ours, REQUIRED))
         .await
-        .map_err(|_| AttachError::Timeout(timeout))?
-        .map_err(AttachError::Handshake)?;
+        .map_err(|_| LinkError::Timeout(timeout))?
+        .map_err(LinkError::Handshake)?;
     Ok(GuestLink { hello, tx: pump(stream, events) })
 }
 

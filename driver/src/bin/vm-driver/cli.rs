@@ -2,9 +2,11 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, Parser, Subcommand};
+use vm_contract::accel::AccelChoice;
+use vm_contract::ids::SandboxId;
+use vm_contract::shape::{SandboxShape, DEFAULT_CPUS, DEFAULT_MEMORY_MIB};
 use vm_driver::telemetry::TelemetryConfig;
-use vm_protocol::SandboxId;
 
 #[derive(Debug, Parser)]
 #[command(version, about = "Run commands in sandboxed microVMs", long_about = None)]
@@ -53,19 +55,22 @@ pub enum Command {
     },
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum Accel {
-    /// KVM where it can boot the guest, otherwise TCG (says why once).
-    Auto,
-    /// KVM, or fail: never falls back.
-    Kvm,
-    /// QEMU's software emulation.
-    Tcg,
+/// vCPUs and memory of a sandbox (launch and create).
+#[derive(Debug, Args)]
+pub struct ShapeArgs {
+    /// vCPUs for the VM (1 to 64).
+    #[arg(long, default_value_t = DEFAULT_CPUS)]
+    pub cpus: u32,
+    /// Guest memory in MiB (64 to 65536).
+    #[arg(long, default_value_t = DEFAULT_MEMORY_MIB)]
+    pub memory: u32,
 }
 
-impl Accel {
-    pub fn name(self) -> String {
-        format!("{self:?}").to_lowercase()
+impl ShapeArgs {
+    /// The validated shape; a shape out of range is a usage error (exit 2), like any bad argument.
+    pub fn shape(&self) -> SandboxShape {
+        SandboxShape::new(self.cpus, self.memory)
+            .unwrap_or_else(|e| Cli::command().error(clap::error::ErrorKind::ValueValidation, e).exit())
     }
 }
 
@@ -82,8 +87,8 @@ pub struct VmArgs {
     #[arg(long, value_name = "FILE")]
     pub initrd: Option<PathBuf>,
     /// Accelerator.
-    #[arg(long, value_enum, default_value_t = Accel::Auto)]
-    pub accel: Accel,
+    #[arg(long, value_enum, default_value_t = AccelChoice::Auto)]
+    pub accel: AccelChoice,
     /// How long the guest may take to boot, in seconds.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     pub boot_timeout: u64,
@@ -130,14 +135,10 @@ impl TelemetryArgs {
 
 #[derive(Debug, Args)]
 pub struct LaunchArgs {
-    /// vCPUs for the VM.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
-    pub cpus: u8,
-    /// Guest memory in MiB.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(64..=65536))]
-    pub memory: u32,
+    #[command(flatten)]
+    pub shape: ShapeArgs,
     /// Set an environment variable for CMD (repeatable).
-    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE", value_parser = vm_driver::launch::parse_env)]
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE", value_parser = crate::launch::parse_env)]
     pub env: Vec<(String, String)>,
     /// Working directory for CMD inside the guest.
     #[arg(long, short = 'w', value_name = "DIR")]
@@ -183,7 +184,7 @@ pub struct SocketArgs {
 
 impl SocketArgs {
     pub fn path(&self) -> PathBuf {
-        self.socket.clone().unwrap_or_else(vm_driver::client::default_socket)
+        self.socket.clone().unwrap_or_else(vm_driver::service::client::default_socket)
     }
 }
 
@@ -199,14 +200,10 @@ pub struct IdArgs {
 pub struct CreateArgs {
     #[command(flatten)]
     pub socket: SocketArgs,
-    /// vCPUs.
-    #[arg(long, default_value_t = 1)]
-    pub cpus: u32,
-    /// Guest memory in MiB.
-    #[arg(long, default_value_t = 256)]
-    pub memory: u32,
+    #[command(flatten)]
+    pub shape: ShapeArgs,
     /// Environment for every process in the sandbox (repeatable).
-    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE", value_parser = vm_driver::launch::parse_env)]
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE", value_parser = crate::launch::parse_env)]
     pub env: Vec<(String, String)>,
     /// Return as soon as the sandbox is accepted instead of waiting until it is ready.
     #[arg(long)]
@@ -229,7 +226,7 @@ pub struct ExecArgs {
     #[arg(short, long)]
     pub tty: bool,
     /// Environment for the process (repeatable).
-    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE", value_parser = vm_driver::launch::parse_env)]
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE", value_parser = crate::launch::parse_env)]
     pub env: Vec<(String, String)>,
     /// Working directory in the guest.
     #[arg(long, short = 'w', value_name = "DIR")]

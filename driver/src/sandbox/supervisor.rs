@@ -10,9 +10,8 @@
 //! on timeout, SIGKILL and then close. Closing the pipe first would make the supervisor take its "driver
 //! gone" path while it is still flushing what SIGTERM asked it to flush.
 
-use std::ffi::OsString;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -21,20 +20,17 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
-use vm_protocol::status::{Accelerator, SupervisorStatus};
-use vm_protocol::SandboxId;
+use vm_contract::accel::Accelerator;
+use vm_contract::args::SupervisorArgs;
+use vm_contract::exit::SupervisorExit;
+use vm_contract::layout::{SandboxFile, SandboxLayout};
+use vm_contract::status::SupervisorStatus;
+use vm_contract::test_control::TestControl;
 
-use crate::image::Image;
 use crate::telemetry::TelemetryConfig;
-
-/// Grace the agent gives workload processes between SIGTERM and SIGKILL when a sandbox stops.
-pub const STOP_GRACE: Duration = Duration::from_secs(3);
 
 /// How long to wait for the supervisor's last status lines after it exited.
 const REPORT_WAIT_MS: u64 = 500;
-
-/// The supervisor's stderr, in the sandbox directory.
-pub const SUPERVISOR_LOG: &str = "supervisor.log";
 
 /// Environment variables a supervisor may inherit; everything else is cleared.
 fn passed_env() -> &'static [&'static str] {
@@ -42,35 +38,6 @@ fn passed_env() -> &'static [&'static str] {
     return &["PATH", "RUST_LOG", vm_contract::test_control::VAR];
     #[cfg(not(feature = "test-controls"))]
     &["PATH", "RUST_LOG"]
-}
-
-/// What a supervisor is started with. All of it is trusted input.
-#[derive(Debug, Clone)]
-pub struct SupervisorSpec {
-    /// The `vm-supervisor` binary.
-    pub binary: PathBuf,
-    /// The sandbox.
-    pub sandbox_id: SandboxId,
-    /// Its private directory.
-    pub sandbox_dir: PathBuf,
-    /// What to boot.
-    pub image: Image,
-    /// vCPUs.
-    pub cpus: u8,
-    /// Memory in MiB.
-    pub memory_mib: u32,
-    /// `auto`, `kvm` or `tcg`.
-    pub accel: String,
-    /// How long the guest may take to boot.
-    pub boot_timeout: Duration,
-    /// Grace between SIGTERM and SIGKILL for workload processes when stopping.
-    pub stop_grace: Duration,
-    /// The sandbox's cgroup, which the supervisor joins before starting anything.
-    pub cgroup: Option<PathBuf>,
-    /// Telemetry settings, passed as environment variables.
-    pub telemetry: TelemetryConfig,
-    /// `vm-driver serve`'s session socket, and this start's generation.
-    pub session: Option<(PathBuf, u64)>,
 }
 
 /// Why a supervisor did not start or its VM did not come up.
@@ -89,16 +56,27 @@ pub enum SupervisorError {
     #[error("{0}")]
     StartFailed(String),
     /// The supervisor exited without a verdict.
-    #[error("vm-supervisor exited during start-up ({status}); see {}", log.display())]
+    #[error("vm-supervisor exited during start-up ({}); see {}", describe(.status), log.display())]
     Died {
         /// Its exit status.
-        status: String,
+        status: Option<std::process::ExitStatus>,
         /// Its log.
         log: PathBuf,
     },
     /// No verdict in time.
     #[error("the sandbox was not ready within {} s", .0.as_secs())]
     Timeout(Duration),
+}
+
+/// A supervisor's exit status in words, with what it means when it is one of ours.
+pub fn describe(status: &Option<std::process::ExitStatus>) -> String {
+    match status {
+        Some(s) => match s.code().and_then(SupervisorExit::from_code) {
+            Some(exit) => format!("{s}: {}", exit.meaning()),
+            None => s.to_string(),
+        },
+        None => "exit status unknown".into(),
+    }
 }
 
 /// The VM is up and the attach socket accepts connections.
@@ -108,8 +86,6 @@ pub struct Ready {
     pub accel: Accelerator,
     /// Why `auto` did not use KVM, if it did not.
     pub fallback: Option<String>,
-    /// The attach socket's file name in the sandbox directory.
-    pub attach_socket: String,
 }
 
 /// How a stop ended.
@@ -119,6 +95,13 @@ pub enum Stopped {
     Exited(std::process::ExitStatus),
     /// It had to be killed.
     Killed,
+}
+
+impl Stopped {
+    /// Whether it stopped in order (exit 0 within the bound).
+    pub fn in_order(&self) -> bool {
+        matches!(self, Self::Exited(s) if s.success())
+    }
 }
 
 /// A running supervisor and the write end of its liveness pipe.
@@ -131,8 +114,6 @@ pub struct SupervisorProcess {
     log: PathBuf,
     /// The accelerator it reported, kept here so a caller may drop and re-poll [`Self::ready`].
     accel: (Accelerator, Option<String>),
-    /// Fixed by the first [`Self::ready`] call, so re-polling never extends the bound.
-    ready_by: Option<tokio::time::Instant>,
 }
 
 /// The `vm-supervisor` next to this executable.
@@ -150,28 +131,28 @@ pub fn locate() -> Result<PathBuf, SupervisorError> {
 }
 
 impl SupervisorProcess {
-    /// Starts a supervisor for `spec` with the liveness pipe as its stdin, its status on a pipe, and its
-    /// stderr in `supervisor.log`. It gets its own process group, so a Ctrl-C at the terminal reaches only
-    /// the driver, which decides what to do with it.
+    /// Starts `binary` with `args`, the liveness pipe as its stdin, its status on a pipe, and its stderr in
+    /// `supervisor.log`. It gets its own process group, so a Ctrl-C at the terminal reaches only the driver,
+    /// which decides what to do with it.
     ///
     /// # Errors
     /// [`SupervisorError`] when the pipe, the log or the process cannot be made.
-    pub fn spawn(spec: &SupervisorSpec) -> Result<Self, SupervisorError> {
+    pub fn spawn(binary: &Path, args: &SupervisorArgs, telemetry: &TelemetryConfig) -> Result<Self, SupervisorError> {
         let (read_end, write_end) =
             rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| SupervisorError::Stdio(e.into()))?;
-        #[cfg(feature = "test-controls")]
-        if vm_contract::test_control::TestControl::LeakLivenessWriteEnd.is_on() {
+        if crate::control(TestControl::LeakLivenessWriteEnd) {
             // Control: the write end leaks into the supervisor, and from there into QEMU.
             let _ = rustix::io::fcntl_setfd(&write_end, rustix::io::FdFlags::empty());
         }
-        let log = spec.sandbox_dir.join(SUPERVISOR_LOG);
+        let layout = SandboxLayout::new(&args.sandbox_dir);
+        let log = layout.path(SandboxFile::SupervisorLog);
         let stderr = std::fs::File::create(&log).map_err(SupervisorError::Stdio)?;
-        let mut cmd = Command::new(&spec.binary);
-        cmd.args(args(spec))
+        let mut cmd = Command::new(binary);
+        cmd.args(args.to_argv())
             .env_clear()
             .envs(passed_env().iter().filter_map(|k| std::env::var_os(k).map(|v| (k, v))))
-            .envs(spec.telemetry.supervisor_env())
-            .current_dir(&spec.sandbox_dir)
+            .envs(telemetry.supervisor_env())
+            .current_dir(layout.dir())
             .stdin(Stdio::from(read_end))
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -195,27 +176,26 @@ impl SupervisorProcess {
                 }
             }
         });
-        Ok(Self { child, liveness: Some(write_end), status, log, accel: (Accelerator::Tcg, None), ready_by: None })
+        Ok(Self { child, liveness: Some(write_end), status, log, accel: (Accelerator::Tcg, None) })
     }
 
-    /// Waits until the VM is ready or the start failed, at most `timeout` after the first call. Safe to
-    /// cancel and call again (the actor does, whenever a command arrives during boot).
+    /// Waits until the VM is ready or the start failed, at most until `deadline` (reported as `timeout`).
+    /// Safe to cancel and call again.
     ///
     /// # Errors
     /// [`SupervisorError`] with the supervisor's own explanation where it gave one.
-    pub async fn ready(&mut self, timeout: Duration) -> Result<Ready, SupervisorError> {
-        let deadline = *self.ready_by.get_or_insert_with(|| tokio::time::Instant::now() + timeout);
+    pub async fn ready(&mut self, deadline: tokio::time::Instant, timeout: Duration) -> Result<Ready, SupervisorError> {
         let verdict = async {
             loop {
                 match self.status.recv().await {
                     Some(SupervisorStatus::Accelerator { accel, fallback }) => self.accel = (accel, fallback),
-                    Some(SupervisorStatus::Ready { attach_socket, .. }) => {
+                    Some(SupervisorStatus::Ready { .. }) => {
                         let (accel, fallback) = self.accel.clone();
-                        return Ok(Ready { accel, fallback, attach_socket });
+                        return Ok(Ready { accel, fallback });
                     }
                     Some(SupervisorStatus::Failed { error }) => return Err(SupervisorError::StartFailed(error)),
                     Some(SupervisorStatus::Stopped { .. }) | None => {
-                        let status = self.child.wait().await.map_or_else(|e| e.to_string(), |s| s.to_string());
+                        let status = self.child.wait().await.ok();
                         return Err(SupervisorError::Died { status, log: self.log.clone() });
                     }
                 }
@@ -227,8 +207,7 @@ impl SupervisorProcess {
     /// Stops the supervisor: SIGTERM, wait up to `timeout`, and only then close the liveness pipe; SIGKILL
     /// (then close) if it does not exit in time. Returns how it ended and its final report, if it gave one.
     pub async fn stop(mut self, timeout: Duration) -> (Stopped, Option<SupervisorStatus>) {
-        #[cfg(feature = "test-controls")]
-        if vm_contract::test_control::TestControl::CloseLivenessFirst.is_on() {
+        if crate::control(TestControl::CloseLivenessFirst) {
             // Control: the wrong order, which makes the supervisor take its "driver gone" path.
             drop(self.liveness.take());
         }
@@ -258,33 +237,7 @@ impl SupervisorProcess {
     }
 
     /// Waits until the supervisor exits on its own (the caller did not ask it to).
-    pub async fn exited(&mut self) -> String {
-        self.child.wait().await.map_or_else(|e| e.to_string(), |s| s.to_string())
+    pub async fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.wait().await.ok()
     }
-}
-
-fn args(spec: &SupervisorSpec) -> Vec<OsString> {
-    let mut args: Vec<OsString> = Vec::new();
-    let mut flag = |name: &str, value: OsString| {
-        args.push(name.into());
-        args.push(value);
-    };
-    flag("--sandbox-id", spec.sandbox_id.as_str().into());
-    flag("--sandbox-dir", spec.sandbox_dir.clone().into());
-    flag("--kernel", spec.image.kernel.clone().into());
-    flag("--initrd", spec.image.initrd.clone().into());
-    flag("--cpus", spec.cpus.to_string().into());
-    flag("--memory-mib", spec.memory_mib.to_string().into());
-    flag("--accel", spec.accel.clone().into());
-    flag("--boot-timeout-ms", spec.boot_timeout.as_millis().to_string().into());
-    flag("--stop-grace-ms", spec.stop_grace.as_millis().to_string().into());
-    if let Some(cgroup) = &spec.cgroup {
-        flag("--cgroup", cgroup.clone().into());
-    }
-    if let Some((socket, generation)) = &spec.session {
-        flag("--session-socket", socket.clone().into());
-        flag("--generation", generation.to_string().into());
-    }
-    args.push("--parent-liveness-stdin".into());
-    args
 }

@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use vm_agent::session::{self, End, SessionError};
+use vm_agent::link::{self, End, LinkError};
 use vm_protocol::handshake::{FirstFrameError, HandshakeError};
 use vm_protocol::message::{EnvVar, Refusal};
 use vm_protocol::{
@@ -26,7 +26,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 struct Host {
     stream: UnixStream,
-    agent: Option<JoinHandle<Result<End, SessionError>>>,
+    agent: Option<JoinHandle<Result<End, LinkError>>>,
     scratch: Vec<u8>,
 }
 
@@ -43,9 +43,8 @@ impl Host {
     fn start() -> Self {
         let (host, guest) = UnixStream::pair().unwrap();
         let writer = guest.try_clone().unwrap();
-        let agent = thread::spawn(move || {
-            session::serve(guest, File::from(OwnedFd::from(writer)), &session::Config::default())
-        });
+        let agent =
+            thread::spawn(move || link::serve(guest, File::from(OwnedFd::from(writer)), &link::Config::default()));
         let mut host = Self { stream: host, agent: Some(agent), scratch: Vec::new() };
         host.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         match host.recv() {
@@ -104,7 +103,7 @@ impl Host {
         }
     }
 
-    fn finish(mut self) -> Result<End, SessionError> {
+    fn finish(mut self) -> Result<End, LinkError> {
         self.send(&ToGuest::Shutdown { grace_ms: 1000 });
         self.agent.take().unwrap().join().unwrap()
     }
@@ -414,7 +413,7 @@ fn a_message_for_a_never_spawned_id_is_a_violation() {
     let mut host = Host::start();
     host.send(&ToGuest::StdinEof { id: ProcId(99) });
     let result = host.agent.take().unwrap().join().unwrap();
-    assert!(matches!(result, Err(SessionError::Violation { .. })), "{result:?}");
+    assert!(matches!(result, Err(LinkError::Violation { .. })), "{result:?}");
 }
 
 #[test]
@@ -435,7 +434,7 @@ fn stdin_beyond_the_granted_window_is_a_violation() {
         }
     }
     let result = host.agent.take().unwrap().join().unwrap();
-    assert!(matches!(result, Err(SessionError::Violation { .. })), "{result:?}");
+    assert!(matches!(result, Err(LinkError::Violation { .. })), "{result:?}");
 }
 
 #[test]
@@ -472,8 +471,7 @@ fn rejects_a_host_of_another_version() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (mut host, guest) = UnixStream::pair().unwrap();
     let writer = guest.try_clone().unwrap();
-    let agent =
-        thread::spawn(move || session::serve(guest, File::from(OwnedFd::from(writer)), &session::Config::default()));
+    let agent = thread::spawn(move || link::serve(guest, File::from(OwnedFd::from(writer)), &link::Config::default()));
     let mut scratch = Vec::new();
     let _hello: Option<ToHost> = frame::read(&mut host, &mut scratch).unwrap();
     let mut theirs = Hello::ours(Capabilities::NONE, "future-host");
@@ -482,10 +480,7 @@ fn rejects_a_host_of_another_version() {
     host.flush().unwrap();
     let result = agent.join().unwrap();
     assert!(
-        matches!(
-            result,
-            Err(SessionError::Handshake(FirstFrameError::Handshake(HandshakeError::VersionMismatch { .. })))
-        ),
+        matches!(result, Err(LinkError::Handshake(FirstFrameError::Handshake(HandshakeError::VersionMismatch { .. })))),
         "{result:?}"
     );
 }

@@ -1,0 +1,79 @@
+//! The driver's connection to a supervisor's attach socket: connect (with a deadline), handshake, then
+//! frames both ways. What runs over it is [`crate::relay`]'s business.
+
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio_util::codec::{FramedRead, FramedWrite};
+use vm_contract::layout::{SandboxFile, SandboxLayout};
+use vm_protocol::codec::{self, FrameCodec};
+use vm_protocol::handshake::FirstFrameError;
+use vm_protocol::{Capabilities, FrameError, Hello, ToGuest, ToHost};
+
+/// Longest wait for the connection and the handshake: a supervisor that accepts but never answers (frozen,
+/// or its loop hung) must not hold a caller forever.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why the connection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// The attach socket did not accept the connection.
+    #[error("cannot connect to the sandbox's attach socket")]
+    Connect(#[source] std::io::Error),
+    /// The handshake failed.
+    #[error("attach handshake failed")]
+    Handshake(#[source] FirstFrameError),
+    /// No connection and handshake within [`CONNECT_TIMEOUT`].
+    #[error("the sandbox's supervisor did not answer within {} s", CONNECT_TIMEOUT.as_secs())]
+    Timeout,
+    /// The connection broke.
+    #[error("the attach connection failed")]
+    Frame(#[source] FrameError),
+}
+
+/// A handshaken attach connection.
+#[derive(Debug)]
+pub struct Attached {
+    frames: FramedRead<OwnedReadHalf, FrameCodec<ToHost, ToGuest>>,
+    sink: FramedWrite<OwnedWriteHalf, FrameCodec<ToHost, ToGuest>>,
+    /// The sandbox's capabilities (the agent's, as the supervisor relays them).
+    pub capabilities: Capabilities,
+}
+
+/// Connects to the sandbox's attach socket and completes the handshake, within [`CONNECT_TIMEOUT`].
+///
+/// # Errors
+/// [`AttachError`].
+pub async fn connect(layout: &SandboxLayout) -> Result<Attached, AttachError> {
+    tokio::time::timeout(CONNECT_TIMEOUT, async {
+        let mut stream =
+            crate::unix::connect(layout.dir(), SandboxFile::Attach.name()).await.map_err(AttachError::Connect)?;
+        let ours = Hello::ours(Capabilities::NONE, concat!("vm-driver ", env!("CARGO_PKG_VERSION")));
+        let theirs =
+            codec::host_handshake(&mut stream, ours, Capabilities::EXEC).await.map_err(AttachError::Handshake)?;
+        let (read, write) = stream.into_split();
+        Ok(Attached {
+            frames: FramedRead::new(read, FrameCodec::new()),
+            sink: FramedWrite::new(write, FrameCodec::new()),
+            capabilities: theirs.capabilities,
+        })
+    })
+    .await
+    .map_err(|_| AttachError::Timeout)?
+}
+
+impl Attached {
+    /// Sends one message.
+    ///
+    /// # Errors
+    /// [`AttachError::Frame`].
+    pub async fn send(&mut self, msg: ToGuest) -> Result<(), AttachError> {
+        self.sink.send(msg).await.map_err(AttachError::Frame)
+    }
+
+    /// The next message from the supervisor; `None` when it closed the connection.
+    pub async fn recv(&mut self) -> Option<Result<ToHost, FrameError>> {
+        self.frames.next().await
+    }
+}

@@ -1,0 +1,209 @@
+//! One sandbox lifecycle, the only one: `vm-driver launch` and every sandbox of `vm-driver serve` go through
+//! it.
+//!
+//! ```text
+//! start:  fresh generation (old pids and tombstone gone) -> auth bundle (0600) -> cgroup -> supervisor
+//!         (liveness pipe, trusted argv)            any failure: take everything back, tombstone `failed`
+//! ready:  the supervisor's verdict, within the boot timeout plus READY_MARGIN
+//! stop:   SIGTERM, bounded wait, then close the liveness pipe (supervisor::SupervisorProcess::stop)
+//! end:    reap what the supervisor left, sweep the cgroup, take back an unread bundle, write the tombstone
+//! ```
+
+pub mod supervisor;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use vm_contract::accel::AccelChoice;
+use vm_contract::args::SupervisorArgs;
+use vm_contract::auth::{AuthBundle, BundleError};
+use vm_contract::ids::SandboxId;
+use vm_contract::layout::{SandboxFile, SandboxLayout};
+use vm_contract::session::{Generation, SessionId};
+use vm_contract::shape::SandboxShape;
+use vm_contract::status::SupervisorStatus;
+use vm_contract::tombstone::{EndReason, Tombstone};
+
+use self::supervisor::{Ready, Stopped, SupervisorError, SupervisorProcess};
+use crate::image::Image;
+use crate::reap::{self, Leftovers};
+use crate::telemetry::TelemetryConfig;
+
+/// Grace the agent gives workload processes between SIGTERM and SIGKILL when a sandbox stops.
+pub const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// Margin on top of the boot timeout for the supervisor's own verdict to arrive.
+pub const READY_MARGIN: Duration = Duration::from_secs(10);
+
+/// Everything one start of a sandbox needs. All of it is trusted input.
+#[derive(Debug, Clone)]
+pub struct StartSpec {
+    /// The `vm-supervisor` binary.
+    pub supervisor: PathBuf,
+    /// The sandbox.
+    pub id: SandboxId,
+    /// Its directory.
+    pub layout: SandboxLayout,
+    /// What to boot.
+    pub image: Image,
+    /// vCPUs and memory.
+    pub shape: SandboxShape,
+    /// The accelerator asked for.
+    pub accel: AccelChoice,
+    /// How long the guest may take to boot.
+    pub boot_timeout: Duration,
+    /// Telemetry settings, passed as environment variables.
+    pub telemetry: TelemetryConfig,
+    /// Collector headers, for the auth bundle only.
+    pub otlp_headers: Vec<(String, String)>,
+    /// `serve` only: the session this start opens.
+    pub session: Option<SessionSpec>,
+}
+
+/// The session a supervisor of `serve` opens.
+#[derive(Clone)]
+pub struct SessionSpec {
+    /// `serve`'s session socket.
+    pub socket: PathBuf,
+    /// This start's generation.
+    pub generation: Generation,
+    /// This start's session id.
+    pub id: SessionId,
+    /// The token it presents (256 bits; written to the auth bundle only).
+    pub token: String,
+}
+
+impl std::fmt::Debug for SessionSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionSpec")
+            .field("socket", &self.socket)
+            .field("generation", &self.generation)
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a start failed before the supervisor ran. Everything made for it was taken back.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The auth bundle could not be written.
+    #[error(transparent)]
+    Bundle(#[from] BundleError),
+    /// The supervisor could not be started.
+    #[error(transparent)]
+    Supervisor(#[from] SupervisorError),
+}
+
+/// A running generation of a sandbox.
+#[derive(Debug)]
+pub struct Running {
+    sup: SupervisorProcess,
+    layout: SandboxLayout,
+    cgroup: Option<PathBuf>,
+    boot_timeout: Duration,
+    ready_by: tokio::time::Instant,
+}
+
+/// A generation whose supervisor has exited, not yet cleaned up.
+#[derive(Debug)]
+#[must_use = "call `end` to reap, sweep and write the tombstone"]
+pub struct Stopping {
+    /// How the supervisor ended.
+    pub stopped: Stopped,
+    /// Its final report, when it gave one.
+    pub report: Option<SupervisorStatus>,
+    layout: SandboxLayout,
+    cgroup: Option<PathBuf>,
+}
+
+/// Starts a generation. On failure nothing is left: the bundle is taken back, the cgroup swept, and the
+/// tombstone says `failed`.
+///
+/// # Errors
+/// [`StartError`].
+pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
+    let dir = spec.layout.dir();
+    // The last generation's pids go before its tombstone: a reaper must never see dead pids and no
+    // tombstone, and sweep the cgroup this generation is about to use.
+    let _ = std::fs::remove_file(spec.layout.path(SandboxFile::Pids));
+    Tombstone::clear(dir);
+    AuthBundle::remove(dir);
+    let bundle = AuthBundle {
+        otlp_headers: spec.otlp_headers.clone(),
+        session_token: spec.session.as_ref().map(|s| s.token.clone()),
+    };
+    if let Err(e) = bundle.write(dir) {
+        reap::end_generation(&spec.layout, None, EndReason::Failed);
+        return Err(e.into());
+    }
+    let cgroup = crate::cgroup::create(&spec.id, dir);
+    let args = SupervisorArgs {
+        sandbox_id: spec.id.clone(),
+        sandbox_dir: dir.to_owned(),
+        kernel: spec.image.kernel.clone(),
+        initrd: spec.image.initrd.clone(),
+        shape: spec.shape,
+        accel: spec.accel,
+        boot_timeout_ms: u64::try_from(spec.boot_timeout.as_millis()).unwrap_or(u64::MAX),
+        stop_grace_ms: u32::try_from(STOP_GRACE.as_millis()).unwrap_or(u32::MAX),
+        qemu: None,
+        session_id: spec.session.as_ref().map(|s| s.id.clone()),
+        generation: spec.session.as_ref().map_or(Generation(0), |s| s.generation),
+        session_socket: spec.session.as_ref().map(|s| s.socket.clone()),
+        cgroup: cgroup.clone(),
+        parent_liveness_stdin: true,
+    };
+    match SupervisorProcess::spawn(&spec.supervisor, &args, &spec.telemetry) {
+        Ok(sup) => Ok(Running {
+            sup,
+            layout: spec.layout.clone(),
+            cgroup,
+            boot_timeout: spec.boot_timeout,
+            ready_by: tokio::time::Instant::now() + spec.boot_timeout + READY_MARGIN,
+        }),
+        Err(e) => {
+            // Nothing runs: take back the credentials and the cgroup made for it.
+            reap::end_generation(&spec.layout, cgroup.as_deref(), EndReason::Failed);
+            Err(e.into())
+        }
+    }
+}
+
+impl Running {
+    /// The sandbox's directory.
+    pub fn layout(&self) -> &SandboxLayout {
+        &self.layout
+    }
+
+    /// Waits for the supervisor's verdict on the boot. Safe to cancel and call again: the bound is fixed at
+    /// the start.
+    ///
+    /// # Errors
+    /// [`SupervisorError`] with the supervisor's own explanation where it gave one.
+    pub async fn ready(&mut self) -> Result<Ready, SupervisorError> {
+        self.sup.ready(self.ready_by, self.boot_timeout).await
+    }
+
+    /// Waits until the supervisor exits on its own.
+    pub async fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.sup.exited().await
+    }
+
+    /// The orderly stop: SIGTERM, wait up to `timeout`, then close the liveness pipe (SIGKILL first when it
+    /// did not exit).
+    pub async fn stop(self, timeout: Duration) -> Stopping {
+        let (stopped, report) = self.sup.stop(timeout).await;
+        Stopping { stopped, report, layout: self.layout, cgroup: self.cgroup }
+    }
+}
+
+impl Stopping {
+    /// Ends the generation: reaps what the supervisor left, sweeps the cgroup, takes back an unread bundle
+    /// and writes the tombstone. The waits on pidfds and the cgroup run off the async workers.
+    pub async fn end(self, reason: EndReason) -> Leftovers {
+        let (layout, cgroup) = (self.layout, self.cgroup);
+        tokio::task::spawn_blocking(move || reap::end_generation(&layout, cgroup.as_deref(), reason))
+            .await
+            .unwrap_or(Leftovers { vm: false, cgroup: false })
+    }
+}

@@ -1,0 +1,184 @@
+//! The command lines the driver gives the supervisor, and the supervisor gives the watchdog: one type each,
+//! turned into argv by the parent and parsed by the child, so the two cannot disagree.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use crate::accel::AccelChoice;
+use crate::ids::SandboxId;
+use crate::pids::ProcessRecord;
+use crate::session::{Generation, SessionId};
+use crate::shape::SandboxShape;
+
+/// `vm-supervisor --probe-accel CHOICE`: print the accelerator status line this host gives `CHOICE` and exit,
+/// so the driver reports the same choice the supervisor would make.
+pub const PROBE_ACCEL: &str = "--probe-accel";
+
+/// Boot timeout when none is given.
+pub const DEFAULT_BOOT_TIMEOUT_MS: u64 = 60_000;
+/// Grace between SIGTERM and SIGKILL for workload processes at a stop, when none is given.
+pub const DEFAULT_STOP_GRACE_MS: u32 = 3_000;
+
+/// `vm-supervisor`'s arguments. Every one is a trusted input from the driver; nothing here comes from a
+/// sandbox descriptor or from the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::Parser))]
+#[cfg_attr(
+    feature = "clap",
+    command(
+        name = "vm-supervisor",
+        version,
+        about = "Runs one microVM for vm-driver; not meant to be started by hand"
+    )
+)]
+pub struct SupervisorArgs {
+    /// The sandbox this VM belongs to.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub sandbox_id: SandboxId,
+    /// The sandbox's private directory (0700); the supervisor works inside it.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub sandbox_dir: PathBuf,
+    /// Guest kernel.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub kernel: PathBuf,
+    /// Guest initramfs.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub initrd: PathBuf,
+    /// vCPUs and guest memory in MiB, as `CPUS:MIB`.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = SandboxShape::default()))]
+    pub shape: SandboxShape,
+    /// Accelerator.
+    #[cfg_attr(feature = "clap", arg(long, value_enum, default_value_t = AccelChoice::Auto))]
+    pub accel: AccelChoice,
+    /// How long the guest agent may take to answer the handshake after QEMU starts.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = DEFAULT_BOOT_TIMEOUT_MS))]
+    pub boot_timeout_ms: u64,
+    /// On stop: time between SIGTERM and SIGKILL for workload processes.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = DEFAULT_STOP_GRACE_MS))]
+    pub stop_grace_ms: u32,
+    /// The QEMU binary (default: qemu-system-x86_64 on PATH).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub qemu: Option<PathBuf>,
+    /// This start's session id.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub session_id: Option<SessionId>,
+    /// This start's generation, presented in the session.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = Generation(0)))]
+    pub generation: Generation,
+    /// The driver's session socket (`vm-driver serve`); without it there is no session and no readiness
+    /// listener (`vm-driver launch`).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub session_socket: Option<PathBuf>,
+    /// A cgroup v2 directory to join before starting anything (the driver's final sweep kills it).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub cgroup: Option<PathBuf>,
+    /// Stdin is the driver's liveness pipe: EOF means the driver is gone.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub parent_liveness_stdin: bool,
+}
+
+impl SupervisorArgs {
+    /// The argv (without the program name) that parses back into `self`.
+    pub fn to_argv(&self) -> Vec<OsString> {
+        let mut argv: Vec<OsString> = Vec::new();
+        let mut flag = |name: &str, value: OsString| {
+            argv.push(name.into());
+            argv.push(value);
+        };
+        flag("--sandbox-id", self.sandbox_id.as_str().into());
+        flag("--sandbox-dir", self.sandbox_dir.clone().into());
+        flag("--kernel", self.kernel.clone().into());
+        flag("--initrd", self.initrd.clone().into());
+        flag("--shape", self.shape.to_string().into());
+        flag("--accel", self.accel.as_str().into());
+        flag("--boot-timeout-ms", self.boot_timeout_ms.to_string().into());
+        flag("--stop-grace-ms", self.stop_grace_ms.to_string().into());
+        if let Some(qemu) = &self.qemu {
+            flag("--qemu", qemu.clone().into());
+        }
+        if let Some(session) = &self.session_id {
+            flag("--session-id", session.as_str().into());
+        }
+        flag("--generation", self.generation.to_string().into());
+        if let Some(socket) = &self.session_socket {
+            flag("--session-socket", socket.clone().into());
+        }
+        if let Some(cgroup) = &self.cgroup {
+            flag("--cgroup", cgroup.clone().into());
+        }
+        if self.parent_liveness_stdin {
+            argv.push("--parent-liveness-stdin".into());
+        }
+        argv
+    }
+}
+
+/// `vm-watchdog`'s arguments: the VMM to watch. Parsed by hand, so the watchdog stays free of a parser.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WatchdogArgs {
+    /// The VMM, by pid and start time.
+    pub vmm: ProcessRecord,
+}
+
+impl WatchdogArgs {
+    /// The argv (without the program name).
+    pub fn to_argv(&self) -> Vec<String> {
+        vec!["--vmm-pid".into(), self.vmm.pid.to_string(), "--vmm-start-time".into(), self.vmm.start_time.to_string()]
+    }
+
+    /// Parses what [`WatchdogArgs::to_argv`] made; `None` for anything else.
+    pub fn parse(args: &[String]) -> Option<Self> {
+        match args {
+            [p, pid, s, start] if p == "--vmm-pid" && s == "--vmm-start-time" => {
+                Some(Self { vmm: ProcessRecord { pid: pid.parse().ok()?, start_time: start.parse().ok()? } })
+            }
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watchdog_args_round_trip() {
+        let args = WatchdogArgs { vmm: ProcessRecord { pid: 42, start_time: 9_000 } };
+        assert_eq!(WatchdogArgs::parse(&args.to_argv()), Some(args));
+        assert_eq!(WatchdogArgs::parse(&["--vmm-pid".into(), "x".into()]), None);
+    }
+
+    #[cfg(feature = "clap")]
+    #[test]
+    fn supervisor_args_round_trip_through_argv() {
+        use clap::Parser;
+        let full = SupervisorArgs {
+            sandbox_id: SandboxId::parse("box-1").unwrap(),
+            sandbox_dir: "/run/vm-driver/sandboxes/box-1".into(),
+            kernel: "/img/vmlinuz".into(),
+            initrd: "/img/initramfs.cpio".into(),
+            shape: SandboxShape::new(2, 512).unwrap(),
+            accel: AccelChoice::Tcg,
+            boot_timeout_ms: 5_000,
+            stop_grace_ms: 1_000,
+            qemu: Some("/opt/qemu".into()),
+            session_id: Some(SessionId::from_bytes([7; 16])),
+            generation: Generation(9),
+            session_socket: Some("/run/vm-driver/sessions.sock".into()),
+            cgroup: Some("/sys/fs/cgroup/vm-driver/box-1-abcd".into()),
+            parent_liveness_stdin: true,
+        };
+        let minimal = SupervisorArgs {
+            qemu: None,
+            session_id: None,
+            session_socket: None,
+            cgroup: None,
+            parent_liveness_stdin: false,
+            ..full.clone()
+        };
+        for args in [full, minimal] {
+            let argv = std::iter::once(OsString::from("vm-supervisor")).chain(args.to_argv());
+            assert_eq!(SupervisorArgs::try_parse_from(argv).unwrap(), args);
+        }
+    }
+}

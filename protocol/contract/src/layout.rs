@@ -1,0 +1,124 @@
+//! A sandbox directory, `<state>/sandboxes/<id>/` (0700): every file in it, named once.
+//!
+//! The supervisor and QEMU run inside it and use the bare names (short socket paths whatever the state
+//! directory); the driver reaches them through [`SandboxLayout`].
+
+use std::path::{Path, PathBuf};
+
+/// Every file of a sandbox directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SandboxFile {
+    /// The boundary channel's socket: the supervisor listens, QEMU's virtio-serial port connects.
+    Channel,
+    /// The supervisor's attach socket (0600): the driver runs processes through it.
+    Attach,
+    /// The guest's serial console.
+    Console,
+    /// QEMU's own stderr.
+    VmmLog,
+    /// The supervisor's stderr: its diagnostics and the watchdog's.
+    SupervisorLog,
+    /// Pid and start time of the supervisor, the VMM and the watchdog, for the reaper.
+    Pids,
+    /// The sandbox's cgroup v2 path, for the final sweep.
+    Cgroup,
+    /// How the last supervisor ended (the tombstone).
+    Tombstone,
+    /// The supervisor's secrets (0600), read once and removed.
+    AuthBundle,
+    /// OCSF events, one per line (0600).
+    Events,
+    /// `serve`: the accepted spec.
+    Spec,
+    /// `serve`: the last start's generation.
+    Generation,
+    /// `serve`: present while the sandbox is stopped on purpose.
+    Stopped,
+}
+
+impl SandboxFile {
+    /// Every file, for listings and tests.
+    pub const ALL: [Self; 13] = [
+        Self::Channel,
+        Self::Attach,
+        Self::Console,
+        Self::VmmLog,
+        Self::SupervisorLog,
+        Self::Pids,
+        Self::Cgroup,
+        Self::Tombstone,
+        Self::AuthBundle,
+        Self::Events,
+        Self::Spec,
+        Self::Generation,
+        Self::Stopped,
+    ];
+
+    /// The file's name inside the sandbox directory.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Channel => "chan.sock",
+            Self::Attach => "attach.sock",
+            Self::Console => "console.log",
+            Self::VmmLog => "vmm.log",
+            Self::SupervisorLog => "supervisor.log",
+            Self::Pids => "pids.json",
+            Self::Cgroup => "cgroup",
+            Self::Tombstone => "terminated.json",
+            Self::AuthBundle => "auth.json",
+            Self::Events => "events.jsonl",
+            Self::Spec => "spec.json",
+            Self::Generation => "generation",
+            Self::Stopped => "stopped",
+        }
+    }
+}
+
+impl AsRef<Path> for SandboxFile {
+    fn as_ref(&self) -> &Path {
+        Path::new(self.name())
+    }
+}
+
+/// One sandbox directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxLayout {
+    dir: PathBuf,
+}
+
+impl SandboxLayout {
+    /// The layout of `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The path of `file`.
+    pub fn path(&self, file: SandboxFile) -> PathBuf {
+        self.dir.join(file.name())
+    }
+
+    /// The sandbox id: the directory's name.
+    pub fn id(&self) -> String {
+        self.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_distinct_single_components() {
+        let mut names: Vec<&str> = SandboxFile::ALL.iter().map(|f| f.name()).collect();
+        assert!(names.iter().all(|n| !n.contains('/') && !n.is_empty()));
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), SandboxFile::ALL.len());
+        assert_eq!(SandboxLayout::new("/s/box").path(SandboxFile::Attach), Path::new("/s/box/attach.sock"));
+    }
+}

@@ -1,0 +1,275 @@
+//! Boot: from the trusted arguments to a VM whose agent answered, under a live lease, with the attach socket
+//! bound.
+//!
+//! ```text
+//! join cgroup -> choose accelerator -> bind chan.sock -> start QEMU -> record pids -> start the watchdog
+//!   (ready in 5 s) -> agent hello (boot timeout; pulses flow meanwhile) -> bind attach.sock
+//! ```
+//!
+//! Nothing is left running when boot fails: QEMU is killed and the watchdog closed.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::net::UnixListener;
+use tokio::process::Child;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use vm_contract::args::SupervisorArgs;
+use vm_contract::layout::SandboxFile;
+use vm_contract::pids::{ProcessRecord, SandboxPids};
+use vm_contract::status::SupervisorStatus;
+use vm_protocol::handshake::FirstFrameError;
+
+use crate::accel::{self, KvmUnusable};
+use crate::guest_link::{self, GuestLink, LinkError};
+use crate::lease::{Lease, LeaseStartError};
+use crate::vmm::{self, VmmConfig};
+use crate::{status, Event};
+
+/// After the channel failed during boot, how long to wait for QEMU's own exit before calling it a guest
+/// failure.
+const VMM_EXIT_GRACE_MS: u64 = 500;
+
+/// Why start-up failed. Nothing is left running when this is returned.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The sandbox directory is unusable.
+    #[error("cannot enter the sandbox directory {}", .0.display())]
+    SandboxDir(PathBuf, #[source] std::io::Error),
+    /// The parent-liveness reader could not be started; without it the VM could outlive the driver.
+    #[error("cannot start the parent-liveness reader")]
+    Liveness(#[source] std::io::Error),
+    /// `--accel kvm` on a host where KVM cannot boot the guest.
+    #[error("--accel kvm: KVM cannot be used here")]
+    Kvm(#[source] KvmUnusable),
+    /// No QEMU.
+    #[error("qemu-system-x86_64 not found on PATH; install Debian's qemu-system-x86 package")]
+    NoQemu,
+    /// A kernel or initramfs is missing.
+    #[error("guest {what} {} does not exist", path.display())]
+    MissingImage {
+        /// `kernel` or `initramfs`.
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+    },
+    /// A socket could not be bound.
+    #[error("cannot bind {}", .0.name())]
+    Bind(SandboxFile, #[source] std::io::Error),
+    /// QEMU could not be started.
+    #[error("cannot start the VMM")]
+    SpawnVmm(#[source] std::io::Error),
+    /// No watchdog binary next to the supervisor.
+    #[error("vm-watchdog not found at {}", .0.display())]
+    NoWatchdog(PathBuf),
+    /// The lease could not be established.
+    #[error("the VM was refused: no lease")]
+    Lease(#[source] LeaseStartError),
+    /// The lease failed during boot.
+    #[error("the VM was refused: the lease failed during boot")]
+    LeaseLost(#[source] crate::lease::LeaseFailure),
+    /// The pids file could not be written; without it the reaper could not find an orphaned VM.
+    #[error("cannot record the sandbox's pids")]
+    Pids(#[source] std::io::Error),
+    /// QEMU exited before the agent answered.
+    #[error("the VMM exited during boot ({status})")]
+    VmmExitedDuringBoot {
+        /// QEMU's exit status.
+        status: String,
+    },
+    /// The agent did not come up.
+    #[error("the VM did not boot")]
+    Boot(#[source] LinkError),
+    /// Told to stop before the VM was ready.
+    #[error("stopped during boot")]
+    StoppedDuringBoot,
+    /// The auth bundle is unreadable.
+    #[error("cannot read the auth bundle")]
+    Bundle(#[source] vm_contract::auth::BundleError),
+    /// A session socket was given without a session id or token.
+    #[error("a session socket was given without a session id, or the auth bundle has no session token")]
+    NoSessionToken,
+    /// The telemetry settings are unusable.
+    #[error("bad telemetry settings")]
+    Telemetry(#[source] crate::telemetry::settings::SettingsError),
+    /// A telemetry sink could not start.
+    #[error("cannot start telemetry")]
+    TelemetrySinks(#[source] crate::telemetry::TelemetryError),
+}
+
+impl StartError {
+    /// Whether the guest's handshake was wrong (as opposed to missing): a protocol violation to report.
+    pub fn is_bad_handshake(&self) -> bool {
+        matches!(self, Self::Boot(LinkError::Handshake(_)))
+    }
+
+    /// Whether QEMU's and the guest's logs explain it.
+    pub fn concerns_the_guest(&self) -> bool {
+        matches!(self, Self::Boot(_) | Self::VmmExitedDuringBoot { .. })
+    }
+}
+
+/// A VM whose agent answered, under a live lease, with its attach socket bound.
+pub(crate) struct Booted {
+    pub(crate) vmm: Child,
+    pub(crate) lease: Lease,
+    pub(crate) link: GuestLink,
+    pub(crate) attach: UnixListener,
+}
+
+/// Boots the VM described by `args`. Stop requests arriving meanwhile (`rx`) end the boot.
+pub(crate) async fn boot(
+    args: &SupervisorArgs,
+    events: &UnboundedSender<Event>,
+    rx: &mut UnboundedReceiver<Event>,
+) -> Result<Booted, StartError> {
+    if let Some(cgroup) = &args.cgroup {
+        // Before anything is started, so QEMU and the watchdog inherit it. Not fatal: it is the last sweep,
+        // not the first line of defence.
+        if std::fs::write(cgroup.join("cgroup.procs"), std::process::id().to_string()).is_err() {
+            tracing::warn!(cgroup = %cgroup.display(), "cannot join the sandbox's cgroup");
+        }
+    }
+    for (what, path) in [("kernel", &args.kernel), ("initramfs", &args.initrd)] {
+        if !path.is_file() {
+            return Err(StartError::MissingImage { what, path: path.clone() });
+        }
+    }
+    let watchdog = watchdog_binary()?;
+    let (accel, fallback) = accel::Host::default().choose(args.accel).map_err(StartError::Kvm)?;
+    if let Some(why) = &fallback {
+        tracing::warn!(reason = %why, "KVM unusable; using TCG software emulation");
+    }
+    status::report(&SupervisorStatus::Accelerator { accel, fallback: fallback.map(|w| w.to_string()) });
+    let qemu = match &args.qemu {
+        Some(q) => q.clone(),
+        None => vmm::find_qemu().ok_or(StartError::NoQemu)?,
+    };
+    let channel = bind(SandboxFile::Channel)?;
+    let config = VmmConfig { qemu, kernel: args.kernel.clone(), initrd: args.initrd.clone(), shape: args.shape, accel };
+    let mut vmm = config.spawn().map_err(StartError::SpawnVmm)?;
+    match lease_and_link(args, &mut vmm, &channel, &watchdog, events, rx).await {
+        Ok((lease, link, attach)) => Ok(Booted { vmm, lease, link, attach }),
+        Err(e) => {
+            kill(&mut vmm).await;
+            Err(e)
+        }
+    }
+}
+
+/// `vm-watchdog`, next to this binary.
+fn watchdog_binary() -> Result<PathBuf, StartError> {
+    let path =
+        std::env::current_exe().map_or_else(|_| PathBuf::from("vm-watchdog"), |exe| exe.with_file_name("vm-watchdog"));
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(StartError::NoWatchdog(path))
+    }
+}
+
+/// Binds one of the sandbox's sockets, replacing one a previous start left behind.
+fn bind(file: SandboxFile) -> Result<UnixListener, StartError> {
+    let _ = std::fs::remove_file(file.name());
+    UnixListener::bind(file.name()).map_err(|e| StartError::Bind(file, e))
+}
+
+/// Everything after QEMU started: pids, lease, handshake, the attach socket. The caller kills QEMU on error.
+async fn lease_and_link(
+    args: &SupervisorArgs,
+    vmm: &mut Child,
+    channel: &UnixListener,
+    watchdog: &Path,
+    events: &UnboundedSender<Event>,
+    rx: &mut UnboundedReceiver<Event>,
+) -> Result<(Lease, GuestLink, UnixListener), StartError> {
+    let here = Path::new(".");
+    let vmm_record = vmm.id().and_then(|p| ProcessRecord::read(i32::try_from(p).ok()?));
+    let mut recorded = SandboxPids {
+        supervisor: ProcessRecord::current().ok_or_else(|| StartError::Pids(std::io::ErrorKind::NotFound.into()))?,
+        vmm: vmm_record,
+        watchdog: None,
+    };
+    recorded.write(here).map_err(StartError::Pids)?;
+    let Some(vmm_record) = vmm_record else {
+        return Err(StartError::VmmExitedDuringBoot { status: "before it could be recorded".into() });
+    };
+    let mut lease = Lease::start(watchdog, vmm_record, &child_env()).await.map_err(StartError::Lease)?;
+    recorded.watchdog = lease.record;
+    let linked = match recorded.write(here) {
+        Ok(()) => handshake(args, vmm, channel, &mut lease, events, rx).await,
+        Err(e) => Err(StartError::Pids(e)),
+    };
+    match linked.and_then(|link| Ok((link, bind(SandboxFile::Attach)?))) {
+        Ok((link, attach)) => Ok((lease, link, attach)),
+        Err(e) => {
+            lease.close().await;
+            Err(e)
+        }
+    }
+}
+
+async fn handshake(
+    args: &SupervisorArgs,
+    vmm: &mut Child,
+    channel: &UnixListener,
+    lease: &mut Lease,
+    events: &UnboundedSender<Event>,
+    rx: &mut UnboundedReceiver<Event>,
+) -> Result<GuestLink, StartError> {
+    let timeout = Duration::from_millis(args.boot_timeout_ms);
+    let link = guest_link::connect(channel, timeout, events.clone());
+    tokio::pin!(link);
+    loop {
+        tokio::select! {
+            result = &mut link => return match result {
+                Ok(link) => Ok(link),
+                Err(e) => {
+                    // QEMU exiting also closes the channel: when the channel merely ended, name the exit, the real
+                    // cause. A hello that arrived and did not match is the cause itself.
+                    let mismatch = matches!(&e, LinkError::Handshake(FirstFrameError::Handshake(_)))
+                        || matches!(&e, LinkError::Handshake(FirstFrameError::Frame(f)) if f.violation().is_some());
+                    if !mismatch {
+                        if let Ok(Ok(exit)) = tokio::time::timeout(Duration::from_millis(VMM_EXIT_GRACE_MS), vmm.wait()).await {
+                            return Err(StartError::VmmExitedDuringBoot { status: exit.to_string() });
+                        }
+                    }
+                    Err(StartError::Boot(e))
+                }
+            },
+            exit = vmm.wait() => return Err(StartError::VmmExitedDuringBoot {
+                status: exit.map_or_else(|e| e.to_string(), |s| s.to_string()),
+            }),
+            step = lease.step() => if let Err(e) = step {
+                // The watchdog follows a VMM that exited; the exit is the real cause.
+                return Err(match vmm.try_wait() {
+                    Ok(Some(exit)) => StartError::VmmExitedDuringBoot { status: exit.to_string() },
+                    _ => StartError::LeaseLost(e),
+                });
+            },
+            () = stop_requested(rx) => return Err(StartError::StoppedDuringBoot),
+        }
+    }
+}
+
+/// The environment of the supervisor's children: nothing, except test switches in test builds.
+fn child_env() -> Vec<(&'static str, String)> {
+    #[cfg(feature = "test-controls")]
+    if let Ok(value) = std::env::var(vm_contract::test_control::VAR) {
+        return vec![(vm_contract::test_control::VAR, value)];
+    }
+    Vec::new()
+}
+
+async fn stop_requested(rx: &mut UnboundedReceiver<Event>) {
+    while let Some(event) = rx.recv().await {
+        if matches!(event, Event::Terminate | Event::DriverGone) {
+            return;
+        }
+    }
+}
+
+pub(crate) async fn kill(vmm: &mut Child) {
+    let _ = vmm.start_kill();
+    let _ = vmm.wait().await;
+}

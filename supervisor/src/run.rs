@@ -1,0 +1,137 @@
+//! One sandbox from start to exit: telemetry up, [`boot`](crate::boot), [`serve`](crate::serve), then the
+//! lifecycle events and a bounded flush of everything queued.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use vm_contract::args::SupervisorArgs;
+use vm_contract::auth::AuthBundle;
+use vm_contract::layout::SandboxFile;
+use vm_contract::session::SessionHello;
+use vm_contract::status::SupervisorStatus;
+use vm_ocsf::{AppInfo, Finding, Lifecycle, Status};
+
+use crate::boot::{self, Booted, StartError};
+use crate::diagnostics::{chain, tails};
+use crate::session::SessionConfig;
+use crate::status;
+use crate::stop::{self, StopReason};
+use crate::telemetry::console::Console;
+use crate::telemetry::settings::TelemetrySettings;
+use crate::telemetry::Telemetry;
+
+/// Runs one VM from boot to stop, reporting to `console` and the telemetry sinks.
+///
+/// # Errors
+/// A [`StartError`] if the VM never became ready; the failure is also reported as a status line and an
+/// OCSF event.
+pub async fn run(args: SupervisorArgs, console: Console) -> Result<StopReason, StartError> {
+    let telemetry = std::env::set_current_dir(&args.sandbox_dir)
+        .map_err(|e| StartError::SandboxDir(args.sandbox_dir.clone(), e))
+        .and_then(|()| start_telemetry(&args, &console));
+    let (mut telemetry, token) = match telemetry {
+        Ok(started) => started,
+        Err(e) => {
+            status::report(&SupervisorStatus::Failed { error: chain(&e) });
+            console.shutdown(Instant::now() + Duration::from_secs(1));
+            return Err(e);
+        }
+    };
+    #[cfg(feature = "test-controls")]
+    {
+        let event = telemetry.source().config_change(&vm_contract::test_control::announcement("vm-supervisor"));
+        telemetry.emit(event);
+    }
+    let outcome = supervise(&args, token, &mut telemetry).await;
+    if let Err(e) = &outcome {
+        // Logged here, while the console still runs.
+        tracing::error!(error = %chain(e), "start-up failed");
+    }
+    let budget = outcome.as_ref().map_or(stop::FLUSH_BUDGET, StopReason::flush_budget);
+    let report = telemetry.shutdown(budget, console).await;
+    status::report(&SupervisorStatus::Stopped {
+        events: report.events,
+        otlp_exported: report.otlp.exported,
+        otlp_dropped: report.otlp.dropped,
+        console_dropped: report.console_dropped,
+    });
+    outcome
+}
+
+/// The auth bundle (read once, then gone) and the sinks its settings ask for.
+fn start_telemetry(args: &SupervisorArgs, console: &Console) -> Result<(Telemetry, Option<String>), StartError> {
+    let bundle = AuthBundle::take(Path::new(".")).map_err(StartError::Bundle)?;
+    let settings = TelemetrySettings::load(bundle.otlp_headers).map_err(StartError::Telemetry)?;
+    let telemetry =
+        Telemetry::start(console.handle(), args.sandbox_id.as_str(), &settings).map_err(StartError::TelemetrySinks)?;
+    Ok((telemetry, bundle.session_token))
+}
+
+/// Boot, serve, stop; with the lifecycle events around them.
+async fn supervise(
+    args: &SupervisorArgs,
+    token: Option<String>,
+    telemetry: &mut Telemetry,
+) -> Result<StopReason, StartError> {
+    let session = match (&args.session_socket, &args.session_id, token) {
+        (Some(socket), Some(session_id), Some(token)) => Some(SessionConfig {
+            socket: socket.clone(),
+            hello: SessionHello {
+                sandbox_id: args.sandbox_id.to_string(),
+                generation: args.generation,
+                session_id: session_id.clone(),
+                token,
+            },
+        }),
+        (Some(_), _, _) => return Err(StartError::NoSessionToken),
+        (None, _, _) => None,
+    };
+    let sandbox = AppInfo { name: "sandbox".into(), version: env!("CARGO_PKG_VERSION").into() };
+    let (events, mut rx) = mpsc::unbounded_channel();
+    stop::watch_signals(events.clone());
+    if args.parent_liveness_stdin {
+        // Without the liveness thread the VM could outlive the driver; refuse to run.
+        crate::liveness::watch_stdin(events.clone()).map_err(StartError::Liveness)?;
+    }
+    let Booted { mut vmm, mut lease, link, attach } = match boot::boot(args, &events, &mut rx).await {
+        Ok(booted) => booted,
+        Err(e) => {
+            let mut error = chain(&e);
+            if e.concerns_the_guest() {
+                error.push_str(&tails(&[SandboxFile::VmmLog.name(), SandboxFile::Console.name()]));
+            }
+            if e.is_bad_handshake() {
+                let event =
+                    telemetry.source().finding(Finding::GuestProtocolViolation, "the guest agent's handshake failed");
+                telemetry.emit(event);
+            }
+            let event = telemetry.source().lifecycle(Lifecycle::Start, &sandbox, Status::Failure, Some(chain(&e)));
+            telemetry.emit(event);
+            status::report(&SupervisorStatus::Failed { error });
+            return Err(e);
+        }
+    };
+    let vm = AppInfo { name: "microvm".into(), version: link.hello.software_label() };
+    crate::attach_server::serve(attach, link.hello.capabilities, events.clone());
+    for app in [&vm, &sandbox] {
+        let event = telemetry.source().lifecycle(Lifecycle::Start, app, Status::Success, None);
+        telemetry.emit(event);
+    }
+    status::report(&SupervisorStatus::Ready { vmm_pid: vmm.id().unwrap_or(0), agent: vm.version.clone() });
+    tracing::info!(sandbox = %args.sandbox_id, agent = %vm.version, "sandbox ready");
+    let session = session.map(|s| tokio::spawn(crate::session::run(s, events.clone())).abort_handle());
+    let reason = crate::serve::serve(args, &mut vmm, &mut lease, link.tx, &mut rx, telemetry, session).await;
+    if lease.close().await.is_none() {
+        tracing::warn!("the lease watchdog did not exit after the VM stopped; killed it");
+    }
+    let (status, detail) = match &reason {
+        StopReason::Terminated => (Status::Success, None),
+        other => (Status::Failure, Some(other.to_string())),
+    };
+    for app in [&vm, &sandbox] {
+        let event = telemetry.source().lifecycle(Lifecycle::Stop, app, status, detail.clone());
+        telemetry.emit(event);
+    }
+    Ok(reason)
+}
