@@ -12,8 +12,7 @@
 //! binary, so the supervisor's forbid-unsafe boundary is a process boundary.
 #![warn(missing_docs)]
 
-#[cfg(all(feature = "test-controls", not(debug_assertions)))]
-compile_error!("test controls switch safety mechanisms off: they are for debug test builds, never a release");
+vm_contract::test_controls!();
 
 pub mod attach_client;
 mod cgroup;
@@ -26,15 +25,3 @@ pub mod service;
 pub mod state;
 pub mod telemetry;
 mod unix;
-
-/// Whether test control `c` is switched on. Only the controls build (feature `test-controls`, debug only)
-/// reads the switches; in a release build this is `false` and the control's code is dead.
-pub(crate) fn control(c: vm_contract::test_control::TestControl) -> bool {
-    #[cfg(feature = "test-controls")]
-    return c.is_on();
-    #[cfg(not(feature = "test-controls"))]
-    {
-        let _ = c;
-        false
-    }
-}

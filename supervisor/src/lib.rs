@@ -14,8 +14,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-#[cfg(all(feature = "test-controls", not(debug_assertions)))]
-compile_error!("test controls switch safety mechanisms off: they are for debug test builds, never a release");
+vm_contract::test_controls!();
 
 pub mod accel;
 pub mod attach_server;
@@ -33,18 +32,6 @@ pub mod status;
 pub mod stop;
 pub mod telemetry;
 pub mod vmm;
-
-/// Whether test control `c` is switched on. Only the controls build (feature `test-controls`, debug only)
-/// reads the switches; in a release build this is `false` and the control's code is dead.
-pub(crate) fn control(c: vm_contract::test_control::TestControl) -> bool {
-    #[cfg(feature = "test-controls")]
-    return c.is_on();
-    #[cfg(not(feature = "test-controls"))]
-    {
-        let _ = c;
-        false
-    }
-}
 
 /// Everything that reaches the event loop.
 #[derive(Debug)]

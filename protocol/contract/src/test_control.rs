@@ -76,6 +76,29 @@ impl fmt::Display for TestControl {
     }
 }
 
+/// Declares, in the calling crate, `control(TestControl) -> bool`: whether a switch is on. Only a build with
+/// that crate's `test-controls` feature reads the switches; elsewhere it is `false` and the control's code is
+/// dead. It also makes a release build with the feature fail to compile.
+#[macro_export]
+macro_rules! test_controls {
+    () => {
+        #[cfg(all(feature = "test-controls", not(debug_assertions)))]
+        compile_error!("test controls switch safety mechanisms off: they are for debug test builds, never a release");
+
+        /// Whether test control `c` is switched on: never in a release build (see `vm_contract::test_control`).
+        #[allow(dead_code, reason = "not every binary of the crate reads a switch")]
+        pub(crate) fn control(c: $crate::test_control::TestControl) -> bool {
+            #[cfg(feature = "test-controls")]
+            return c.is_on();
+            #[cfg(not(feature = "test-controls"))]
+            {
+                let _ = c;
+                false
+            }
+        }
+    };
+}
+
 /// The line a binary built with test controls prints on stderr at every start.
 pub fn announcement(binary: &str) -> String {
     let active: Vec<&str> = TestControl::active().iter().map(|c| c.name()).collect();

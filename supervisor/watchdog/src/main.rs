@@ -2,6 +2,8 @@
 //! supervisor, never by hand. Its exit status is a `vm_contract::exit::WatchdogExit`.
 #![forbid(unsafe_code)]
 
+vm_contract::test_controls!();
+
 use std::os::fd::{AsFd, OwnedFd};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -21,7 +23,7 @@ fn main() -> ExitCode {
     {
         use vm_contract::test_control::{announcement, TestControl};
         eprintln!("{}", announcement("vm-watchdog"));
-        if TestControl::WatchdogNeverReady.is_on() {
+        if control(TestControl::WatchdogNeverReady) {
             // Fault injection: hold on without the ready byte until the supervisor gives up and kills us.
             loop {
                 std::thread::sleep(Duration::from_secs(3600));
@@ -154,12 +156,6 @@ fn write_byte(byte: u8) -> rustix::io::Result<()> {
     }
 }
 
-#[cfg(feature = "test-controls")]
 fn policy() -> Policy {
-    Policy { silence_kills: !vm_contract::test_control::TestControl::WatchdogEofOnly.is_on() }
-}
-
-#[cfg(not(feature = "test-controls"))]
-fn policy() -> Policy {
-    Policy::default()
+    Policy { silence_kills: !control(vm_contract::test_control::TestControl::WatchdogEofOnly) }
 }
