@@ -12,8 +12,9 @@ use vm_protocol::{CreditError, ProcId, ToGuest, Window};
 /// The output window every process is spawned with.
 pub const OUTPUT_WINDOW: u32 = DEFAULT_WINDOW_BYTES;
 
-/// Output credit goes back once this much was handed on: a quarter of the window keeps the guest streaming
-/// while the credit travels back, with one small frame per batch instead of one per chunk.
+/// Output credit goes back once this much was handed on (or a quarter of a smaller window): a quarter of the
+/// window keeps the guest streaming while the credit travels back, with one small frame per batch instead of
+/// one per chunk.
 pub const CREDIT_BATCH_BYTES: u64 = OUTPUT_WINDOW as u64 / 4;
 
 /// Stdin taken from the local side before it stops being read (the guest's credit drains it).
@@ -40,6 +41,8 @@ pub struct ProcessRelay {
     eof_requested: bool,
     eof_sent: bool,
     uncredited: u64,
+    /// Output credit goes back once this much was handed on: a quarter of the output window in force.
+    batch: u64,
 }
 
 impl ProcessRelay {
@@ -53,6 +56,7 @@ impl ProcessRelay {
             eof_requested: false,
             eof_sent: false,
             uncredited: 0,
+            batch: CREDIT_BATCH_BYTES,
         }
     }
 
@@ -61,10 +65,12 @@ impl ProcessRelay {
         self.id
     }
 
-    /// `Started`: the guest's initial stdin credit.
-    pub fn started(&mut self, stdin_window: u32) {
+    /// `Started`: the guest's initial stdin credit, and the output window in force (the supervisor may have
+    /// made it smaller than asked, so the credit batches follow it).
+    pub fn started(&mut self, stdin_window: u32, output_window: u32) {
         self.started = true;
         self.credit = Window::new(stdin_window);
+        self.batch = (u64::from(output_window) / 4).clamp(1, CREDIT_BATCH_BYTES);
     }
 
     /// `StdinCredit`.
@@ -116,10 +122,17 @@ impl ProcessRelay {
         None
     }
 
+    /// The process ended and everything it wrote was handed on: the credit for the rest of the batch, which
+    /// tells the supervisor the output was delivered (it keeps undelivered output for a re-attach).
+    pub fn finish(&mut self) -> Option<ToGuest> {
+        let bytes = u32::try_from(std::mem::take(&mut self.uncredited)).unwrap_or(u32::MAX);
+        (bytes > 0).then_some(ToGuest::Credit { id: self.id, bytes })
+    }
+
     /// `bytes` of output were handed on; the credit to return, once a batch is complete.
     pub fn output_handed_on(&mut self, bytes: usize) -> Option<ToGuest> {
         self.uncredited += bytes as u64;
-        if self.uncredited < CREDIT_BATCH_BYTES {
+        if self.uncredited < self.batch {
             return None;
         }
         let bytes = u32::try_from(self.uncredited).unwrap_or(u32::MAX);
@@ -142,9 +155,9 @@ mod tests {
         r.push_stdin(b"hello").unwrap();
         r.stdin_eof();
         assert!(drain(&mut r).is_empty(), "nothing before Started");
-        r.started(3);
+        r.started(3, OUTPUT_WINDOW);
         assert_eq!(drain(&mut r), [ToGuest::Stdin { id: ProcId(1), data: b"hel".to_vec().into() }]);
-        r.stdin_credit(10).unwrap();
+        r.stdin_credit(3).unwrap();
         assert_eq!(
             drain(&mut r),
             [ToGuest::Stdin { id: ProcId(1), data: b"lo".to_vec().into() }, ToGuest::StdinEof { id: ProcId(1) }]
@@ -160,6 +173,9 @@ mod tests {
         assert_eq!(r.output_handed_on(chunk), None);
         let credit = r.output_handed_on(chunk + 1);
         assert_eq!(credit, Some(ToGuest::Credit { id: ProcId(2), bytes: u32::try_from(2 * chunk + 1).unwrap() }));
+        assert_eq!(r.output_handed_on(5), None);
+        assert_eq!(r.finish(), Some(ToGuest::Credit { id: ProcId(2), bytes: 5 }), "the rest at the end");
+        assert_eq!(r.finish(), None);
     }
 
     #[test]
@@ -167,8 +183,9 @@ mod tests {
         let mut r = ProcessRelay::new(ProcId(3));
         r.push_stdin(&vec![0; STDIN_BUFFER_BYTES]).unwrap();
         assert!(!r.wants_stdin());
-        r.started(0);
-        assert!(r.stdin_credit(32 << 20).is_ok() && r.stdin_credit(32 << 20).is_ok());
-        assert!(matches!(r.stdin_credit(1), Err(RelayError::Credit(_))), "past the 64 MiB cap");
+        r.started(4, OUTPUT_WINDOW);
+        assert!(matches!(r.stdin_credit(1), Err(RelayError::Credit(_))), "credit for bytes never sent");
+        assert!(r.next_stdin().is_some());
+        r.stdin_credit(4).unwrap();
     }
 }

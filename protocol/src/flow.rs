@@ -5,19 +5,22 @@
 //! grants `Started::stdin_window` and then `StdinCredit` as it writes bytes into the process.
 //!
 //! Both ends keep a [`Window`]: the sender to know how much it may send, the receiver to catch a peer that
-//! sends more than it was granted (a protocol violation, never silently buffered).
+//! sends more than it was granted (a protocol violation, never silently buffered). A window's capacity is its
+//! initial size: credit only ever returns bytes that were sent, so a grant that would take the window past its
+//! capacity is a violation too. Initial windows are at most [`MAX_WINDOW_BYTES`].
 
 /// Default window per process and direction. Large enough to keep the channel busy across one credit round
 /// trip, small enough that a hundred stalled processes cost little memory.
 pub const DEFAULT_WINDOW_BYTES: u32 = 4 * 1024 * 1024;
 
-/// Largest window a peer may build up by granting credit; more is a protocol violation.
-pub const MAX_WINDOW_BYTES: u64 = 64 * 1024 * 1024;
+/// Largest initial window a peer may ask for; more is a protocol violation.
+pub const MAX_WINDOW_BYTES: u32 = 16 * 1024 * 1024;
 
-/// Credit that may still be used.
+/// Credit that may still be used, within a fixed capacity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Window {
     available: u64,
+    capacity: u64,
 }
 
 /// A peer broke the credit rules.
@@ -31,20 +34,28 @@ pub enum CreditError {
         /// Credit left before it.
         available: u64,
     },
-    /// It granted credit beyond [`MAX_WINDOW_BYTES`].
-    #[error("peer granted credit beyond the {MAX_WINDOW_BYTES}-byte window limit")]
-    TooLarge,
+    /// It granted credit past the window's capacity (more than was ever sent).
+    #[error("peer granted credit past the window's capacity of {capacity} bytes")]
+    TooLarge {
+        /// The window's capacity.
+        capacity: u64,
+    },
 }
 
 impl Window {
-    /// A window with `initial` bytes of credit.
-    pub fn new(initial: u32) -> Self {
-        Self { available: u64::from(initial) }
+    /// A full window of `capacity` bytes.
+    pub fn new(capacity: u32) -> Self {
+        Self { available: u64::from(capacity), capacity: u64::from(capacity) }
     }
 
     /// Credit left, in bytes.
     pub fn available(&self) -> u64 {
         self.available
+    }
+
+    /// Bytes sent and not yet credited back.
+    pub fn outstanding(&self) -> u64 {
+        self.capacity - self.available
     }
 
     /// Uses `bytes` of credit.
@@ -60,14 +71,14 @@ impl Window {
         Ok(())
     }
 
-    /// Adds `bytes` of credit.
+    /// Returns `bytes` of credit.
     ///
     /// # Errors
-    /// [`CreditError::TooLarge`] if the window would exceed [`MAX_WINDOW_BYTES`]; the window is unchanged.
+    /// [`CreditError::TooLarge`] if that would pass the capacity; the window is unchanged.
     pub fn grant(&mut self, bytes: u32) -> Result<(), CreditError> {
         let next = self.available + u64::from(bytes);
-        if next > MAX_WINDOW_BYTES {
-            return Err(CreditError::TooLarge);
+        if next > self.capacity {
+            return Err(CreditError::TooLarge { capacity: self.capacity });
         }
         self.available = next;
         Ok(())
@@ -85,19 +96,16 @@ mod tests {
         w.consume(6).unwrap();
         assert_eq!(w.consume(1), Err(CreditError::Overrun { sent: 1, available: 0 }));
         w.grant(5).unwrap();
-        assert_eq!(w.available(), 5);
+        assert_eq!((w.available(), w.outstanding()), (5, 5));
     }
 
     #[test]
-    fn refuses_unbounded_grants() {
-        let mut w = Window::new(0);
-        let step = 16 * 1024 * 1024;
-        let mut granted = 0u64;
-        while granted + u64::from(step) <= MAX_WINDOW_BYTES {
-            w.grant(step).unwrap();
-            granted += u64::from(step);
-        }
-        assert_eq!(w.grant(step), Err(CreditError::TooLarge));
-        assert_eq!(w.available(), granted);
+    fn credit_never_passes_the_capacity() {
+        let mut w = Window::new(8);
+        assert_eq!(w.grant(1), Err(CreditError::TooLarge { capacity: 8 }), "nothing was sent");
+        w.consume(3).unwrap();
+        w.grant(3).unwrap();
+        assert_eq!(w.grant(1), Err(CreditError::TooLarge { capacity: 8 }));
+        assert_eq!(w.available(), 8);
     }
 }

@@ -91,6 +91,9 @@ pub enum ToHost {
         pid: u32,
         /// Initial stdin credit: the host may send this many stdin bytes before the next `StdinCredit`.
         stdin_window: u32,
+        /// The output window in force: the `Spawn`'s, which the supervisor may have made smaller. Output
+        /// credit is returned in batches of a fraction of it.
+        output_window: u32,
     },
     /// Output of a process, within the output credit.
     Output {
@@ -120,7 +123,7 @@ pub enum ToHost {
         /// The ping's nonce.
         nonce: u64,
     },
-    /// A request about `id` was refused; no `Started` or `Exited` follows for it.
+    /// A request about `id` was refused; nothing else follows for it.
     Refused {
         /// Which process.
         id: ProcId,
@@ -133,7 +136,20 @@ pub enum ToHost {
         #[serde(deserialize_with = "seq::deserialize")]
         list: Vec<ProcessSummary>,
     },
+    /// The process could not be started (command not found, not executable, no such directory): what a shell
+    /// would print, and the status it would exit with. No `Started`, `Output` or `Exited` comes for it.
+    SpawnFailed {
+        /// Which process.
+        id: ProcId,
+        /// `Code(127)` for a missing command, `Code(126)` otherwise.
+        status: ExitStatus,
+        /// One line for the process's stderr, at most [`MAX_FAILURE_MESSAGE_BYTES`].
+        message: String,
+    },
 }
+
+/// Longest `SpawnFailed::message`.
+pub const MAX_FAILURE_MESSAGE_BYTES: usize = 1024;
 
 /// One running process, as `Processes` lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -33,12 +33,25 @@ pub enum ExitStatus {
     Signaled(i32),
 }
 
+/// Highest signal number on Linux (`SIGRTMAX`).
+pub const MAX_SIGNAL: i32 = 64;
+
 impl ExitStatus {
-    /// The status a shell would report: the code, or 128 + the signal number.
+    /// Whether a Linux process can end this way: a code of 0 to 255, or a signal of 1 to [`MAX_SIGNAL`]. A
+    /// status from the guest that is not plausible is a protocol violation.
+    pub fn is_plausible(self) -> bool {
+        match self {
+            Self::Code(code) => (0..=255).contains(&code),
+            Self::Signaled(signal) => (1..=MAX_SIGNAL).contains(&signal),
+        }
+    }
+
+    /// The status a shell would report: the code, or 128 + the signal number. Saturating, so an implausible
+    /// status can never overflow (callers check [`ExitStatus::is_plausible`] first).
     pub fn shell_code(self) -> i32 {
         match self {
             Self::Code(code) => code,
-            Self::Signaled(signal) => 128 + signal,
+            Self::Signaled(signal) => signal.saturating_add(128),
         }
     }
 }
@@ -156,6 +169,17 @@ mod tests {
     fn shell_code_adds_128_to_signals() {
         assert_eq!(ExitStatus::Code(7).shell_code(), 7);
         assert_eq!(ExitStatus::Signaled(9).shell_code(), 137);
+        assert_eq!(ExitStatus::Signaled(i32::MAX).shell_code(), i32::MAX, "no overflow");
+        for bad in [
+            ExitStatus::Signaled(i32::MAX),
+            ExitStatus::Signaled(-128),
+            ExitStatus::Signaled(0),
+            ExitStatus::Code(-1),
+            ExitStatus::Code(256),
+        ] {
+            assert!(!bad.is_plausible(), "{bad:?}");
+        }
+        assert!(ExitStatus::Code(255).is_plausible() && ExitStatus::Signaled(64).is_plausible());
     }
 
     #[test]

@@ -118,7 +118,8 @@ fn to_host() -> impl Strategy<Value = ToHost> {
         (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(|(id, pid, w)| ToHost::Started {
             id: ProcId(id),
             pid,
-            stdin_window: w
+            stdin_window: w,
+            output_window: w,
         }),
     ]
 }

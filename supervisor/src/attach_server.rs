@@ -1,29 +1,39 @@
 //! The attach socket's server: how the driver runs processes in the VM.
 //!
 //! It lives in the sandbox directory (0700) with mode 0600, and a connecting peer must also have our uid
-//! (`SO_PEERCRED`). The supervisor plays the guest's part of the handshake, advertising the agent's
-//! capabilities, then relays frames through the multiplexer.
+//! (`SO_PEERCRED`). At most [`MAX_CLIENTS`] are connected at once. The supervisor plays the guest's part of the
+//! handshake, advertising the agent's capabilities, then relays frames through the multiplexer. Each client's
+//! frames reach the loop through the bounded client queue; the loop's frames to a client go through a bounded
+//! queue of their own, and a client that lets it fill is not reading and is disconnected.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::mpsc::{self, UnboundedSender};
+use tokio::sync::{mpsc, Semaphore};
 use tokio_util::codec::FramedRead;
 use vm_protocol::codec::{self, FrameCodec};
 use vm_protocol::{Capabilities, Hello, ToGuest, ToHost};
 
+use crate::inbox::{Control, Senders};
 use crate::mux::ClientId;
-use crate::Event;
 
 /// How long a connecting client has to complete its handshake.
 const HANDSHAKE_TIMEOUT_MS: u64 = 5_000;
+
+/// Attach connections at once.
+pub const MAX_CLIENTS: usize = 64;
+
+/// Frames queued towards one client. Output is bounded by the windows the client granted; this bounds the
+/// rest (starts, exits, credits).
+pub const TO_CLIENT_ITEMS: usize = 4096;
 
 /// The loop's handle on one connected client.
 #[derive(Debug)]
 pub struct ClientHandle {
     /// Frames to the client, in order.
-    pub tx: UnboundedSender<ToHost>,
+    pub tx: mpsc::Sender<ToHost>,
     /// The task writing them; it ends after the last queued frame once `tx` is dropped.
     pub writer: tokio::task::JoinHandle<()>,
     /// The task reading the client's frames; aborting it (with `tx` dropped) disconnects the client.
@@ -31,8 +41,9 @@ pub struct ClientHandle {
 }
 
 /// Accepts clients forever, each in its own task.
-pub fn serve(listener: UnixListener, capabilities: Capabilities, events: UnboundedSender<Event>) {
+pub fn serve(listener: UnixListener, capabilities: Capabilities, senders: Senders) {
     tokio::spawn(async move {
+        let slots = Arc::new(Semaphore::new(MAX_CLIENTS));
         let mut next = 0u64;
         loop {
             // An accept error (out of descriptors, say) is waited out: the sandbox stays reachable.
@@ -41,59 +52,62 @@ pub fn serve(listener: UnixListener, capabilities: Capabilities, events: Unbound
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             };
+            let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                refuse(&senders, "too many attach connections");
+                continue;
+            };
             next += 1;
             let id = ClientId(next);
-            let events = events.clone();
-            tokio::spawn(async move { client(stream, id, capabilities, events).await });
+            let senders = senders.clone();
+            tokio::spawn(async move {
+                client(stream, id, capabilities, senders).await;
+                drop(slot);
+            });
         }
     });
 }
 
-async fn client(mut stream: UnixStream, id: ClientId, capabilities: Capabilities, events: UnboundedSender<Event>) {
+fn refuse(senders: &Senders, why: &'static str) {
+    tracing::warn!(reason = why, "refused an attach connection");
+    // A full control queue drops the report, never the refusal.
+    let _ = senders.control.try_send(Control::AdmissionRefused(why));
+}
+
+async fn client(mut stream: UnixStream, id: ClientId, capabilities: Capabilities, senders: Senders) {
     let our_uid = rustix::process::getuid().as_raw();
     match stream.peer_cred() {
         Ok(cred) if cred.uid() == our_uid => {}
-        _ => {
-            tracing::warn!("refused an attach connection from another user");
-            let _ = events.send(Event::AdmissionRefused("attach connection from another user"));
-            return;
-        }
+        _ => return refuse(&senders, "attach connection from another user"),
     }
     let ours = Hello::ours(capabilities, concat!("vm-supervisor ", env!("CARGO_PKG_VERSION")));
     let shake = codec::guest_handshake(&mut stream, ours, Capabilities::NONE);
     match tokio::time::timeout(Duration::from_millis(HANDSHAKE_TIMEOUT_MS), shake).await {
         Ok(Ok(_)) => {}
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "attach handshake failed");
-            let _ = events.send(Event::AdmissionRefused("attach handshake failed"));
-            return;
-        }
-        Err(_) => {
-            tracing::warn!("attach handshake timed out");
-            let _ = events.send(Event::AdmissionRefused("attach handshake timed out"));
-            return;
-        }
+        Ok(Err(_)) => return refuse(&senders, "attach handshake failed"),
+        Err(_) => return refuse(&senders, "attach handshake timed out"),
     }
     let (read, write) = stream.into_split();
-    let (tx, rx) = mpsc::unbounded_channel::<ToHost>();
+    let (tx, rx) = mpsc::channel::<ToHost>(TO_CLIENT_ITEMS);
     let writer = tokio::spawn(crate::framed::drain_into(write, rx));
-    // The reader starts only once the loop knows the client, so its frames never precede `ClientConnected`.
+    // The reader starts only once `Connected` is queued: the same queue carries its frames, after it.
     let (known, known_rx) = tokio::sync::oneshot::channel::<()>();
-    let reader_events = events.clone();
+    let reader_senders = senders.clone();
     let reader = tokio::spawn(async move {
         if known_rx.await.is_err() {
             return;
         }
         let mut frames = FramedRead::new(read, FrameCodec::<ToGuest, ToHost>::new());
         while let Some(Ok(msg)) = frames.next().await {
-            if reader_events.send(Event::Client(id, msg)).is_err() {
+            if !reader_senders.client(id, msg).await {
                 return;
             }
         }
-        let _ = reader_events.send(Event::ClientClosed(id));
+        reader_senders.client_closed(id).await;
     });
     let handle = ClientHandle { tx, writer, reader: reader.abort_handle() };
-    if events.send(Event::ClientConnected(id, handle)).is_ok() {
+    if senders.client_connected(id, handle).await {
         let _ = known.send(());
+        // Keep the slot while the client is served.
+        let _ = reader.await;
     }
 }

@@ -9,11 +9,12 @@
 //! Nothing is left running when boot fails: QEMU is killed and the watchdog closed.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::UnixListener;
 use tokio::process::Child;
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::sync::watch;
 use vm_contract::args::SupervisorArgs;
 use vm_contract::layout::SandboxFile;
 use vm_contract::pids::{ProcessRecord, SandboxPids};
@@ -22,9 +23,11 @@ use vm_protocol::handshake::FirstFrameError;
 
 use crate::accel::{self, KvmUnusable};
 use crate::guest_link::{self, GuestLink, LinkError};
+use crate::guest_logs::{self, Dropped};
+use crate::inbox::{Senders, StopRequests};
 use crate::lease::{Lease, LeaseStartError};
+use crate::status;
 use crate::vmm::{self, VmmConfig};
-use crate::{status, Event};
 
 /// After the channel failed during boot, how long to wait for QEMU's own exit before calling it a guest
 /// failure.
@@ -59,6 +62,9 @@ pub enum StartError {
     /// QEMU could not be started.
     #[error("cannot start the VMM")]
     SpawnVmm(#[source] std::io::Error),
+    /// A guest log could not be set up.
+    #[error("cannot set up {}", .0.name())]
+    Log(SandboxFile, #[source] std::io::Error),
     /// No watchdog binary next to the supervisor.
     #[error("vm-watchdog not found at {}", .0.display())]
     NoWatchdog(PathBuf),
@@ -115,13 +121,24 @@ pub(crate) struct Booted {
     pub(crate) lease: Lease,
     pub(crate) link: GuestLink,
     pub(crate) attach: UnixListener,
+    pub(crate) logs: GuestLogs,
 }
 
-/// Boots the VM described by `args`. Stop requests arriving meanwhile (`rx`) end the boot.
+/// What the guest's logs dropped past their caps.
+#[derive(Debug)]
+pub(crate) struct GuestLogs {
+    pub(crate) console: Arc<Dropped>,
+    pub(crate) vmm: Arc<Dropped>,
+}
+
+/// How long QEMU has to connect its console after it starts (it does so before anything else).
+const CONSOLE_CONNECT_MS: u64 = 5_000;
+
+/// Boots the VM described by `args`. A stop request arriving meanwhile ends the boot.
 pub(crate) async fn boot(
     args: &SupervisorArgs,
-    events: &UnboundedSender<Event>,
-    rx: &mut UnboundedReceiver<Event>,
+    senders: &Senders,
+    stop: &mut watch::Receiver<StopRequests>,
 ) -> Result<Booted, StartError> {
     if let Some(cgroup) = &args.cgroup {
         // Before anything is started, so QEMU and the watchdog inherit it. Not fatal: it is the last sweep,
@@ -146,15 +163,47 @@ pub(crate) async fn boot(
         None => vmm::find_qemu().ok_or(StartError::NoQemu)?,
     };
     let channel = bind(SandboxFile::Channel)?;
+    let console = bind(SandboxFile::ConsoleSocket)?;
     let config = VmmConfig { qemu, kernel: args.kernel.clone(), initrd: args.initrd.clone(), shape: args.shape, accel };
     let mut vmm = config.spawn().map_err(StartError::SpawnVmm)?;
-    match lease_and_link(args, &mut vmm, &channel, &watchdog, events, rx).await {
-        Ok((lease, link, attach)) => Ok(Booted { vmm, lease, link, attach }),
+    let booted = async {
+        let logs = guest_logs(&mut vmm, &console, senders).await?;
+        let (lease, link, attach) = lease_and_link(args, &mut vmm, &channel, &watchdog, senders, stop).await?;
+        Ok::<_, StartError>((lease, link, attach, logs))
+    };
+    match booted.await {
+        Ok((lease, link, attach, logs)) => Ok(Booted { vmm, lease, link, attach, logs }),
         Err(e) => {
             kill(&mut vmm).await;
             Err(e)
         }
     }
+}
+
+/// Takes QEMU's console connection and its stderr, and copies each into its capped file.
+async fn guest_logs(vmm: &mut Child, console: &UnixListener, senders: &Senders) -> Result<GuestLogs, StartError> {
+    let broken = |what: SandboxFile, e: std::io::Error| StartError::Log(what, e);
+    let copy = |from, file: SandboxFile, cap: u64| {
+        guest_logs::copy_capped(from, file.as_ref(), guest_logs::cap(cap), file.name(), senders.control.clone())
+            .map_err(|e| broken(file, e))
+    };
+    let stderr = vmm.stderr.take().ok_or_else(|| broken(SandboxFile::VmmLog, std::io::ErrorKind::BrokenPipe.into()))?;
+    let vmm_dropped = copy(
+        Box::new(stderr) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+        SandboxFile::VmmLog,
+        guest_logs::VMM_LOG_CAP_BYTES,
+    )?;
+    let accepted = tokio::select! {
+        accepted = tokio::time::timeout(Duration::from_millis(CONSOLE_CONNECT_MS), console.accept()) => accepted,
+        exit = vmm.wait() => {
+            return Err(StartError::VmmExitedDuringBoot { status: exit.map_or_else(|e| e.to_string(), |s| s.to_string()) });
+        }
+    };
+    let (stream, _) = accepted
+        .map_err(|_| broken(SandboxFile::ConsoleSocket, std::io::ErrorKind::TimedOut.into()))?
+        .map_err(|e| broken(SandboxFile::ConsoleSocket, e))?;
+    let console_dropped = copy(Box::new(stream), SandboxFile::Console, guest_logs::CONSOLE_CAP_BYTES)?;
+    Ok(GuestLogs { console: console_dropped, vmm: vmm_dropped })
 }
 
 /// `vm-watchdog`, next to this binary.
@@ -180,8 +229,8 @@ async fn lease_and_link(
     vmm: &mut Child,
     channel: &UnixListener,
     watchdog: &Path,
-    events: &UnboundedSender<Event>,
-    rx: &mut UnboundedReceiver<Event>,
+    senders: &Senders,
+    stop: &mut watch::Receiver<StopRequests>,
 ) -> Result<(Lease, GuestLink, UnixListener), StartError> {
     let here = Path::new(".");
     let vmm_record = vmm.id().and_then(|p| ProcessRecord::read(i32::try_from(p).ok()?));
@@ -194,10 +243,14 @@ async fn lease_and_link(
     let Some(vmm_record) = vmm_record else {
         return Err(StartError::VmmExitedDuringBoot { status: "before it could be recorded".into() });
     };
-    let mut lease = Lease::start(watchdog, vmm_record, &child_env()).await.map_err(StartError::Lease)?;
+    let mut lease = match Lease::start(watchdog, vmm_record, &child_env()).await {
+        Ok(lease) => lease,
+        // A watchdog has nothing to watch once QEMU is gone: QEMU's exit is the real cause.
+        Err(e) => return Err(vmm_exit_within_grace(vmm).await.unwrap_or(StartError::Lease(e))),
+    };
     recorded.watchdog = lease.record;
     let linked = match recorded.write(here) {
-        Ok(()) => handshake(args, vmm, channel, &mut lease, events, rx).await,
+        Ok(()) => handshake(args, vmm, channel, &mut lease, senders, stop).await,
         Err(e) => Err(StartError::Pids(e)),
     };
     match linked.and_then(|link| Ok((link, bind(SandboxFile::Attach)?))) {
@@ -214,11 +267,11 @@ async fn handshake(
     vmm: &mut Child,
     channel: &UnixListener,
     lease: &mut Lease,
-    events: &UnboundedSender<Event>,
-    rx: &mut UnboundedReceiver<Event>,
+    senders: &Senders,
+    stop: &mut watch::Receiver<StopRequests>,
 ) -> Result<GuestLink, StartError> {
     let timeout = Duration::from_millis(args.boot_timeout_ms);
-    let link = guest_link::connect(channel, timeout, events.clone());
+    let link = guest_link::connect(channel, timeout, senders.clone());
     tokio::pin!(link);
     loop {
         tokio::select! {
@@ -230,8 +283,8 @@ async fn handshake(
                     let mismatch = matches!(&e, LinkError::Handshake(FirstFrameError::Handshake(_)))
                         || matches!(&e, LinkError::Handshake(FirstFrameError::Frame(f)) if f.violation().is_some());
                     if !mismatch {
-                        if let Ok(Ok(exit)) = tokio::time::timeout(Duration::from_millis(VMM_EXIT_GRACE_MS), vmm.wait()).await {
-                            return Err(StartError::VmmExitedDuringBoot { status: exit.to_string() });
+                        if let Some(exited) = vmm_exit_within_grace(vmm).await {
+                            return Err(exited);
                         }
                     }
                     Err(StartError::Boot(e))
@@ -247,9 +300,16 @@ async fn handshake(
                     _ => StartError::LeaseLost(e),
                 });
             },
-            () = stop_requested(rx) => return Err(StartError::StoppedDuringBoot),
+            _ = stop.wait_for(|s| s.terminate || s.driver_gone) => return Err(StartError::StoppedDuringBoot),
         }
     }
+}
+
+/// QEMU's exit, if it comes within a short grace: when the channel or the watchdog fails during boot, QEMU
+/// having exited is usually why.
+async fn vmm_exit_within_grace(vmm: &mut Child) -> Option<StartError> {
+    let exit = tokio::time::timeout(Duration::from_millis(VMM_EXIT_GRACE_MS), vmm.wait()).await.ok()?.ok()?;
+    Some(StartError::VmmExitedDuringBoot { status: exit.to_string() })
 }
 
 /// The environment of the supervisor's children: nothing, except test switches in test builds.
@@ -259,14 +319,6 @@ fn child_env() -> Vec<(&'static str, String)> {
         return vec![(vm_contract::test_control::VAR, value)];
     }
     Vec::new()
-}
-
-async fn stop_requested(rx: &mut UnboundedReceiver<Event>) {
-    while let Some(event) = rx.recv().await {
-        if matches!(event, Event::Terminate | Event::DriverGone) {
-            return;
-        }
-    }
 }
 
 pub(crate) async fn kill(vmm: &mut Child) {

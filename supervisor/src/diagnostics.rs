@@ -58,9 +58,7 @@ fn tail(path: &Path) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(LOG_TAIL_LINES)..]
         .iter()
-        .map(|line| {
-            line.chars().take(240).map(|c| if c.is_control() && c != '\t' { '?' } else { c }).collect::<String>()
-        })
+        .map(|line| vm_contract::logs::printable(line, 240))
         .collect::<Vec<_>>()
         .join("\n")
 }

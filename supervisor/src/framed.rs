@@ -4,12 +4,12 @@
 use futures_util::SinkExt;
 use serde::Serialize;
 use tokio::io::AsyncWrite;
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::Receiver;
 use tokio_util::codec::FramedWrite;
 use vm_protocol::codec::FrameCodec;
 
 /// Writes every queued message, in order, until the queue closes or the socket fails.
-pub(crate) async fn drain_into<W, M>(write: W, mut rx: UnboundedReceiver<M>)
+pub(crate) async fn drain_into<W, M>(write: W, mut rx: Receiver<M>)
 where
     W: AsyncWrite + Unpin,
     M: Serialize,

@@ -5,13 +5,16 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::mpsc::{self, UnboundedSender};
+use tokio::sync::mpsc;
 use tokio_util::codec::FramedRead;
 use vm_protocol::codec::{self, FrameCodec};
 use vm_protocol::handshake::FirstFrameError;
 use vm_protocol::{Capabilities, Hello, ToGuest, ToHost};
 
-use crate::Event;
+use crate::inbox::Senders;
+
+/// Messages to the guest waiting to be written. Stdin travels within the guest's credit; the rest is small.
+pub const TO_GUEST_ITEMS: usize = 4096;
 
 /// What the supervisor needs from any agent.
 pub const REQUIRED: Capabilities = Capabilities::EXEC.union(Capabilities::SIGNALS).union(Capabilities::POWER_OFF);
@@ -36,19 +39,16 @@ pub struct GuestLink {
     /// The agent's hello.
     pub hello: Hello,
     /// Messages to the guest, in order.
-    pub tx: UnboundedSender<ToGuest>,
+    pub tx: mpsc::Sender<ToGuest>,
 }
 
 /// Accepts the VMM's connection and completes the handshake within `timeout`, then starts the reader and
-/// writer tasks. Guest messages arrive as [`Event::Guest`], the end as [`Event::GuestClosed`].
+/// writer tasks. Guest messages go to the loop's bounded guest queue: when it is full the reader waits, and
+/// the guest with it.
 ///
 /// # Errors
 /// A [`LinkError`].
-pub async fn connect(
-    listener: &UnixListener,
-    timeout: Duration,
-    events: UnboundedSender<Event>,
-) -> Result<GuestLink, LinkError> {
+pub async fn connect(listener: &UnixListener, timeout: Duration, senders: Senders) -> Result<GuestLink, LinkError> {
     let start = tokio::time::Instant::now();
     let (mut stream, _) = listener.accept().await.map_err(LinkError::Accept)?;
     let ours = Hello::ours(Capabilities::NONE, concat!("vm-supervisor ", env!("CARGO_PKG_VERSION")));
@@ -56,19 +56,19 @@ pub async fn connect(
         .await
         .map_err(|_| LinkError::Timeout(timeout))?
         .map_err(LinkError::Handshake)?;
-    Ok(GuestLink { hello, tx: pump(stream, events) })
+    Ok(GuestLink { hello, tx: pump(stream, senders) })
 }
 
-fn pump(stream: UnixStream, events: UnboundedSender<Event>) -> UnboundedSender<ToGuest> {
+fn pump(stream: UnixStream, senders: Senders) -> mpsc::Sender<ToGuest> {
     let (read, write) = stream.into_split();
-    let (tx, rx) = mpsc::unbounded_channel::<ToGuest>();
+    let (tx, rx) = mpsc::channel::<ToGuest>(TO_GUEST_ITEMS);
     tokio::spawn(crate::framed::drain_into(write, rx));
     tokio::spawn(async move {
         let mut frames = FramedRead::new(read, FrameCodec::<ToHost, ToGuest>::new());
         let end = loop {
             match frames.next().await {
                 Some(Ok(msg)) => {
-                    if events.send(Event::Guest(msg)).is_err() {
+                    if !senders.guest(msg).await {
                         return;
                     }
                 }
@@ -76,7 +76,7 @@ fn pump(stream: UnixStream, events: UnboundedSender<Event>) -> UnboundedSender<T
                 None => break None,
             }
         };
-        let _ = events.send(Event::GuestClosed(end));
+        senders.guest_closed(end).await;
     });
     tx
 }

@@ -22,6 +22,8 @@ pub mod boot;
 pub mod diagnostics;
 mod framed;
 pub mod guest_link;
+pub mod guest_logs;
+pub mod inbox;
 pub mod lease;
 pub mod liveness;
 pub mod mux;
@@ -32,30 +34,3 @@ pub mod status;
 pub mod stop;
 pub mod telemetry;
 pub mod vmm;
-
-/// Everything that reaches the event loop.
-#[derive(Debug)]
-pub enum Event {
-    /// A message from the guest agent.
-    Guest(vm_protocol::ToHost),
-    /// The guest channel closed (with the reason, if it was not a clean EOF).
-    GuestClosed(Option<vm_protocol::FrameError>),
-    /// A client finished its handshake.
-    ClientConnected(mux::ClientId, attach_server::ClientHandle),
-    /// A message from a client.
-    Client(mux::ClientId, vm_protocol::ToGuest),
-    /// A client disconnected or sent bytes that are not frames.
-    ClientClosed(mux::ClientId),
-    /// An attach connection was refused (fixed text).
-    AdmissionRefused(&'static str),
-    /// The driver accepted the session; the readiness listener is open at this address.
-    SessionUp(String),
-    /// The session was lost; the readiness listener is closed.
-    SessionDown,
-    /// The driver refused the session: this sandbox is not the one it expects.
-    SessionRefused,
-    /// SIGTERM, SIGINT or SIGHUP.
-    Terminate,
-    /// The parent-liveness pipe reached EOF: the driver is gone.
-    DriverGone,
-}

@@ -7,15 +7,13 @@
 use std::io::Read;
 use std::thread;
 
-use tokio::sync::mpsc::UnboundedSender;
-
-use crate::Event;
+use crate::inbox::Senders;
 
 /// Starts the reader thread.
 ///
 /// # Errors
 /// The thread cannot be started.
-pub fn watch_stdin(events: UnboundedSender<Event>) -> std::io::Result<()> {
+pub fn watch_stdin(senders: Senders) -> std::io::Result<()> {
     thread::Builder::new().name("parent-liveness".into()).spawn(move || {
         let mut stdin = std::io::stdin().lock();
         let mut buf = [0u8; 64];
@@ -26,7 +24,7 @@ pub fn watch_stdin(events: UnboundedSender<Event>) -> std::io::Result<()> {
                 Ok(_) => tracing::warn!("unexpected bytes on the parent-liveness pipe; ignored"),
             }
         }
-        let _ = events.send(Event::DriverGone);
+        senders.driver_gone();
     })?;
     Ok(())
 }

@@ -4,7 +4,6 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
 use vm_contract::args::SupervisorArgs;
 use vm_contract::auth::AuthBundle;
 use vm_contract::layout::SandboxFile;
@@ -54,6 +53,8 @@ pub async fn run(args: SupervisorArgs, console: Console) -> Result<StopReason, S
         events: report.events,
         otlp_exported: report.otlp.exported,
         otlp_dropped: report.otlp.dropped,
+        limited: report.limited,
+        jsonl_dropped: report.jsonl.dropped,
         console_dropped: report.console_dropped,
     });
     outcome
@@ -88,13 +89,13 @@ async fn supervise(
         (None, _, _) => None,
     };
     let sandbox = AppInfo { name: "sandbox".into(), version: env!("CARGO_PKG_VERSION").into() };
-    let (events, mut rx) = mpsc::unbounded_channel();
-    stop::watch_signals(events.clone());
+    let (senders, mut inbox) = crate::inbox::new();
+    stop::watch_signals(senders.clone());
     if args.parent_liveness_stdin {
         // Without the liveness thread the VM could outlive the driver; refuse to run.
-        crate::liveness::watch_stdin(events.clone()).map_err(StartError::Liveness)?;
+        crate::liveness::watch_stdin(senders.clone()).map_err(StartError::Liveness)?;
     }
-    let Booted { mut vmm, mut lease, link, attach } = match boot::boot(args, &events, &mut rx).await {
+    let Booted { mut vmm, mut lease, link, attach, logs } = match boot::boot(args, &senders, &mut inbox.stop).await {
         Ok(booted) => booted,
         Err(e) => {
             let mut error = chain(&e);
@@ -113,17 +114,21 @@ async fn supervise(
         }
     };
     let vm = AppInfo { name: "microvm".into(), version: link.hello.software_label() };
-    crate::attach_server::serve(attach, link.hello.capabilities, events.clone());
+    crate::attach_server::serve(attach, link.hello.capabilities, senders.clone());
     for app in [&vm, &sandbox] {
         let event = telemetry.source().lifecycle(Lifecycle::Start, app, Status::Success, None);
         telemetry.emit(event);
     }
     status::report(&SupervisorStatus::Ready { vmm_pid: vmm.id().unwrap_or(0), agent: vm.version.clone() });
     tracing::info!(sandbox = %args.sandbox_id, agent = %vm.version, "sandbox ready");
-    let session = session.map(|s| tokio::spawn(crate::session::run(s, events.clone())).abort_handle());
-    let reason = crate::serve::serve(args, &mut vmm, &mut lease, link.tx, &mut rx, telemetry, session).await;
+    let session = session.map(|s| tokio::spawn(crate::session::run(s, senders.clone())).abort_handle());
+    let reason = crate::serve::serve(args, &mut vmm, &mut lease, link.tx, &mut inbox, telemetry, session).await;
     if lease.close().await.is_none() {
         tracing::warn!("the lease watchdog did not exit after the VM stopped; killed it");
+    }
+    let (console, vmm_log) = (logs.console.get(), logs.vmm.get());
+    if console > 0 || vmm_log > 0 {
+        tracing::warn!(console_bytes = console, vmm_bytes = vmm_log, "guest logs dropped bytes past their caps");
     }
     let (status, detail) = match &reason {
         StopReason::Terminated => (Status::Success, None),

@@ -1,13 +1,17 @@
 //! The event loop of a running sandbox, and how it stops.
 //!
 //! ```text
-//! loop { VMM exit | kill deadline | lease step | event (guest, client, signal, liveness) }
+//! loop { stop requests | VMM exit | lease step | kill deadline  (in this order, always first)
+//!        then, fairly: control | guest | clients | telemetry tick }
 //! ```
 //!
+//! Stop requests, the VMM's exit and the lease come first: no guest or client traffic, however much, can make
+//! them wait (the queues they would wait behind are bounded and separate, `crate::inbox`).
+//!
 //! Three ways to stop:
-//! - **Orderly** (SIGTERM, or a guest violation): refuse new processes, `Shutdown{grace}` to the agent
-//!   (SIGTERM to the workload, SIGKILL after the grace, power off), forward the last output and `Exited`
-//!   frames, wait for QEMU to exit (SIGKILL after grace + [`STOP_MARGIN_MS`]).
+//! - **Orderly** (SIGTERM, or a guest violation): refuse new processes, `Shutdown{grace}` to the agent (SIGTERM
+//!   to the workload, SIGKILL after the grace, power off), forward the last output and `Exited` frames, wait for
+//!   QEMU to exit; SIGKILL it after the grace plus `vm_contract::stop::POWER_OFF`.
 //! - **Driver gone** (liveness EOF): nobody is left to hand the workload's output to and the VM holds its
 //!   plaintext, so the VMM is killed at once; output still inside the guest is dropped.
 //! - **Lease lost** (the watchdog stopped echoing or died): the supervisor cannot vouch for the VM any more
@@ -17,32 +21,28 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::process::Child;
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
-use vm_protocol::ToGuest;
-
 use vm_contract::args::SupervisorArgs;
 use vm_ocsf::{Finding, ProcessActivity, ProcessInfo};
+use vm_protocol::{ToGuest, ToHost};
 
 use crate::attach_server::ClientHandle;
+use crate::inbox::{Control, FromClient, FromGuest, Inbox};
 use crate::lease::{Lease, LeaseFailure};
-use crate::mux::{Action, ClientId, GuestViolation, Mux};
+use crate::mux::{Action, ClientId, ClientViolation, GuestViolation, Mux};
 use crate::stop::StopReason;
 use crate::telemetry::Telemetry;
-use crate::Event;
 
-/// After the agent's grace period, how long QEMU gets to exit on its own before SIGKILL.
-const STOP_MARGIN_MS: u64 = 5_000;
-
-/// How long client writers get to deliver their last frames after the VM is gone.
-const CLIENT_DRAIN_MS: u64 = 2_000;
+/// How often the loop lets telemetry report what it had to drop.
+const TICK: Duration = Duration::from_secs(1);
 
 struct Serving<'a> {
     args: &'a SupervisorArgs,
     vmm: &'a mut Child,
     telemetry: &'a mut Telemetry,
     mux: Mux,
-    guest: UnboundedSender<ToGuest>,
+    guest: mpsc::Sender<ToGuest>,
     clients: HashMap<ClientId, ClientHandle>,
     /// Why we are stopping, and when QEMU gets SIGKILL if it has not exited.
     stopping: Option<(StopReason, Instant)>,
@@ -56,17 +56,37 @@ pub(crate) async fn serve(
     args: &SupervisorArgs,
     vmm: &mut Child,
     lease: &mut Lease,
-    guest: UnboundedSender<ToGuest>,
-    rx: &mut UnboundedReceiver<Event>,
+    guest: mpsc::Sender<ToGuest>,
+    inbox: &mut Inbox,
     telemetry: &mut Telemetry,
     session: Option<tokio::task::AbortHandle>,
 ) -> StopReason {
-    let mut state =
-        Serving { args, vmm, telemetry, mux: Mux::default(), guest, clients: HashMap::new(), stopping: None, session };
+    let mut state = Serving {
+        args,
+        vmm,
+        telemetry,
+        mux: Mux::new(enforce_guest_rules()),
+        guest,
+        clients: HashMap::new(),
+        stopping: None,
+        session,
+    };
     let mut lease_ok = true;
+    let mut tick = tokio::time::interval(TICK);
     let reason = loop {
         let kill_at = state.stopping.as_ref().map(|(_, at)| *at);
         tokio::select! {
+            biased;
+            Ok(()) = inbox.stop.changed() => {
+                let requests = *inbox.stop.borrow_and_update();
+                if requests.driver_gone {
+                    tracing::warn!("the driver is gone (liveness pipe closed); killing the VM");
+                    state.finding(Finding::LivenessLost, "the parent-liveness pipe closed");
+                    state.stop_now(StopReason::DriverGone);
+                } else if requests.terminate {
+                    state.stop(StopReason::Terminated);
+                }
+            }
             exit = state.vmm.wait() => {
                 let status = exit.ok();
                 state.end_session();
@@ -74,10 +94,6 @@ pub(crate) async fn serve(
                     None | Some((StopReason::ChannelClosed, _)) => StopReason::VmmExited(status),
                     Some((reason, _)) => reason,
                 };
-            }
-            () = sleep_until_some(kill_at) => {
-                tracing::warn!("the VM did not power off in time; killing the VMM");
-                state.kill_vmm();
             }
             step = lease.step(), if lease_ok => {
                 if let Err(e) = step {
@@ -92,13 +108,44 @@ pub(crate) async fn serve(
                     state.stop_now(StopReason::LeaseLost(e));
                 }
             }
-            event = rx.recv() => state.handle(event),
+            () = sleep_until_some(kill_at) => {
+                tracing::warn!("the VM did not power off in time; killing the VMM");
+                state.kill_vmm();
+            }
+            traffic = next_traffic(&mut inbox.control, &mut inbox.guest, &mut inbox.clients, &mut tick) => {
+                state.handle(traffic);
+            }
         }
     };
     // Closing each client's queue lets its writer deliver what is queued (the last `Exited` frames), then end.
     let writers: Vec<_> = state.clients.into_values().map(|c| c.writer).collect();
-    let _ = tokio::time::timeout(Duration::from_millis(CLIENT_DRAIN_MS), futures_util::future::join_all(writers)).await;
+    let drain = vm_contract::stop::VMM_EXIT;
+    let _ = tokio::time::timeout(drain, futures_util::future::join_all(writers)).await;
     reason
+}
+
+/// What the loop handles after stop requests, the VMM and the lease.
+enum Traffic {
+    Control(Control),
+    Guest(FromGuest),
+    Client(FromClient),
+    Tick,
+}
+
+/// The next message of control, guest or client traffic, or the telemetry tick: fair between them, so a
+/// guest that floods its queue cannot starve the clients whose credit it waits for.
+async fn next_traffic(
+    control: &mut mpsc::Receiver<Control>,
+    guest: &mut mpsc::Receiver<FromGuest>,
+    clients: &mut mpsc::Receiver<FromClient>,
+    tick: &mut tokio::time::Interval,
+) -> Traffic {
+    tokio::select! {
+        Some(c) = control.recv() => Traffic::Control(c),
+        Some(g) = guest.recv() => Traffic::Guest(g),
+        Some(c) = clients.recv() => Traffic::Client(c),
+        _ = tick.tick() => Traffic::Tick,
+    }
 }
 
 async fn sleep_until_some(at: Option<Instant>) {
@@ -108,62 +155,86 @@ async fn sleep_until_some(at: Option<Instant>) {
     }
 }
 
+/// Off only in the `no-guest-invariants` control, which shows what the rules keep out.
+fn enforce_guest_rules() -> bool {
+    !crate::control(vm_contract::test_control::TestControl::NoGuestInvariants)
+}
+
 impl Serving<'_> {
-    fn handle(&mut self, event: Option<Event>) {
-        match event {
-            Some(Event::Guest(msg)) => match self.mux.from_guest(msg) {
+    fn handle(&mut self, traffic: Traffic) {
+        match traffic {
+            Traffic::Control(c) => self.control(c),
+            Traffic::Guest(g) => self.on_guest(g),
+            Traffic::Client(c) => self.on_client(c),
+            Traffic::Tick => self.telemetry.tick(),
+        }
+    }
+
+    fn on_guest(&mut self, from: FromGuest) {
+        match from {
+            // The permit returns its bytes to the guest's queue once the message is handled.
+            FromGuest::Message(msg, _permit) => match self.mux.from_guest(msg) {
                 Ok(actions) => self.apply(actions),
                 Err(violation) => self.guest_violation(violation),
             },
-            Some(Event::Client(id, msg)) => match self.mux.from_client(id, msg) {
-                Ok(actions) => self.apply(actions),
-                Err(violation) => {
-                    tracing::warn!(error = %violation, "protocol violation by an attach client; disconnected");
-                    self.drop_client(id);
-                }
-            },
-            Some(Event::ClientConnected(id, handle)) => {
-                self.mux.add_client(id);
-                self.clients.insert(id, handle);
-            }
-            Some(Event::ClientClosed(id)) => self.drop_client(id),
-            Some(Event::GuestClosed(_)) if self.stopping.is_some() => {}
-            Some(Event::GuestClosed(Some(error))) if error.violation().is_some() => {
+            FromGuest::Closed(_) if self.stopping.is_some() => {}
+            FromGuest::Closed(Some(error)) if error.violation().is_some() => {
                 if let Some(violation) = error.violation() {
                     self.guest_violation(violation.into());
                 }
             }
-            Some(Event::GuestClosed(_)) => {
+            FromGuest::Closed(_) => {
                 // The agent never closes the channel first: the VM is broken or stopping on its own. If QEMU
                 // exits meanwhile, its exit is reported as the cause.
                 tracing::warn!("the guest channel closed unexpectedly; stopping the VM");
                 self.stop(StopReason::ChannelClosed);
             }
-            Some(Event::AdmissionRefused(what)) => self.finding(Finding::AdmissionRefused, what),
-            Some(Event::SessionUp(readiness)) => {
-                tracing::info!(readiness = %readiness, "session accepted; readiness open")
+        }
+    }
+
+    fn on_client(&mut self, from: FromClient) {
+        match from {
+            FromClient::Message(id, msg, _permit) => match self.mux.from_client(id, msg) {
+                Ok(actions) => self.apply(actions),
+                Err(violation) => self.client_violation(id, &violation),
+            },
+            FromClient::Connected(id, handle) => {
+                self.mux.add_client(id);
+                self.clients.insert(id, handle);
             }
-            Some(Event::SessionDown) => tracing::warn!("session with the driver lost; readiness closed; reconnecting"),
-            Some(Event::SessionRefused) => {
+            FromClient::Closed(id) => self.drop_client(id),
+        }
+    }
+
+    fn control(&mut self, control: Control) {
+        match control {
+            Control::AdmissionRefused(what) => self.finding(Finding::AdmissionRefused, what),
+            Control::SessionUp(readiness) => tracing::info!(readiness = %readiness, "session accepted; readiness open"),
+            Control::SessionDown => tracing::warn!("session with the driver lost; readiness closed; reconnecting"),
+            Control::LogCapped(log) => {
+                let detail = format!("{log} reached its cap; the rest is dropped and counted");
+                self.finding(Finding::LogCapped, &detail);
+            }
+            Control::SessionRefused => {
                 self.finding(Finding::AdmissionRefused, "the driver refused this supervisor's session");
                 self.stop(StopReason::SessionRefused);
             }
-            Some(Event::Terminate) => self.stop(StopReason::Terminated),
-            Some(Event::DriverGone) => {
-                tracing::warn!("the driver is gone (liveness pipe closed); killing the VM");
-                self.finding(Finding::LivenessLost, "the parent-liveness pipe closed");
-                self.stop_now(StopReason::DriverGone);
-            }
-            // Senders live as long as the loop; unreachable, but never spin on a closed queue.
-            None => self.stop_now(StopReason::DriverGone),
         }
     }
 
     /// The guest broke the protocol: a finding, then the orderly stop.
     fn guest_violation(&mut self, violation: GuestViolation) {
+        if self.stopping.is_some() {
+            return;
+        }
         tracing::error!(error = %violation, "protocol violation by the guest");
         self.finding(Finding::GuestProtocolViolation, &violation.to_string());
         self.stop(StopReason::GuestViolation(violation));
+    }
+
+    fn client_violation(&mut self, id: ClientId, violation: &ClientViolation) {
+        tracing::warn!(error = %violation, "protocol violation by an attach client; disconnected");
+        self.drop_client(id);
     }
 
     /// Begins the orderly stop once; later requests only keep the first reason.
@@ -171,12 +242,13 @@ impl Serving<'_> {
         if self.stopping.is_some() {
             return;
         }
-        tracing::info!(?reason, "stopping the sandbox");
+        tracing::info!(reason = %reason, "stopping the sandbox");
         self.end_session();
         self.mux.stop_accepting();
         let grace = self.args.stop_grace_ms;
-        let _ = self.guest.send(ToGuest::Shutdown { grace_ms: grace });
-        let kill_at = Instant::now() + Duration::from_millis(u64::from(grace) + STOP_MARGIN_MS);
+        // A guest that does not read its channel cannot take the shutdown; the deadline covers it.
+        let _ = self.guest.try_send(ToGuest::Shutdown { grace_ms: grace });
+        let kill_at = Instant::now() + Duration::from_millis(u64::from(grace)) + vm_contract::stop::POWER_OFF;
         self.stopping = Some((reason, kill_at));
     }
 
@@ -214,21 +286,20 @@ impl Serving<'_> {
             // Its writer ends once `tx` is gone; with the reader aborted too, the connection closes.
             client.reader.abort();
         }
-        let actions = self.mux.remove_client(id);
-        self.apply(actions);
+        self.mux.remove_client(id);
     }
 
     fn apply(&mut self, actions: Vec<Action>) {
         for action in actions {
             match action {
                 Action::ToGuest(msg) => {
-                    let _ = self.guest.send(msg);
-                }
-                Action::ToClient(id, msg) => {
-                    if let Some(client) = self.clients.get(&id) {
-                        let _ = client.tx.send(msg);
+                    if self.guest.try_send(msg).is_err() {
+                        // The guest is not taking what clients send it; what it does take is credit-bound, so
+                        // this is a client flooding with signals or resizes.
+                        tracing::warn!("the guest's queue is full; a client message was dropped");
                     }
                 }
+                Action::ToClient(id, msg) => self.send_to_client(id, msg),
                 Action::Started { guest_id, pid, argv } => {
                     let info =
                         ProcessInfo::new(self.args.sandbox_id.as_str(), guest_id.0, i32::try_from(pid).ok(), &argv);
@@ -243,6 +314,13 @@ impl Serving<'_> {
                     self.telemetry.emit(event);
                 }
             }
+        }
+    }
+
+    fn send_to_client(&mut self, id: ClientId, msg: ToHost) {
+        let Some(client) = self.clients.get(&id) else { return };
+        if let Err(mpsc::error::TrySendError::Full(_)) = client.tx.try_send(msg) {
+            self.client_violation(id, &ClientViolation::NotReading);
         }
     }
 }

@@ -13,10 +13,9 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, UnixStream};
-use tokio::sync::mpsc::UnboundedSender;
 use vm_contract::session::{SessionHello, SessionNote, SessionReply};
 
-use crate::Event;
+use crate::inbox::{Control, Senders};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -38,7 +37,7 @@ impl std::fmt::Debug for SessionConfig {
 
 /// Keeps the session up for as long as the sandbox runs. Reports `SessionRefused` and returns when the driver
 /// refuses it.
-pub async fn run(config: SessionConfig, events: UnboundedSender<Event>) {
+pub async fn run(config: SessionConfig, senders: Senders) {
     let mut backoff = BACKOFF_MIN;
     let mut port = 0;
     loop {
@@ -50,20 +49,20 @@ pub async fn run(config: SessionConfig, events: UnboundedSender<Event>) {
                         port = addr.port();
                         let note = SessionNote { readiness: addr.to_string() };
                         let _ = write_line(&mut stream, &note).await;
-                        let _ = events.send(Event::SessionUp(addr.to_string()));
+                        let _ = senders.control.send(Control::SessionUp(addr.to_string())).await;
                         tokio::select! {
                             () = serve_probes(listener) => {}
                             () = closed(&mut stream) => {}
                         }
                         // The listener is gone with the select: connections are refused from here on.
-                        let _ = events.send(Event::SessionDown);
+                        let _ = senders.control.send(Control::SessionDown).await;
                     }
                     Err(_) => tracing::error!("cannot open the readiness listener"),
                 }
             }
             Ok(Accepted::No(reason)) => {
                 tracing::error!(reason = %reason, "the driver refused this supervisor's session");
-                let _ = events.send(Event::SessionRefused);
+                let _ = senders.control.send(Control::SessionRefused).await;
                 return;
             }
             Err(_) => {}

@@ -6,12 +6,11 @@ use std::time::Duration;
 
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
-use tokio::sync::mpsc::UnboundedSender;
 use vm_contract::exit::SupervisorExit;
 
+use crate::inbox::Senders;
 use crate::lease::LeaseFailure;
 use crate::mux::GuestViolation;
-use crate::Event;
 
 /// How a supervised VM ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,8 +54,8 @@ impl StopReason {
     }
 }
 
-/// The OTLP flush budget at an orderly stop.
-pub const FLUSH_BUDGET: Duration = Duration::from_secs(5);
+/// The flush budget at an orderly stop: the stop budget's last phase.
+pub const FLUSH_BUDGET: Duration = vm_contract::stop::FLUSH;
 
 /// The OTLP flush budget when the driver is gone.
 pub const DRIVER_GONE_FLUSH: Duration = Duration::from_millis(250);
@@ -78,15 +77,13 @@ impl fmt::Display for StopReason {
     }
 }
 
-/// Turns SIGTERM, SIGINT and SIGHUP into [`Event::Terminate`], on a thread of its own.
-pub fn watch_signals(events: UnboundedSender<Event>) {
+/// Turns SIGTERM, SIGINT and SIGHUP into a stop request, on a thread of its own.
+pub fn watch_signals(senders: Senders) {
     match Signals::new([SIGTERM, SIGINT, SIGHUP]) {
         Ok(mut signals) => {
             let spawned = std::thread::Builder::new().name("signals".into()).spawn(move || {
                 for _ in signals.forever() {
-                    if events.send(Event::Terminate).is_err() {
-                        return;
-                    }
+                    senders.terminate();
                 }
             });
             if spawned.is_err() {

@@ -3,15 +3,15 @@
 //! - A cleared environment; no network device; `-nodefaults -no-user-config`.
 //! - `-sandbox on,...` (seccomp): no obsolete syscalls, no privilege changes, no `fork`/`exec`, no
 //!   resource-control syscalls.
-//! - The guest console goes to `console.log`, QEMU's own messages to `vmm.log`; neither reaches the user's
-//!   terminal.
+//! - The guest console goes to a socket and QEMU's own messages to a pipe, both read by the supervisor, which
+//!   keeps them in `console.log` and `vmm.log` up to a cap (`crate::guest_logs`); neither reaches the user's
+//!   terminal, and neither is a file QEMU could grow.
 //! - The boundary channel is a virtio-serial port whose host side connects, as a client, to the
 //!   supervisor's listening socket, so no guest byte can be written before we are attached.
 //! - Paths are relative to the sandbox directory (QEMU's working directory), which keeps Unix socket paths
 //!   short whatever the state directory is.
 
 use std::ffi::OsString;
-use std::fs::File;
 use std::path::PathBuf;
 use std::process::Stdio;
 
@@ -67,7 +67,7 @@ impl VmmConfig {
         push(&["-sandbox", SANDBOX_POLICY]);
         push(&[
             "-chardev",
-            &format!("file,id=console,path={}", SandboxFile::Console.name()),
+            &format!("socket,id=console,path={},server=off", SandboxFile::ConsoleSocket.name()),
             "-serial",
             "chardev:console",
         ]);
@@ -81,18 +81,17 @@ impl VmmConfig {
     }
 
     /// Starts QEMU in the current directory (the sandbox directory), with a cleared environment, stdin
-    /// from /dev/null, stdout discarded and stderr into `vmm.log`.
+    /// from /dev/null, stdout discarded and stderr on a pipe (the caller copies it into `vmm.log`).
     ///
     /// # Errors
-    /// The log cannot be created or QEMU cannot be executed.
+    /// QEMU cannot be executed.
     pub fn spawn(&self) -> std::io::Result<Child> {
-        let log = File::create(SandboxFile::VmmLog.name())?;
         Command::new(&self.qemu)
             .args(self.args())
             .env_clear()
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
+            .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
     }

@@ -60,6 +60,7 @@ impl AttachClient {
                     frame::write(&mut self.stream, &ToGuest::Credit { id, bytes }, &mut out).unwrap();
                 }
                 Some(ToHost::Refused { reason, .. }) => panic!("spawn refused: {reason:?}"),
+                Some(ToHost::SpawnFailed { status, .. }) => statuses.push(status),
                 Some(_) => {}
                 None => panic!("the sandbox closed the attach connection"),
             }

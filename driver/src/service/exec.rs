@@ -1,14 +1,19 @@
 //! `Exec`: one gRPC stream per process, relayed to the sandbox's attach socket.
 //!
-//! Output is credited back to the guest only once it is in the stream's bounded queue, so a slow client
-//! slows the process. Stdin is sent within the guest's credit. When the client goes away the attach
-//! connection closes and the process keeps running, detached; `ExecAttach` with its pid picks it up again,
-//! with the output held meanwhile replayed first.
+//! Output is credited back to the sandbox only once the gRPC transport has taken it from the stream's bounded
+//! queue ([`ExecStream`] counts it), so a slow client slows the process, and the supervisor keeps whatever was
+//! not taken. Stdin is sent within the guest's credit. When the client goes away the attach connection closes
+//! and the process keeps running, detached; `ExecAttach` with its pid picks it up again, with everything the
+//! transport never took replayed first. (What the transport took and the client never read, at most its send
+//! buffer, is beyond what the driver can see.)
 
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures_util::Stream as FuturesStream;
+use tokio::sync::{mpsc, watch};
 use tonic::{Status, Streaming};
 use vm_contract::ids::SandboxId;
 use vm_protocol::driver_api::{
@@ -24,8 +29,34 @@ use crate::relay::{ProcessRelay, OUTPUT_WINDOW};
 /// Responses queued towards a client before output stops being credited.
 const RESPONSE_QUEUE: usize = 16;
 
-/// The response stream of one Exec.
-pub type ExecStream = ReceiverStream<Result<ExecResponse, Status>>;
+/// The response stream of one Exec. It counts the output bytes the transport takes from it: as far as the
+/// driver can see a delivery, and what it credits the sandbox for.
+#[derive(Debug)]
+pub struct ExecStream {
+    rx: mpsc::Receiver<Queued>,
+    taken: watch::Sender<u64>,
+}
+
+/// A response, and the output bytes in it.
+#[derive(Debug)]
+struct Queued(Result<ExecResponse, Status>, usize);
+
+impl FuturesStream for ExecStream {
+    type Item = Result<ExecResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(Queued(response, bytes))) => {
+                if bytes > 0 {
+                    self.taken.send_modify(|t| *t += bytes as u64);
+                }
+                Poll::Ready(Some(response))
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
 
 /// What the first message asks for.
 enum Opening {
@@ -85,51 +116,78 @@ pub async fn exec(reg: Arc<Registry>, mut inbound: Streaming<ExecRequest>) -> Re
     };
     attached.send(opening).await.map_err(|_| Status::unavailable("the sandbox's supervisor is not reachable"))?;
     let (tx, rx) = mpsc::channel(RESPONSE_QUEUE);
-    tokio::spawn(relay(attached, inbound, tx, reattach));
-    Ok(ReceiverStream::new(rx))
+    let (taken, taken_rx) = watch::channel(0);
+    tokio::spawn(relay(attached, inbound, Responses { tx, taken: taken_rx, accounted: 0, queued: 0 }, reattach));
+    Ok(ExecStream { rx, taken })
 }
 
 fn response(r: exec_response::Response) -> Result<ExecResponse, Status> {
     Ok(ExecResponse { response: Some(r) })
 }
 
-async fn relay(
-    mut attached: Attached,
-    mut inbound: Streaming<ExecRequest>,
-    tx: mpsc::Sender<Result<ExecResponse, Status>>,
-    reattached: bool,
-) {
+/// The relay's side of the response stream.
+struct Responses {
+    tx: mpsc::Sender<Queued>,
+    /// Output bytes the transport took.
+    taken: watch::Receiver<u64>,
+    /// Of those, the bytes already handed to the relay's credit.
+    accounted: u64,
+    /// Output bytes queued in all.
+    queued: u64,
+}
+
+impl Responses {
+    async fn send(&mut self, response: Result<ExecResponse, Status>, bytes: usize) -> bool {
+        self.queued += bytes as u64;
+        self.tx.send(Queued(response, bytes)).await.is_ok()
+    }
+
+    /// Output the transport took since the last call.
+    fn newly_taken(&mut self) -> usize {
+        let taken = *self.taken.borrow_and_update();
+        let fresh = taken - self.accounted;
+        self.accounted = taken;
+        usize::try_from(fresh).unwrap_or(usize::MAX)
+    }
+}
+
+async fn relay(mut attached: Attached, mut inbound: Streaming<ExecRequest>, mut out: Responses, reattached: bool) {
     let mut relay = ProcessRelay::new(ProcId(1));
     let mut inbound_open = true;
     loop {
         tokio::select! {
             frame = attached.recv() => {
                 let Some(Ok(msg)) = frame else {
-                    let _ = tx.send(Err(Status::unavailable("the sandbox stopped before the process exited"))).await;
+                    let _ = out.send(Err(Status::unavailable("the sandbox stopped before the process exited")), 0).await;
                     return;
                 };
                 match from_sandbox(&mut relay, msg, reattached) {
-                    Reply::Send(response, credit) => {
-                        if tx.send(response).await.is_err() {
-                            return;
-                        }
-                        if let Some(credit) = credit {
-                            if attached.send(credit).await.is_err() {
-                                return;
-                            }
+                    Reply::Send(response, bytes) => {
+                        if !out.send(response, bytes).await {
+                            break;
                         }
                     }
-                    Reply::End(response) => {
-                        let _ = tx.send(response).await;
+                    Reply::End(responses) => {
+                        for response in responses {
+                            let _ = out.send(response, 0).await;
+                        }
+                        finish(&mut attached, &mut relay, &mut out).await;
                         return;
                     }
                     Reply::Nothing => {}
                 }
             }
+            Ok(()) = out.taken.changed() => {
+                if let Some(credit) = relay.output_handed_on(out.newly_taken()) {
+                    if attached.send(credit).await.is_err() {
+                        return;
+                    }
+                }
+            }
             request = inbound.message(), if inbound_open && relay.wants_stdin() => match request {
                 Ok(Some(ExecRequest { request: Some(r) })) => {
                     if let Err(status) = from_client(&mut attached, &mut relay, r).await {
-                        let _ = tx.send(Err(status)).await;
+                        let _ = out.send(Err(status), 0).await;
                         return;
                     }
                 }
@@ -137,7 +195,7 @@ async fn relay(
                 // The client closed its side (or is gone; then the next send fails): stdin is done.
                 Ok(None) | Err(_) => inbound_open = false,
             },
-            () = tx.closed() => return,
+            () = out.tx.closed() => break,
         }
         while let Some(msg) = relay.next_stdin() {
             if attached.send(msg).await.is_err() {
@@ -145,47 +203,64 @@ async fn relay(
             }
         }
     }
+    // The client is gone: credit what the transport took; the sandbox keeps the rest for a re-attach.
+    let _ = relay.output_handed_on(out.newly_taken());
+    if let Some(credit) = relay.finish() {
+        let _ = attached.send(credit).await;
+    }
+}
+
+/// After the last response: waits until the transport took everything (or the client is gone), then credits
+/// it, so the supervisor knows the output was delivered and forgets the process.
+async fn finish(attached: &mut Attached, relay: &mut ProcessRelay, out: &mut Responses) {
+    while out.accounted < out.queued {
+        tokio::select! {
+            Ok(()) = out.taken.changed() => {
+                let _ = relay.output_handed_on(out.newly_taken());
+            }
+            () = out.tx.closed() => break,
+        }
+    }
+    let _ = relay.output_handed_on(out.newly_taken());
+    if let Some(credit) = relay.finish() {
+        let _ = attached.send(credit).await;
+    }
 }
 
 /// What a message from the sandbox means for the stream.
 enum Reply {
-    /// A response for the client, and the output credit to return once it is queued.
-    Send(Result<ExecResponse, Status>, Option<ToGuest>),
-    /// The last response.
-    End(Result<ExecResponse, Status>),
+    /// A response for the client, and the output bytes in it.
+    Send(Result<ExecResponse, Status>, usize),
+    /// The last responses.
+    End(Vec<Result<ExecResponse, Status>>),
     Nothing,
 }
 
 fn from_sandbox(relay: &mut ProcessRelay, msg: ToHost, reattached: bool) -> Reply {
     match msg {
-        ToHost::Started { pid, stdin_window, .. } => {
-            relay.started(stdin_window);
-            Reply::Send(response(exec_response::Response::Started(ExecStarted { process_id: pid, reattached })), None)
+        ToHost::Started { pid, stdin_window, output_window, .. } => {
+            relay.started(stdin_window, output_window);
+            Reply::Send(response(exec_response::Response::Started(ExecStarted { process_id: pid, reattached })), 0)
         }
         ToHost::Output { stream, data, .. } => {
-            let credit = relay.output_handed_on(data.len());
+            let bytes = data.len();
             let r = match stream {
                 Stream::Stdout => exec_response::Response::Stdout(data.into_vec()),
                 Stream::Stderr => exec_response::Response::Stderr(data.into_vec()),
             };
-            Reply::Send(response(r), credit)
+            Reply::Send(response(r), bytes)
         }
         ToHost::StdinCredit { bytes, .. } => match relay.stdin_credit(bytes) {
             Ok(()) => Reply::Nothing,
-            Err(_) => Reply::End(Err(Status::internal("the sandbox broke the stdin credit rules"))),
+            Err(_) => Reply::End(vec![Err(Status::internal("the sandbox broke the stdin credit rules"))]),
         },
-        ToHost::Exited { status, .. } => {
-            let (code, signal) = match status {
-                ExitStatus::Code(c) => (c, 0),
-                ExitStatus::Signaled(s) => (-1, s),
-            };
-            Reply::End(response(exec_response::Response::Exited(ExecExited {
-                code,
-                signal,
-                status: status.shell_code(),
-            })))
-        }
-        ToHost::Refused { reason, .. } => Reply::End(Err(refusal(reason))),
+        ToHost::Exited { status, .. } => Reply::End(vec![response(exec_response::Response::Exited(exited(status)))]),
+        // As a shell shows it: the message on stderr, then the status.
+        ToHost::SpawnFailed { status, message, .. } => Reply::End(vec![
+            response(exec_response::Response::Stderr(format!("{message}\n").into_bytes())),
+            response(exec_response::Response::Exited(exited(status))),
+        ]),
+        ToHost::Refused { reason, .. } => Reply::End(vec![Err(refusal(reason))]),
         ToHost::Pong { .. } | ToHost::Processes { .. } | ToHost::Hello(_) | ToHost::Reserved => Reply::Nothing,
     }
 }
@@ -221,6 +296,14 @@ async fn from_client(
         }
     };
     sent.map_err(|_| Status::unavailable("the sandbox's supervisor is not reachable"))
+}
+
+fn exited(status: ExitStatus) -> ExecExited {
+    let (code, signal) = match status {
+        ExitStatus::Code(c) => (c, 0),
+        ExitStatus::Signaled(s) => (-1, s),
+    };
+    ExecExited { code, signal, status: status.shell_code() }
 }
 
 /// A refusal from the guest, as a status a client can act on.

@@ -37,15 +37,6 @@ impl Credit {
         }
     }
 
-    /// Takes up to `max` bytes of credit without waiting; 0 when none is left or the credit is closed.
-    pub(crate) fn try_reserve(&self, max: usize) -> usize {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if state.closed {
-            return 0;
-        }
-        state.take(max)
-    }
-
     /// Adds credit granted by the host.
     ///
     /// # Errors

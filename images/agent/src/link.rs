@@ -245,6 +245,8 @@ fn serve_requests(
 fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<Duration>, LinkError> {
     match msg {
         ToGuest::Spawn(req) => process::spawn(shared, config, req),
+        ToGuest::Stdin { id, data } if data.is_empty() => return Err(violation(id, "empty stdin")),
+        ToGuest::Credit { id, bytes: 0 } => return Err(violation(id, "zero credit")),
         ToGuest::Stdin { id, data } => {
             let mut table = shared.table();
             if let Lookup::Live(p) = known(&mut table, id)? {
@@ -271,7 +273,7 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
         ToGuest::Credit { id, bytes } => {
             let mut table = shared.table();
             if let Lookup::Live(p) = known(&mut table, id)? {
-                p.credit.grant(bytes).map_err(|e| LinkError::Violation { what: format!("process {id}: {e}") })?;
+                p.credit.grant(bytes).map_err(|e| violation(id, &e.to_string()))?;
             }
         }
         ToGuest::Resize { id, size } => {

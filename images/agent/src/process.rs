@@ -23,7 +23,7 @@ use rustix::event::{poll, PollFd, PollFlags};
 use rustix::io::{ioctl_fionread, Errno};
 use vm_protocol::flow::DEFAULT_WINDOW_BYTES;
 use vm_protocol::frame::MAX_DATA_BYTES;
-use vm_protocol::message::Refusal;
+use vm_protocol::message::{Refusal, MAX_FAILURE_MESSAGE_BYTES};
 use vm_protocol::{ExitStatus, ProcId, Spawn, Stream, ToHost, Window};
 
 use crate::credit::Credit;
@@ -128,8 +128,8 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
     }
     let output = Arc::new(Credit::new(req.output_window));
     if let Some(cwd) = req.cwd.as_deref().filter(|d| !Path::new(d).is_dir()) {
-        let msg = format!("vm-agent: cannot change to directory '{cwd}': not a directory\n");
-        return fail_early(shared, id, &output, &msg, EXIT_CANNOT_RUN);
+        let msg = format!("vm-agent: cannot change to directory '{cwd}': not a directory");
+        return fail_early(shared, id, &msg, EXIT_CANNOT_RUN);
     }
 
     let mut cmd = Command::new(&req.argv[0]);
@@ -140,9 +140,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
         .current_dir(req.cwd.as_deref().unwrap_or(&config.default_cwd));
     let pty = match req.pty.map(Pty::open).transpose().and_then(|pty| attach_stdio(&mut cmd, &req, pty)) {
         Ok(pty) => pty,
-        Err(e) => {
-            return fail_early(shared, id, &output, &format!("vm-agent: cannot set up stdio ({e})\n"), EXIT_CANNOT_RUN)
-        }
+        Err(e) => return fail_early(shared, id, &format!("vm-agent: cannot set up stdio ({e})"), EXIT_CANNOT_RUN),
     };
 
     // The table lock is held across spawn and insert: the reaper takes it before reaping, so it cannot
@@ -156,13 +154,13 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
         Err(e) => {
             drop(table);
             let (code, msg) = match e.kind() {
-                io::ErrorKind::NotFound => (EXIT_NOT_FOUND, format!("vm-agent: {}: command not found\n", req.argv[0])),
+                io::ErrorKind::NotFound => (EXIT_NOT_FOUND, format!("vm-agent: {}: command not found", req.argv[0])),
                 io::ErrorKind::PermissionDenied => {
-                    (EXIT_CANNOT_RUN, format!("vm-agent: {}: permission denied\n", req.argv[0]))
+                    (EXIT_CANNOT_RUN, format!("vm-agent: {}: permission denied", req.argv[0]))
                 }
-                _ => (EXIT_CANNOT_RUN, format!("vm-agent: {}: cannot execute ({e})\n", req.argv[0])),
+                _ => (EXIT_CANNOT_RUN, format!("vm-agent: {}: cannot execute ({e})", req.argv[0])),
             };
-            return fail_early(shared, id, &output, &msg, code);
+            return fail_early(shared, id, &msg, code);
         }
     };
     let Some(io) = ProcessIo::take(&mut child, pty) else {
@@ -192,7 +190,12 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
     shared.children_changed();
 
     // `Started` goes out before any pump exists, so it precedes all output.
-    shared.send(&ToHost::Started { id, pid: child.id(), stdin_window: DEFAULT_WINDOW_BYTES });
+    shared.send(&ToHost::Started {
+        id,
+        pid: child.id(),
+        stdin_window: DEFAULT_WINDOW_BYTES,
+        output_window: req.output_window,
+    });
     let (stdin, tty) = (io.stdin, req.pty.is_some());
     start_thread(shared, "stdin", move |s| write_stdin(&s, id, stdin, tty, &stdin_rx));
     for (stream, source) in io.outputs {
@@ -268,14 +271,14 @@ fn admit(shared: &Shared, config: &Config, req: &Spawn) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// A process that never started: its message on stderr (within credit), then its exit status.
-fn fail_early(shared: &Shared, id: ProcId, credit: &Credit, msg: &str, code: i32) {
-    let bytes = msg.as_bytes();
-    let n = credit.try_reserve(bytes.len());
-    if n > 0 {
-        shared.send(&ToHost::Output { id, stream: Stream::Stderr, data: bytes[..n].to_vec().into() });
+/// A process that never started: what a shell would print, and the status it would exit with.
+fn fail_early(shared: &Shared, id: ProcId, msg: &str, code: i32) {
+    let mut end = msg.len().min(MAX_FAILURE_MESSAGE_BYTES);
+    while !msg.is_char_boundary(end) {
+        end -= 1;
     }
-    shared.send(&ToHost::Exited { id, status: ExitStatus::Code(code) });
+    let message = msg[..end].to_owned();
+    shared.send(&ToHost::SpawnFailed { id, status: ExitStatus::Code(code), message });
 }
 
 fn start_thread(shared: &Arc<Shared>, role: &str, body: impl FnOnce(Arc<Shared>) + Send + 'static) {

@@ -97,6 +97,12 @@ impl Host {
                     run.refused = Some(reason);
                     return run;
                 }
+                // As the host shows it: the message on the process's stderr, then the status.
+                ToHost::SpawnFailed { id: got, status, message } if got == ProcId(id) => {
+                    run.stderr.extend_from_slice(format!("{message}\n").as_bytes());
+                    run.status = Some(status);
+                    return run;
+                }
                 ToHost::StdinCredit { .. } => {}
                 other => panic!("unexpected {other:?}"),
             }
@@ -483,4 +489,24 @@ fn rejects_a_host_of_another_version() {
         matches!(result, Err(LinkError::Handshake(FirstFrameError::Handshake(HandshakeError::VersionMismatch { .. })))),
         "{result:?}"
     );
+}
+
+#[test]
+fn the_host_breaking_the_rules_ends_the_link() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let broken: [fn(ProcId) -> ToGuest; 3] = [
+        |id| ToGuest::Stdin { id, data: Vec::new().into() },
+        |id| ToGuest::Credit { id, bytes: 0 },
+        // Credit for output that was never sent: the window would pass its capacity.
+        |id| ToGuest::Credit { id, bytes: 1 },
+    ];
+    for make in broken {
+        let mut host = Host::start();
+        host.spawn(1, &["sleep", "30"], 4096);
+        assert!(matches!(host.recv(), Some(ToHost::Started { .. })));
+        let msg = make(ProcId(1));
+        host.send(&msg);
+        let result = host.agent.take().unwrap().join().unwrap();
+        assert!(matches!(result, Err(LinkError::Violation { .. })), "{msg:?}: {result:?}");
+    }
 }

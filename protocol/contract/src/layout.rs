@@ -12,7 +12,10 @@ pub enum SandboxFile {
     Channel,
     /// The supervisor's attach socket (0600): the driver runs processes through it.
     Attach,
-    /// The guest's serial console.
+    /// The guest's serial console: QEMU connects its serial port here; the supervisor writes it to
+    /// [`SandboxFile::Console`] with a cap.
+    ConsoleSocket,
+    /// The guest's serial console, as written (capped).
     Console,
     /// QEMU's own stderr.
     VmmLog,
@@ -38,8 +41,9 @@ pub enum SandboxFile {
 
 impl SandboxFile {
     /// Every file, for listings and tests.
-    pub const ALL: [Self; 13] = [
+    pub const ALL: [Self; 14] = [
         Self::Channel,
+        Self::ConsoleSocket,
         Self::Attach,
         Self::Console,
         Self::VmmLog,
@@ -59,6 +63,7 @@ impl SandboxFile {
         match self {
             Self::Channel => "chan.sock",
             Self::Attach => "attach.sock",
+            Self::ConsoleSocket => "console.sock",
             Self::Console => "console.log",
             Self::VmmLog => "vmm.log",
             Self::SupervisorLog => "supervisor.log",

@@ -14,6 +14,7 @@
 //! | how a generation ended | [`tombstone::Tombstone`], [`tombstone::EndReason`] | driver -> later drivers |
 //! | the session with `serve` | [`session::SessionHello`], [`session::Generation`], [`session::SessionId`] | supervisor <-> driver |
 //! | telemetry settings | [`env`] | driver -> supervisor |
+//! | the stop budget and the driver's stop deadline | [`stop`] | driver -> supervisor |
 //! | sandbox ids and shapes | [`ids::SandboxId`], [`shape::SandboxShape`] | user -> driver -> supervisor |
 //! | the accelerator | [`accel::AccelChoice`], [`accel::Accelerator`] | user -> driver -> supervisor |
 //! | what may be logged | [`logs`] | all |
@@ -33,6 +34,7 @@ pub mod pids;
 pub mod session;
 pub mod shape;
 pub mod status;
+pub mod stop;
 pub mod test_control;
 pub mod tombstone;
 

@@ -30,6 +30,16 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     text
 }
 
+/// Untrusted text (a workload's argv, a guest's console) made safe for one log line or a terminal: every
+/// control character (newline, ESC) becomes `?`, and it is cut to `max` characters, the cut marked `...`.
+pub fn printable(text: &str, max: usize) -> String {
+    let mut out: String = text.chars().take(max).map(|c| if c.is_control() { '?' } else { c }).collect();
+    if text.chars().nth(max).is_some() {
+        out.push_str("...");
+    }
+    out
+}
+
 /// Whether a log target belongs to a silenced crate (the crate itself or one of its modules).
 pub fn is_silenced(target: &str) -> bool {
     SILENCED.iter().any(|t| target == *t || target.strip_prefix(t).is_some_and(|rest| rest.starts_with("::")))
@@ -38,6 +48,13 @@ pub fn is_silenced(target: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn printable_text_has_no_control_characters_and_a_bound() {
+        assert_eq!(printable("a\x1b[2Jb\nc", 100), "a?[2Jb?c");
+        assert_eq!(printable("abcdef", 3), "abc...");
+        assert_eq!(printable("abc", 3), "abc");
+    }
 
     #[test]
     fn silenced_by_crate_not_by_prefix() {

@@ -39,7 +39,11 @@ pub enum SupervisorStatus {
         otlp_exported: u64,
         /// Records that never reached the collector.
         otlp_dropped: u64,
-        /// Console lines dropped because stderr was not keeping up.
+        /// Events over the sandbox's rate or size limits, dropped before any sink.
+        limited: u64,
+        /// Lines `events.jsonl` did not take (queue full, or its cap reached).
+        jsonl_dropped: u64,
+        /// Console lines dropped: stderr not keeping up, or its cap reached.
         console_dropped: u64,
     },
 }

@@ -4,6 +4,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
+use vm_contract::logs::printable;
+
 use crate::version::SchemaVersion;
 
 /// The OCSF `product` object; used for `metadata.product` and for `app`.
@@ -70,11 +72,22 @@ pub struct ProcessInfo {
     pub uid: String,
 }
 
+/// Longest `cmd_line` in an event, in characters; a longer one is cut and ends in `...`.
+pub const MAX_CMD_LINE_CHARS: usize = 1024;
+/// Longest process `name` in an event, in characters.
+pub const MAX_NAME_CHARS: usize = 256;
+
 impl ProcessInfo {
-    /// Describes a process from its argv.
+    /// Describes a process from its argv: the workload chose it, so it is cut to a bound and every control
+    /// character (newline, ESC) becomes `?`, and no event, shorthand line or terminal gets one.
     pub fn new(sandbox: &str, id: u32, pid: Option<i32>, argv: &[String]) -> Self {
-        let name = argv.first().map(|a| a.rsplit('/').next().unwrap_or(a).to_owned()).unwrap_or_default();
-        Self { pid, name, cmd_line: argv.join(" "), uid: format!("{sandbox}/{id}") }
+        let name = argv.first().map(|a| a.rsplit('/').next().unwrap_or(a)).unwrap_or_default();
+        Self {
+            pid,
+            name: printable(name, MAX_NAME_CHARS),
+            cmd_line: printable(&argv.join(" "), MAX_CMD_LINE_CHARS),
+            uid: format!("{sandbox}/{id}"),
+        }
     }
 }
 
@@ -171,6 +184,10 @@ pub enum Finding {
     AdmissionRefused,
     /// The guest broke the boundary protocol.
     GuestProtocolViolation,
+    /// Events over the sandbox's rate or size limits were dropped (and counted).
+    TelemetryDropped,
+    /// A log the guest writes (console, VMM) reached its cap; the rest is dropped and counted.
+    LogCapped,
 }
 
 impl Finding {
@@ -181,6 +198,8 @@ impl Finding {
             Self::WatchdogAction => "Watchdog killed the VMM",
             Self::AdmissionRefused => "Admission refused",
             Self::GuestProtocolViolation => "Guest violated the boundary protocol",
+            Self::TelemetryDropped => "Telemetry over its limits was dropped",
+            Self::LogCapped => "A guest log reached its cap",
         }
     }
 
@@ -191,12 +210,14 @@ impl Finding {
             Self::WatchdogAction => "watchdog_action",
             Self::AdmissionRefused => "admission_refused",
             Self::GuestProtocolViolation => "guest_protocol_violation",
+            Self::TelemetryDropped => "telemetry_dropped",
+            Self::LogCapped => "log_capped",
         }
     }
 
     fn severity(self) -> Severity {
         match self {
-            Self::AdmissionRefused => Severity::Medium,
+            Self::AdmissionRefused | Self::TelemetryDropped | Self::LogCapped => Severity::Medium,
             Self::LivenessLost | Self::LeaseLost | Self::WatchdogAction | Self::GuestProtocolViolation => {
                 Severity::High
             }
@@ -260,6 +281,10 @@ pub struct Event {
     /// The finding (Detection Finding).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finding_info: Option<FindingInfo>,
+    /// Whether the event must go out even when the sandbox is over its telemetry limits: lifecycle events
+    /// and the reports of what was dropped. Not part of the record.
+    #[serde(skip)]
+    pub essential: bool,
 }
 
 /// Everything constant about one emitter: schema version, product, the sandbox as a device, the actor.
@@ -333,6 +358,7 @@ impl Source {
             process: None,
             exit_code: None,
             finding_info: None,
+            essential: false,
         }
     }
 
@@ -354,6 +380,7 @@ impl Source {
             uid: Some(self.sandbox.clone()),
         });
         set_status(&mut event, status, detail);
+        event.essential = true;
         event
     }
 
@@ -396,6 +423,7 @@ impl Source {
             types: vec![finding.kind().into()],
         });
         event.device = Some(self.device());
+        event.essential = matches!(finding, Finding::TelemetryDropped | Finding::LogCapped);
         event
     }
 
@@ -491,6 +519,16 @@ mod tests {
                 .unwrap();
         assert_eq!(json["app"]["uid"], "sb1");
         assert_eq!(json["status_id"], 2);
+    }
+
+    #[test]
+    fn workload_argv_is_bounded_and_printable() {
+        let argv = vec!["/bin/ev\u{1b}[2Jil\nname".to_owned(), "x".repeat(5000)];
+        let p = ProcessInfo::new("sb", 1, None, &argv);
+        assert!(!p.name.chars().chain(p.cmd_line.chars()).any(char::is_control), "{p:?}");
+        assert!(p.cmd_line.ends_with("...") && p.cmd_line.chars().count() <= MAX_CMD_LINE_CHARS + 3);
+        let line = source().process(ProcessActivity::Launch, p, None).shorthand();
+        assert!(!line.contains('\n') && !line.contains('\u{1b}'));
     }
 
     #[test]

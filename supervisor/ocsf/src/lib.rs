@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | Application Lifecycle | 6002 | sandbox and VM start, stop, failure |
 //! | Process Activity | 1007 | launch and terminate (with exit code) of every workload process |
-//! | Detection Finding | 2004 | liveness lost, watchdog action, admission refused, guest protocol violation |
+//! | Detection Finding | 2004 | liveness lost, watchdog action, admission refused, guest protocol violation, telemetry dropped, log capped |
 //! | Device Config State Change | 5019 | configuration (policy) changes of the sandbox |
 //!
 //! Every event carries `class_uid`, `category_uid`, `activity_id`, `type_uid = class_uid * 100 + activity_id`,
@@ -21,6 +21,6 @@ mod version;
 
 pub use event::{
     Actor, AppInfo, Device, Event, Finding, FindingInfo, Lifecycle, Metadata, ProcessActivity, ProcessInfo, Product,
-    Severity, Source, Status,
+    Severity, Source, Status, MAX_CMD_LINE_CHARS, MAX_NAME_CHARS,
 };
 pub use version::{SchemaVersion, UnsupportedVersion, DEFAULT_SCHEMA_VERSION, SUPPORTED_SCHEMA_VERSIONS};

@@ -1,29 +1,50 @@
-//! The process-access multiplexer: many attach clients, one guest channel.
+//! The process-access multiplexer: many attach clients, one guest link.
 //!
 //! Each client numbers its own processes; the multiplexer gives each one a guest-wide id and routes every
-//! message both ways. It is the one place that enforces the credit rules on both sides, so neither a client
-//! nor the guest can make the supervisor buffer more than the windows they were granted:
+//! message both ways. It is the one place that enforces the protocol's rules on both sides
+//! (`docs/protocol.md`), so neither a client nor the guest can make the supervisor hold more than the windows
+//! that were granted:
 //!
-//! - output: the client grants credit (`Spawn::output_window`, then `Credit`), which is forwarded to the
-//!   guest; guest output beyond it is a guest violation;
-//! - stdin: the guest grants credit (`Started::stdin_window`, then `StdinCredit`), which is forwarded to
-//!   the client; client stdin beyond it is a client violation.
+//! - output: the client grants a window at `Spawn` and credits what it received; guest output beyond it is a
+//!   guest violation, and what was sent stays retained here until credited ([`route`]);
+//! - stdin: the guest grants a window at `Started` and credits what it wrote; client stdin beyond it is a
+//!   client violation;
+//! - every process gets exactly one `Started`, before any output; no empty data or credit message; exit
+//!   statuses a Linux process can have; known ids only.
 //!
-//! A client that disconnects leaves its processes running, detached: their output is held (never more than
-//! the credit the guest already had, so the hold is bounded) and replayed to the client that re-attaches
-//! with `Reattach { pid }`. A detached process that exits keeps its output and exit status for a later
-//! attach; the most recent [`MAX_FINISHED_DETACHED`] such are kept.
+//! A client that disconnects leaves its processes running, detached: their retained output (everything the
+//! client never credited) and what they write meanwhile, up to the window, wait for the client that
+//! re-attaches with `Reattach { pid }`, and so does the exit of one that ends meanwhile (the most recent
+//! [`MAX_FINISHED_DETACHED`] such are kept).
 //!
 //! This is pure state: it returns [`Action`]s and never does I/O, so it is tested without a VM.
+
+mod route;
+mod violation;
 
 use std::collections::HashMap;
 
 use vm_protocol::flow::MAX_WINDOW_BYTES;
-use vm_protocol::message::{ProcessSummary, Refusal};
-use vm_protocol::{CreditError, ExitStatus, FrameViolation, ProcId, ToGuest, ToHost, Window};
+use vm_protocol::message::{ProcessSummary, Refusal, MAX_FAILURE_MESSAGE_BYTES};
+use vm_protocol::{ExitStatus, ProcId, ToGuest, ToHost};
 
-/// Detached processes that exited and still wait for someone to collect their output and status.
+pub use self::route::MAX_KEPT_ARGV_BYTES;
+use self::route::{Phase, Route};
+pub use self::violation::{ClientViolation, GuestViolation};
+
+/// Processes that ended while detached and still wait for someone to collect their output and status.
 pub const MAX_FINISHED_DETACHED: usize = 64;
+
+/// Processes alive at once in one sandbox.
+pub const MAX_PROCESSES: usize = 256;
+
+/// Output windows of all live processes together. Past it a new process gets a smaller window, never less
+/// than [`MIN_WINDOW_BYTES`]: the guest output the supervisor can ever hold is at most this budget plus
+/// [`MAX_PROCESSES`] minimal windows.
+pub const OUTPUT_BUDGET_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The smallest output window a process is given when the budget is spent.
+pub const MIN_WINDOW_BYTES: u32 = 64 * 1024;
 
 /// One attach connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -42,85 +63,20 @@ pub enum Action {
         guest_id: ProcId,
         /// Its pid inside the guest.
         pid: u32,
-        /// Its argv.
+        /// Its argv (bounded to [`MAX_KEPT_ARGV_BYTES`]).
         argv: Vec<String>,
     },
-    /// A workload process ended (for telemetry).
+    /// A workload process ended, or never started (for telemetry).
     Exited {
         /// The guest-wide id.
         guest_id: ProcId,
         /// Its pid inside the guest, if it started.
         pid: Option<u32>,
-        /// Its argv.
+        /// Its argv (bounded).
         argv: Vec<String>,
-        /// How it ended.
+        /// How it ended (a plausible status).
         status: ExitStatus,
     },
-}
-
-/// A client broke the protocol; it is disconnected.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ClientViolation {
-    /// A message for an id it never spawned.
-    #[error("message for unknown process {0}")]
-    UnknownProcess(ProcId),
-    /// Stdin beyond the credit, or credit beyond the window limit.
-    #[error("credit rules broken for process {id}")]
-    Credit {
-        /// The process.
-        id: ProcId,
-        /// What broke.
-        #[source]
-        source: CreditError,
-    },
-    /// A message clients may not send.
-    #[error("clients may not send {0}")]
-    Unexpected(&'static str),
-}
-
-/// The guest broke the protocol; the VM is stopped.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum GuestViolation {
-    /// A message for an id we never assigned, or output after exit.
-    #[error("message for unknown process {0}")]
-    UnknownProcess(ProcId),
-    /// Output beyond the credit, or credit beyond the window limit.
-    #[error("credit rules broken for process {id}")]
-    Credit {
-        /// The process.
-        id: ProcId,
-        /// What broke.
-        #[source]
-        source: CreditError,
-    },
-    /// A message the guest may not send after the handshake.
-    #[error("the guest may not send {0} after the handshake")]
-    Unexpected(&'static str),
-    /// Bytes that are not a frame.
-    #[error(transparent)]
-    Frame(#[from] FrameViolation),
-}
-
-#[derive(Debug)]
-struct Route {
-    client: ClientId,
-    client_id: ProcId,
-    argv: Vec<String>,
-    /// The guest pid, once started.
-    pid: Option<u32>,
-    /// The output window granted at spawn.
-    window: u32,
-    output: Window,
-    stdin: Window,
-    tty: bool,
-    /// Stdin EOF reached the guest; a re-attached client's EOF is then a no-op, its data a violation.
-    stdin_closed: bool,
-    /// No client: output (and the exit) is held for the next one.
-    detached: bool,
-    /// What arrived while detached, with guest ids.
-    held: Vec<ToHost>,
-    /// It exited while detached; the route only waits to be collected.
-    finished: bool,
 }
 
 #[derive(Debug, Default)]
@@ -136,15 +92,22 @@ pub struct Mux {
     routes: HashMap<ProcId, Route>,
     clients: HashMap<ClientId, Client>,
     accepting: bool,
+    /// When off (the `no-guest-invariants` control), the guest's messages are only routed, not checked.
+    enforce: bool,
 }
 
 impl Default for Mux {
     fn default() -> Self {
-        Self { next_guest_id: 1, routes: HashMap::new(), clients: HashMap::new(), accepting: true }
+        Self::new(true)
     }
 }
 
 impl Mux {
+    /// A multiplexer that enforces the guest's rules, or (`enforce` off, controls only) merely routes.
+    pub fn new(enforce: bool) -> Self {
+        Self { next_guest_id: 1, routes: HashMap::new(), clients: HashMap::new(), accepting: true, enforce }
+    }
+
     /// Registers a new client.
     pub fn add_client(&mut self, client: ClientId) {
         self.clients.insert(client, Client::default());
@@ -155,32 +118,38 @@ impl Mux {
         self.accepting = false;
     }
 
-    /// Processes still known to the guest.
-    #[cfg(test)]
-    pub fn live_processes(&self) -> usize {
+    /// Processes still known (running, or waiting to be collected).
+    pub fn known_processes(&self) -> usize {
         self.routes.len()
     }
 
-    /// Forgets a client; its processes keep running, detached.
-    ///
-    /// Output the departed client received but never credited is credited back to the guest here, so every
-    /// detach restores the process's whole window for the hold (and for the next client) instead of
-    /// shrinking it.
-    #[must_use]
-    pub fn remove_client(&mut self, client: ClientId) -> Vec<Action> {
-        let Some(state) = self.clients.remove(&client) else { return Vec::new() };
-        let mut actions = Vec::new();
+    /// Output held in all: sent towards clients and not credited, or waiting for a re-attach.
+    pub fn retained_bytes(&self) -> u64 {
+        self.routes.values().map(Route::retained).sum()
+    }
+
+    /// What the guest may send plus what is retained, over all processes: at most [`OUTPUT_BUDGET_BYTES`].
+    fn output_in_use(&self) -> u64 {
+        let held = |r: &Route| if matches!(r.phase, Phase::Exited(_)) { r.retained() } else { r.window() };
+        self.routes.values().map(held).sum()
+    }
+
+    /// Forgets a client; its processes keep running, detached, with everything it never credited.
+    pub fn remove_client(&mut self, client: ClientId) {
+        let Some(state) = self.clients.remove(&client) else { return };
         for guest_id in state.procs.into_values() {
-            let Some(route) = self.routes.get_mut(&guest_id) else { continue };
-            route.detached = true;
-            let uncredited = u64::from(route.window).saturating_sub(route.output.available());
-            if let Ok(bytes) = u32::try_from(uncredited) {
-                if bytes > 0 && route.output.grant(bytes).is_ok() {
-                    actions.push(Action::ToGuest(ToGuest::Credit { id: guest_id, bytes }));
+            let delivered = match self.routes.get_mut(&guest_id) {
+                Some(route) => {
+                    route.detached = true;
+                    route.delivered()
                 }
+                None => false,
+            };
+            if delivered {
+                self.routes.remove(&guest_id);
             }
         }
-        actions
+        self.forget_old_finished();
     }
 
     /// Handles one message from a client.
@@ -195,46 +164,12 @@ impl Mux {
         let reply = |m: ToHost| Ok(vec![Action::ToClient(client, m)]);
         let forward = |m: ToGuest| Ok(vec![Action::ToGuest(m)]);
         match msg {
-            ToGuest::Spawn(mut spawn) => {
-                let state = self.clients.entry(client).or_default();
-                let id = spawn.id;
-                if !self.accepting {
-                    return reply(ToHost::Refused { id, reason: Refusal::ShuttingDown });
-                }
-                if state.highest.is_some_and(|h| id <= h) {
-                    return reply(ToHost::Refused { id, reason: Refusal::IdNotIncreasing });
-                }
-                state.highest = Some(id);
-                if u64::from(spawn.output_window) > MAX_WINDOW_BYTES || spawn.argv.is_empty() {
-                    return reply(ToHost::Refused { id, reason: Refusal::Invalid });
-                }
-                let guest_id = ProcId(self.next_guest_id);
-                self.next_guest_id += 1;
-                state.procs.insert(id, guest_id);
-                self.routes.insert(
-                    guest_id,
-                    Route {
-                        client,
-                        client_id: id,
-                        argv: spawn.argv.clone(),
-                        pid: None,
-                        window: spawn.output_window,
-                        output: Window::new(spawn.output_window),
-                        stdin: Window::new(0),
-                        tty: spawn.pty.is_some(),
-                        stdin_closed: false,
-                        detached: false,
-                        held: Vec::new(),
-                        finished: false,
-                    },
-                );
-                spawn.id = guest_id;
-                forward(ToGuest::Spawn(spawn))
-            }
+            ToGuest::Spawn(spawn) => Ok(self.spawn(client, spawn)),
             ToGuest::Stdin { id, data } => match self.client_route(client, id)? {
+                _ if data.is_empty() => Err(ClientViolation::Empty(id)),
                 Some((_, route)) if route.stdin_closed => Err(ClientViolation::Unexpected("stdin after EOF")),
                 Some((guest_id, route)) => {
-                    route.stdin.consume(data.len()).map_err(|source| ClientViolation::Credit { id, source })?;
+                    route.stdin(data.len()).map_err(|source| ClientViolation::Credit { id, source })?;
                     forward(ToGuest::Stdin { id: guest_id, data })
                 }
                 None => Ok(Vec::new()),
@@ -247,25 +182,22 @@ impl Mux {
                 // Already closed (by the client before a re-attach): EOF twice is still EOF.
                 Some(_) | None => Ok(Vec::new()),
             },
-            ToGuest::Credit { id, bytes } => match self.client_route(client, id)? {
-                Some((guest_id, route)) => {
-                    route.output.grant(bytes).map_err(|source| ClientViolation::Credit { id, source })?;
-                    forward(ToGuest::Credit { id: guest_id, bytes })
-                }
+            ToGuest::Credit { id, bytes } => self.credit(client, id, bytes),
+            ToGuest::Signal { id, signal } => match self.client_route(client, id)? {
+                Some((guest_id, _)) => forward(ToGuest::Signal { id: guest_id, signal }),
                 None => Ok(Vec::new()),
             },
-            ToGuest::Signal { id, signal } => self.map_forward(client, id, |id| ToGuest::Signal { id, signal }),
             // Only a terminal has a size; a resize of anything else is dropped here.
             ToGuest::Resize { id, size } => match self.client_route(client, id)? {
                 Some((guest_id, route)) if route.tty => forward(ToGuest::Resize { id: guest_id, size }),
                 Some(_) | None => Ok(Vec::new()),
             },
-            ToGuest::Reattach { id, pid } => Ok(self.attach(client, id, pid)),
+            ToGuest::Reattach { id, pid } => Ok(self.reattach(client, id, pid)),
             ToGuest::ListProcesses => {
                 let list = self
                     .routes
                     .values()
-                    .filter(|r| !r.finished)
+                    .filter(|r| r.phase == Phase::Running)
                     .filter_map(|r| {
                         Some(ProcessSummary { pid: r.pid?, argv: r.argv.clone(), attached: !r.detached, tty: r.tty })
                     })
@@ -279,65 +211,160 @@ impl Mux {
         }
     }
 
+    fn spawn(&mut self, client: ClientId, mut spawn: vm_protocol::Spawn) -> Vec<Action> {
+        let id = spawn.id;
+        let refuse = |reason| vec![Action::ToClient(client, ToHost::Refused { id, reason })];
+        let left = OUTPUT_BUDGET_BYTES.saturating_sub(self.output_in_use()).max(u64::from(MIN_WINDOW_BYTES));
+        let state = self.clients.entry(client).or_default();
+        if !self.accepting {
+            return refuse(Refusal::ShuttingDown);
+        }
+        if state.highest.is_some_and(|h| id <= h) {
+            return refuse(Refusal::IdNotIncreasing);
+        }
+        state.highest = Some(id);
+        if spawn.output_window > MAX_WINDOW_BYTES || spawn.argv.is_empty() {
+            return refuse(Refusal::Invalid);
+        }
+        if self.routes.len() >= MAX_PROCESSES {
+            return refuse(Refusal::TooManyProcesses);
+        }
+        // Within the budget: the window shrinks (the client credits only what it gets, so it need not know).
+        spawn.output_window = u32::try_from(u64::from(spawn.output_window).min(left)).unwrap_or(MIN_WINDOW_BYTES);
+        let guest_id = ProcId(self.next_guest_id);
+        self.next_guest_id = self.next_guest_id.saturating_add(1);
+        state.procs.insert(id, guest_id);
+        self.routes.insert(guest_id, Route::new(client, id, &spawn.argv, spawn.output_window, spawn.pty.is_some()));
+        spawn.id = guest_id;
+        vec![Action::ToGuest(ToGuest::Spawn(spawn))]
+    }
+
+    fn credit(&mut self, client: ClientId, id: ProcId, bytes: u32) -> Result<Vec<Action>, ClientViolation> {
+        if bytes == 0 {
+            return Err(ClientViolation::Empty(id));
+        }
+        let Some((guest_id, route)) = self.client_route(client, id)? else { return Ok(Vec::new()) };
+        route.acked(bytes).map_err(|source| ClientViolation::Credit { id, source })?;
+        if route.delivered() {
+            self.end_route(guest_id);
+            return Ok(Vec::new());
+        }
+        Ok(match route.phase {
+            // A finished process needs no more credit.
+            Phase::Exited(_) => Vec::new(),
+            _ => vec![Action::ToGuest(ToGuest::Credit { id: guest_id, bytes })],
+        })
+    }
+
     /// Handles one message from the guest.
     ///
     /// # Errors
     /// A [`GuestViolation`]; the caller stops the VM.
     pub fn from_guest(&mut self, msg: ToHost) -> Result<Vec<Action>, GuestViolation> {
+        let enforce = self.enforce;
         match msg {
-            ToHost::Started { id, pid, stdin_window } => {
-                let route = self.routes.get_mut(&id).ok_or(GuestViolation::UnknownProcess(id))?;
-                route.stdin = Window::new(stdin_window);
-                route.pid = Some(pid);
+            ToHost::Started { id, pid, stdin_window, output_window } => {
+                let route = self.live_route(id)?;
+                if enforce && route.phase != Phase::Spawned {
+                    return Err(GuestViolation::StartedTwice(id));
+                }
+                if enforce && (stdin_window > MAX_WINDOW_BYTES || output_window != route.output_window()) {
+                    return Err(GuestViolation::WindowTooLarge(id));
+                }
+                let output_window = route.output_window();
+                route.started(pid, stdin_window);
                 let mut actions = vec![Action::Started { guest_id: id, pid, argv: route.argv.clone() }];
                 if !route.detached {
-                    let msg = ToHost::Started { id: route.client_id, pid, stdin_window };
+                    let msg = ToHost::Started { id: route.client_id, pid, stdin_window, output_window };
                     actions.push(Action::ToClient(route.client, msg));
                 }
                 Ok(actions)
             }
             ToHost::Output { id, stream, data } => {
-                let route =
-                    self.routes.get_mut(&id).filter(|r| !r.finished).ok_or(GuestViolation::UnknownProcess(id))?;
-                route.output.consume(data.len()).map_err(|source| GuestViolation::Credit { id, source })?;
+                let route = self.live_route(id)?;
+                if enforce && data.is_empty() {
+                    return Err(GuestViolation::Empty(id));
+                }
+                if enforce && route.phase != Phase::Running {
+                    return Err(GuestViolation::OutOfOrder(id));
+                }
+                route.output(stream, data.clone()).map_err(|source| GuestViolation::Credit { id, source })?;
                 if route.detached {
-                    // Held, not credited: the guest stops once its window is used, which bounds the hold.
-                    route.held.push(ToHost::Output { id, stream, data });
                     return Ok(Vec::new());
                 }
                 Ok(vec![Action::ToClient(route.client, ToHost::Output { id: route.client_id, stream, data })])
             }
-            ToHost::StdinCredit { id, bytes } => match self.routes.get_mut(&id).filter(|r| !r.finished) {
-                Some(route) => {
-                    route.stdin.grant(bytes).map_err(|source| GuestViolation::Credit { id, source })?;
-                    if route.detached {
-                        return Ok(Vec::new());
+            ToHost::StdinCredit { id, bytes } => {
+                if enforce && bytes == 0 {
+                    return Err(GuestViolation::Empty(id));
+                }
+                match self.routes.get_mut(&id).filter(|r| r.phase == Phase::Running) {
+                    Some(route) => {
+                        let passed =
+                            route.stdin_credit(bytes).map_err(|source| GuestViolation::Credit { id, source })?;
+                        if route.detached || passed == 0 {
+                            return Ok(Vec::new());
+                        }
+                        let msg = ToHost::StdinCredit { id: route.client_id, bytes: passed };
+                        Ok(vec![Action::ToClient(route.client, msg)])
                     }
-                    Ok(vec![Action::ToClient(route.client, ToHost::StdinCredit { id: route.client_id, bytes })])
+                    // The agent credits stdin it wrote just before the process exited: a benign race.
+                    None if id.0 < self.next_guest_id => Ok(Vec::new()),
+                    None => Err(GuestViolation::UnknownProcess(id)),
                 }
-                // The agent credits stdin it wrote just before the process exited: a benign race.
-                None if id.0 < self.next_guest_id => Ok(Vec::new()),
-                None => Err(GuestViolation::UnknownProcess(id)),
-            },
+            }
             ToHost::Exited { id, status } => {
-                let route =
-                    self.routes.get_mut(&id).filter(|r| !r.finished).ok_or(GuestViolation::UnknownProcess(id))?;
-                let event = Action::Exited { guest_id: id, pid: route.pid, argv: route.argv.clone(), status };
-                if route.detached {
-                    route.held.push(ToHost::Exited { id, status });
-                    route.finished = true;
-                    self.forget_old_finished();
-                    return Ok(vec![event]);
+                let route = self.live_route(id)?;
+                if enforce && route.phase != Phase::Running {
+                    return Err(GuestViolation::OutOfOrder(id));
                 }
-                let route = self.end_route(id)?;
-                Ok(vec![event, Action::ToClient(route.client, ToHost::Exited { id: route.client_id, status })])
+                if enforce && !status.is_plausible() {
+                    return Err(GuestViolation::ImplausibleStatus(id));
+                }
+                route.phase = Phase::Exited(status);
+                let mut actions =
+                    vec![Action::Exited { guest_id: id, pid: route.pid, argv: route.argv.clone(), status }];
+                if !route.detached {
+                    actions.push(Action::ToClient(route.client, ToHost::Exited { id: route.client_id, status }));
+                    if route.delivered() {
+                        self.end_route(id);
+                    }
+                } else {
+                    self.forget_old_finished();
+                }
+                Ok(actions)
+            }
+            ToHost::SpawnFailed { id, status, message } => {
+                let route = self.live_route(id)?;
+                if enforce && route.phase != Phase::Spawned {
+                    return Err(GuestViolation::OutOfOrder(id));
+                }
+                if enforce && !status.is_plausible() {
+                    return Err(GuestViolation::ImplausibleStatus(id));
+                }
+                if enforce && message.len() > MAX_FAILURE_MESSAGE_BYTES {
+                    return Err(GuestViolation::MessageTooLong(id));
+                }
+                let (client, client_id, detached, argv) =
+                    (route.client, route.client_id, route.detached, route.argv.clone());
+                self.end_route(id);
+                let mut actions = vec![Action::Exited { guest_id: id, pid: None, argv, status }];
+                if !detached {
+                    actions.push(Action::ToClient(client, ToHost::SpawnFailed { id: client_id, status, message }));
+                }
+                Ok(actions)
             }
             ToHost::Refused { id, reason } => {
-                let route = self.end_route(id)?;
-                Ok(if route.detached {
+                let route = self.live_route(id)?;
+                if enforce && route.phase != Phase::Spawned {
+                    return Err(GuestViolation::OutOfOrder(id));
+                }
+                let (client, client_id, detached) = (route.client, route.client_id, route.detached);
+                self.end_route(id);
+                Ok(if detached {
                     Vec::new()
                 } else {
-                    vec![Action::ToClient(route.client, ToHost::Refused { id: route.client_id, reason })]
+                    vec![Action::ToClient(client, ToHost::Refused { id: client_id, reason })]
                 })
             }
             ToHost::Pong { .. } => Err(GuestViolation::Unexpected("an unsolicited Pong")),
@@ -347,8 +374,16 @@ impl Mux {
         }
     }
 
-    /// Moves a detached process to `client` as `id` and replays what it held.
-    fn attach(&mut self, client: ClientId, id: ProcId, pid: u32) -> Vec<Action> {
+    /// The route of a process that has not exited.
+    fn live_route(&mut self, id: ProcId) -> Result<&mut Route, GuestViolation> {
+        self.routes
+            .get_mut(&id)
+            .filter(|r| !matches!(r.phase, Phase::Exited(_)))
+            .ok_or(GuestViolation::UnknownProcess(id))
+    }
+
+    /// Moves a detached process to `client` as `id` and replays what it retained.
+    fn reattach(&mut self, client: ClientId, id: ProcId, pid: u32) -> Vec<Action> {
         let refuse = |reason| vec![Action::ToClient(client, ToHost::Refused { id, reason })];
         let state = self.clients.entry(client).or_default();
         if state.highest.is_some_and(|h| id <= h) {
@@ -358,21 +393,14 @@ impl Mux {
         let Some((&guest_id, route)) = self.routes.iter_mut().find(|(_, r)| r.detached && r.pid == Some(pid)) else {
             return refuse(Refusal::NoSuchProcess);
         };
-        route.client = client;
-        route.client_id = id;
-        route.detached = false;
-        let stdin_window =
-            if route.stdin_closed { 0 } else { u32::try_from(route.stdin.available()).unwrap_or(u32::MAX) };
-        let mut actions = vec![Action::ToClient(client, ToHost::Started { id, pid, stdin_window })];
-        for held in route.held.drain(..) {
-            let msg = match held {
-                ToHost::Output { stream, data, .. } => ToHost::Output { id, stream, data },
-                ToHost::Exited { status, .. } => ToHost::Exited { id, status },
-                other => other,
-            };
-            actions.push(Action::ToClient(client, msg));
+        let stdin_window = route.reattach(client, id);
+        let output_window = route.output_window();
+        let mut actions = vec![Action::ToClient(client, ToHost::Started { id, pid, stdin_window, output_window })];
+        actions.extend(route.replay(id).map(|m| Action::ToClient(client, m)));
+        if let Phase::Exited(status) = route.phase {
+            actions.push(Action::ToClient(client, ToHost::Exited { id, status }));
         }
-        if route.finished {
+        if route.delivered() {
             self.routes.remove(&guest_id);
         } else if let Some(state) = self.clients.get_mut(&client) {
             state.procs.insert(id, guest_id);
@@ -382,7 +410,12 @@ impl Mux {
 
     /// Bounds the processes kept only for their output and status.
     fn forget_old_finished(&mut self) {
-        let mut finished: Vec<ProcId> = self.routes.iter().filter(|(_, r)| r.finished).map(|(id, _)| *id).collect();
+        let mut finished: Vec<ProcId> = self
+            .routes
+            .iter()
+            .filter(|(_, r)| r.detached && matches!(r.phase, Phase::Exited(_)))
+            .map(|(id, _)| *id)
+            .collect();
         if finished.len() > MAX_FINISHED_DETACHED {
             finished.sort_unstable();
             for id in &finished[..finished.len() - MAX_FINISHED_DETACHED] {
@@ -391,12 +424,12 @@ impl Mux {
         }
     }
 
-    fn end_route(&mut self, id: ProcId) -> Result<Route, GuestViolation> {
-        let route = self.routes.remove(&id).ok_or(GuestViolation::UnknownProcess(id))?;
-        if let Some(client) = self.clients.get_mut(&route.client) {
-            client.procs.remove(&route.client_id);
+    fn end_route(&mut self, id: ProcId) {
+        if let Some(route) = self.routes.remove(&id) {
+            if let Some(client) = self.clients.get_mut(&route.client) {
+                client.procs.remove(&route.client_id);
+            }
         }
-        Ok(route)
     }
 
     /// The route of a client's process. `Ok(None)`: it already ended (a late message, benign).
@@ -411,18 +444,6 @@ impl Mux {
             None if state.highest.is_some_and(|h| id <= h) => Ok(None),
             None => Err(ClientViolation::UnknownProcess(id)),
         }
-    }
-
-    fn map_forward(
-        &mut self,
-        client: ClientId,
-        id: ProcId,
-        make: impl FnOnce(ProcId) -> ToGuest,
-    ) -> Result<Vec<Action>, ClientViolation> {
-        Ok(match self.client_route(client, id)? {
-            Some((guest_id, _)) => vec![Action::ToGuest(make(guest_id))],
-            None => Vec::new(),
-        })
     }
 }
 

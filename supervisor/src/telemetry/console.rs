@@ -3,7 +3,8 @@
 //! Diagnostics, OCSF shorthand lines and OCSF JSON lines all go through it. Each submission is one complete
 //! line and is written with a single `write_all` by a single thread, so lines never tear or interleave. The
 //! queue holds [`CONSOLE_QUEUE_LINES`]; when it is full (stderr is slow or nobody reads it), new lines are
-//! dropped and counted, and the supervisor never waits. The count is reported at shutdown.
+//! dropped and counted, and the supervisor never waits. Past [`CAP_BYTES`] written, lines are dropped and
+//! counted too. The count is reported at shutdown.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,24 +52,31 @@ impl Console {
         let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(CONSOLE_QUEUE_LINES);
         let (done_tx, done) = mpsc::channel();
         let pending = Arc::new(AtomicU64::new(0));
-        let written = Arc::clone(&pending);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let (queued, over_cap) = (Arc::clone(&pending), Arc::clone(&dropped));
         let thread = std::thread::Builder::new()
             .name("console".into())
             .spawn(move || {
+                let mut written = 0u64;
                 // An empty submission is the end marker (`shutdown`).
                 while let Ok(line) = rx.recv() {
                     if line.is_empty() {
                         break;
                     }
-                    // A broken stderr is not worth dying for; the lines are simply gone.
-                    let _ = out.write_all(&line);
-                    written.fetch_sub(1, Ordering::Relaxed);
+                    written += line.len() as u64;
+                    if written > CAP_BYTES {
+                        over_cap.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        // A broken stderr is not worth dying for; the lines are simply gone.
+                        let _ = out.write_all(&line);
+                    }
+                    queued.fetch_sub(1, Ordering::Relaxed);
                 }
                 let _ = out.flush();
                 let _ = done_tx.send(());
             })
             .ok();
-        Self { handle: ConsoleHandle { tx, dropped: Arc::new(AtomicU64::new(0)), pending }, thread, done }
+        Self { handle: ConsoleHandle { tx, dropped, pending }, thread, done }
     }
 
     /// A handle for submitting lines.
@@ -159,8 +167,11 @@ impl<'a> MakeWriter<'a> for ConsoleHandle {
     }
 }
 
-/// How long the console gets to drain at shutdown.
-pub const CONSOLE_DRAIN: Duration = Duration::from_secs(1);
+/// How long the console gets to drain at shutdown, at least.
+pub const CONSOLE_DRAIN: Duration = Duration::from_millis(200);
+
+/// Most bytes written to stderr (`supervisor.log`) in all; later lines are dropped and counted.
+pub const CAP_BYTES: u64 = 16 * 1024 * 1024;
 
 #[cfg(test)]
 mod tests {

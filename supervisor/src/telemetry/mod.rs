@@ -13,30 +13,37 @@
 
 pub mod console;
 pub mod jsonl;
+pub mod limit;
 pub mod otlp;
 pub mod settings;
 
 use std::time::{Duration, Instant};
 
-use vm_ocsf::{Event, Source};
+use vm_contract::layout::SandboxFile;
+use vm_contract::test_control::TestControl;
+use vm_ocsf::{Event, Finding, Source};
 
 use self::console::{Console, ConsoleHandle, CONSOLE_DRAIN};
-use vm_contract::layout::SandboxFile;
-
-use self::jsonl::Jsonl;
+use self::jsonl::{Jsonl, JsonlReport};
+use self::limit::Limiter;
 use self::otlp::{ExportReport, Otlp, OtlpError};
 use self::settings::TelemetrySettings;
+
+/// Largest event, as JSON; a larger one is dropped and counted (the workload's argv is cut long before).
+pub const MAX_EVENT_BYTES: usize = 16 * 1024;
 
 /// What the sinks delivered, reported at shutdown.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TelemetryReport {
     /// Events emitted.
     pub events: u64,
+    /// Events over the rate or size limits, dropped before any sink.
+    pub limited: u64,
     /// OTLP outcome.
     pub otlp: ExportReport,
-    /// JSONL write batches that failed.
-    pub jsonl_failures: u64,
-    /// Console lines dropped (queue full or still queued at exit).
+    /// The JSONL file's losses.
+    pub jsonl: JsonlReport,
+    /// Console lines dropped (queue full, over the cap, or still queued at exit).
     pub console_dropped: u64,
 }
 
@@ -60,6 +67,9 @@ pub struct Telemetry {
     otlp: Option<Otlp>,
     json: bool,
     events: u64,
+    limiter: Limiter,
+    /// Events over [`MAX_EVENT_BYTES`].
+    oversized: u64,
 }
 
 impl Telemetry {
@@ -73,7 +83,8 @@ impl Telemetry {
         settings: &TelemetrySettings,
     ) -> Result<Self, TelemetryError> {
         let source = Source::new(settings.schema.clone(), sandbox_id, "vm-supervisor", env!("CARGO_PKG_VERSION"));
-        let jsonl = if settings.json { Some(open_jsonl().map_err(TelemetryError::Jsonl)?) } else { None };
+        let limits = !crate::control(TestControl::NoTelemetryLimits);
+        let jsonl = if settings.json { Some(open_jsonl(limits).map_err(TelemetryError::Jsonl)?) } else { None };
         let otlp = match &settings.otlp {
             Some(otlp) => Some(
                 Otlp::start(otlp, otlp::resource(sandbox_id, settings.gateway_name.as_deref()))
@@ -81,7 +92,8 @@ impl Telemetry {
             ),
             None => None,
         };
-        Ok(Self { source, console, jsonl, otlp, json: settings.json, events: 0 })
+        let limiter = Limiter::new(limits, Instant::now());
+        Ok(Self { source, console, jsonl, otlp, json: settings.json, events: 0, limiter, oversized: 0 })
     }
 
     /// Builds events with the right product, schema and sandbox.
@@ -89,10 +101,18 @@ impl Telemetry {
         &self.source
     }
 
-    /// Sends one event to every sink. Never blocks.
+    /// Sends one event to every sink, unless it is over the sandbox's limits (then it is counted). Never
+    /// blocks.
     pub fn emit(&mut self, event: Event) {
-        self.events += 1;
+        if !event.essential && !self.limiter.admit(Instant::now()) {
+            return;
+        }
         let json = event.to_json();
+        if json.len() > MAX_EVENT_BYTES {
+            self.oversized += 1;
+            return;
+        }
+        self.events += 1;
         let stamp = humantime::format_rfc3339_millis(std::time::SystemTime::now());
         self.console.line(format!("{stamp} {}", event.shorthand()).into_bytes());
         if self.json {
@@ -102,35 +122,67 @@ impl Telemetry {
             otlp.emit(&event, &json);
         }
         if let Some(jsonl) = &self.jsonl {
-            jsonl.write(json);
+            jsonl.write(json, event.essential);
         }
     }
 
-    /// Flushes every sink: the JSONL file to disk, the OTLP queue within `otlp_budget`, the console within a
-    /// second. Returns what was delivered; the caller emits nothing after this.
-    pub async fn shutdown(self, otlp_budget: Duration, console: Console) -> TelemetryReport {
-        let otlp = match self.otlp {
-            Some(otlp) => otlp.shutdown(otlp_budget).await,
+    /// Called about once a second: reports what the limits dropped, at most once per interval.
+    pub fn tick(&mut self) {
+        self.report_drops(false);
+    }
+
+    fn report_drops(&mut self, last: bool) {
+        let oversized = std::mem::take(&mut self.oversized);
+        self.limiter.dropped += oversized;
+        let Some(n) = self.limiter.report(Instant::now(), last).map(|n| n + oversized).filter(|n| *n > 0) else {
+            return;
+        };
+        let detail = format!("{n} events over the sandbox's rate or size limits were dropped");
+        let event = self.source.finding(Finding::TelemetryDropped, &detail);
+        self.emit(event);
+    }
+
+    /// Flushes every sink within `budget`: the OTLP queue and the JSONL file side by side, then the console
+    /// for what is left of it (at least [`CONSOLE_DRAIN`]). Returns what was delivered; the caller emits
+    /// nothing after this.
+    pub async fn shutdown(mut self, budget: Duration, console: Console) -> TelemetryReport {
+        self.report_drops(true);
+        let deadline = Instant::now() + budget;
+        let jsonl = self.jsonl.take().map(|j| tokio::task::spawn_blocking(move || j.shutdown(deadline)));
+        let otlp = match self.otlp.take() {
+            Some(otlp) => otlp.shutdown(budget).await,
             None => ExportReport::default(),
         };
-        let jsonl_failures = self.jsonl.map_or(0, |j| j.shutdown(Instant::now() + Duration::from_secs(5)));
-        let report = TelemetryReport { events: self.events, otlp, jsonl_failures, console_dropped: console.dropped() };
+        let jsonl = match jsonl {
+            Some(task) => task.await.unwrap_or_default(),
+            None => JsonlReport::default(),
+        };
+        let report = TelemetryReport {
+            events: self.events,
+            limited: self.limiter.dropped,
+            otlp,
+            jsonl,
+            console_dropped: console.dropped(),
+        };
         tracing::info!(
             events = report.events,
+            limited = report.limited,
             otlp_exported = report.otlp.exported,
             otlp_dropped = report.otlp.dropped,
-            jsonl_failures = report.jsonl_failures,
+            jsonl_dropped = report.jsonl.dropped,
+            jsonl_failures = report.jsonl.failures,
             console_dropped = report.console_dropped,
             "telemetry flushed"
         );
-        TelemetryReport { console_dropped: console.shutdown(Instant::now() + CONSOLE_DRAIN), ..report }
+        let console_by = deadline.max(Instant::now() + CONSOLE_DRAIN);
+        TelemetryReport { console_dropped: console.shutdown(console_by), ..report }
     }
 }
 
-fn open_jsonl() -> std::io::Result<Jsonl> {
-    if crate::control(vm_contract::test_control::TestControl::JsonlSinkFails) {
+fn open_jsonl(limits: bool) -> std::io::Result<Jsonl> {
+    if crate::control(TestControl::JsonlSinkFails) {
         // Fault injection: every write fails (ENOSPC).
         return Ok(Jsonl::on_file(std::fs::OpenOptions::new().write(true).open("/dev/full")?));
     }
-    Jsonl::open(SandboxFile::Events.as_ref())
+    Jsonl::open(SandboxFile::Events.as_ref(), if limits { jsonl::CAP_BYTES } else { u64::MAX })
 }

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use opentelemetry::logs::{AnyValue, LogRecord as _, Logger as _, LoggerProvider as _, Severity};
 use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_otlp::{LogExporter, Protocol as OtlpProtocol, WithExportConfig, WithHttpConfig, WithTonicConfig};
@@ -28,8 +29,15 @@ use tokio::time::Instant;
 
 /// Records kept waiting for the collector before new ones are dropped (and counted).
 pub const MAX_QUEUED_RECORDS: usize = 100_000;
+/// Bytes of them (bodies plus a fixed overhead each).
+pub const MAX_QUEUED_BYTES: usize = 32 * 1024 * 1024;
+/// What a record costs beside its body, roughly: attributes, timestamps, the scope.
+const RECORD_OVERHEAD_BYTES: usize = 256;
 /// Records per export request.
-const BATCH_RECORDS: usize = 512;
+const BATCH_RECORDS: usize = 1024;
+/// Export requests in flight at once: a slow collector (a second per request, say) still takes a full queue
+/// within the stop budget's flush.
+const IN_FLIGHT: usize = 4;
 /// Per-request timeout.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Retry backoff bounds.
@@ -101,40 +109,52 @@ pub struct ExportReport {
     pub failed_requests: u64,
 }
 
+type Item = (SdkLogRecord, InstrumentationScope, usize);
+
 #[derive(Debug, Default)]
 struct Queue {
-    items: Mutex<VecDeque<(SdkLogRecord, InstrumentationScope)>>,
+    items: Mutex<Items>,
     ready: Notify,
     dropped: AtomicU64,
 }
 
+#[derive(Debug, Default)]
+struct Items {
+    queue: VecDeque<Item>,
+    bytes: usize,
+}
+
 impl Queue {
-    fn push(&self, item: (SdkLogRecord, InstrumentationScope)) {
+    fn push(&self, record: SdkLogRecord, scope: InstrumentationScope, size: usize) {
         let mut items = self.items.lock().unwrap_or_else(PoisonError::into_inner);
-        if items.len() >= MAX_QUEUED_RECORDS {
+        if items.queue.len() >= MAX_QUEUED_RECORDS || items.bytes + size > MAX_QUEUED_BYTES {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        items.push_back(item);
+        items.bytes += size;
+        items.queue.push_back((record, scope, size));
         drop(items);
         self.ready.notify_one();
     }
 
-    fn take(&self, max: usize) -> Vec<(SdkLogRecord, InstrumentationScope)> {
+    fn take(&self, max: usize) -> Vec<Item> {
         let mut items = self.items.lock().unwrap_or_else(PoisonError::into_inner);
-        let n = items.len().min(max);
-        items.drain(..n).collect()
+        let n = items.queue.len().min(max);
+        let batch: Vec<Item> = items.queue.drain(..n).collect();
+        items.bytes -= batch.iter().map(|i| i.2).sum::<usize>();
+        batch
     }
 
-    fn put_back(&self, batch: Vec<(SdkLogRecord, InstrumentationScope)>) {
+    fn put_back(&self, batch: Vec<Item>) {
         let mut items = self.items.lock().unwrap_or_else(PoisonError::into_inner);
+        items.bytes += batch.iter().map(|i| i.2).sum::<usize>();
         for item in batch.into_iter().rev() {
-            items.push_front(item);
+            items.queue.push_front(item);
         }
     }
 
     fn len(&self) -> usize {
-        self.items.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.items.lock().unwrap_or_else(PoisonError::into_inner).queue.len()
     }
 }
 
@@ -146,7 +166,11 @@ struct QueueProcessor {
 
 impl LogProcessor for QueueProcessor {
     fn emit(&self, record: &mut SdkLogRecord, scope: &InstrumentationScope) {
-        self.queue.push((record.clone(), scope.clone()));
+        let size = match record.body() {
+            Some(AnyValue::String(body)) => body.as_str().len() + RECORD_OVERHEAD_BYTES,
+            _ => RECORD_OVERHEAD_BYTES,
+        };
+        self.queue.push(record.clone(), scope.clone(), size);
     }
 
     fn force_flush(&self) -> OTelSdkResult {
@@ -281,31 +305,19 @@ fn http_logs_url(endpoint: &str) -> String {
     }
 }
 
-/// Runs one export, cut short at the stop deadline, including a deadline set while it is under way: a
-/// request started before the stop must not outlive the flush budget.
-async fn bounded(
-    export: impl std::future::Future<Output = OTelSdkResult>,
-    mut deadline: Option<Instant>,
-    stop: &mut watch::Receiver<Option<Instant>>,
-) -> OTelSdkResult {
-    tokio::pin!(export);
-    loop {
-        match deadline {
-            Some(d) => {
-                let timeout = opentelemetry_sdk::error::OTelSdkError::Timeout(EXPORT_TIMEOUT);
-                return tokio::time::timeout_at(d, &mut export).await.unwrap_or(Err(timeout));
-            }
-            None => tokio::select! {
-                result = &mut export => return result,
-                changed = stop.changed() => match changed {
-                    Ok(()) => deadline = *stop.borrow(),
-                    Err(_) => return export.await,
-                },
-            },
-        }
-    }
+/// One export request of `batch`; gives the batch back with the outcome.
+async fn export_one(exporter: &LogExporter, batch: Vec<Item>) -> (Vec<Item>, OTelSdkResult) {
+    let refs: Vec<(&SdkLogRecord, &InstrumentationScope)> = batch.iter().map(|b| (&b.0, &b.1)).collect();
+    let timeout = opentelemetry_sdk::error::OTelSdkError::Timeout(EXPORT_TIMEOUT);
+    let result =
+        tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(LogBatch::new(&refs))).await.unwrap_or(Err(timeout));
+    drop(refs);
+    (batch, result)
 }
 
+/// Exports until told to stop, then flushes until the deadline: up to [`IN_FLIGHT`] requests at once, failed
+/// batches back at the head of the queue after a backoff. What is still queued or in flight at the deadline
+/// is counted as dropped.
 async fn export_loop(
     exporter: LogExporter,
     queue: Arc<Queue>,
@@ -313,58 +325,62 @@ async fn export_loop(
 ) -> ExportReport {
     let mut report = ExportReport::default();
     let mut backoff = BACKOFF_MIN;
+    let mut resume_at: Option<Instant> = None;
     let mut last_failure_log: Option<Instant> = None;
+    let mut in_flight = FuturesUnordered::new();
+    let mut in_flight_records = 0usize;
     loop {
         let deadline = *stop.borrow();
         if deadline.is_some_and(|d| Instant::now() >= d) {
             break;
         }
-        let batch = queue.take(BATCH_RECORDS);
-        if batch.is_empty() {
-            if deadline.is_some() {
-                break;
+        if resume_at.is_none_or(|t| Instant::now() >= t) {
+            resume_at = None;
+            while in_flight.len() < IN_FLIGHT {
+                let batch = queue.take(BATCH_RECORDS);
+                if batch.is_empty() {
+                    break;
+                }
+                in_flight_records += batch.len();
+                in_flight.push(export_one(&exporter, batch));
             }
-            tokio::select! {
-                () = queue.ready.notified() => {}
-                _ = stop.changed() => {}
-            }
-            continue;
         }
-        let refs: Vec<(&SdkLogRecord, &InstrumentationScope)> = batch.iter().map(|b| (&b.0, &b.1)).collect();
-        let result = bounded(exporter.export(LogBatch::new(&refs)), deadline, &mut stop).await;
-        drop(refs);
-        match result {
-            Ok(()) => {
-                report.exported += batch.len() as u64;
-                backoff = BACKOFF_MIN;
-            }
-            Err(e) => {
-                report.failed_requests += 1;
-                if last_failure_log.is_none_or(|t| t.elapsed() >= FAILURE_LOG_INTERVAL) {
-                    // Fixed text: the error could carry the collector's message or echo a header.
-                    if crate::diagnostics::verbose_failures() {
-                        // The control of the redaction test: what a naive exporter would log.
-                        let records: Vec<_> = batch.iter().filter_map(|(r, _)| r.body()).collect();
-                        tracing::warn!(error = %e, ?records, "OCSF OTLP export failed; retrying");
-                    } else {
-                        tracing::warn!(queued = queue.len() + batch.len(), "OCSF OTLP export failed; retrying");
+        if in_flight.is_empty() && deadline.is_some() && queue.len() == 0 {
+            break;
+        }
+        let wake = resume_at.or(deadline);
+        tokio::select! {
+            Some((batch, result)) = in_flight.next() => match (in_flight_records -= batch.len(), result).1 {
+                Ok(()) => {
+                    report.exported += batch.len() as u64;
+                    backoff = BACKOFF_MIN;
+                }
+                Err(e) => {
+                    report.failed_requests += 1;
+                    if last_failure_log.is_none_or(|t| t.elapsed() >= FAILURE_LOG_INTERVAL) {
+                        if crate::diagnostics::verbose_failures() {
+                            // The control of the redaction test: what a naive exporter would log.
+                            let records: Vec<_> = batch.iter().filter_map(|(r, _, _)| r.body()).collect();
+                            tracing::warn!(error = %e, ?records, "OCSF OTLP export failed; retrying");
+                        } else {
+                            // Fixed text: the error could carry the collector's message or echo a header.
+                            tracing::warn!(queued = queue.len() + batch.len(), "OCSF OTLP export failed; retrying");
+                        }
+                        last_failure_log = Some(Instant::now());
                     }
-                    last_failure_log = Some(Instant::now());
+                    queue.put_back(batch);
+                    resume_at = Some(Instant::now() + backoff);
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
-                queue.put_back(batch);
-                let pause = match deadline {
-                    Some(d) => backoff.min(d.saturating_duration_since(Instant::now())),
-                    None => backoff,
-                };
-                tokio::select! {
-                    () = tokio::time::sleep(pause) => {}
-                    _ = stop.changed() => {}
-                }
-                backoff = (backoff * 2).min(BACKOFF_MAX);
-            }
+            },
+            () = queue.ready.notified(), if in_flight.len() < IN_FLIGHT && resume_at.is_none() => {}
+            () = sleep_until_some(wake) => {}
+            _ = stop.changed() => {}
         }
     }
-    report.dropped += queue.take(usize::MAX).len() as u64;
+    drop(in_flight);
+    // Records of requests cut at the deadline count as dropped: the collector may not have them.
+    report.dropped += (queue.take(usize::MAX).len() + in_flight_records) as u64;
     if report.dropped > 0 || report.failed_requests > 0 {
         tracing::warn!(
             exported = report.exported,
@@ -374,6 +390,13 @@ async fn export_loop(
         );
     }
     report
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The resource every record (and any span) of this supervisor carries.

@@ -81,8 +81,8 @@ fn main() {
     }
 }
 
-fn attack_process(out: &mut File, attack: &str, id: ProcId) {
-    let started = ToHost::Started { id, pid: 4242, stdin_window: DEFAULT_WINDOW_BYTES };
+fn attack_process(out: &mut File, attack: &str, (id, window): (ProcId, u32)) {
+    let started = ToHost::Started { id, pid: 4242, stdin_window: DEFAULT_WINDOW_BYTES, output_window: window };
     match attack {
         "empty-output-flood" => {
             send(out, &started);
@@ -136,7 +136,8 @@ fn polite(port: &mut File, out: &mut File, ignore_shutdown: bool) {
         match frame::decode_body::<ToGuest>(&scratch) {
             Ok(ToGuest::Spawn(spawn)) => {
                 let id = spawn.id;
-                send(out, &ToHost::Started { id, pid: 1000 + id.0, stdin_window: DEFAULT_WINDOW_BYTES });
+                let output_window = spawn.output_window;
+                send(out, &ToHost::Started { id, pid: 1000 + id.0, stdin_window: DEFAULT_WINDOW_BYTES, output_window });
                 send(out, &output(id, b"polite\n"));
                 send(out, &ToHost::Exited { id, status: ExitStatus::Code(0) });
             }
@@ -148,13 +149,14 @@ fn polite(port: &mut File, out: &mut File, ignore_shutdown: bool) {
     }
 }
 
-fn wait_for_spawn(port: &mut File) -> ProcId {
+/// The id and output window of the first `Spawn`.
+fn wait_for_spawn(port: &mut File) -> (ProcId, u32) {
     let mut scratch = Vec::new();
     loop {
         match frame::read_body(port, &mut scratch) {
             Ok(true) => {
                 if let Ok(ToGuest::Spawn(spawn)) = frame::decode_body::<ToGuest>(&scratch) {
-                    return spawn.id;
+                    return (spawn.id, spawn.output_window);
                 }
             }
             _ => std::thread::sleep(Duration::from_secs(3600)),

@@ -137,7 +137,8 @@ pub async fn ps(socket: &Path, id: &str) -> Result<()> {
             p.process_id,
             if p.attached { "yes" } else { "no" },
             if p.tty { "yes" } else { "no" },
-            p.argv.join(" ")
+            // The workload chose its argv: no escape or newline of it reaches the terminal.
+            vm_contract::logs::printable(&p.argv.join(" "), 1024)
         );
     }
     Ok(())

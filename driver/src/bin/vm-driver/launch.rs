@@ -268,7 +268,7 @@ async fn run_local(
     loop {
         tokio::select! {
             frame = attached.recv() => match frame {
-                Some(Ok(ToHost::Started { stdin_window, .. })) => relay.started(stdin_window),
+                Some(Ok(ToHost::Started { stdin_window, output_window, .. })) => relay.started(stdin_window, output_window),
                 Some(Ok(ToHost::Output { stream, data, .. })) => {
                     let sink: &mut (dyn AsyncWrite + Unpin) = match stream {
                         Stream::Stdout => &mut stdout,
@@ -283,6 +283,16 @@ async fn run_local(
                 Some(Ok(ToHost::StdinCredit { bytes, .. })) => relay.stdin_credit(bytes).map_err(|_| RunError::Credit)?,
                 Some(Ok(ToHost::Exited { status, .. })) => {
                     stdout.flush().await.map_err(RunError::Output)?;
+                    stderr.flush().await.map_err(RunError::Output)?;
+                    // Everything is written: tell the supervisor, which keeps undelivered output.
+                    if let Some(credit) = relay.finish() {
+                        let _ = attached.send(credit).await;
+                    }
+                    return Ok(status);
+                }
+                // As a shell shows it: the message on stderr, then the status.
+                Some(Ok(ToHost::SpawnFailed { status, message, .. })) => {
+                    stderr.write_all(format!("{message}\n").as_bytes()).await.map_err(RunError::Output)?;
                     stderr.flush().await.map_err(RunError::Output)?;
                     return Ok(status);
                 }

@@ -1,0 +1,81 @@
+//! How much telemetry a sandbox may produce: a token bucket per sandbox over the events the guest or a client
+//! can cause. Lifecycle events and the reports of what was dropped always pass; everything else beyond the
+//! rate is dropped and counted, and the count goes out as one Detection Finding per interval.
+
+use std::time::{Duration, Instant};
+
+/// Events per second, sustained.
+pub const RATE_PER_SEC: u32 = 500;
+/// Events allowed in a burst.
+pub const BURST: u32 = 2_000;
+/// How often a non-zero drop count is reported.
+pub const REPORT_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The bucket, and what it dropped.
+#[derive(Debug)]
+pub struct Limiter {
+    tokens: f64,
+    last: Instant,
+    last_report: Instant,
+    /// Dropped since the last report.
+    unreported: u64,
+    /// Dropped in all.
+    pub dropped: u64,
+    enabled: bool,
+}
+
+impl Limiter {
+    /// A full bucket; `enabled` off only in the `no-telemetry-limits` control.
+    pub fn new(enabled: bool, now: Instant) -> Self {
+        Self { tokens: f64::from(BURST), last: now, last_report: now, unreported: 0, dropped: 0, enabled }
+    }
+
+    /// Whether one more event may go out at `now`; counts it when not.
+    pub fn admit(&mut self, now: Instant) -> bool {
+        if !self.enabled {
+            return true;
+        }
+        let refill = now.saturating_duration_since(self.last).as_secs_f64() * f64::from(RATE_PER_SEC);
+        self.tokens = (self.tokens + refill).min(f64::from(BURST));
+        self.last = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            self.unreported += 1;
+            self.dropped += 1;
+            false
+        }
+    }
+
+    /// The count to report now, if any: at most once per [`REPORT_INTERVAL`], or whatever is left when `final`.
+    pub fn report(&mut self, now: Instant, last: bool) -> Option<u64> {
+        let due = last || now.saturating_duration_since(self.last_report) >= REPORT_INTERVAL;
+        if !due || self.unreported == 0 {
+            return None;
+        }
+        self.last_report = now;
+        Some(std::mem::take(&mut self.unreported))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_burst_passes_then_the_rate_holds_and_drops_are_reported_once_per_interval() {
+        let t0 = Instant::now();
+        let mut l = Limiter::new(true, t0);
+        let passed = (0..BURST + 100).filter(|_| l.admit(t0)).count();
+        assert_eq!(passed, BURST as usize);
+        assert_eq!(l.report(t0, false), None, "not yet due");
+        let later = t0 + REPORT_INTERVAL;
+        assert_eq!(l.report(later, false), Some(100));
+        assert_eq!(l.report(later, false), None, "reported once");
+        let one_second = later + Duration::from_secs(1);
+        let refilled = (0..RATE_PER_SEC * 2).filter(|_| l.admit(one_second)).count();
+        assert!(refilled >= RATE_PER_SEC as usize && refilled <= BURST as usize);
+        assert!(Limiter::new(false, t0).admit(t0), "the control passes everything");
+    }
+}
