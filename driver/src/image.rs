@@ -73,6 +73,46 @@ pub fn resolve(dir: Option<&Path>, kernel: Option<&Path>, initrd: Option<&Path>)
     Ok(Image { kernel, initrd })
 }
 
+/// The images `serve` offers: a default one, and named ones as subdirectories of a root (`<root>/<name>/`,
+/// each with `vmlinuz` and `initramfs.cpio`). A sandbox names its image in its spec; an empty name is the
+/// default. Names follow the sandbox-id rules, so a name is always one path component.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageSet {
+    /// The image of a sandbox that names none.
+    pub default: Image,
+    /// Where named images live.
+    pub root: Option<PathBuf>,
+}
+
+/// Why a named image cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum NamedImageError {
+    /// The name is not one safe path component.
+    #[error("image name: {0}")]
+    Name(#[from] vm_contract::ids::SandboxIdError),
+    /// No image root was configured.
+    #[error("no image directory is configured (serve --images DIR), so only the default image is offered")]
+    NoRoot,
+    /// The image is missing or incomplete.
+    #[error(transparent)]
+    Missing(#[from] ImageError),
+}
+
+impl ImageSet {
+    /// The image called `name` (empty: the default), checked to exist.
+    ///
+    /// # Errors
+    /// [`NamedImageError`].
+    pub fn resolve(&self, name: &str) -> Result<Image, NamedImageError> {
+        if name.is_empty() {
+            return Ok(self.default.clone());
+        }
+        let name = vm_contract::ids::SandboxId::parse(name)?;
+        let root = self.root.as_ref().ok_or(NamedImageError::NoRoot)?;
+        Ok(resolve(Some(&root.join(name.as_str())), None, None)?)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,5 +136,23 @@ mod tests {
         let image = resolve(None, Some(&k), Some(&i)).unwrap();
         assert_eq!(image, Image { kernel: k, initrd: i });
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn named_images_resolve_under_the_root_and_only_there() {
+        let root = std::env::temp_dir().join(format!("images-test-{}", std::process::id()));
+        let named = root.join("rogue");
+        std::fs::create_dir_all(&named).unwrap();
+        std::fs::write(named.join("vmlinuz"), b"").unwrap();
+        std::fs::write(named.join("initramfs.cpio"), b"").unwrap();
+        let default = Image { kernel: "/k".into(), initrd: "/i".into() };
+        let set = ImageSet { default: default.clone(), root: Some(root.clone()) };
+        assert_eq!(set.resolve("").unwrap(), default);
+        assert_eq!(set.resolve("rogue").unwrap().kernel, named.join("vmlinuz"));
+        assert!(matches!(set.resolve("../etc"), Err(NamedImageError::Name(_))));
+        assert!(matches!(set.resolve("absent"), Err(NamedImageError::Missing(_))));
+        let without_root = ImageSet { default, root: None };
+        assert!(matches!(without_root.resolve("rogue"), Err(NamedImageError::NoRoot)));
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -9,6 +9,7 @@
 //! - [`handshake`]: the versioned hello that opens every connection.
 //! - [`process`]: process ids, exit statuses, named signals, output streams.
 //! - [`flow`]: credit windows that bound buffering on both sides.
+//! - `arbitrary` (feature `proptest`): generators of every message, for property tests on both sides.
 //! - `driver_api` (feature `grpc`): the gRPC API of `vm-driver serve`, generated from `proto/`.
 //!
 //! The wire format is documented in `docs/protocol.md`.
@@ -26,6 +27,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "proptest")]
+pub mod arbitrary;
 #[cfg(feature = "tokio")]
 pub mod codec;
 #[cfg(feature = "grpc")]

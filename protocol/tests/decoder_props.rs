@@ -12,8 +12,7 @@ use proptest::prelude::*;
 use tokio_util::codec::Decoder;
 use vm_protocol::codec::FrameCodec;
 use vm_protocol::frame::{self, FrameError, HEADER_BYTES, MAX_FRAME_BYTES};
-use vm_protocol::message::EnvVar;
-use vm_protocol::{Capabilities, ExitStatus, Hello, ProcId, Spawn, Stream, ToGuest, ToHost};
+use vm_protocol::{arbitrary, ToGuest, ToHost};
 
 #[expect(clippy::cast_possible_truncation, reason = "128 KiB fits in u32")]
 const MAX_FRAME_BYTES_U32: u32 = MAX_FRAME_BYTES as u32;
@@ -73,55 +72,80 @@ fn decode_everything(bytes: &[u8]) {
     let _ = codec.decode_eof(&mut buf);
 }
 
+fn encoded(msg: &impl serde::Serialize) -> Vec<u8> {
+    let mut wire = Vec::new();
+    frame::encode(msg, &mut wire).unwrap();
+    wire
+}
+
 fn with_header(body: &[u8]) -> Vec<u8> {
     let mut wire = u32::try_from(body.len()).unwrap().to_le_bytes().to_vec();
     wire.extend_from_slice(body);
     wire
 }
 
-fn text() -> impl Strategy<Value = String> {
-    "[ -~]{0,24}"
-}
-
+/// Any id, and argv of any printable text.
 fn to_guest() -> impl Strategy<Value = ToGuest> {
-    prop_oneof![
-        (
-            any::<u32>(),
-            prop::collection::vec(text(), 0..8),
-            prop::collection::vec((text(), text()), 0..8),
-            prop::option::of(text()),
-            any::<u32>()
-        )
-            .prop_map(|(id, argv, env, cwd, window)| ToGuest::Spawn(Spawn {
-                id: ProcId(id),
-                argv,
-                env: env.into_iter().map(|(key, value)| EnvVar { key, value }).collect(),
-                cwd,
-                pty: None,
-                output_window: window,
-            })),
-        (any::<u32>(), prop::collection::vec(any::<u8>(), 0..512))
-            .prop_map(|(id, d)| { ToGuest::Stdin { id: ProcId(id), data: d.into() } }),
-        any::<u32>().prop_map(|id| ToGuest::StdinEof { id: ProcId(id) }),
-        (any::<u32>(), any::<u32>()).prop_map(|(id, bytes)| ToGuest::Credit { id: ProcId(id), bytes }),
-        any::<u64>().prop_map(|nonce| ToGuest::Ping { nonce }),
-        text().prop_map(|s| ToGuest::Hello(Hello::ours(Capabilities::EXEC, s))),
-    ]
+    let argv = prop::collection::vec(prop::collection::vec("[ -~]{0,16}", 0..4), 1..4);
+    argv.prop_flat_map(|commands| arbitrary::to_guest(0..u32::MAX, commands))
 }
 
 fn to_host() -> impl Strategy<Value = ToHost> {
+    arbitrary::to_host(0..u32::MAX)
+}
+
+/// A structured mutation of an encoded frame: the kinds of damage a hostile peer would try.
+#[derive(Debug, Clone)]
+enum Mutation {
+    /// Overwrite a body byte.
+    Flip(prop::sample::Index, u8),
+    /// Change the message tag.
+    Tag(u32),
+    /// Overwrite a length-sized field (8 bytes) somewhere in the body with a large count.
+    Count(prop::sample::Index, u64),
+    /// Cut the body short and fix the header to match.
+    Truncate(prop::sample::Index),
+    /// Append bytes to the body and fix the header to match.
+    Extend(Vec<u8>),
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
     prop_oneof![
-        (any::<u32>(), any::<bool>(), prop::collection::vec(any::<u8>(), 0..512)).prop_map(|(id, err, d)| {
-            ToHost::Output { id: ProcId(id), stream: if err { Stream::Stderr } else { Stream::Stdout }, data: d.into() }
-        }),
-        (any::<u32>(), any::<i32>()).prop_map(|(id, c)| ToHost::Exited { id: ProcId(id), status: ExitStatus::Code(c) }),
-        (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(|(id, pid, w)| ToHost::Started {
-            id: ProcId(id),
-            pid,
-            stdin_window: w,
-            output_window: w,
-        }),
+        (any::<prop::sample::Index>(), any::<u8>()).prop_map(|(i, b)| Mutation::Flip(i, b)),
+        prop_oneof![0..16u32, Just(u32::MAX)].prop_map(Mutation::Tag),
+        (any::<prop::sample::Index>(), prop_oneof![Just(u64::MAX), Just(1 << 32), 0..100_000u64])
+            .prop_map(|(i, n)| Mutation::Count(i, n)),
+        any::<prop::sample::Index>().prop_map(Mutation::Truncate),
+        prop::collection::vec(any::<u8>(), 1..64).prop_map(Mutation::Extend),
     ]
+}
+
+/// Applies `m` to an encoded frame (header and body), keeping the header consistent where the mutation
+/// says so.
+fn mutate(wire: &mut Vec<u8>, m: &Mutation) {
+    let body = wire.len() - HEADER_BYTES;
+    let fix_header = |wire: &mut Vec<u8>| {
+        let len = u32::try_from(wire.len() - HEADER_BYTES).unwrap();
+        wire[..HEADER_BYTES].copy_from_slice(&len.to_le_bytes());
+    };
+    match m {
+        Mutation::Flip(at, byte) if body > 0 => wire[HEADER_BYTES + at.index(body)] = *byte,
+        Mutation::Tag(tag) if body >= 4 => wire[HEADER_BYTES..HEADER_BYTES + 4].copy_from_slice(&tag.to_le_bytes()),
+        Mutation::Count(at, n) if body >= 8 => {
+            let i = HEADER_BYTES + at.index(body - 7);
+            wire[i..i + 8].copy_from_slice(&n.to_le_bytes());
+        }
+        Mutation::Flip(..) | Mutation::Tag(_) | Mutation::Count(..) => {}
+        Mutation::Truncate(at) if body > 0 => {
+            wire.truncate(HEADER_BYTES + at.index(body));
+            fix_header(wire);
+        }
+        Mutation::Truncate(_) => {}
+        Mutation::Extend(tail) => {
+            wire.extend_from_slice(tail);
+            fix_header(wire);
+        }
+    }
 }
 
 proptest! {
@@ -156,17 +180,25 @@ proptest! {
 
     #[test]
     fn mutated_frames_never_panic_or_overallocate(
-        msg in to_host(),
-        flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+        to_host_msg in to_host(),
+        to_guest_msg in to_guest(),
+        mutations in prop::collection::vec(mutation(), 1..4),
     ) {
-        let mut wire = Vec::new();
-        frame::encode(&msg, &mut wire).unwrap();
-        for (at, byte) in flips {
-            let i = at.index(wire.len() - HEADER_BYTES) + HEADER_BYTES;
-            wire[i] = byte;
+        for mut wire in [encoded(&to_host_msg), encoded(&to_guest_msg)] {
+            for m in &mutations {
+                mutate(&mut wire, m);
+            }
+            let largest = largest_allocation(|| decode_everything(&wire));
+            prop_assert!(largest <= MAX_FRAME_BYTES, "largest allocation {largest}");
         }
-        let largest = largest_allocation(|| decode_everything(&wire));
-        prop_assert!(largest <= MAX_FRAME_BYTES, "largest allocation {largest}");
+    }
+
+    #[test]
+    fn every_message_round_trips_both_ways(to_host_msg in to_host(), to_guest_msg in to_guest()) {
+        let wire = encoded(&to_host_msg);
+        prop_assert_eq!(frame::decode::<ToHost>(&wire).unwrap(), Some((to_host_msg, wire.len())));
+        let wire = encoded(&to_guest_msg);
+        prop_assert_eq!(frame::decode::<ToGuest>(&wire).unwrap(), Some((to_guest_msg, wire.len())));
     }
 
     #[test]

@@ -67,4 +67,62 @@ impl AttachClient {
         }
         statuses
     }
+
+    fn next(&mut self) -> ProcId {
+        let id = ProcId(self.next_id);
+        self.next_id += 1;
+        id
+    }
+
+    fn send(&mut self, msg: &ToGuest) {
+        frame::write(&mut self.stream, msg, &mut Vec::new()).unwrap();
+    }
+
+    fn recv(&mut self) -> Option<ToHost> {
+        frame::read::<ToHost, _>(&mut self.stream, &mut self.scratch).unwrap()
+    }
+
+    /// Starts `argv` with an empty stdin and returns its guest pid, reading nothing else.
+    pub fn spawn(&mut self, argv: &[&str]) -> u32 {
+        let id = self.next();
+        let spawn = Spawn {
+            id,
+            argv: argv.iter().map(|s| (*s).to_owned()).collect(),
+            env: vec![],
+            cwd: None,
+            pty: None,
+            output_window: DEFAULT_WINDOW_BYTES,
+        };
+        self.send(&ToGuest::Spawn(spawn));
+        self.send(&ToGuest::StdinEof { id });
+        loop {
+            match self.recv() {
+                Some(ToHost::Started { id: got, pid, .. }) if got == id => return pid,
+                Some(other @ (ToHost::Refused { .. } | ToHost::SpawnFailed { .. })) => panic!("not started: {other:?}"),
+                Some(_) => {}
+                None => panic!("the sandbox closed the attach connection"),
+            }
+        }
+    }
+
+    /// Re-attaches to the detached process `pid` and reads it to its exit, crediting every byte; returns its
+    /// stdout and status.
+    pub fn reattach(&mut self, pid: u32) -> (Vec<u8>, ExitStatus) {
+        let id = self.next();
+        self.send(&ToGuest::Reattach { id, pid });
+        let mut stdout = Vec::new();
+        loop {
+            match self.recv() {
+                Some(ToHost::Output { id: got, data, .. }) if got == id => {
+                    stdout.extend_from_slice(&data);
+                    let bytes = u32::try_from(data.len()).unwrap();
+                    self.send(&ToGuest::Credit { id, bytes });
+                }
+                Some(ToHost::Exited { id: got, status }) if got == id => return (stdout, status),
+                Some(ToHost::Refused { reason, .. }) => panic!("re-attach refused: {reason:?}"),
+                Some(_) => {}
+                None => panic!("the sandbox closed the attach connection"),
+            }
+        }
+    }
 }

@@ -65,6 +65,22 @@ pub fn with_rogue_agent(dir: &Path, mode: &str) -> PathBuf {
     with_init(dir, &name, rogue, &[("etc/rogue-mode", format!("{mode}\n").into_bytes())])
 }
 
+/// An image directory for `serve --images`: `default` (the harness image) and, for each mode, `rogue-MODE`,
+/// whose PID 1 is the rogue agent attacking in that mode. Returns the directory.
+pub fn images_with_rogues(dir: &Path, modes: &[&str]) -> PathBuf {
+    let root = dir.join("images");
+    let image = &crate::harness().image;
+    for (name, initrd) in std::iter::once(("default".to_owned(), image.join("initramfs.cpio")))
+        .chain(modes.iter().map(|m| (format!("rogue-{m}"), with_rogue_agent(dir, m))))
+    {
+        let into = root.join(name);
+        std::fs::create_dir_all(&into).unwrap();
+        std::os::unix::fs::symlink(image.join("vmlinuz"), into.join("vmlinuz")).unwrap();
+        std::os::unix::fs::symlink(initrd, into.join("initramfs.cpio")).unwrap();
+    }
+    root
+}
+
 fn with_init(dir: &Path, name: &str, init_bytes: Vec<u8>, extra: &[(&str, Vec<u8>)]) -> PathBuf {
     let original = std::fs::read(crate::harness().image.join("initramfs.cpio")).unwrap();
     let mut entries = read_cpio(&original);

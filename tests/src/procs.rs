@@ -145,6 +145,58 @@ impl Watcher {
     }
 }
 
+/// A memory figure of a process from `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in KiB; `None` once it is gone.
+pub fn status_kib(pid: i32, field: &str) -> Option<u64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = text.lines().find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':')))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The peak resident memory of the supervisors inside a scratch directory whose command line contains a
+/// needle: the largest `VmHWM` (the kernel's own high-water mark, so no peak falls between two samples but
+/// the last), sampled every 20 ms until stopped.
+#[derive(Debug)]
+pub struct PeakRss {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<u64>>,
+}
+
+impl PeakRss {
+    pub fn supervisors(dir: &Path, needle: &str) -> Self {
+        let (dir, needle) = (dir.to_owned(), needle.to_owned());
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = thread::spawn(move || {
+            let mut peak = 0;
+            loop {
+                let done = flag.load(Ordering::Acquire);
+                for p in inside(&dir) {
+                    if p.is_supervisor() && p.cmdline.iter().any(|a| a.contains(&needle)) {
+                        peak = status_kib(p.pid, "VmHWM").map_or(peak, |kib| peak.max(kib));
+                    }
+                }
+                if done {
+                    return peak;
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+        });
+        Self { stop, thread: Some(thread) }
+    }
+
+    /// The peak so far, in KiB.
+    pub fn peak(mut self) -> u64 {
+        self.stop.store(true, Ordering::Release);
+        self.thread.take().map_or(0, |t| t.join().unwrap_or(0))
+    }
+}
+
+impl Drop for PeakRss {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
 /// Sends `signal` to `pid`, ignoring a process that is already gone.
 pub fn signal(pid: i32, signal: nix::sys::signal::Signal) {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);

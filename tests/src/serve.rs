@@ -15,6 +15,7 @@ use crate::{control_env, harness, wait_until, Scratch, TestControl};
 pub struct Serve {
     pub child: Child,
     controls: Vec<TestControl>,
+    args: Vec<String>,
     pub socket: PathBuf,
     pub state: PathBuf,
     env: Vec<(String, String)>,
@@ -29,13 +30,20 @@ impl Serve {
 
     /// Starts it with `controls` switched on (the controls build, when there are any).
     pub fn with_controls(scratch: &Scratch, controls: &[TestControl]) -> Self {
+        Self::with(scratch, controls, &[])
+    }
+
+    /// Starts it with `controls` switched on and `args` added to `vm-driver serve`.
+    pub fn with(scratch: &Scratch, controls: &[TestControl], args: &[&str]) -> Self {
         let state = scratch.state();
         let env: Vec<(&str, String)> = control_env(controls).into_iter().collect();
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         scratch.waiting_for("vm-driver serve to listen");
         let mut serve = Self {
-            child: Self::spawn(&state, controls, &env),
+            child: Self::spawn(&state, controls, &env, &args),
             controls: controls.to_vec(),
+            args,
             socket: state.join("driver.sock"),
             state,
             env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
@@ -48,7 +56,7 @@ impl Serve {
         serve
     }
 
-    fn spawn(state: &Path, controls: &[TestControl], env: &[(&str, &str)]) -> Child {
+    fn spawn(state: &Path, controls: &[TestControl], env: &[(&str, &str)], args: &[String]) -> Child {
         let h = harness();
         Command::new(&h.build(controls).driver)
             .arg("serve")
@@ -57,6 +65,7 @@ impl Serve {
             .arg("--image")
             .arg(&h.image)
             .args(["--accel", &h.accel])
+            .args(args)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -95,7 +104,7 @@ impl Serve {
     /// Starts it again on the same state directory.
     pub fn restart(&mut self) {
         let env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        self.child = Self::spawn(&self.state, &self.controls, &env);
+        self.child = Self::spawn(&self.state, &self.controls, &env, &self.args);
         self.wait_listening();
     }
 

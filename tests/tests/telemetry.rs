@@ -355,3 +355,18 @@ fn a_blocked_stderr_never_stalls_the_supervisor_and_never_tears_a_line() {
     let events = read(&sup.sandbox_dir.join(SandboxFile::Events.name())).lines().count();
     assert!(events >= 1_200, "{events}");
 }
+
+#[test]
+fn tenant_argv_cannot_forge_a_log_line() {
+    let s = Scratch::new("argv-forge");
+    let forged = "x\n2026-01-01T00:00:00.000Z OCSF FORGED [Critical] fake\x1b[2J";
+    let out = Launch::new(&s, &["/bin/sh", "-c", "exit 0", forged]).flag("--id").flag("forge").run();
+    assert_eq!(out.code, Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let dir = s.state().join("sandboxes/forge");
+    let log = read(&dir.join(SandboxFile::SupervisorLog.name()));
+    assert!(log.contains("OCSF PROCESS:LAUNCH"), "the launch is logged");
+    for text in [log.as_str(), &String::from_utf8_lossy(&out.stderr)] {
+        assert!(!text.lines().any(|l| l.starts_with("2026-01-01T00:00:00.000Z")), "a forged line:\n{text}");
+        assert!(!text.contains('\x1b'), "an escape sequence reached a log");
+    }
+}

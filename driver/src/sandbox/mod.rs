@@ -29,9 +29,6 @@ use crate::image::Image;
 use crate::reap::{self, Leftovers};
 use crate::telemetry::TelemetryConfig;
 
-/// Grace the agent gives workload processes between SIGTERM and SIGKILL when a sandbox stops.
-pub const STOP_GRACE: Duration = Duration::from_secs(3);
-
 /// Margin on top of the boot timeout for the supervisor's own verdict to arrive.
 pub const READY_MARGIN: Duration = Duration::from_secs(10);
 
@@ -145,7 +142,7 @@ pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
         shape: spec.shape,
         accel: spec.accel,
         boot_timeout_ms: u64::try_from(spec.boot_timeout.as_millis()).unwrap_or(u64::MAX),
-        stop_grace_ms: u32::try_from(STOP_GRACE.as_millis()).unwrap_or(u32::MAX),
+        stop_grace_ms: u32::try_from(vm_contract::stop::GRACE.as_millis()).unwrap_or(u32::MAX),
         qemu: None,
         session_id: spec.session.as_ref().map(|s| s.id.clone()),
         generation: spec.session.as_ref().map_or(Generation(0), |s| s.generation),

@@ -252,7 +252,7 @@ impl Actor {
             supervisor: ctx.supervisor.clone(),
             id: self.id.clone(),
             layout: self.layout.clone(),
-            image: ctx.image.clone(),
+            image: ctx.images.resolve(&self.spec.image).map_err(|e| text(&e))?,
             shape: self.spec.shape,
             accel: ctx.accel,
             boot_timeout: ctx.boot_timeout,

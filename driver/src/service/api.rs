@@ -37,6 +37,9 @@ impl Api {
     pub fn new(reg: Arc<Registry>, accelerator: (String, String)) -> Self {
         Self { reg, accelerator }
     }
+    if let Err(e) = reg.ctx.images.resolve(&spec.image) {
+        out.push(e.to_string());
+    }
 }
 
 fn sandbox_id(text: &str) -> Result<SandboxId, Status> {

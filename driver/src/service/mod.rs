@@ -40,7 +40,7 @@ use vm_protocol::driver_api::FILE_DESCRIPTOR_SET;
 use self::actor::{Command, Initial};
 use self::registry::{Context, Registry};
 use self::socket::PeerPolicy;
-use crate::image::Image;
+use crate::image::ImageSet;
 use crate::reap;
 use crate::sandbox::supervisor::{self, SupervisorError};
 use crate::state::{StateDir, StateError};
@@ -58,8 +58,8 @@ pub struct ServeConfig {
     pub state_dir: PathBuf,
     /// Only this pid may use the API, when set.
     pub gateway_pid: Option<i32>,
-    /// The guest image.
-    pub image: Image,
+    /// The guest images.
+    pub images: ImageSet,
     /// The accelerator asked for.
     pub accel: AccelChoice,
     /// Telemetry settings for supervisors.
@@ -132,7 +132,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         state: state.clone(),
         sessions_socket: sessions_path.clone(),
         supervisor: binary,
-        image: config.image.clone(),
+        images: config.images.clone(),
         accel: config.accel,
         telemetry: config.telemetry.clone(),
         otlp_headers: telemetry::headers_from_env()?,

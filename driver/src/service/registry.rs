@@ -14,7 +14,7 @@ use vm_contract::session::{Generation, SessionHello, SessionId};
 use vm_protocol::driver_api::{watch_event, PlatformEvent, Sandbox, WatchEvent};
 
 use super::actor::Command;
-use crate::image::Image;
+use crate::image::ImageSet;
 use crate::state::StateDir;
 use crate::telemetry::TelemetryConfig;
 
@@ -30,8 +30,8 @@ pub struct Context {
     pub sessions_socket: PathBuf,
     /// The supervisor binary.
     pub supervisor: PathBuf,
-    /// The guest image.
-    pub image: Image,
+    /// The guest images.
+    pub images: ImageSet,
     /// The accelerator asked for.
     pub accel: AccelChoice,
     /// Telemetry settings for supervisors.

@@ -20,6 +20,9 @@ pub struct StoredSpec {
     pub shape: SandboxShape,
     /// Environment of every process.
     pub env: BTreeMap<String, String>,
+    /// The image's name; empty for the default.
+    #[serde(default)]
+    pub image: String,
 }
 
 impl StoredSpec {
@@ -31,6 +34,7 @@ impl StoredSpec {
         Ok(Self {
             shape: SandboxShape::with_defaults(spec.cpus, spec.memory_mib)?,
             env: spec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            image: spec.image.clone(),
         })
     }
 
@@ -41,6 +45,7 @@ impl StoredSpec {
             memory_mib: self.shape.memory_mib(),
             env: self.env.clone().into_iter().collect(),
             readiness: ReadinessKind::ReadinessTcp.into(),
+            image: self.image.clone(),
         }
     }
 }

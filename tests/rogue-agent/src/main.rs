@@ -16,7 +16,8 @@
 //! | `ignore-shutdown` | answers politely, and never powers off when told to |
 //!
 //! "Answers politely" means: every `Spawn` gets `Started`, one line of output and `Exited(0)`, without
-//! running anything. The fixture never powers the VM off on its own: the host has to.
+//! running anything; a `Spawn` of `hang` gets `Started` only, and a signal ends it. The fixture never powers
+//! the VM off on its own: the host has to.
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test fixture; a panic is an attack too")]
 
@@ -138,8 +139,13 @@ fn polite(port: &mut File, out: &mut File, ignore_shutdown: bool) {
                 let id = spawn.id;
                 let output_window = spawn.output_window;
                 send(out, &ToHost::Started { id, pid: 1000 + id.0, stdin_window: DEFAULT_WINDOW_BYTES, output_window });
-                send(out, &output(id, b"polite\n"));
-                send(out, &ToHost::Exited { id, status: ExitStatus::Code(0) });
+                if spawn.argv.first().map(String::as_str) != Some("hang") {
+                    send(out, &output(id, b"polite\n"));
+                    send(out, &ToHost::Exited { id, status: ExitStatus::Code(0) });
+                }
+            }
+            Ok(ToGuest::Signal { id, signal }) => {
+                send(out, &ToHost::Exited { id, status: ExitStatus::Signaled(signal.number()) });
             }
             Ok(ToGuest::Ping { nonce }) => send(out, &ToHost::Pong { nonce }),
             Ok(ToGuest::Shutdown { .. }) if ignore_shutdown => eprintln!("vm-rogue-agent: ignoring Shutdown"),

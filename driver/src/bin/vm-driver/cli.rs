@@ -92,8 +92,10 @@ pub struct VmArgs {
     /// How long the guest may take to boot, in seconds.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     pub boot_timeout: u64,
-    /// On stop, how long to wait for the supervisor after SIGTERM before SIGKILL, in seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    /// On stop, how long to wait for the supervisor after SIGTERM before SIGKILL, in seconds. The default is
+    /// the stop budget (the guest's grace, its power-off, the VMM's exit and the telemetry flush); a shorter one
+    /// can cut the flush.
+    #[arg(long, value_name = "SECS", default_value_t = vm_contract::stop::driver_deadline().as_secs())]
     pub stop_timeout: u64,
     /// State directory (default: $VM_DRIVER_STATE_DIR, else $XDG_RUNTIME_DIR/vm-driver, else /run/vm-driver for root).
     #[arg(long, value_name = "DIR")]
@@ -169,6 +171,10 @@ pub struct ServeArgs {
     /// Only this process (the gateway) may use the API.
     #[arg(long, value_name = "PID")]
     pub gateway_pid: Option<i32>,
+    /// Named guest images, one per subdirectory (vmlinuz + initramfs.cpio), that a sandbox may ask for
+    /// (default: the directory holding the default image, so `default` is one of them).
+    #[arg(long, value_name = "DIR")]
+    pub images: Option<PathBuf>,
     #[command(flatten)]
     pub vm: VmArgs,
     #[command(flatten)]
@@ -211,6 +217,9 @@ pub struct CreateArgs {
     /// How long to wait for ready, in seconds.
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     pub wait_timeout: u64,
+    /// The guest image, by name (a directory under `serve --images`); the default image when not given.
+    #[arg(long, value_name = "NAME")]
+    pub image: Option<String>,
     /// The sandbox id ([A-Za-z0-9._-], at most 128).
     pub id: SandboxId,
 }

@@ -85,16 +85,19 @@ async fn run(command: Command) -> Result<u8> {
         Command::Serve(args) => {
             let args = *args;
             let state_dir = state_dir(&args.vm);
-            let image = vm_driver::image::resolve(
+            let default = vm_driver::image::resolve(
                 args.vm.image.as_deref(),
                 args.vm.kernel.as_deref(),
                 args.vm.initrd.as_deref(),
             )?;
+            // Named images live beside the default one unless told otherwise.
+            let root = args.images.or_else(|| default.kernel.parent().and_then(|d| d.parent()).map(PathBuf::from));
+            let images = vm_driver::image::ImageSet { default, root };
             service::serve(ServeConfig {
                 socket: args.socket.unwrap_or_else(|| state_dir.join("driver.sock")),
                 state_dir,
                 gateway_pid: args.gateway_pid,
-                image,
+                images,
                 accel: args.vm.accel,
                 telemetry: args.telemetry.config(),
                 boot_timeout: Duration::from_secs(args.vm.boot_timeout),
@@ -110,6 +113,7 @@ async fn run(command: Command) -> Result<u8> {
                 memory_mib: shape.memory_mib(),
                 env: args.env.into_iter().collect(),
                 readiness: 0,
+                image: args.image.unwrap_or_default(),
             };
             let timeout = Duration::from_secs(args.wait_timeout);
             client::create(&args.socket.path(), args.id.as_str(), spec, !args.no_wait, timeout).await?;
