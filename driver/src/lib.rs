@@ -16,6 +16,7 @@ vm_contract::test_controls!();
 
 pub mod attach_client;
 mod cgroup;
+pub mod gc;
 pub mod image;
 mod procs;
 pub mod reap;

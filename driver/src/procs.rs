@@ -1,4 +1,5 @@
-//! Killing recorded processes safely: by pidfd, only after checking the start time, confirmed by the pidfd.
+//! Recorded processes, by pidfd: killed safely (only after checking the start time, confirmed by the pidfd),
+//! and watched for their exit.
 
 use std::os::fd::OwnedFd;
 use std::time::Duration;
@@ -27,4 +28,34 @@ pub fn kill(record: &ProcessRecord) -> bool {
     let timeout = Timespec::try_from(limit).unwrap_or(Timespec { tv_sec: 2, tv_nsec: 0 });
     let _ = poll(&mut fds, Some(&timeout));
     true
+}
+
+/// A process watched for its exit: a small thread waits on its pidfd (readable once it has exited). A thread
+/// rather than the async reactor, because registering a raw descriptor with tokio is `unsafe` and a blocking
+/// wait is not; the thread ends when the process does.
+#[derive(Debug)]
+pub struct ExitWatch(tokio::sync::watch::Receiver<bool>);
+
+impl ExitWatch {
+    /// Watches `record`, if that very process still exists.
+    pub fn new(record: &ProcessRecord) -> Option<Self> {
+        let fd = open(record)?;
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        std::thread::Builder::new()
+            .name("vm-driver-exit-watch".into())
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+                while let Err(rustix::io::Errno::INTR) = poll(&mut fds, None) {}
+                let _ = tx.send(true);
+            })
+            .ok()?;
+        Some(Self(rx))
+    }
+
+    /// Resolves when the process has exited.
+    pub async fn exited(&self) {
+        // The sender goes away only after saying so (or if its thread died): either way, stop waiting.
+        let _ = self.0.clone().wait_for(|gone| *gone).await;
+    }
 }

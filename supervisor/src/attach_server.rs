@@ -22,8 +22,8 @@ use crate::mux::ClientId;
 /// How long a connecting client has to complete its handshake.
 const HANDSHAKE_TIMEOUT_MS: u64 = 5_000;
 
-/// Attach connections at once.
-pub const MAX_CLIENTS: usize = 64;
+/// Attach connections at once (the driver's contract).
+pub const MAX_CLIENTS: usize = vm_contract::attach::MAX_CLIENTS;
 
 /// Frames queued towards one client. Output is bounded by the windows the client granted; this bounds the
 /// rest (starts, exits, credits).

@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::net::UnixListener;
 use tokio::process::Child;
 use tokio::sync::watch;
+use vm_contract::accel::Accelerator;
 use vm_contract::args::SupervisorArgs;
 use vm_contract::layout::SandboxFile;
 use vm_contract::pids::{ProcessRecord, SandboxPids};
@@ -160,11 +161,21 @@ pub(crate) async fn boot(
     status::report(&SupervisorStatus::Accelerator { accel, fallback: fallback.map(|w| w.to_string()) });
     let qemu = match &args.qemu {
         Some(q) => q.clone(),
-        None => vmm::find_qemu().ok_or(StartError::NoQemu)?,
+        None => vmm::find_on_path("qemu-system-x86_64").ok_or(StartError::NoQemu)?,
     };
+    let nice = vmm::find_on_path("nice");
+    if nice.is_none() {
+        tracing::warn!("no `nice` on PATH: the VMM runs at the control plane's CPU priority");
+    }
     let channel = bind(SandboxFile::Channel)?;
     let console = bind(SandboxFile::ConsoleSocket)?;
-    let config = VmmConfig { qemu, kernel: args.kernel.clone(), initrd: args.initrd.clone(), shape: args.shape, accel };
+    let config =
+        VmmConfig { qemu, nice, kernel: args.kernel.clone(), initrd: args.initrd.clone(), shape: args.shape, accel };
+    if accel == Accelerator::Tcg {
+        // Under TCG huge pages buy nothing, and cost a whole 2 MiB of host memory for every guest page
+        // touched in it: an idle 128 MiB guest would hold all 128 MiB. QEMU inherits the setting.
+        let _ = rustix::thread::disable_transparent_huge_pages(true);
+    }
     let mut vmm = config.spawn().map_err(StartError::SpawnVmm)?;
     let booted = async {
         let logs = guest_logs(&mut vmm, &console, senders).await?;

@@ -5,6 +5,11 @@
 //! [`ACK_TIMEOUT_MS`]; when one is late, or the watchdog's pipe closes, the supervisor stops the VM itself.
 //! The pulses are a branch of the loop that drives the VM and the boundary: if that loop hangs, the pulses
 //! stop and the watchdog kills the VMM.
+//!
+//! A deadline measures the peer's silence, not the observer's own scheduling gap: on a busy host the
+//! supervisor itself may run late, and an echo that waited in the pipe meanwhile is not late. So echoes are
+//! read before pulses are judged, and when a pulse tick fires more than [`OWN_GAP_TOLERANCE`] after it was
+//! due, the time this side was not running is not counted against the watchdog.
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -23,6 +28,8 @@ pub const PULSE_INTERVAL_MS: u64 = 250;
 pub const ACK_TIMEOUT_MS: u64 = 1_000;
 /// Longest wait for the watchdog's ready byte.
 pub const READY_TIMEOUT_MS: u64 = 5_000;
+/// A tick this late means this side was not running; the gap is not the watchdog's silence.
+pub const OWN_GAP_TOLERANCE: Duration = Duration::from_millis(PULSE_INTERVAL_MS);
 /// Longest wait for the watchdog to exit after a normal close.
 const CLOSE_TIMEOUT_MS: u64 = 2_000;
 
@@ -81,6 +88,17 @@ impl Ledger {
     /// [`LeaseFailure::Unexpected`] when no pulse is outstanding.
     pub fn echoed(&mut self) -> Result<(), LeaseFailure> {
         self.unechoed.pop_front().map(drop).ok_or(LeaseFailure::Unexpected)
+    }
+
+    /// A pulse tick due at `due` fired at `now`: if this side was not running for a while, the outstanding
+    /// pulses' clocks stop for that while.
+    pub fn ticked(&mut self, due: Instant, now: Instant) {
+        let gap = now.saturating_duration_since(due);
+        if gap > OWN_GAP_TOLERANCE {
+            for sent in &mut self.unechoed {
+                *sent += gap;
+            }
+        }
     }
 
     /// Whether every pulse older than the ack timeout has been echoed.
@@ -146,17 +164,21 @@ impl Lease {
     pub async fn step(&mut self) -> Result<(), LeaseFailure> {
         let mut echo = [0u8];
         tokio::select! {
-            _ = self.interval.tick() => {
-                self.ledger.check(Instant::now())?;
-                self.pulses.write_all(&[PULSE]).await.map_err(|_| LeaseFailure::WatchdogGone)?;
-                self.ledger.sent(Instant::now());
-                Ok(())
-            }
+            // Echoes first: one that is waiting is never judged late.
+            biased;
             read = self.echoes.read(&mut echo) => match read {
                 Ok(1) if echo[0] == PULSE => self.ledger.echoed(),
                 Ok(1) if echo[0] == KILLING => Err(LeaseFailure::WatchdogKilling),
                 Ok(0) | Err(_) => Err(LeaseFailure::WatchdogGone),
                 Ok(_) => Err(LeaseFailure::Unexpected),
+            },
+            due = self.interval.tick() => {
+                let now = Instant::now();
+                self.ledger.ticked(due, now);
+                self.ledger.check(now)?;
+                self.pulses.write_all(&[PULSE]).await.map_err(|_| LeaseFailure::WatchdogGone)?;
+                self.ledger.sent(Instant::now());
+                Ok(())
             }
         }
     }
@@ -193,6 +215,23 @@ mod tests {
         assert_eq!(ledger.check(t0 + Duration::from_millis(1001)), Err(LeaseFailure::EchoLate));
         ledger.echoed().unwrap();
         assert!(ledger.check(t0 + Duration::from_secs(10)).is_ok());
+    }
+
+    #[test]
+    fn this_sides_own_gap_is_not_the_watchdogs_silence() {
+        let t0 = Instant::now();
+        let mut ledger = Ledger::new(true);
+        ledger.sent(t0);
+        // This side slept 3 s past a tick: the pulse's clock stopped meanwhile.
+        let due = t0 + Duration::from_millis(PULSE_INTERVAL_MS);
+        ledger.ticked(due, due + Duration::from_secs(3));
+        assert!(ledger.check(due + Duration::from_secs(3)).is_ok());
+        assert_eq!(ledger.check(due + Duration::from_secs(4) + Duration::from_millis(1)), Err(LeaseFailure::EchoLate));
+        // A tick on time stops nothing.
+        let mut ledger = Ledger::new(true);
+        ledger.sent(t0);
+        ledger.ticked(due, due + Duration::from_millis(10));
+        assert_eq!(ledger.check(t0 + Duration::from_millis(1001)), Err(LeaseFailure::EchoLate));
     }
 
     #[test]

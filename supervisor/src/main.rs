@@ -19,6 +19,10 @@ fn main() -> ExitCode {
         return probe(argv.get(2).map_or("auto", String::as_str));
     }
     let args = SupervisorArgs::parse();
+    // A session of its own: a terminal's Ctrl-C reaches only the driver, and where the host has no CPU
+    // cgroup for the sandbox, the kernel's autogroup schedules this sandbox (supervisor and QEMU) as one
+    // group beside the host's other sessions; inside it QEMU runs niced, so the leash comes first.
+    let _ = rustix::process::setsid();
     #[cfg(feature = "test-controls")]
     {
         use vm_contract::test_control::{announcement, TestControl};

@@ -8,6 +8,9 @@
 //!   terminal, and neither is a file QEMU could grow.
 //! - The boundary channel is a virtio-serial port whose host side connects, as a client, to the
 //!   supervisor's listening socket, so no guest byte can be written before we are attached.
+//! - The VMM runs at a lower CPU priority (nice [`VMM_NICE`]) than the control plane (driver, supervisor,
+//!   watchdog), through the `nice` utility so that every QEMU thread inherits it from the first instruction:
+//!   on a busy host the leash is scheduled before the emulation it guards.
 //! - Paths are relative to the sandbox directory (QEMU's working directory), which keeps Unix socket paths
 //!   short whatever the state directory is.
 
@@ -20,6 +23,13 @@ use vm_contract::accel::Accelerator;
 use vm_contract::layout::SandboxFile;
 use vm_contract::shape::SandboxShape;
 use vm_protocol::CHANNEL_PORT_NAME;
+
+/// QEMU's TCG translation cache, MiB: the largest part of an emulated VM's host memory beyond its guest's.
+/// Measured in `docs/benchmarks.md` (density).
+pub const TCG_TB_SIZE_MIB: u32 = 32;
+
+/// The VMM's niceness: the data plane yields to the control plane.
+pub const VMM_NICE: u8 = 10;
 
 /// Kernel arguments for every boot: serial console, reboot (not hang) on panic or request, and no probing
 /// of hardware microvm does not have.
@@ -38,6 +48,8 @@ pub const SANDBOX_POLICY: &str = "on,obsolete=deny,elevateprivileges=deny,spawn=
 pub struct VmmConfig {
     /// The QEMU binary.
     pub qemu: PathBuf,
+    /// The `nice` utility that starts it at [`VMM_NICE`], when the host has one.
+    pub nice: Option<PathBuf>,
     /// Guest kernel.
     pub kernel: PathBuf,
     /// Guest initramfs.
@@ -59,9 +71,11 @@ impl VmmConfig {
         let mut args: Vec<OsString> = Vec::new();
         let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
         push(&["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
-        push(&["-M", "microvm,pit=on,pic=on,rtc=on", "-accel", self.accel.as_str()]);
-        if self.accel == Accelerator::Kvm {
-            push(&["-cpu", "host"]);
+        push(&["-M", "microvm,pit=on,pic=on,rtc=on"]);
+        match self.accel {
+            Accelerator::Kvm => push(&["-accel", "kvm", "-cpu", "host"]),
+            // QEMU's default translation cache is 1 GiB, and a guest that runs long enough fills it.
+            Accelerator::Tcg => push(&["-accel", &format!("tcg,tb-size={TCG_TB_SIZE_MIB}")]),
         }
         push(&["-smp", &self.shape.cpus().to_string(), "-m", &format!("{}M", self.shape.memory_mib())]);
         push(&["-sandbox", SANDBOX_POLICY]);
@@ -86,7 +100,15 @@ impl VmmConfig {
     /// # Errors
     /// QEMU cannot be executed.
     pub fn spawn(&self) -> std::io::Result<Child> {
-        Command::new(&self.qemu)
+        let mut command = match &self.nice {
+            Some(nice) => {
+                let mut c = Command::new(nice);
+                c.arg("-n").arg(VMM_NICE.to_string()).arg(&self.qemu);
+                c
+            }
+            None => Command::new(&self.qemu),
+        };
+        command
             .args(self.args())
             .env_clear()
             .stdin(Stdio::null())
@@ -97,10 +119,10 @@ impl VmmConfig {
     }
 }
 
-/// Finds `qemu-system-x86_64` on `PATH`.
-pub fn find_qemu() -> Option<PathBuf> {
+/// Finds `name` (`qemu-system-x86_64`, `nice`) on `PATH`.
+pub fn find_on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
-    std::env::split_paths(&path).map(|d| d.join("qemu-system-x86_64")).find(|p| p.is_file())
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
 #[cfg(test)]
@@ -110,6 +132,7 @@ mod tests {
     fn config(accel: Accelerator) -> VmmConfig {
         VmmConfig {
             qemu: "qemu".into(),
+            nice: None,
             kernel: "/img/vmlinuz".into(),
             initrd: "/img/initramfs.cpio".into(),
             shape: SandboxShape::new(2, 512).unwrap(),
@@ -135,7 +158,7 @@ mod tests {
     #[test]
     fn tcg_gets_its_boot_arguments_and_kvm_does_not() {
         assert!(joined(Accelerator::Tcg).contains("tsc_early_khz=2000000 no_timer_check"));
-        assert!(joined(Accelerator::Tcg).contains("-accel tcg"));
+        assert!(joined(Accelerator::Tcg).contains(&format!("-accel tcg,tb-size={TCG_TB_SIZE_MIB}")));
         let kvm = joined(Accelerator::Kvm);
         assert!(kvm.contains("-accel kvm -cpu host"));
         assert!(!kvm.contains("mitigations=off"));

@@ -52,10 +52,10 @@ impl ProcInfo {
         self.cmdline.first().is_some_and(|a| a.ends_with("vm-supervisor"))
     }
 
-    /// The value after `-accel` on a QEMU command line.
+    /// The accelerator after `-accel` on a QEMU command line (`tcg` of `tcg,tb-size=32`).
     pub fn accel(&self) -> Option<String> {
         let at = self.cmdline.iter().position(|a| a == "-accel")?;
-        self.cmdline.get(at + 1).cloned()
+        self.cmdline.get(at + 1).and_then(|a| a.split(',').next()).map(str::to_owned)
     }
 }
 

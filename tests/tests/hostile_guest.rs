@@ -150,8 +150,8 @@ fn control_without_invariants_an_empty_output_flood_grows_the_supervisor() {
     let p = run.procs();
     let peak = PeakRss::supervisors(&s.dir, "rogue");
     s.waiting_for("the unchecked flood to grow the supervisor");
-    let grew = wait_until(Duration::from_secs(30), || {
-        vm_e2e::procs::status_kib(p.supervisor.pid, "VmRSS").unwrap_or(0) > 2 * RSS_BOUND_KIB
+    let grew = wait_until(Duration::from_secs(60), || {
+        vm_e2e::procs::status_kib(p.supervisor.pid, "VmRSS").unwrap_or(0) > RSS_BOUND_KIB
     });
     let peak = peak.peak();
     let start = Instant::now();
@@ -159,11 +159,7 @@ fn control_without_invariants_an_empty_output_flood_grows_the_supervisor() {
     run.driver.wait().unwrap();
     assert!(gone_within(&p.vmm, Duration::from_secs(5)), "the VM outlived the driver under the flood");
     let stopped = start.elapsed();
-    assert!(
-        grew,
-        "control: unchecked, the flood grows the supervisor past {} KiB (peak {peak} KiB)",
-        2 * RSS_BOUND_KIB
-    );
+    assert!(grew, "control: unchecked, the flood grows the supervisor past {RSS_BOUND_KIB} KiB (peak {peak} KiB)");
     eprintln!("e2e: control confirmed: supervisor grew to {peak} KiB; driver SIGKILL -> VMM gone in {stopped:?}");
 }
 

@@ -5,6 +5,8 @@
 //! start:  fresh generation (old pids and tombstone gone) -> auth bundle (0600) -> cgroup -> supervisor
 //!         (liveness pipe, trusted argv)            any failure: take everything back, tombstone `failed`
 //! ready:  the supervisor's verdict, within the boot timeout plus READY_MARGIN
+//! run:    until the supervisor exits, or the VMM exits and the supervisor does not follow within
+//!         VMM_GONE_GRACE (it is hung: the watchdog killed the VM under it)
 //! stop:   SIGTERM, bounded wait, then close the liveness pipe (supervisor::SupervisorProcess::stop)
 //! end:    reap what the supervisor left, sweep the cgroup, take back an unread bundle, write the tombstone
 //! ```
@@ -31,6 +33,20 @@ use crate::telemetry::TelemetryConfig;
 
 /// Margin on top of the boot timeout for the supervisor's own verdict to arrive.
 pub const READY_MARGIN: Duration = Duration::from_secs(10);
+/// How long a healthy supervisor takes, at most, to follow its VMM out; one that does not is hung.
+pub const VMM_GONE_GRACE: Duration = Duration::from_secs(2);
+/// The stop of a hung supervisor: it cannot answer SIGTERM, so the wait before SIGKILL is short.
+pub const HUNG_STOP_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How a running generation ended on its own.
+#[derive(Debug)]
+pub enum Ended {
+    /// The supervisor exited, with this status.
+    Exited(Option<std::process::ExitStatus>),
+    /// The VMM is gone and the supervisor did not follow within [`VMM_GONE_GRACE`]: it is hung (frozen,
+    /// or its loop stuck), and the watchdog killed the VM under it. Stop it with [`HUNG_STOP_TIMEOUT`].
+    Hung,
+}
 
 /// Everything one start of a sandbox needs. All of it is trusted input.
 #[derive(Debug, Clone)]
@@ -99,6 +115,8 @@ pub struct Running {
     cgroup: Option<PathBuf>,
     boot_timeout: Duration,
     ready_by: tokio::time::Instant,
+    /// The VMM, watched from the ready verdict on.
+    vmm: Option<crate::procs::ExitWatch>,
 }
 
 /// A generation whose supervisor has exited, not yet cleaned up.
@@ -157,6 +175,7 @@ pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
             cgroup,
             boot_timeout: spec.boot_timeout,
             ready_by: tokio::time::Instant::now() + spec.boot_timeout + READY_MARGIN,
+            vmm: None,
         }),
         Err(e) => {
             // Nothing runs: take back the credentials and the cgroup made for it.
@@ -178,12 +197,31 @@ impl Running {
     /// # Errors
     /// [`SupervisorError`] with the supervisor's own explanation where it gave one.
     pub async fn ready(&mut self) -> Result<Ready, SupervisorError> {
-        self.sup.ready(self.ready_by, self.boot_timeout).await
+        let ready = self.sup.ready(self.ready_by, self.boot_timeout).await?;
+        if !crate::control(vm_contract::test_control::TestControl::NoVmmWatch) {
+            self.vmm = ready.vmm.as_ref().and_then(crate::procs::ExitWatch::new);
+        }
+        Ok(ready)
     }
 
-    /// Waits until the supervisor exits on its own.
-    pub async fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.sup.exited().await
+    /// Waits until the generation ends on its own: the supervisor exits, or it is found hung. Safe to cancel
+    /// and call again.
+    pub async fn ended(&mut self) -> Ended {
+        let vmm_gone = async {
+            match &self.vmm {
+                Some(vmm) => vmm.exited().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            status = self.sup.exited() => return Ended::Exited(status),
+            () = vmm_gone => {}
+        }
+        // A healthy supervisor notices the VMM's exit at once and exits (status 3); give it the time.
+        match tokio::time::timeout(VMM_GONE_GRACE, self.sup.exited()).await {
+            Ok(status) => Ended::Exited(status),
+            Err(_) => Ended::Hung,
+        }
     }
 
     /// The orderly stop: SIGTERM, wait up to `timeout`, then close the liveness pipe (SIGKILL first when it

@@ -24,6 +24,7 @@ use vm_contract::accel::Accelerator;
 use vm_contract::args::SupervisorArgs;
 use vm_contract::exit::SupervisorExit;
 use vm_contract::layout::{SandboxFile, SandboxLayout};
+use vm_contract::pids::ProcessRecord;
 use vm_contract::status::SupervisorStatus;
 use vm_contract::test_control::TestControl;
 
@@ -86,6 +87,8 @@ pub struct Ready {
     pub accel: Accelerator,
     /// Why `auto` did not use KVM, if it did not.
     pub fallback: Option<String>,
+    /// The VMM, as it was when the supervisor reported ready.
+    pub vmm: Option<ProcessRecord>,
 }
 
 /// How a stop ended.
@@ -132,8 +135,8 @@ pub fn locate() -> Result<PathBuf, SupervisorError> {
 
 impl SupervisorProcess {
     /// Starts `binary` with `args`, the liveness pipe as its stdin, its status on a pipe, and its stderr in
-    /// `supervisor.log`. It gets its own process group, so a Ctrl-C at the terminal reaches only the driver,
-    /// which decides what to do with it.
+    /// `supervisor.log`. It starts its own session (`vm-supervisor` calls `setsid`), so a Ctrl-C at the terminal
+    /// reaches only the driver, which decides what to do with it.
     ///
     /// # Errors
     /// [`SupervisorError`] when the pipe, the log or the process cannot be made.
@@ -155,8 +158,7 @@ impl SupervisorProcess {
             .current_dir(layout.dir())
             .stdin(Stdio::from(read_end))
             .stdout(Stdio::piped())
-            .stderr(stderr)
-            .process_group(0);
+            .stderr(stderr);
         let mut child = cmd.spawn().map_err(SupervisorError::Spawn)?;
         // Drop our copy of the read end now (it lives in `cmd`): only the supervisor may hold it.
         drop(cmd);
@@ -189,9 +191,10 @@ impl SupervisorProcess {
             loop {
                 match self.status.recv().await {
                     Some(SupervisorStatus::Accelerator { accel, fallback }) => self.accel = (accel, fallback),
-                    Some(SupervisorStatus::Ready { .. }) => {
+                    Some(SupervisorStatus::Ready { vmm_pid, .. }) => {
                         let (accel, fallback) = self.accel.clone();
-                        return Ok(Ready { accel, fallback });
+                        let vmm = i32::try_from(vmm_pid).ok().and_then(ProcessRecord::read);
+                        return Ok(Ready { accel, fallback, vmm });
                     }
                     Some(SupervisorStatus::Failed { error }) => return Err(SupervisorError::StartFailed(error)),
                     Some(SupervisorStatus::Stopped { .. }) | None => {

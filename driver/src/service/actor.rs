@@ -11,6 +11,7 @@
 //! first; on driver shutdown the sandbox stops without it, so it comes back on restart.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use vm_contract::ids::SandboxId;
@@ -19,10 +20,10 @@ use vm_contract::session::{Generation, SessionId};
 use vm_contract::tombstone::EndReason;
 use vm_protocol::driver_api::{Sandbox, SandboxState};
 
-use super::registry::Registry;
+use super::registry::{InsertError, Registry};
 use super::store::{self, StoredSpec};
 use crate::sandbox::supervisor::{describe, Ready, SupervisorError};
-use crate::sandbox::{self, Running, SessionSpec, StartSpec};
+use crate::sandbox::{self, Ended, Running, SessionSpec, StartSpec, HUNG_STOP_TIMEOUT};
 use crate::state;
 
 /// What the API (and the session server) ask of a sandbox.
@@ -73,11 +74,21 @@ struct Actor {
 enum Happened {
     Command(Option<Command>),
     Ready(Result<Ready, SupervisorError>),
-    Exited(Option<std::process::ExitStatus>),
+    Ended(Ended),
 }
 
-/// Registers the sandbox and starts its actor. `false` if the id is taken.
-pub fn spawn(reg: &Arc<Registry>, id: SandboxId, layout: SandboxLayout, spec: StoredSpec, initial: Initial) -> bool {
+/// Registers the sandbox and starts its actor; with `admit`, only if it fits (see [`Registry::insert`]).
+///
+/// # Errors
+/// [`InsertError`].
+pub fn spawn(
+    reg: &Arc<Registry>,
+    id: SandboxId,
+    layout: SandboxLayout,
+    spec: StoredSpec,
+    initial: Initial,
+    admit: bool,
+) -> Result<(), InsertError> {
     let (tx, rx) = mpsc::channel(16);
     let view = Sandbox {
         sandbox_id: id.to_string(),
@@ -87,9 +98,7 @@ pub fn spawn(reg: &Arc<Registry>, id: SandboxId, layout: SandboxLayout, spec: St
         running_intent: initial == Initial::Start,
         ..Sandbox::default()
     };
-    if !reg.insert(id.clone(), view.clone(), tx) {
-        return false;
-    }
+    reg.insert(id.clone(), view.clone(), tx, admit)?;
     let mut actor = Actor { id, layout, spec, reg: Arc::clone(reg), view, running: None, ready: false, session: None };
     tokio::spawn(async move {
         match initial {
@@ -99,7 +108,7 @@ pub fn spawn(reg: &Arc<Registry>, id: SandboxId, layout: SandboxLayout, spec: St
         }
         actor.run(rx).await;
     });
-    true
+    Ok(())
 }
 
 impl Actor {
@@ -112,7 +121,7 @@ impl Actor {
                 },
                 Some(running) => tokio::select! {
                     cmd = rx.recv() => Happened::Command(cmd),
-                    status = running.exited() => Happened::Exited(status),
+                    ended = running.ended() => Happened::Ended(ended),
                 },
                 None => Happened::Command(rx.recv().await),
             };
@@ -133,17 +142,24 @@ impl Actor {
                 }
                 Happened::Ready(Err(e)) => {
                     let detail = format!("start failed: {}", vm_contract::logs::chain(&e));
-                    self.finish(EndReason::Failed).await;
+                    self.finish(EndReason::Failed, self.reg.ctx.stop_timeout).await;
                     self.set(SandboxState::Failed, detail);
                 }
-                Happened::Exited(status) => {
-                    self.finish(EndReason::Failed).await;
+                Happened::Ended(Ended::Exited(status)) => {
                     let status = describe(&status);
+                    // Not ready from this moment: the cleanup below takes time.
+                    let detail = format!("the sandbox stopped on its own (vm-supervisor ended with {status})");
+                    self.set(SandboxState::Failed, detail.clone());
+                    self.finish(EndReason::Failed, self.reg.ctx.stop_timeout).await;
                     self.reg.platform(&self.id, "supervisor-exited", format!("vm-supervisor ended with {status}"));
-                    self.set(
-                        SandboxState::Failed,
-                        format!("the sandbox stopped on its own (vm-supervisor ended with {status})"),
-                    );
+                    self.set(SandboxState::Failed, detail);
+                }
+                Happened::Ended(Ended::Hung) => {
+                    let detail = "the VM stopped and its supervisor did not follow (hung); it was killed";
+                    self.set(SandboxState::Failed, detail.into());
+                    self.finish(EndReason::Failed, HUNG_STOP_TIMEOUT).await;
+                    self.reg.platform(&self.id, "supervisor-exited", detail);
+                    self.set(SandboxState::Failed, detail.into());
                 }
             }
         }
@@ -157,7 +173,7 @@ impl Actor {
                 self.view.running_intent = false;
                 if self.running.is_some() {
                     self.set(SandboxState::Stopping, String::new());
-                    self.finish(EndReason::Stopped).await;
+                    self.finish(EndReason::Stopped, self.reg.ctx.stop_timeout).await;
                 }
                 self.set(SandboxState::Stopped, String::new());
                 let _ = reply.send(self.view.clone());
@@ -170,7 +186,7 @@ impl Actor {
                 let _ = reply.send(self.view.clone());
             }
             Command::Delete(reply) => {
-                self.finish(EndReason::Deleted).await;
+                self.finish(EndReason::Deleted, self.reg.ctx.stop_timeout).await;
                 let _ = std::fs::remove_dir_all(self.layout.dir());
                 self.reg.remove(&self.id);
                 self.reg.platform(&self.id, "deleted", "sandbox deleted");
@@ -178,7 +194,7 @@ impl Actor {
                 return false;
             }
             Command::Shutdown(reply) => {
-                self.finish(EndReason::DriverShutdown).await;
+                self.finish(EndReason::DriverShutdown, self.reg.ctx.stop_timeout).await;
                 let _ = reply.send(());
                 return false;
             }
@@ -263,10 +279,11 @@ impl Actor {
         sandbox::start(&spec).map_err(|e| text(&e))
     }
 
-    /// Ends the running generation, if any: the orderly stop, then reap, sweep and tombstone.
-    async fn finish(&mut self, reason: EndReason) {
+    /// Ends the running generation, if any: the orderly stop (up to `timeout`), then reap, sweep and
+    /// tombstone.
+    async fn finish(&mut self, reason: EndReason, timeout: Duration) {
         if let Some(running) = self.running.take() {
-            running.stop(self.reg.ctx.stop_timeout).await.end(reason).await;
+            running.stop(timeout).await.end(reason).await;
         }
         (self.ready, self.session) = (false, None);
     }

@@ -13,15 +13,15 @@ use vm_contract::ids::SandboxId;
 use vm_contract::shape::{SandboxShape, MAX_CPUS, MAX_MEMORY_MIB};
 use vm_protocol::driver_api::driver_server::Driver;
 use vm_protocol::driver_api::{
-    watch_event, Capabilities, CreateSandboxRequest, DeleteSandboxResponse, ExecRequest, GetCapabilitiesRequest,
-    ListProcessesResponse, ListSandboxesRequest, ListSandboxesResponse, ProcessInfo, ReadinessKind, Sandbox,
-    SandboxRef, ValidateCreateResponse, WatchEvent, WatchRequest,
+    watch_event, AdmissionLimits, AdmissionUsage, Capabilities, CreateSandboxRequest, DeleteSandboxResponse,
+    ExecRequest, GetCapabilitiesRequest, ListProcessesResponse, ListSandboxesRequest, ListSandboxesResponse,
+    ProcessInfo, ReadinessKind, Sandbox, SandboxRef, ValidateCreateResponse, WatchEvent, WatchRequest,
 };
 use vm_protocol::{SignalName, ToGuest, ToHost};
 
 use super::actor::{self, Command, Initial};
 use super::exec::{self, ExecStream};
-use super::registry::Registry;
+use super::registry::{InsertError, Registry};
 use super::store::{self, StoredSpec};
 use crate::state::StateError;
 
@@ -36,9 +36,6 @@ impl Api {
     /// A service over `reg`; `accelerator` is what `auto` resolves to here, and why.
     pub fn new(reg: Arc<Registry>, accelerator: (String, String)) -> Self {
         Self { reg, accelerator }
-    }
-    if let Err(e) = reg.ctx.images.resolve(&spec.image) {
-        out.push(e.to_string());
     }
 }
 
@@ -59,6 +56,9 @@ fn problems(reg: &Registry, req: &CreateSandboxRequest) -> Vec<String> {
     }
     let spec = req.spec.clone().unwrap_or_default();
     if let Err(e) = SandboxShape::with_defaults(spec.cpus, spec.memory_mib) {
+        out.push(e.to_string());
+    }
+    if let Err(e) = reg.ctx.images.resolve(&spec.image) {
         out.push(e.to_string());
     }
     if spec.readiness == i32::from(ReadinessKind::ReadinessUnix) {
@@ -83,6 +83,7 @@ type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>
 #[tonic::async_trait]
 impl Driver for Api {
     async fn get_capabilities(&self, _: Request<GetCapabilitiesRequest>) -> Result<Response<Capabilities>, Status> {
+        let (limits, usage) = (self.reg.ctx.limits, self.reg.usage());
         Ok(Response::new(Capabilities {
             driver_version: env!("CARGO_PKG_VERSION").into(),
             accelerator: self.accelerator.0.clone(),
@@ -92,6 +93,19 @@ impl Driver for Api {
             signals: SignalName::ALL.iter().map(|s| s.name().to_owned()).collect(),
             tty: true,
             readiness_kinds: vec![ReadinessKind::ReadinessTcp.into()],
+            limits: Some(AdmissionLimits {
+                sandboxes: limits.sandboxes,
+                vcpus: limits.vcpus,
+                memory_mib: limits.memory_mib,
+                exec_streams: limits.exec_streams,
+                exec_per_sandbox: limits.exec_per_sandbox,
+            }),
+            usage: Some(AdmissionUsage {
+                sandboxes: usage.sandboxes,
+                vcpus: usage.vcpus,
+                memory_mib: usage.memory_mib,
+                exec_streams: self.reg.exec_streams.open(),
+            }),
         }))
     }
 
@@ -127,12 +141,16 @@ impl Driver for Api {
             _ => Status::internal("cannot create the sandbox directory"),
         })?;
         store::save_spec(&layout, &spec).map_err(|_| Status::internal("cannot record the spec"))?;
-        if !actor::spawn(&self.reg, id.clone(), layout.clone(), spec, Initial::Start) {
-            if self.reg.is_closing() {
+        match actor::spawn(&self.reg, id.clone(), layout.clone(), spec, Initial::Start, true) {
+            Ok(()) => {}
+            Err(InsertError::Taken) => return Err(exists()),
+            Err(e) => {
                 let _ = std::fs::remove_dir_all(layout.dir());
-                return Err(Status::unavailable("the driver is shutting down"));
+                return Err(match e {
+                    InsertError::Refused(why) => Status::resource_exhausted(why.to_string()),
+                    _ => Status::unavailable("the driver is shutting down"),
+                });
             }
-            return Err(exists());
         }
         self.reg.platform(&id, "provisioning", "accepted; booting");
         self.reg.get(&id).map(Response::new).ok_or_else(|| Status::internal("the sandbox vanished"))
@@ -185,6 +203,7 @@ impl Driver for Api {
 
     async fn start_sandbox(&self, req: Request<SandboxRef>) -> Result<Response<Sandbox>, Status> {
         let id = sandbox_id(&req.get_ref().sandbox_id)?;
+        self.reg.admit_start(&id).map_err(|why| Status::resource_exhausted(why.to_string()))?;
         ask(&self.reg, &id, Command::Start).await.map(Response::new)
     }
 
@@ -202,16 +221,25 @@ impl Driver for Api {
             .await
             .map_err(|_| Status::failed_precondition(format!("sandbox {id} is not running")))?;
         attached.send(ToGuest::ListProcesses).await.map_err(|_| Status::unavailable("supervisor unreachable"))?;
-        while let Some(Ok(msg)) = attached.recv().await {
-            if let ToHost::Processes { list } = msg {
-                let processes = list
-                    .into_iter()
-                    .map(|p| ProcessInfo { process_id: p.pid, argv: p.argv, attached: p.attached, tty: p.tty })
-                    .collect();
-                return Ok(Response::new(ListProcessesResponse { processes }));
+        let answer = async {
+            while let Some(Ok(msg)) = attached.recv().await {
+                if let ToHost::Processes { list } = msg {
+                    return Some(list);
+                }
             }
-        }
-        Err(Status::unavailable("supervisor unreachable"))
+            None
+        };
+        // A hung supervisor accepts the connection (the kernel does) and never answers.
+        let list = tokio::time::timeout(crate::attach_client::CONNECT_TIMEOUT, answer)
+            .await
+            .ok()
+            .flatten()
+            .ok_or_else(|| Status::unavailable("supervisor unreachable"))?;
+        let processes = list
+            .into_iter()
+            .map(|p| ProcessInfo { process_id: p.pid, argv: p.argv, attached: p.attached, tty: p.tty })
+            .collect();
+        Ok(Response::new(ListProcessesResponse { processes }))
     }
 
     type ExecStream = ExecStream;

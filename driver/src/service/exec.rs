@@ -24,10 +24,13 @@ use vm_protocol::{Capabilities, ExitStatus, ProcId, PtySize, SignalName, Spawn, 
 
 use super::registry::Registry;
 use crate::attach_client::{self, Attached};
-use crate::relay::{ProcessRelay, OUTPUT_WINDOW};
+use crate::relay::ProcessRelay;
 
 /// Responses queued towards a client before output stops being credited.
 const RESPONSE_QUEUE: usize = 16;
+/// The output window of a process started through `Exec`: what the driver may hold for one stream whose
+/// client does not read (a gateway holds thousands). Smaller than `launch`'s, which has one.
+const EXEC_OUTPUT_WINDOW: u32 = 256 * 1024;
 
 /// The response stream of one Exec. It counts the output bytes the transport takes from it: as far as the
 /// driver can see a delivery, and what it credits the sandbox for.
@@ -88,7 +91,7 @@ pub async fn exec(reg: Arc<Registry>, mut inbound: Streaming<ExecRequest>) -> Re
                 env: Vec::new(),
                 cwd: Some(start.cwd).filter(|c| !c.is_empty()),
                 pty: start.tty.then_some(size),
-                output_window: OUTPUT_WINDOW,
+                output_window: EXEC_OUTPUT_WINDOW,
             };
             (start.sandbox_id, Opening::Start(spawn, start.env), false)
         }
@@ -100,6 +103,8 @@ pub async fn exec(reg: Arc<Registry>, mut inbound: Streaming<ExecRequest>) -> Re
     if view.state != i32::from(SandboxState::Ready) {
         return Err(Status::failed_precondition(format!("sandbox {id} is not ready")));
     }
+    // Held by the relay until the stream ends.
+    let permit = reg.exec_streams.acquire(&id).map_err(|why| Status::resource_exhausted(why.to_string()))?;
     let mut attached = attach_client::connect(&reg.ctx.state.layout(&id))
         .await
         .map_err(|_| Status::unavailable("the sandbox's supervisor is not reachable"))?;
@@ -117,7 +122,10 @@ pub async fn exec(reg: Arc<Registry>, mut inbound: Streaming<ExecRequest>) -> Re
     attached.send(opening).await.map_err(|_| Status::unavailable("the sandbox's supervisor is not reachable"))?;
     let (tx, rx) = mpsc::channel(RESPONSE_QUEUE);
     let (taken, taken_rx) = watch::channel(0);
-    tokio::spawn(relay(attached, inbound, Responses { tx, taken: taken_rx, accounted: 0, queued: 0 }, reattach));
+    tokio::spawn(async move {
+        relay(attached, inbound, Responses { tx, taken: taken_rx, accounted: 0, queued: 0 }, reattach).await;
+        drop(permit);
+    });
     Ok(ExecStream { rx, taken })
 }
 

@@ -13,6 +13,7 @@
 //! sandbox is stopped in order, in parallel, keeping its intent, and the driver exits.
 
 mod actor;
+pub mod admission;
 mod api;
 pub mod client;
 mod exec;
@@ -68,6 +69,10 @@ pub struct ServeConfig {
     pub boot_timeout: Duration,
     /// Stop bound per sandbox.
     pub stop_timeout: Duration,
+    /// How long ended launch sandboxes in the same state directory are kept.
+    pub retention: crate::gc::Retention,
+    /// What may be admitted.
+    pub admission: admission::AdmissionConfig,
 }
 
 /// Why `serve` could not start.
@@ -110,6 +115,7 @@ pub enum ServeError {
 /// # Errors
 /// Start-up failures: sockets, state directory, supervisor binary.
 pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
+    let fds = raise_fd_limit();
     let state = StateDir::open(&config.state_dir)?;
     // One server per state directory: a second would reap, restore and boot the same sandboxes again.
     let _lock = lock_state_dir(&config.state_dir)?;
@@ -118,6 +124,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
             eprintln!("vm-driver: reaped orphaned sandbox {} (its supervisor was gone)", reaped.sandbox);
         }
     }
+    crate::gc::collect(&state.sandboxes_dir(), config.retention);
     let binary = supervisor::locate()?;
     let accelerator = probe_accelerator(&binary, config.accel).await;
     let sessions_path = config.state_dir.join("sessions.sock");
@@ -138,7 +145,13 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         otlp_headers: telemetry::headers_from_env()?,
         boot_timeout: config.boot_timeout,
         stop_timeout: config.stop_timeout,
+        limits: admission::Limits::of_this_host(&config.admission),
     }));
+    let limits = reg.ctx.limits;
+    eprintln!(
+        "vm-driver: admitting up to {} sandboxes, {} vCPUs, {} MiB, {} Exec streams ({} per sandbox); {fds} descriptors",
+        limits.sandboxes, limits.vcpus, limits.memory_mib, limits.exec_streams, limits.exec_per_sandbox
+    );
     restore(&reg, &state);
 
     let (gate, gate_rx) = watch::channel(sessions::Gate::default());
@@ -215,7 +228,7 @@ fn restore(reg: &Arc<Registry>, state: &StateDir) {
         } else {
             Initial::Start
         };
-        actor::spawn(reg, id, layout, spec, initial);
+        let _ = actor::spawn(reg, id, layout, spec, initial, false);
     }
 }
 
@@ -264,4 +277,16 @@ fn loosen_for_tests(socket: &Path) {
             let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711));
         }
     }
+}
+
+/// Raises the soft limit on open descriptors to the hard one (every sandbox and Exec stream costs a few) and
+/// returns it.
+fn raise_fd_limit() -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        let _ = setrlimit(Resource::Nofile, limit);
+    }
+    getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
 }

@@ -14,6 +14,7 @@ use vm_contract::session::{Generation, SessionHello, SessionId};
 use vm_protocol::driver_api::{watch_event, PlatformEvent, Sandbox, WatchEvent};
 
 use super::actor::Command;
+use super::admission::{self, ExecStreams, Limits, Refused, Usage};
 use crate::image::ImageSet;
 use crate::state::StateDir;
 use crate::telemetry::TelemetryConfig;
@@ -42,6 +43,8 @@ pub struct Context {
     pub boot_timeout: Duration,
     /// Supervisor stop bound.
     pub stop_timeout: Duration,
+    /// What may be admitted on this host.
+    pub limits: Limits,
 }
 
 impl std::fmt::Debug for Context {
@@ -69,12 +72,28 @@ struct Entry {
     session: Option<Expected>,
 }
 
+/// Why a sandbox could not be added.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InsertError {
+    /// The id is taken.
+    #[error("the id is taken")]
+    Taken,
+    /// The driver is going down.
+    #[error("the driver is shutting down")]
+    Closing,
+    /// It does not fit.
+    #[error(transparent)]
+    Refused(#[from] Refused),
+}
+
 /// The sandboxes.
 pub struct Registry {
     entries: Mutex<HashMap<SandboxId, Entry>>,
     /// Set (under the `entries` lock) once the driver is going down: no sandbox may be added after.
     closing: AtomicBool,
     events: broadcast::Sender<WatchEvent>,
+    /// The Exec streams open.
+    pub exec_streams: std::sync::Arc<ExecStreams>,
     /// Shared settings.
     pub ctx: Context,
 }
@@ -92,6 +111,7 @@ impl Registry {
             entries: Mutex::new(HashMap::new()),
             closing: AtomicBool::new(false),
             events: broadcast::channel(WATCH_BUFFER).0,
+            exec_streams: ExecStreams::new(ctx.limits),
             ctx,
         }
     }
@@ -100,16 +120,53 @@ impl Registry {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Adds a sandbox. `false` if the id is taken or the driver is going down.
-    pub fn insert(&self, id: SandboxId, view: Sandbox, inbox: mpsc::Sender<Command>) -> bool {
+    /// Adds a sandbox; with `admit`, only if it fits beside the others that hold resources (a sandbox
+    /// restored at start-up was admitted before, and is not refused now).
+    ///
+    /// # Errors
+    /// [`InsertError`].
+    pub fn insert(
+        &self,
+        id: SandboxId,
+        view: Sandbox,
+        inbox: mpsc::Sender<Command>,
+        admit: bool,
+    ) -> Result<(), InsertError> {
         let mut entries = self.lock();
-        if entries.contains_key(&id) || self.is_closing() {
-            return false;
+        if self.is_closing() {
+            return Err(InsertError::Closing);
+        }
+        if entries.contains_key(&id) {
+            return Err(InsertError::Taken);
+        }
+        if admit && view.running_intent {
+            admission::admit(usage(&entries, None), &self.ctx.limits, shape(&view))?;
         }
         entries.insert(id, Entry { view: view.clone(), inbox, session: None });
         drop(entries);
         self.broadcast(watch_event::Event::Changed(view));
-        true
+        Ok(())
+    }
+
+    /// Admits a stopped or failed sandbox to run again: it holds its share from now on.
+    ///
+    /// # Errors
+    /// [`Refused`] when it no longer fits.
+    pub fn admit_start(&self, id: &SandboxId) -> Result<(), Refused> {
+        let mut entries = self.lock();
+        let used = usage(&entries, Some(id));
+        if let Some(entry) = entries.get_mut(id) {
+            if !entry.view.running_intent {
+                admission::admit(used, &self.ctx.limits, shape(&entry.view))?;
+                entry.view.running_intent = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// What the sandboxes meant to run hold.
+    pub fn usage(&self) -> Usage {
+        usage(&self.lock(), None)
     }
 
     /// Whether the id is taken.
@@ -200,4 +257,21 @@ impl Registry {
                 && t.bytes().zip(hello.token.bytes()).fold(0, |acc, (a, b)| acc | (a ^ b)) == 0
         })
     }
+}
+
+/// What the sandboxes meant to run hold, but `except`.
+fn usage(entries: &HashMap<SandboxId, Entry>, except: Option<&SandboxId>) -> Usage {
+    let mut used = Usage::default();
+    for (id, entry) in entries {
+        if entry.view.running_intent && Some(id) != except {
+            used.add(shape(&entry.view));
+        }
+    }
+    used
+}
+
+/// A sandbox's shape, from its public view (the spec was checked when it was accepted).
+fn shape(view: &Sandbox) -> vm_contract::shape::SandboxShape {
+    let spec = view.spec.clone().unwrap_or_default();
+    vm_contract::shape::SandboxShape::with_defaults(spec.cpus, spec.memory_mib).unwrap_or_default()
 }

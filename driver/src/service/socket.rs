@@ -90,16 +90,30 @@ impl PeerPolicy {
 }
 
 /// Accepted connections whose peer passes `policy`; others are closed at once and logged (fixed text).
+///
+/// An accept that fails (out of descriptors, most likely) is waited out with a backoff up to
+/// [`ACCEPT_BACKOFF_MAX`], never handed to the server, which would retry at once and spin: the connection
+/// stays in the listen backlog until descriptors are free again.
 pub fn incoming(listener: UnixListener, policy: PeerPolicy) -> impl Stream<Item = io::Result<UnixStream>> {
     futures_util::stream::unfold(listener, move |listener| async move {
+        let mut backoff = ACCEPT_BACKOFF_MIN;
         loop {
             match listener.accept().await {
                 Ok((stream, _)) => match stream.peer_cred() {
                     Ok(cred) if policy.admits(&cred) => return Some((Ok(stream), listener)),
                     _ => tracing::warn!("refused an API connection from a peer that is not the gateway"),
                 },
-                Err(e) => return Some((Err(e), listener)),
+                Err(_) => {
+                    tracing::warn!(?backoff, "cannot accept an API connection (out of descriptors?); waiting");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                }
             }
         }
     })
 }
+
+/// The first wait after a failed accept.
+const ACCEPT_BACKOFF_MIN: std::time::Duration = std::time::Duration::from_millis(50);
+/// The longest.
+const ACCEPT_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(1);

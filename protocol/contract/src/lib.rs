@@ -24,6 +24,7 @@
 
 pub mod accel;
 pub mod args;
+pub mod attach;
 pub mod auth;
 pub mod env;
 pub mod exit;

@@ -39,6 +39,7 @@ controls! {
     KeepCredentials = "keep-credentials": "driver: a failed start leaves the auth bundle in place.",
     ApiNoPeerCheck = "api-no-peer-check": "driver: the API socket serves any peer.",
     ApiSocketWorldReachable = "api-socket-world-reachable": "driver: fault injection, the API socket and its directory reachable by all users.",
+    NoVmmWatch = "no-vmm-watch": "driver: the VMM's exit is not watched, so a hung supervisor keeps its sandbox ready.",
     SessionGateSignals = "session-gate-signals": "driver: fault injection, SIGUSR1 drops every supervisor session and holds new ones, SIGUSR2 lets them in.",
     PulseWriteOnly = "pulse-write-only": "supervisor: a pulse that was written counts, echoed or not.",
     NoGuestInvariants = "no-guest-invariants": "supervisor: the guest's messages are routed but not checked (one Started, no empty data, plausible statuses).",

@@ -26,6 +26,9 @@ pub const READY: u8 = b'R';
 pub const KILLING: u8 = b'K';
 /// Longest silence tolerated before the VMM is killed.
 pub const SILENCE_MS: u64 = 2_000;
+/// A wait that overruns by more than this means the watchdog itself was not running; the overrun is not
+/// counted as the supervisor's silence.
+pub const OWN_GAP_TOLERANCE_MS: u64 = 250;
 /// How long to wait for the pidfd to report the exit after each SIGKILL.
 pub const KILL_CONFIRM_MS: u64 = 500;
 /// SIGKILL attempts before giving up (and exiting non-zero).

@@ -14,7 +14,9 @@ use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
 use vm_contract::args::WatchdogArgs;
 use vm_contract::exit::WatchdogExit;
 use vm_contract::pids::ProcessRecord;
-use vm_watchdog::{decide, Action, Input, KillReason, Policy, KILL_ATTEMPTS, KILL_CONFIRM_MS, READY, SILENCE_MS};
+use vm_watchdog::{
+    decide, Action, Input, KillReason, Policy, KILL_ATTEMPTS, KILL_CONFIRM_MS, OWN_GAP_TOLERANCE_MS, READY, SILENCE_MS,
+};
 
 fn main() -> ExitCode {
     // Out of the supervisor's session and process group: its signals are not ours.
@@ -52,10 +54,18 @@ fn watch(pidfd: &OwnedFd, pid: i32, policy: Policy) -> ExitCode {
     let mut last_pulse = Instant::now();
     loop {
         let silence = Duration::from_millis(SILENCE_MS).saturating_sub(last_pulse.elapsed());
+        let asked = Instant::now();
         let input = match wait(stdin, pidfd.as_fd(), silence) {
             Ok(input) => input,
             Err(_) => Input::Eof,
         };
+        // Silence measures the supervisor, not this process: if the wait overran by more than the
+        // tolerance, this process was not running, and that time is not the supervisor's.
+        let overran = asked.elapsed().saturating_sub(silence);
+        if input == Input::Silence && overran > Duration::from_millis(OWN_GAP_TOLERANCE_MS) {
+            last_pulse += overran;
+            continue;
+        }
         match decide(input, policy) {
             Some(Action::Echo) => {
                 last_pulse = Instant::now();

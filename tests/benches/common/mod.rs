@@ -6,6 +6,7 @@ mod report;
 #[allow(unused_imports, reason = "each benchmark uses part of this module")]
 pub use report::{median, Report};
 
+use std::ffi::OsString;
 use std::io::Read;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Child, Command, Stdio};
@@ -44,18 +45,31 @@ pub struct BareVm {
 impl BareVm {
     /// Boots a guest whose PID 1 is `init` (a busybox shell script) in `scratch/bare`.
     pub fn boot(scratch: &Scratch, init: &str) -> Self {
+        Self::boot_with(scratch, init, |args| args)
+    }
+
+    /// As [`Self::boot`], with QEMU's arguments passed through `edit` first.
+    pub fn boot_with(scratch: &Scratch, init: &str, edit: impl FnOnce(Vec<OsString>) -> Vec<OsString>) -> Self {
         let dir = scratch.dir.join("bare");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let initrd = with_init_script(&dir, init);
         let listener = UnixListener::bind(dir.join(SandboxFile::Channel.name())).unwrap();
+        // QEMU connects to the console socket as the supervisor's would be: take it and drain it.
+        let console = UnixListener::bind(dir.join(SandboxFile::ConsoleSocket.name())).unwrap();
+        std::thread::spawn(move || {
+            if let Ok((mut conn, _)) = console.accept() {
+                let _ = std::io::copy(&mut conn, &mut std::io::sink());
+            }
+        });
         // What ours resolves to, so both sides of every ratio run on the same accelerator.
         let accel = match resolved_accel().as_str() {
             "kvm" => Accelerator::Kvm,
             _ => Accelerator::Tcg,
         };
         let config = VmmConfig {
-            qemu: vm_supervisor::vmm::find_qemu().expect("qemu-system-x86_64"),
+            nice: None,
+            qemu: vm_supervisor::vmm::find_on_path("qemu-system-x86_64").expect("qemu-system-x86_64"),
             kernel: harness().image.join("vmlinuz"),
             initrd,
             shape: SandboxShape::default(),
@@ -63,7 +77,7 @@ impl BareVm {
         };
         let started = Instant::now();
         let qemu = Command::new(&config.qemu)
-            .args(config.args())
+            .args(edit(config.args()))
             .current_dir(&dir)
             .env_clear()
             .stdin(Stdio::null())
@@ -78,6 +92,11 @@ impl BareVm {
     /// The time from QEMU's spawn to the first byte the guest writes on the channel: the point at which the
     /// agent would say hello. Then QEMU is killed.
     pub fn first_byte(mut self) -> Duration {
+        self.wait_first_byte()
+    }
+
+    /// Waits for the first byte the guest writes on the channel, and leaves the VM running.
+    pub fn wait_first_byte(&mut self) -> Duration {
         let mut byte = [0u8; 1];
         self.conn.read_exact(&mut byte).unwrap();
         self.started.elapsed()

@@ -56,6 +56,11 @@ impl Report {
         self.samples.get(measure).map_or(&[], Vec::as_slice)
     }
 
+    /// Every value of `measure` so far.
+    pub fn samples_of(&self, measure: &str) -> &[f64] {
+        self.of(measure)
+    }
+
     /// The median of `measure` so far.
     pub fn median(&self, measure: &str) -> f64 {
         median(self.of(measure))

@@ -6,6 +6,8 @@ use clap::{Args, CommandFactory, Parser, Subcommand};
 use vm_contract::accel::AccelChoice;
 use vm_contract::ids::SandboxId;
 use vm_contract::shape::{SandboxShape, DEFAULT_CPUS, DEFAULT_MEMORY_MIB};
+use vm_driver::gc::Retention;
+use vm_driver::service::admission::AdmissionConfig;
 use vm_driver::telemetry::TelemetryConfig;
 
 #[derive(Debug, Parser)]
@@ -100,6 +102,23 @@ pub struct VmArgs {
     /// State directory (default: $VM_DRIVER_STATE_DIR, else $XDG_RUNTIME_DIR/vm-driver, else /run/vm-driver for root).
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Directories of ended `launch` sandboxes kept for diagnosis: the newest N; older ones are removed when
+    /// a driver starts.
+    #[arg(long, value_name = "N", default_value_t = Retention::default().keep)]
+    pub keep_ended: usize,
+    /// ... and none older than this many days.
+    #[arg(long, value_name = "DAYS", default_value_t = Retention::default().max_age.as_secs() / 86_400)]
+    pub keep_ended_days: u64,
+}
+
+impl VmArgs {
+    /// How long ended launch sandboxes are kept.
+    pub fn retention(&self) -> Retention {
+        Retention {
+            keep: self.keep_ended,
+            max_age: std::time::Duration::from_secs(self.keep_ended_days.saturating_mul(86_400)),
+        }
+    }
 }
 
 /// Where OCSF events go (launch and serve).
@@ -171,6 +190,21 @@ pub struct ServeArgs {
     /// Only this process (the gateway) may use the API.
     #[arg(long, value_name = "PID")]
     pub gateway_pid: Option<i32>,
+    /// Most sandboxes holding resources at once.
+    #[arg(long, value_name = "N", default_value_t = AdmissionConfig::default().max_sandboxes)]
+    pub max_sandboxes: u32,
+    /// vCPUs admitted per host core.
+    #[arg(long, value_name = "RATIO", default_value_t = AdmissionConfig::default().cpu_overcommit)]
+    pub cpu_overcommit: f64,
+    /// Guest memory (plus a fixed overhead per sandbox) admitted per byte of host memory.
+    #[arg(long, value_name = "RATIO", default_value_t = AdmissionConfig::default().memory_overcommit)]
+    pub memory_overcommit: f64,
+    /// Most Exec streams open at once, in all.
+    #[arg(long, value_name = "N", default_value_t = AdmissionConfig::default().max_exec_streams)]
+    pub max_exec_streams: u32,
+    /// Most Exec streams open at once into one sandbox.
+    #[arg(long, value_name = "N", default_value_t = AdmissionConfig::default().max_exec_per_sandbox)]
+    pub max_exec_per_sandbox: u32,
     /// Named guest images, one per subdirectory (vmlinuz + initramfs.cpio), that a sandbox may ask for
     /// (default: the directory holding the default image, so `default` is one of them).
     #[arg(long, value_name = "DIR")]
@@ -248,4 +282,17 @@ pub struct ExecArgs {
     /// The command and its arguments.
     #[arg(last = true, value_name = "CMD")]
     pub cmd: Vec<String>,
+}
+
+impl ServeArgs {
+    /// What `serve` may admit.
+    pub fn admission(&self) -> AdmissionConfig {
+        AdmissionConfig {
+            max_sandboxes: self.max_sandboxes,
+            cpu_overcommit: self.cpu_overcommit,
+            memory_overcommit: self.memory_overcommit,
+            max_exec_streams: self.max_exec_streams,
+            max_exec_per_sandbox: self.max_exec_per_sandbox,
+        }
+    }
 }

@@ -25,7 +25,7 @@ use vm_contract::tombstone::EndReason;
 use vm_driver::attach_client::{self, AttachError, Attached};
 use vm_driver::relay::{ProcessRelay, OUTPUT_WINDOW};
 use vm_driver::sandbox::supervisor::{describe, Stopped};
-use vm_driver::sandbox::{self, Running, StartSpec, Stopping};
+use vm_driver::sandbox::{self, Ended, Running, StartSpec, Stopping, HUNG_STOP_TIMEOUT};
 use vm_driver::state::{self, StateDir};
 use vm_driver::telemetry::{self, TelemetryConfig};
 use vm_driver::{image, reap};
@@ -40,6 +40,8 @@ const INTERRUPTS_TO_STOP: u32 = 3;
 /// Everything `launch` needs, already parsed.
 #[derive(Debug, Clone)]
 pub struct LaunchConfig {
+    /// How long ended launch sandboxes are kept.
+    pub retention: vm_driver::gc::Retention,
     /// Program and arguments.
     pub argv: Vec<String>,
     /// Extra environment for the process.
@@ -93,6 +95,7 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
             eprintln!("vm-driver: reaped orphaned sandbox {} (its supervisor was gone)", reaped.sandbox);
         }
     }
+    vm_driver::gc::collect(&state.sandboxes_dir(), config.retention);
     let id = match &config.id {
         Some(id) => id.clone(),
         None => state::random_id("launch").context("cannot make a sandbox id")?,
@@ -189,12 +192,21 @@ async fn drive(
     tokio::pin!(deadline);
 
     let mut interrupts = 0;
+    // Once the supervisor has exited, the relay ends on its own and says why.
+    let mut supervisor_alive = true;
     let stop_code = loop {
         tokio::select! {
             status = &mut process => {
                 let code = status.map(exit_code).map_err(anyhow::Error::from);
                 return (code, running.stop(config.stop_timeout).await);
             }
+            ended = running.ended(), if supervisor_alive => match ended {
+                Ended::Exited(_) => supervisor_alive = false,
+                Ended::Hung => {
+                    let why = anyhow::anyhow!("the VM stopped and vm-supervisor did not follow (hung); it was killed");
+                    return (Err(why), running.stop(HUNG_STOP_TIMEOUT).await);
+                }
+            },
             () = &mut deadline => {
                 eprintln!("vm-driver: --timeout expired; stopping the sandbox");
                 break TIMEOUT;

@@ -63,6 +63,7 @@ async fn run(command: Command) -> Result<u8> {
         Command::Launch(args) => {
             let args = *args;
             let shape = args.shape.shape();
+            let retention = args.vm.retention();
             launch::run(LaunchConfig {
                 argv: args.cmd,
                 env: args.env,
@@ -75,6 +76,7 @@ async fn run(command: Command) -> Result<u8> {
                 timeout: args.timeout.map(Duration::from_secs),
                 boot_timeout: Duration::from_secs(args.vm.boot_timeout),
                 stop_timeout: Duration::from_secs(args.vm.stop_timeout),
+                retention,
                 state_dir: args.vm.state_dir,
                 id: args.id,
                 keep: args.keep,
@@ -84,6 +86,7 @@ async fn run(command: Command) -> Result<u8> {
         }
         Command::Serve(args) => {
             let args = *args;
+            let (admission, retention) = (args.admission(), args.vm.retention());
             let state_dir = state_dir(&args.vm);
             let default = vm_driver::image::resolve(
                 args.vm.image.as_deref(),
@@ -102,6 +105,8 @@ async fn run(command: Command) -> Result<u8> {
                 telemetry: args.telemetry.config(),
                 boot_timeout: Duration::from_secs(args.vm.boot_timeout),
                 stop_timeout: Duration::from_secs(args.vm.stop_timeout),
+                admission,
+                retention,
             })
             .await?;
             Ok(0)
@@ -167,5 +172,6 @@ fn reap(state_dir: Option<PathBuf>) -> Result<()> {
         let what = if reaped.killed() { "killed its VM" } else { "nothing left running" };
         println!("{}: supervisor gone; {what}; marked terminated", reaped.sandbox);
     }
+    vm_driver::gc::collect(&state.sandboxes_dir(), vm_driver::gc::Retention::default());
     Ok(())
 }

@@ -1,0 +1,154 @@
+//! Density: `DENSITY_SANDBOXES` idle sandboxes (default 16; the documented run uses 64) of 128 MiB on one
+//! `vm-driver serve`, created in bursts of 8, then held idle for `DENSITY_HOLD_SECS` (default 60; 600 for
+//! the documented run). Reports, per sandbox, host memory (QEMU + supervisor + watchdog RSS) and idle CPU,
+//! each against a bare QEMU booting the same guest with QEMU's defaults; create-to-ready latency during the
+//! bursts; and how many sandboxes were still ready at the end.
+#![allow(missing_docs)]
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a benchmark fails loudly")]
+#![allow(
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "figures for a table"
+)]
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::{Report, CHANNEL_UP};
+use vm_contract::pids::SandboxPids;
+use vm_e2e::procs::status_kib;
+use vm_e2e::serve::Serve;
+use vm_e2e::Scratch;
+
+const BURST: usize = 8;
+const MEMORY_MIB: &str = "128";
+/// The span over which idle CPU is measured.
+const CPU_SPAN: Duration = Duration::from_secs(30);
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// User plus system CPU time of `pid`, in clock ticks.
+fn cpu_ticks(pid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit_once(") ").map(|(_, r)| r.split(' ').collect()).unwrap_or_default();
+    let field = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    field(11) + field(12)
+}
+
+/// Percent of one core `pids` used together over [`CPU_SPAN`].
+fn idle_cpu_percent(pids: &[i32]) -> f64 {
+    let ticks = rustix::param::clock_ticks_per_second() as f64;
+    let before: u64 = pids.iter().map(|p| cpu_ticks(*p)).sum();
+    std::thread::sleep(CPU_SPAN);
+    let after: u64 = pids.iter().map(|p| cpu_ticks(*p)).sum();
+    (after - before) as f64 / ticks / CPU_SPAN.as_secs_f64() * 100.0
+}
+
+fn rss_mib(pids: &[i32]) -> f64 {
+    pids.iter().map(|p| status_kib(*p, "VmRSS").unwrap_or(0)).sum::<u64>() as f64 / 1024.0
+}
+
+fn ready(serve: &Serve) -> usize {
+    let out = serve.cli("list", &[]);
+    String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains(" ready ")).count()
+}
+
+fn percentile(mut xs: Vec<f64>, p: f64) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let at = ((xs.len() as f64 - 1.0) * p).round() as usize;
+    xs[at.min(xs.len() - 1)]
+}
+
+/// A bare QEMU with QEMU's own defaults (no translation-cache cap, huge pages as the host has them),
+/// booting the same guest to an idle shell: the baseline of the memory and CPU rows.
+fn bare(s: &Scratch) -> (f64, f64) {
+    let vm = common::BareVm::boot_with(
+        s,
+        &format!("{CHANNEL_UP}\n/bin/busybox printf r > /dev/vport0p1\nwhile :; do /bin/busybox sleep 1000; done"),
+        |args| {
+            args.iter()
+                .map(|a| if a.to_string_lossy().starts_with("tcg,") { "tcg".into() } else { a.clone() })
+                .collect()
+        },
+    );
+    let mut vm = vm;
+    let pid = i32::try_from(vm.qemu.id()).unwrap();
+    vm.wait_first_byte();
+    std::thread::sleep(Duration::from_secs(20));
+    let rss = rss_mib(&[pid]);
+    let cpu = idle_cpu_percent(&[pid]);
+    (rss, cpu)
+}
+
+fn main() {
+    let count = usize::try_from(env("DENSITY_SANDBOXES", 16)).unwrap();
+    let hold = Duration::from_secs(env("DENSITY_HOLD_SECS", 60));
+    let s = Scratch::with_deadline("bench-density", hold + Duration::from_secs(1800));
+    let mut report = Report::new("density");
+    let serve = Serve::start(&s);
+    for burst in 0..count.div_ceil(BURST) {
+        eprintln!("bench: burst {}", burst + 1);
+        let creates: Vec<_> = (burst * BURST..count.min((burst + 1) * BURST))
+            .map(|i| {
+                let cmd = serve.cli_command("create", &["--memory", MEMORY_MIB, &format!("d-{i}")]);
+                (Instant::now(), cmd)
+            })
+            .map(|(t, mut cmd)| (t, cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()))
+            .collect();
+        for (t, mut child) in creates {
+            assert!(child.wait().unwrap().success(), "a create failed");
+            report.sample("create -> ready (s)", t.elapsed().as_secs_f64());
+        }
+    }
+    let latencies = report.samples_of("create -> ready (s)").to_vec();
+    report.sample("create -> ready p95 (s)", percentile(latencies, 0.95));
+    eprintln!("bench: {count} ready; holding {hold:?}");
+    let start = Instant::now();
+    let mut lowest = count;
+    while start.elapsed() < hold {
+        std::thread::sleep(Duration::from_secs(10));
+        lowest = lowest.min(ready(&serve));
+    }
+    report.sample("ready throughout the hold", lowest as f64);
+    let mut all = Vec::new();
+    for i in 0..count {
+        let p = SandboxPids::read(&serve.state.join(format!("sandboxes/d-{i}"))).unwrap();
+        let pids: Vec<i32> = [Some(p.supervisor), p.vmm, p.watchdog].into_iter().flatten().map(|r| r.pid).collect();
+        report.sample("host memory per sandbox (MiB)", rss_mib(&pids));
+        all.extend(pids);
+    }
+    report.sample("idle CPU per sandbox (% of a core)", idle_cpu_percent(&all) / count as f64);
+    let (bare_rss, bare_cpu) = bare(&s);
+    report.sample("bare QEMU memory (MiB)", bare_rss);
+    report.sample("bare QEMU idle CPU (% of a core)", bare_cpu);
+    drop(serve);
+
+    report.compare(
+        "host memory per idle sandbox (MiB)",
+        "host memory per sandbox (MiB)",
+        "bare QEMU memory (MiB)",
+        1,
+        "-",
+    );
+    report.compare(
+        "idle CPU per sandbox (% of a core)",
+        "idle CPU per sandbox (% of a core)",
+        "bare QEMU idle CPU (% of a core)",
+        2,
+        "-",
+    );
+    report.single("create -> ready during bursts of 8 (s)", "create -> ready (s)", 2, "-");
+    report.single("create -> ready p95 (s)", "create -> ready p95 (s)", 2, "-");
+    report.single(
+        &format!("sandboxes ready throughout {} s idle", hold.as_secs()),
+        "ready throughout the hold",
+        0,
+        &format!("{count}"),
+    );
+    report.finish(&format!("Density: {count} idle {MEMORY_MIB} MiB sandboxes on one serve"), 1);
+}
