@@ -30,32 +30,49 @@ pub fn kill(record: &ProcessRecord) -> bool {
     true
 }
 
-/// A process watched for its exit: a small thread waits on its pidfd (readable once it has exited). A thread
-/// rather than the async reactor, because registering a raw descriptor with tokio is `unsafe` and a blocking
-/// wait is not; the thread ends when the process does.
+/// A process watched for its exit. A small thread waits on its pidfd (readable once it has exited) rather than
+/// the async reactor: registering a descriptor with tokio is `unsafe` (`AsyncFd::register`), a blocking wait
+/// is not. The thread ends when the process does.
 #[derive(Debug)]
-pub struct ExitWatch(tokio::sync::watch::Receiver<bool>);
+pub enum ExitWatch {
+    /// Still running when the watch began; the flag turns true when it exits.
+    Running(tokio::sync::watch::Receiver<bool>),
+    /// Already gone when the watch began (or its record was unreadable, which means the same).
+    Gone,
+    /// No thread could be started: nothing can be told.
+    Unwatched,
+}
 
 impl ExitWatch {
-    /// Watches `record`, if that very process still exists.
-    pub fn new(record: &ProcessRecord) -> Option<Self> {
-        let fd = open(record)?;
+    /// Watches `record`'s process.
+    pub fn new(record: Option<&ProcessRecord>) -> Self {
+        let Some(fd) = record.and_then(open) else { return Self::Gone };
         let (tx, rx) = tokio::sync::watch::channel(false);
-        std::thread::Builder::new()
-            .name("vm-driver-exit-watch".into())
-            .stack_size(64 * 1024)
-            .spawn(move || {
+        let spawned =
+            std::thread::Builder::new().name("vm-driver-exit-watch".into()).stack_size(64 * 1024).spawn(move || {
                 let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-                while let Err(rustix::io::Errno::INTR) = poll(&mut fds, None) {}
+                // Only EINTR or a transient ENOMEM can fail an untimed poll on a valid pidfd: wait again.
+                while poll(&mut fds, None).is_err() {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
                 let _ = tx.send(true);
-            })
-            .ok()?;
-        Some(Self(rx))
+            });
+        match spawned {
+            Ok(_) => Self::Running(rx),
+            Err(_) => {
+                tracing::warn!("cannot start a thread to watch the VMM; a hung supervisor will go unnoticed");
+                Self::Unwatched
+            }
+        }
     }
 
     /// Resolves when the process has exited.
     pub async fn exited(&self) {
-        // The sender goes away only after saying so (or if its thread died): either way, stop waiting.
-        let _ = self.0.clone().wait_for(|gone| *gone).await;
+        match self {
+            // The sender goes away only after saying so, so an error here cannot mean "still running".
+            Self::Running(rx) => drop(rx.clone().wait_for(|gone| *gone).await),
+            Self::Gone => {}
+            Self::Unwatched => std::future::pending().await,
+        }
     }
 }

@@ -29,7 +29,7 @@ pub const ACK_TIMEOUT_MS: u64 = 1_000;
 /// Longest wait for the watchdog's ready byte.
 pub const READY_TIMEOUT_MS: u64 = 5_000;
 /// A tick this late means this side was not running; the gap is not the watchdog's silence.
-pub const OWN_GAP_TOLERANCE: Duration = Duration::from_millis(PULSE_INTERVAL_MS);
+pub const OWN_GAP_TOLERANCE: Duration = Duration::from_millis(vm_watchdog::OWN_GAP_TOLERANCE_MS);
 /// Longest wait for the watchdog to exit after a normal close.
 const CLOSE_TIMEOUT_MS: u64 = 2_000;
 

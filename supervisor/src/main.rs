@@ -22,7 +22,11 @@ fn main() -> ExitCode {
     // A session of its own: a terminal's Ctrl-C reaches only the driver, and where the host has no CPU
     // cgroup for the sandbox, the kernel's autogroup schedules this sandbox (supervisor and QEMU) as one
     // group beside the host's other sessions; inside it QEMU runs niced, so the leash comes first.
-    let _ = rustix::process::setsid();
+    // (The driver cannot do this at spawn without `pre_exec`, which is unsafe; a Ctrl-C in the instant
+    // before this line ends a start that has not booted anything yet, and the driver reports it.)
+    if rustix::process::setsid().is_err() {
+        eprintln!("vm-supervisor: WARNING: cannot start a session of its own; a terminal's Ctrl-C reaches it");
+    }
     #[cfg(feature = "test-controls")]
     {
         use vm_contract::test_control::{announcement, TestControl};

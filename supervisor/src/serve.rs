@@ -89,6 +89,8 @@ pub(crate) async fn serve(
             }
             exit = state.vmm.wait() => {
                 let status = exit.ok();
+                // The driver, which watches the VMM too, now gives this process the time to flush.
+                crate::status::report(&vm_contract::status::SupervisorStatus::Stopping);
                 state.end_session();
                 break match state.stopping.take() {
                     None | Some((StopReason::ChannelClosed, _)) => StopReason::VmmExited(status),

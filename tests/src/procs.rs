@@ -147,7 +147,16 @@ impl Watcher {
 
 /// A memory figure of a process from `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in KiB; `None` once it is gone.
 pub fn status_kib(pid: i32, field: &str) -> Option<u64> {
-    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    kib_field(&format!("/proc/{pid}/status"), field)
+}
+
+/// A figure of the host's from `/proc/meminfo` (`MemTotal`), in KiB.
+pub fn meminfo_kib(field: &str) -> Option<u64> {
+    kib_field("/proc/meminfo", field)
+}
+
+fn kib_field(path: &str, field: &str) -> Option<u64> {
+    let text = fs::read_to_string(path).ok()?;
     let line = text.lines().find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':')))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }

@@ -5,8 +5,9 @@
 //! start:  fresh generation (old pids and tombstone gone) -> auth bundle (0600) -> cgroup -> supervisor
 //!         (liveness pipe, trusted argv)            any failure: take everything back, tombstone `failed`
 //! ready:  the supervisor's verdict, within the boot timeout plus READY_MARGIN
-//! run:    until the supervisor exits, or the VMM exits and the supervisor does not follow within
-//!         VMM_GONE_GRACE (it is hung: the watchdog killed the VM under it)
+//! run:    until the supervisor exits, or the VMM exits and the supervisor does not say it is stopping
+//!         within VMM_GONE_GRACE, or does not exit within stop::after_vmm_exit() after saying so (it is hung:
+//!         the watchdog killed the VM under it)
 //! stop:   SIGTERM, bounded wait, then close the liveness pipe (supervisor::SupervisorProcess::stop)
 //! end:    reap what the supervisor left, sweep the cgroup, take back an unread bundle, write the tombstone
 //! ```
@@ -26,25 +27,28 @@ use vm_contract::shape::SandboxShape;
 use vm_contract::status::SupervisorStatus;
 use vm_contract::tombstone::{EndReason, Tombstone};
 
-use self::supervisor::{Ready, Stopped, SupervisorError, SupervisorProcess};
+use self::supervisor::{Followed, Ready, Stopped, SupervisorError, SupervisorProcess};
 use crate::image::Image;
 use crate::reap::{self, Leftovers};
 use crate::telemetry::TelemetryConfig;
 
 /// Margin on top of the boot timeout for the supervisor's own verdict to arrive.
 pub const READY_MARGIN: Duration = Duration::from_secs(10);
-/// How long a healthy supervisor takes, at most, to follow its VMM out; one that does not is hung.
+/// How long a healthy supervisor takes, at most, to say it is stopping once its VMM is gone; one that does
+/// not is hung. It sees the exit as soon as the driver does, so this is scheduling delay on a busy host.
 pub const VMM_GONE_GRACE: Duration = Duration::from_secs(2);
 /// The stop of a hung supervisor: it cannot answer SIGTERM, so the wait before SIGKILL is short.
 pub const HUNG_STOP_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// How a running generation ended on its own.
+/// How a running generation ends on its own.
 #[derive(Debug)]
 pub enum Ended {
+    /// The VMM exited; the supervisor should follow. Said once: the sandbox is not ready from here on.
+    VmmGone,
     /// The supervisor exited, with this status.
     Exited(Option<std::process::ExitStatus>),
-    /// The VMM is gone and the supervisor did not follow within [`VMM_GONE_GRACE`]: it is hung (frozen,
-    /// or its loop stuck), and the watchdog killed the VM under it. Stop it with [`HUNG_STOP_TIMEOUT`].
+    /// The VMM is gone and the supervisor did not follow in time: it is hung (frozen, or its loop stuck),
+    /// and the watchdog killed the VM under it. Stop it with [`HUNG_STOP_TIMEOUT`].
     Hung,
 }
 
@@ -117,6 +121,8 @@ pub struct Running {
     ready_by: tokio::time::Instant,
     /// The VMM, watched from the ready verdict on.
     vmm: Option<crate::procs::ExitWatch>,
+    /// Once the VMM is gone: when the supervisor must have followed, and whether it said it is stopping.
+    after_vmm: Option<(tokio::time::Instant, bool)>,
 }
 
 /// A generation whose supervisor has exited, not yet cleaned up.
@@ -176,6 +182,7 @@ pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
             boot_timeout: spec.boot_timeout,
             ready_by: tokio::time::Instant::now() + spec.boot_timeout + READY_MARGIN,
             vmm: None,
+            after_vmm: None,
         }),
         Err(e) => {
             // Nothing runs: take back the credentials and the cgroup made for it.
@@ -199,7 +206,7 @@ impl Running {
     pub async fn ready(&mut self) -> Result<Ready, SupervisorError> {
         let ready = self.sup.ready(self.ready_by, self.boot_timeout).await?;
         if !crate::control(vm_contract::test_control::TestControl::NoVmmWatch) {
-            self.vmm = ready.vmm.as_ref().and_then(crate::procs::ExitWatch::new);
+            self.vmm = Some(crate::procs::ExitWatch::new(ready.vmm.as_ref()));
         }
         Ok(ready)
     }
@@ -207,20 +214,31 @@ impl Running {
     /// Waits until the generation ends on its own: the supervisor exits, or it is found hung. Safe to cancel
     /// and call again.
     pub async fn ended(&mut self) -> Ended {
-        let vmm_gone = async {
-            match &self.vmm {
-                Some(vmm) => vmm.exited().await,
-                None => std::future::pending().await,
+        let Some(mut after) = self.after_vmm else {
+            let vmm_gone = async {
+                match &self.vmm {
+                    Some(vmm) => vmm.exited().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                status = self.sup.exited() => return Ended::Exited(status),
+                () = vmm_gone => {}
             }
+            self.after_vmm = Some((tokio::time::Instant::now() + VMM_GONE_GRACE, false));
+            return Ended::VmmGone;
         };
-        tokio::select! {
-            status = self.sup.exited() => return Ended::Exited(status),
-            () = vmm_gone => {}
-        }
-        // A healthy supervisor notices the VMM's exit at once and exits (status 3); give it the time.
-        match tokio::time::timeout(VMM_GONE_GRACE, self.sup.exited()).await {
-            Ok(status) => Ended::Exited(status),
-            Err(_) => Ended::Hung,
+        // The deadlines are kept in `self`, so a cancelled call does not restart them.
+        loop {
+            let (due, said_stopping) = after;
+            match tokio::time::timeout_at(due, self.sup.follow(said_stopping)).await {
+                Ok(Followed::Exited(status)) => return Ended::Exited(status),
+                Ok(Followed::Stopping) => {
+                    after = (tokio::time::Instant::now() + vm_contract::stop::after_vmm_exit(), true);
+                    self.after_vmm = Some(after);
+                }
+                Err(_) => return Ended::Hung,
+            }
         }
     }
 

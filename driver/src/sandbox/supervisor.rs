@@ -197,6 +197,7 @@ impl SupervisorProcess {
                         return Ok(Ready { accel, fallback, vmm });
                     }
                     Some(SupervisorStatus::Failed { error }) => return Err(SupervisorError::StartFailed(error)),
+                    Some(SupervisorStatus::Stopping) => {}
                     Some(SupervisorStatus::Stopped { .. }) | None => {
                         let status = self.child.wait().await.ok();
                         return Err(SupervisorError::Died { status, log: self.log.clone() });
@@ -243,4 +244,29 @@ impl SupervisorProcess {
     pub async fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.wait().await.ok()
     }
+
+    /// After its VMM exited: waits until the supervisor exits or, unless it already did, says it is
+    /// stopping. Safe to cancel and call again; the final report stays queued for [`Self::stop`].
+    pub async fn follow(&mut self, said_stopping: bool) -> Followed {
+        let mut reading = !said_stopping;
+        loop {
+            tokio::select! {
+                status = self.child.wait() => return Followed::Exited(status.ok()),
+                line = self.status.recv(), if reading => match line {
+                    Some(SupervisorStatus::Stopping) => return Followed::Stopping,
+                    Some(_) => {}
+                    None => reading = false,
+                },
+            }
+        }
+    }
+}
+
+/// What a supervisor did after its VMM exited.
+#[derive(Debug)]
+pub enum Followed {
+    /// It exited, with this status.
+    Exited(Option<std::process::ExitStatus>),
+    /// It said it is stopping: draining clients and flushing telemetry.
+    Stopping,
 }

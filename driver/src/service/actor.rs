@@ -31,8 +31,8 @@ use crate::state;
 pub enum Command {
     /// Stop it on purpose.
     Stop(oneshot::Sender<Sandbox>),
-    /// Start it again.
-    Start(oneshot::Sender<Sandbox>),
+    /// Start it again, if it is admitted.
+    Start(oneshot::Sender<Result<Sandbox, tonic::Status>>),
     /// Stop it and remove it.
     Delete(oneshot::Sender<()>),
     /// The driver is going down: stop it but keep the intent to run.
@@ -145,21 +145,17 @@ impl Actor {
                     self.finish(EndReason::Failed, self.reg.ctx.stop_timeout).await;
                     self.set(SandboxState::Failed, detail);
                 }
+                Happened::Ended(Ended::VmmGone) => {
+                    let detail = "the VM stopped on its own; vm-supervisor is finishing its record";
+                    self.set(SandboxState::Failed, detail.into());
+                }
                 Happened::Ended(Ended::Exited(status)) => {
-                    let status = describe(&status);
-                    // Not ready from this moment: the cleanup below takes time.
-                    let detail = format!("the sandbox stopped on its own (vm-supervisor ended with {status})");
-                    self.set(SandboxState::Failed, detail.clone());
-                    self.finish(EndReason::Failed, self.reg.ctx.stop_timeout).await;
-                    self.reg.platform(&self.id, "supervisor-exited", format!("vm-supervisor ended with {status}"));
-                    self.set(SandboxState::Failed, detail);
+                    let what = format!("vm-supervisor ended with {}", describe(&status));
+                    self.ended_on_its_own("supervisor-exited", what, self.reg.ctx.stop_timeout).await;
                 }
                 Happened::Ended(Ended::Hung) => {
-                    let detail = "the VM stopped and its supervisor did not follow (hung); it was killed";
-                    self.set(SandboxState::Failed, detail.into());
-                    self.finish(EndReason::Failed, HUNG_STOP_TIMEOUT).await;
-                    self.reg.platform(&self.id, "supervisor-exited", detail);
-                    self.set(SandboxState::Failed, detail.into());
+                    let what = "the VM stopped and vm-supervisor did not follow (hung); it was killed".to_string();
+                    self.ended_on_its_own("supervisor-hung", what, HUNG_STOP_TIMEOUT).await;
                 }
             }
         }
@@ -170,20 +166,27 @@ impl Actor {
         match cmd {
             Command::Stop(reply) => {
                 let _ = store::set_stopped(&self.layout, true);
-                self.view.running_intent = false;
                 if self.running.is_some() {
                     self.set(SandboxState::Stopping, String::new());
                     self.finish(EndReason::Stopped, self.reg.ctx.stop_timeout).await;
                 }
+                // Its share of the host is given back once the VM is down.
+                self.view.running_intent = false;
                 self.set(SandboxState::Stopped, String::new());
                 let _ = reply.send(self.view.clone());
             }
             Command::Start(reply) => {
                 if self.running.is_none() {
+                    // Admitted here, in order with this sandbox's stops: a start queued behind a stop is
+                    // admitted after the stop gave the share back.
+                    if let Err(why) = self.reg.admit_start(&self.id) {
+                        let _ = reply.send(Err(tonic::Status::resource_exhausted(why.to_string())));
+                        return true;
+                    }
                     let _ = store::set_stopped(&self.layout, false);
                     self.start();
                 }
-                let _ = reply.send(self.view.clone());
+                let _ = reply.send(Ok(self.view.clone()));
             }
             Command::Delete(reply) => {
                 self.finish(EndReason::Deleted, self.reg.ctx.stop_timeout).await;
@@ -238,6 +241,14 @@ impl Actor {
             self.view.readiness_endpoint.clear();
         }
         self.reg.publish(&self.id, &self.view);
+    }
+
+    /// The generation ended without being asked to: not ready from this moment (the cleanup takes time),
+    /// then cleaned up and reported on `Watch` as `kind`.
+    async fn ended_on_its_own(&mut self, kind: &str, what: String, timeout: Duration) {
+        self.set(SandboxState::Failed, format!("the sandbox stopped on its own ({what})"));
+        self.finish(EndReason::Failed, timeout).await;
+        self.reg.platform(&self.id, kind, what);
     }
 
     /// Boots a new generation.

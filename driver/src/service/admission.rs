@@ -17,9 +17,12 @@ use vm_contract::shape::SandboxShape;
 /// and the watchdog.
 pub const OVERHEAD_MIB: u64 = 96;
 
+/// Attach clients of a sandbox kept for what is not an Exec stream: `ListProcesses`, and streams whose client
+/// has gone but whose connection the supervisor has not closed yet.
+const ATTACH_RESERVE: usize = 8;
 /// The most Exec streams into one sandbox: each is one client of its supervisor's attach socket.
 #[allow(clippy::cast_possible_truncation, reason = "a small constant")]
-const MAX_PER_SANDBOX: u32 = vm_contract::attach::MAX_CLIENTS as u32;
+const MAX_PER_SANDBOX: u32 = (vm_contract::attach::MAX_CLIENTS - ATTACH_RESERVE) as u32;
 
 /// How much of the host `serve` may hand out.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -32,7 +35,8 @@ pub struct AdmissionConfig {
     pub memory_overcommit: f64,
     /// Most Exec streams open at once, in all.
     pub max_exec_streams: u32,
-    /// Most Exec streams open at once into one sandbox (at most `vm_contract::attach::MAX_CLIENTS`).
+    /// Most Exec streams open at once into one sandbox (at most `vm_contract::attach::MAX_CLIENTS` less a
+    /// reserve).
     pub max_exec_per_sandbox: u32,
 }
 
@@ -69,17 +73,17 @@ impl Limits {
     pub fn new(config: &AdmissionConfig, cores: u64, memory_mib: u64) -> Self {
         Self {
             sandboxes: config.max_sandboxes,
-            vcpus: (cores as f64 * config.cpu_overcommit.max(0.0)) as u64,
-            memory_mib: (memory_mib as f64 * config.memory_overcommit.max(0.0)) as u64,
+            vcpus: (cores as f64 * config.cpu_overcommit) as u64,
+            memory_mib: (memory_mib as f64 * config.memory_overcommit) as u64,
             exec_streams: config.max_exec_streams,
             exec_per_sandbox: config.max_exec_per_sandbox.min(MAX_PER_SANDBOX),
         }
     }
 
-    /// The limits `config` gives on this host.
-    pub fn of_this_host(config: &AdmissionConfig) -> Self {
+    /// The limits `config` gives on this host; `None` when its memory cannot be read.
+    pub fn of_this_host(config: &AdmissionConfig) -> Option<Self> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
-        Self::new(config, cores, host_memory_mib().unwrap_or(0))
+        Some(Self::new(config, cores, host_memory_mib()?))
     }
 }
 

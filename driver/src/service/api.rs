@@ -203,8 +203,7 @@ impl Driver for Api {
 
     async fn start_sandbox(&self, req: Request<SandboxRef>) -> Result<Response<Sandbox>, Status> {
         let id = sandbox_id(&req.get_ref().sandbox_id)?;
-        self.reg.admit_start(&id).map_err(|why| Status::resource_exhausted(why.to_string()))?;
-        ask(&self.reg, &id, Command::Start).await.map(Response::new)
+        ask(&self.reg, &id, Command::Start).await?.map(Response::new)
     }
 
     async fn delete_sandbox(&self, req: Request<SandboxRef>) -> Result<Response<DeleteSandboxResponse>, Status> {
@@ -214,12 +213,10 @@ impl Driver for Api {
 
     async fn list_processes(&self, req: Request<SandboxRef>) -> Result<Response<ListProcessesResponse>, Status> {
         let id = sandbox_id(&req.get_ref().sandbox_id)?;
-        if self.reg.get(&id).is_none() {
-            return Err(Status::not_found(format!("no sandbox {id}")));
-        }
+        self.reg.serving(&id)?;
         let mut attached = crate::attach_client::connect(&self.reg.ctx.state.layout(&id))
             .await
-            .map_err(|_| Status::failed_precondition(format!("sandbox {id} is not running")))?;
+            .map_err(|_| Status::unavailable("supervisor unreachable"))?;
         attached.send(ToGuest::ListProcesses).await.map_err(|_| Status::unavailable("supervisor unreachable"))?;
         let answer = async {
             while let Some(Ok(msg)) = attached.recv().await {

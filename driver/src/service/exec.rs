@@ -16,9 +16,7 @@ use futures_util::Stream as FuturesStream;
 use tokio::sync::{mpsc, watch};
 use tonic::{Status, Streaming};
 use vm_contract::ids::SandboxId;
-use vm_protocol::driver_api::{
-    exec_request, exec_response, ExecExited, ExecRequest, ExecResponse, ExecStarted, SandboxState,
-};
+use vm_protocol::driver_api::{exec_request, exec_response, ExecExited, ExecRequest, ExecResponse, ExecStarted};
 use vm_protocol::message::{EnvVar, Refusal};
 use vm_protocol::{Capabilities, ExitStatus, ProcId, PtySize, SignalName, Spawn, Stream, ToGuest, ToHost};
 
@@ -99,10 +97,7 @@ pub async fn exec(reg: Arc<Registry>, mut inbound: Streaming<ExecRequest>) -> Re
         _ => return Err(Status::invalid_argument("the first Exec message must be start or attach")),
     };
     let id = SandboxId::parse(&sandbox).map_err(|e| Status::invalid_argument(e.to_string()))?;
-    let view = reg.get(&id).ok_or_else(|| Status::not_found(format!("no sandbox {id}")))?;
-    if view.state != i32::from(SandboxState::Ready) {
-        return Err(Status::failed_precondition(format!("sandbox {id} is not ready")));
-    }
+    let view = reg.serving(&id)?;
     // Held by the relay until the stream ends.
     let permit = reg.exec_streams.acquire(&id).map_err(|why| Status::resource_exhausted(why.to_string()))?;
     let mut attached = attach_client::connect(&reg.ctx.state.layout(&id))

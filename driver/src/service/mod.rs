@@ -78,6 +78,9 @@ pub struct ServeConfig {
 /// Why `serve` could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    /// Admission needs the host's memory.
+    #[error("cannot read MemTotal from /proc/meminfo, which admission needs")]
+    HostMemory,
     /// The state directory is unusable.
     #[error(transparent)]
     State(#[from] StateError),
@@ -145,7 +148,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         otlp_headers: telemetry::headers_from_env()?,
         boot_timeout: config.boot_timeout,
         stop_timeout: config.stop_timeout,
-        limits: admission::Limits::of_this_host(&config.admission),
+        limits: admission::Limits::of_this_host(&config.admission).ok_or(ServeError::HostMemory)?,
     }));
     let limits = reg.ctx.limits;
     eprintln!(

@@ -11,7 +11,7 @@ use tokio::sync::{broadcast, mpsc};
 use vm_contract::accel::AccelChoice;
 use vm_contract::ids::SandboxId;
 use vm_contract::session::{Generation, SessionHello, SessionId};
-use vm_protocol::driver_api::{watch_event, PlatformEvent, Sandbox, WatchEvent};
+use vm_protocol::driver_api::{watch_event, PlatformEvent, Sandbox, SandboxState, WatchEvent};
 
 use super::actor::Command;
 use super::admission::{self, ExecStreams, Limits, Refused, Usage};
@@ -148,7 +148,7 @@ impl Registry {
         Ok(())
     }
 
-    /// Admits a stopped or failed sandbox to run again: it holds its share from now on.
+    /// Admits a stopped sandbox to run again: it holds its share from now on. Only its actor calls this.
     ///
     /// # Errors
     /// [`Refused`] when it no longer fits.
@@ -215,6 +215,20 @@ impl Registry {
         self.lock().get(id).map(|e| e.view.clone())
     }
 
+    /// The sandbox's view, if it can run processes now. Not found, stopped (the client must start it:
+    /// `FAILED_PRECONDITION`), or any other state (booting, or its VM is gone: `UNAVAILABLE`) is a status.
+    ///
+    /// # Errors
+    /// The status to answer with.
+    pub fn serving(&self, id: &SandboxId) -> Result<Sandbox, tonic::Status> {
+        let view = self.get(id).ok_or_else(|| tonic::Status::not_found(format!("no sandbox {id}")))?;
+        match SandboxState::try_from(view.state) {
+            Ok(SandboxState::Ready) => Ok(view),
+            Ok(SandboxState::Stopped) => Err(tonic::Status::failed_precondition(format!("sandbox {id} is stopped"))),
+            _ => Err(tonic::Status::unavailable(format!("sandbox {id} is not ready: {}", view.detail))),
+        }
+    }
+
     /// Every sandbox's view, by id.
     pub fn list(&self) -> Vec<Sandbox> {
         let mut all: Vec<Sandbox> = self.lock().values().map(|e| e.view.clone()).collect();
@@ -272,6 +286,6 @@ fn usage(entries: &HashMap<SandboxId, Entry>, except: Option<&SandboxId>) -> Usa
 
 /// A sandbox's shape, from its public view (the spec was checked when it was accepted).
 fn shape(view: &Sandbox) -> vm_contract::shape::SandboxShape {
-    let spec = view.spec.clone().unwrap_or_default();
-    vm_contract::shape::SandboxShape::with_defaults(spec.cpus, spec.memory_mib).unwrap_or_default()
+    let (cpus, memory_mib) = view.spec.as_ref().map_or((0, 0), |s| (s.cpus, s.memory_mib));
+    vm_contract::shape::SandboxShape::with_defaults(cpus, memory_mib).unwrap_or_default()
 }

@@ -31,6 +31,10 @@ pub enum SupervisorStatus {
         /// The error and its causes, outermost first.
         error: String,
     },
+    /// The VMM has exited; the supervisor drains its clients and flushes telemetry, within
+    /// [`crate::stop::after_vmm_exit`], then says [`SupervisorStatus::Stopped`]. A supervisor that does not say
+    /// this soon after its VMM is gone is hung.
+    Stopping,
     /// The VM is gone and telemetry flushed; the supervisor exits after this line.
     Stopped {
         /// OCSF events emitted.

@@ -29,6 +29,11 @@ pub const fn driver_deadline() -> Duration {
     Duration::from_secs(GRACE.as_secs() + POWER_OFF.as_secs() + VMM_EXIT.as_secs() + FLUSH.as_secs() + MARGIN.as_secs())
 }
 
+/// From the VMM's exit to the supervisor's: its clients drained and its telemetry flushed.
+pub const fn after_vmm_exit() -> Duration {
+    Duration::from_secs(VMM_EXIT.as_secs() + FLUSH.as_secs() + MARGIN.as_secs())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,9 +26,16 @@ pub const READY: u8 = b'R';
 pub const KILLING: u8 = b'K';
 /// Longest silence tolerated before the VMM is killed.
 pub const SILENCE_MS: u64 = 2_000;
-/// A wait that overruns by more than this means the watchdog itself was not running; the overrun is not
-/// counted as the supervisor's silence.
+/// A wait that overruns by more than this means the waiting side itself was not running (the watchdog here,
+/// the supervisor in its lease); the overrun is not counted as the peer's silence.
 pub const OWN_GAP_TOLERANCE_MS: u64 = 250;
+
+/// The part of a wait for `asked` that took `took` which was this process's own gap, not the peer's silence:
+/// the overrun, when it passes [`OWN_GAP_TOLERANCE_MS`].
+pub fn own_gap(asked: std::time::Duration, took: std::time::Duration) -> Option<std::time::Duration> {
+    let overran = took.saturating_sub(asked);
+    (overran > std::time::Duration::from_millis(OWN_GAP_TOLERANCE_MS)).then_some(overran)
+}
 /// How long to wait for the pidfd to report the exit after each SIGKILL.
 pub const KILL_CONFIRM_MS: u64 = 500;
 /// SIGKILL attempts before giving up (and exiting non-zero).
@@ -97,6 +104,19 @@ pub fn decide(input: Input, policy: Policy) -> Option<Action> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_overrun_past_the_tolerance_is_this_sides_gap() {
+        use std::time::Duration;
+        let ms = Duration::from_millis;
+        // A wait that ended on time, or a little late (timer slack), is the peer's silence.
+        assert_eq!(own_gap(ms(2_000), ms(2_000)), None);
+        assert_eq!(own_gap(ms(2_000), ms(2_250)), None);
+        // A wait that returned far too late: this process was not scheduled, and that is not the peer's.
+        assert_eq!(own_gap(ms(2_000), ms(3_500)), Some(ms(1_500)));
+        // An early return (a byte arrived) is never a gap.
+        assert_eq!(own_gap(ms(2_000), ms(10)), None);
+    }
 
     #[test]
     fn pulses_are_echoed_and_anything_else_kills() {

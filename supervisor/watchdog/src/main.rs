@@ -15,7 +15,7 @@ use vm_contract::args::WatchdogArgs;
 use vm_contract::exit::WatchdogExit;
 use vm_contract::pids::ProcessRecord;
 use vm_watchdog::{
-    decide, Action, Input, KillReason, Policy, KILL_ATTEMPTS, KILL_CONFIRM_MS, OWN_GAP_TOLERANCE_MS, READY, SILENCE_MS,
+    decide, own_gap, Action, Input, KillReason, Policy, KILL_ATTEMPTS, KILL_CONFIRM_MS, READY, SILENCE_MS,
 };
 
 fn main() -> ExitCode {
@@ -61,10 +61,11 @@ fn watch(pidfd: &OwnedFd, pid: i32, policy: Policy) -> ExitCode {
         };
         // Silence measures the supervisor, not this process: if the wait overran by more than the
         // tolerance, this process was not running, and that time is not the supervisor's.
-        let overran = asked.elapsed().saturating_sub(silence);
-        if input == Input::Silence && overran > Duration::from_millis(OWN_GAP_TOLERANCE_MS) {
-            last_pulse += overran;
-            continue;
+        if input == Input::Silence {
+            if let Some(gap) = own_gap(silence, asked.elapsed()) {
+                last_pulse += gap;
+                continue;
+            }
         }
         match decide(input, policy) {
             Some(Action::Echo) => {

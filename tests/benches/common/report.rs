@@ -52,18 +52,14 @@ impl Report {
         self.samples.entry(measure.to_owned()).or_default().push(value);
     }
 
-    fn of(&self, measure: &str) -> &[f64] {
-        self.samples.get(measure).map_or(&[], Vec::as_slice)
-    }
-
     /// Every value of `measure` so far.
     pub fn samples_of(&self, measure: &str) -> &[f64] {
-        self.of(measure)
+        self.samples.get(measure).map_or(&[], Vec::as_slice)
     }
 
     /// The median of `measure` so far.
     pub fn median(&self, measure: &str) -> f64 {
-        median(self.of(measure))
+        median(self.samples_of(measure))
     }
 
     /// A row comparing `ours` against `baseline`, both measures of this report.
@@ -71,15 +67,15 @@ impl Report {
         let ratio = self.median(ours) / self.median(baseline);
         let row = format!(
             "| {label} | {} | {} | {ratio:.2} | {goal} |",
-            cell(self.of(ours), digits),
-            cell(self.of(baseline), digits)
+            cell(self.samples_of(ours), digits),
+            cell(self.samples_of(baseline), digits)
         );
         self.rows.push(row);
     }
 
     /// A row of one measure without a baseline.
     pub fn single(&mut self, label: &str, measure: &str, digits: usize, goal: &str) {
-        let row = format!("| {label} | {} | - | - | {goal} |", cell(self.of(measure), digits));
+        let row = format!("| {label} | {} | - | - | {goal} |", cell(self.samples_of(measure), digits));
         self.rows.push(row);
     }
 
@@ -89,7 +85,7 @@ impl Report {
         let _ = std::fs::create_dir_all(&dir);
         let mut csv = String::from("measure,run,value\n");
         for measure in &self.order {
-            for (run, value) in self.of(measure).iter().enumerate() {
+            for (run, value) in self.samples_of(measure).iter().enumerate() {
                 let _ = writeln!(csv, "{measure},{},{value}", run + 1);
             }
         }

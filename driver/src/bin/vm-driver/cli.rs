@@ -54,6 +54,8 @@ pub enum Command {
         /// State directory.
         #[arg(long, value_name = "DIR")]
         state_dir: Option<PathBuf>,
+        #[command(flatten)]
+        retention: RetentionArgs,
     },
 }
 
@@ -102,6 +104,13 @@ pub struct VmArgs {
     /// State directory (default: $VM_DRIVER_STATE_DIR, else $XDG_RUNTIME_DIR/vm-driver, else /run/vm-driver for root).
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub retention: RetentionArgs,
+}
+
+/// How long the directories of ended `launch` sandboxes are kept (launch, serve and reap collect them).
+#[derive(Debug, Args)]
+pub struct RetentionArgs {
     /// Directories of ended `launch` sandboxes kept for diagnosis: the newest N; older ones are removed when
     /// a driver starts.
     #[arg(long, value_name = "N", default_value_t = Retention::default().keep)]
@@ -111,7 +120,7 @@ pub struct VmArgs {
     pub keep_ended_days: u64,
 }
 
-impl VmArgs {
+impl RetentionArgs {
     /// How long ended launch sandboxes are kept.
     pub fn retention(&self) -> Retention {
         Retention {
@@ -170,7 +179,7 @@ pub struct LaunchArgs {
     /// Sandbox id ([A-Za-z0-9._-], at most 128); random by default.
     #[arg(long)]
     pub id: Option<SandboxId>,
-    /// Keep the sandbox directory (logs) after a clean stop.
+    /// Keep the sandbox directory (logs) after a clean stop, until `--keep-ended` collects it.
     #[arg(long)]
     pub keep: bool,
     #[command(flatten)]
@@ -194,10 +203,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = AdmissionConfig::default().max_sandboxes)]
     pub max_sandboxes: u32,
     /// vCPUs admitted per host core.
-    #[arg(long, value_name = "RATIO", default_value_t = AdmissionConfig::default().cpu_overcommit)]
+    #[arg(long, value_name = "RATIO", value_parser = positive_ratio, default_value_t = AdmissionConfig::default().cpu_overcommit)]
     pub cpu_overcommit: f64,
     /// Guest memory (plus a fixed overhead per sandbox) admitted per byte of host memory.
-    #[arg(long, value_name = "RATIO", default_value_t = AdmissionConfig::default().memory_overcommit)]
+    #[arg(long, value_name = "RATIO", value_parser = positive_ratio, default_value_t = AdmissionConfig::default().memory_overcommit)]
     pub memory_overcommit: f64,
     /// Most Exec streams open at once, in all.
     #[arg(long, value_name = "N", default_value_t = AdmissionConfig::default().max_exec_streams)]
@@ -282,6 +291,14 @@ pub struct ExecArgs {
     /// The command and its arguments.
     #[arg(last = true, value_name = "CMD")]
     pub cmd: Vec<String>,
+}
+
+/// A ratio above zero (an overcommit of 0 would refuse everything).
+fn positive_ratio(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err("a number above 0 (1.0 means no overcommit)".into()),
+    }
 }
 
 impl ServeArgs {

@@ -201,6 +201,8 @@ async fn drive(
                 return (code, running.stop(config.stop_timeout).await);
             }
             ended = running.ended(), if supervisor_alive => match ended {
+                // The workload's stream ends with the VM; the supervisor's exit is awaited next.
+                Ended::VmmGone => {}
                 Ended::Exited(_) => supervisor_alive = false,
                 Ended::Hung => {
                     let why = anyhow::anyhow!("the VM stopped and vm-supervisor did not follow (hung); it was killed");

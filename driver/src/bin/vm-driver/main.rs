@@ -63,7 +63,7 @@ async fn run(command: Command) -> Result<u8> {
         Command::Launch(args) => {
             let args = *args;
             let shape = args.shape.shape();
-            let retention = args.vm.retention();
+            let retention = args.vm.retention.retention();
             launch::run(LaunchConfig {
                 argv: args.cmd,
                 env: args.env,
@@ -86,7 +86,7 @@ async fn run(command: Command) -> Result<u8> {
         }
         Command::Serve(args) => {
             let args = *args;
-            let (admission, retention) = (args.admission(), args.vm.retention());
+            let (admission, retention) = (args.admission(), args.vm.retention.retention());
             let state_dir = state_dir(&args.vm);
             let default = vm_driver::image::resolve(
                 args.vm.image.as_deref(),
@@ -144,7 +144,7 @@ async fn run(command: Command) -> Result<u8> {
             };
             exec::exec(&args.socket.path(), args.id.as_str(), target, args.interactive, args.tty).await
         }
-        Command::Reap { state_dir } => reap(state_dir).map(|()| 0),
+        Command::Reap { state_dir, retention } => reap(state_dir, &retention).map(|()| 0),
     }
 }
 
@@ -165,13 +165,13 @@ fn state_dir(vm: &VmArgs) -> PathBuf {
     vm.state_dir.clone().unwrap_or_else(vm_driver::state::default_root)
 }
 
-fn reap(state_dir: Option<PathBuf>) -> Result<()> {
+fn reap(state_dir: Option<PathBuf>, retention: &cli::RetentionArgs) -> Result<()> {
     let root = state_dir.unwrap_or_else(vm_driver::state::default_root);
     let state = vm_driver::state::StateDir::open(&root)?;
     for reaped in vm_driver::reap::reap_all(&state.sandboxes_dir()) {
         let what = if reaped.killed() { "killed its VM" } else { "nothing left running" };
         println!("{}: supervisor gone; {what}; marked terminated", reaped.sandbox);
     }
-    vm_driver::gc::collect(&state.sandboxes_dir(), vm_driver::gc::Retention::default());
+    vm_driver::gc::collect(&state.sandboxes_dir(), retention.retention());
     Ok(())
 }
