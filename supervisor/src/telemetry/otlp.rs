@@ -329,10 +329,16 @@ async fn export_loop(
     let mut last_failure_log: Option<Instant> = None;
     let mut in_flight = FuturesUnordered::new();
     let mut in_flight_records = 0usize;
+    let mut flushing = false;
     loop {
         let deadline = *stop.borrow();
         if deadline.is_some_and(|d| Instant::now() >= d) {
             break;
+        }
+        if deadline.is_some() && !flushing {
+            // The flush tries at once: a backoff earned before the stop would eat its budget.
+            flushing = true;
+            (resume_at, backoff) = (None, BACKOFF_MIN);
         }
         if resume_at.is_none_or(|t| Instant::now() >= t) {
             resume_at = None;
