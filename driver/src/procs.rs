@@ -44,33 +44,54 @@ pub enum ExitWatch {
 }
 
 impl ExitWatch {
-    /// Watches `record`'s process.
+    /// Watches `record`'s process; `None` is a process whose record could not be read, which is gone.
     pub fn new(record: Option<&ProcessRecord>) -> Self {
-        let Some(fd) = record.and_then(open) else { return Self::Gone };
+        let Some(record) = record else { return Self::Gone };
+        let Some(pid) = Pid::from_raw(record.pid) else { return Self::Gone };
+        let fd = match pidfd_open(pid, PidfdFlags::empty()) {
+            Ok(fd) if record.is_alive() => fd,
+            Ok(_) | Err(rustix::io::Errno::SRCH) => return Self::Gone,
+            // Out of descriptors, say: that says nothing about the process.
+            Err(_) => return Self::unwatched(),
+        };
         let (tx, rx) = tokio::sync::watch::channel(false);
         let spawned =
             std::thread::Builder::new().name("vm-driver-exit-watch".into()).stack_size(64 * 1024).spawn(move || {
                 let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-                // Only EINTR or a transient ENOMEM can fail an untimed poll on a valid pidfd: wait again.
-                while poll(&mut fds, None).is_err() {
-                    std::thread::sleep(Duration::from_millis(10));
+                loop {
+                    match poll(&mut fds, None) {
+                        Ok(_) => {
+                            let _ = tx.send(true);
+                            return;
+                        }
+                        Err(rustix::io::Errno::INTR) => {}
+                        Err(rustix::io::Errno::NOMEM) => std::thread::sleep(Duration::from_millis(10)),
+                        // Nothing can be told: end without saying the process exited.
+                        Err(_) => return,
+                    }
                 }
-                let _ = tx.send(true);
             });
         match spawned {
             Ok(_) => Self::Running(rx),
-            Err(_) => {
-                tracing::warn!("cannot start a thread to watch the VMM; a hung supervisor will go unnoticed");
-                Self::Unwatched
-            }
+            Err(_) => Self::unwatched(),
         }
+    }
+
+    /// Not watched (the `no-vmm-watch` control, or a watch that could not be set up).
+    pub fn unwatched() -> Self {
+        tracing::warn!("the VMM is not watched; a hung supervisor will go unnoticed");
+        Self::Unwatched
     }
 
     /// Resolves when the process has exited.
     pub async fn exited(&self) {
         match self {
-            // The sender goes away only after saying so, so an error here cannot mean "still running".
-            Self::Running(rx) => drop(rx.clone().wait_for(|gone| *gone).await),
+            Self::Running(rx) => {
+                // A sender gone without saying so is a watch that failed: nothing can be told.
+                if rx.clone().wait_for(|gone| *gone).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
             Self::Gone => {}
             Self::Unwatched => std::future::pending().await,
         }

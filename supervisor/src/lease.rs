@@ -8,7 +8,7 @@
 //!
 //! A deadline measures the peer's silence, not the observer's own scheduling gap: on a busy host the
 //! supervisor itself may run late, and an echo that waited in the pipe meanwhile is not late. So echoes are
-//! read before pulses are judged, and when a pulse tick fires more than [`OWN_GAP_TOLERANCE`] after it was
+//! read before pulses are judged, and when a pulse tick fires more than [`vm_watchdog::OWN_GAP_TOLERANCE_MS`] after it was
 //! due, the time this side was not running is not counted against the watchdog.
 
 use std::collections::VecDeque;
@@ -28,10 +28,6 @@ pub const PULSE_INTERVAL_MS: u64 = 250;
 pub const ACK_TIMEOUT_MS: u64 = 1_000;
 /// Longest wait for the watchdog's ready byte.
 pub const READY_TIMEOUT_MS: u64 = 5_000;
-/// A tick this late means this side was not running; the gap is not the watchdog's silence.
-pub const OWN_GAP_TOLERANCE: Duration = Duration::from_millis(vm_watchdog::OWN_GAP_TOLERANCE_MS);
-/// Longest wait for the watchdog to exit after a normal close.
-const CLOSE_TIMEOUT_MS: u64 = 2_000;
 
 use vm_watchdog::{KILLING, PULSE, READY};
 
@@ -93,8 +89,7 @@ impl Ledger {
     /// A pulse tick due at `due` fired at `now`: if this side was not running for a while, the outstanding
     /// pulses' clocks stop for that while.
     pub fn ticked(&mut self, due: Instant, now: Instant) {
-        let gap = now.saturating_duration_since(due);
-        if gap > OWN_GAP_TOLERANCE {
+        if let Some(gap) = vm_watchdog::own_gap(Duration::ZERO, now.saturating_duration_since(due)) {
             for sent in &mut self.unechoed {
                 *sent += gap;
             }
@@ -187,7 +182,7 @@ impl Lease {
     /// exits. Returns its exit status, or `None` if it had to be killed.
     pub async fn close(mut self) -> Option<std::process::ExitStatus> {
         drop(self.pulses);
-        match tokio::time::timeout(Duration::from_millis(CLOSE_TIMEOUT_MS), self.child.wait()).await {
+        match tokio::time::timeout(vm_contract::stop::WATCHDOG_CLOSE, self.child.wait()).await {
             Ok(Ok(status)) => Some(status),
             _ => {
                 let _ = self.child.start_kill();

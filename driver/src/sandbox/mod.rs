@@ -29,6 +29,7 @@ use vm_contract::tombstone::{EndReason, Tombstone};
 
 use self::supervisor::{Followed, Ready, Stopped, SupervisorError, SupervisorProcess};
 use crate::image::Image;
+use crate::procs::ExitWatch;
 use crate::reap::{self, Leftovers};
 use crate::telemetry::TelemetryConfig;
 
@@ -120,7 +121,7 @@ pub struct Running {
     boot_timeout: Duration,
     ready_by: tokio::time::Instant,
     /// The VMM, watched from the ready verdict on.
-    vmm: Option<crate::procs::ExitWatch>,
+    vmm: ExitWatch,
     /// Once the VMM is gone: when the supervisor must have followed, and whether it said it is stopping.
     after_vmm: Option<(tokio::time::Instant, bool)>,
 }
@@ -181,7 +182,7 @@ pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
             cgroup,
             boot_timeout: spec.boot_timeout,
             ready_by: tokio::time::Instant::now() + spec.boot_timeout + READY_MARGIN,
-            vmm: None,
+            vmm: ExitWatch::Unwatched,
             after_vmm: None,
         }),
         Err(e) => {
@@ -205,9 +206,11 @@ impl Running {
     /// [`SupervisorError`] with the supervisor's own explanation where it gave one.
     pub async fn ready(&mut self) -> Result<Ready, SupervisorError> {
         let ready = self.sup.ready(self.ready_by, self.boot_timeout).await?;
-        if !crate::control(vm_contract::test_control::TestControl::NoVmmWatch) {
-            self.vmm = Some(crate::procs::ExitWatch::new(ready.vmm.as_ref()));
-        }
+        self.vmm = if crate::control(vm_contract::test_control::TestControl::NoVmmWatch) {
+            ExitWatch::unwatched()
+        } else {
+            ExitWatch::new(ready.vmm.as_ref())
+        };
         Ok(ready)
     }
 
@@ -215,15 +218,9 @@ impl Running {
     /// and call again.
     pub async fn ended(&mut self) -> Ended {
         let Some(mut after) = self.after_vmm else {
-            let vmm_gone = async {
-                match &self.vmm {
-                    Some(vmm) => vmm.exited().await,
-                    None => std::future::pending().await,
-                }
-            };
             tokio::select! {
                 status = self.sup.exited() => return Ended::Exited(status),
-                () = vmm_gone => {}
+                () = self.vmm.exited() => {}
             }
             self.after_vmm = Some((tokio::time::Instant::now() + VMM_GONE_GRACE, false));
             return Ended::VmmGone;
@@ -240,6 +237,11 @@ impl Running {
                 Err(_) => return Ended::Hung,
             }
         }
+    }
+
+    /// Whether its VMM has exited (once [`Ended::VmmGone`] was said): it can never be ready again.
+    pub fn vmm_gone(&self) -> bool {
+        self.after_vmm.is_some()
     }
 
     /// The orderly stop: SIGTERM, wait up to `timeout`, then close the liveness pipe (SIGKILL first when it

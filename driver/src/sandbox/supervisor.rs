@@ -114,6 +114,8 @@ pub struct SupervisorProcess {
     /// Held, never written: its closing is the message.
     liveness: Option<OwnedFd>,
     status: mpsc::UnboundedReceiver<SupervisorStatus>,
+    /// Its final report, when [`Self::follow`] read it first.
+    report: Option<SupervisorStatus>,
     log: PathBuf,
     /// The accelerator it reported, kept here so a caller may drop and re-poll [`Self::ready`].
     accel: (Accelerator, Option<String>),
@@ -178,7 +180,7 @@ impl SupervisorProcess {
                 }
             }
         });
-        Ok(Self { child, liveness: Some(write_end), status, log, accel: (Accelerator::Tcg, None) })
+        Ok(Self { child, liveness: Some(write_end), status, report: None, log, accel: (Accelerator::Tcg, None) })
     }
 
     /// Waits until the VM is ready or the start failed, at most until `deadline` (reported as `timeout`).
@@ -228,7 +230,7 @@ impl SupervisorProcess {
         };
         drop(self.liveness.take());
         // Its stdout is closed now; collect the last lines the reader task still holds.
-        let mut report = None;
+        let mut report = self.report.take();
         let collect = async {
             while let Some(status) = self.status.recv().await {
                 if matches!(status, SupervisorStatus::Stopped { .. }) {
@@ -254,6 +256,11 @@ impl SupervisorProcess {
                 status = self.child.wait() => return Followed::Exited(status.ok()),
                 line = self.status.recv(), if reading => match line {
                     Some(SupervisorStatus::Stopping) => return Followed::Stopping,
+                    Some(report @ SupervisorStatus::Stopped { .. }) => {
+                        // Kept for `stop`, which returns it.
+                        self.report = Some(report);
+                        return Followed::Stopping;
+                    }
                     Some(_) => {}
                     None => reading = false,
                 },

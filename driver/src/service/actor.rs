@@ -166,9 +166,11 @@ impl Actor {
         match cmd {
             Command::Stop(reply) => {
                 let _ = store::set_stopped(&self.layout, true);
-                if self.running.is_some() {
+                if let Some(running) = &self.running {
+                    // A VM that had already died is recorded as the failure it was.
+                    let reason = if running.vmm_gone() { EndReason::Failed } else { EndReason::Stopped };
                     self.set(SandboxState::Stopping, String::new());
-                    self.finish(EndReason::Stopped, self.reg.ctx.stop_timeout).await;
+                    self.finish(reason, self.reg.ctx.stop_timeout).await;
                 }
                 // Its share of the host is given back once the VM is down.
                 self.view.running_intent = false;
@@ -176,6 +178,11 @@ impl Actor {
                 let _ = reply.send(self.view.clone());
             }
             Command::Start(reply) => {
+                if self.running.as_ref().is_some_and(Running::vmm_gone) {
+                    let busy = tonic::Status::unavailable("the sandbox's last VM is still being cleaned up; try again");
+                    let _ = reply.send(Err(busy));
+                    return true;
+                }
                 if self.running.is_none() {
                     // Admitted here, in order with this sandbox's stops: a start queued behind a stop is
                     // admitted after the stop gave the share back.
@@ -225,9 +232,11 @@ impl Actor {
         true
     }
 
-    /// Ready only when the VM is up, the agent answered and the session is accepted.
+    /// Ready only when the VM is up, the agent answered and the session is accepted; never again once its
+    /// VMM has exited (a session that reconnects in that instant does not bring it back).
     fn settle(&mut self) {
-        if self.ready && self.session.is_some() {
+        let vmm_gone = self.running.as_ref().is_some_and(Running::vmm_gone);
+        if self.ready && self.session.is_some() && !vmm_gone {
             self.set(SandboxState::Ready, String::new());
         } else {
             self.reg.publish(&self.id, &self.view);

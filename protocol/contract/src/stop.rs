@@ -3,8 +3,9 @@
 //!
 //! ```text
 //! SIGTERM --grace--> workloads SIGKILLed in the guest --power_off--> QEMU SIGKILLed if still running
-//!   --vmm_exit--> QEMU reaped, clients drained --flush--> telemetry delivered --margin--> exit
-//! driver deadline = grace + power_off + vmm_exit + flush + margin
+//!   --vmm_exit--> QEMU reaped, clients drained --watchdog_close--> lease closed
+//!   --flush--> telemetry delivered --margin--> exit
+//! driver deadline = grace + power_off + vmm_exit + watchdog_close + flush + margin
 //! ```
 //!
 //! Each phase is bounded on its own, so a guest that ignores shutdown costs `grace + power_off`, never the
@@ -19,6 +20,8 @@ pub const GRACE: Duration = Duration::from_secs(3);
 pub const POWER_OFF: Duration = Duration::from_secs(2);
 /// For QEMU to be reaped after it was killed, and for attach clients to take their last frames.
 pub const VMM_EXIT: Duration = Duration::from_secs(1);
+/// For the watchdog to exit after the lease is closed (at once, normally: it exits with the VMM).
+pub const WATCHDOG_CLOSE: Duration = Duration::from_secs(2);
 /// The telemetry flush: last, and always whole.
 pub const FLUSH: Duration = Duration::from_secs(5);
 /// Process exit and scheduling.
@@ -26,12 +29,12 @@ pub const MARGIN: Duration = Duration::from_secs(1);
 
 /// How long the driver waits for the supervisor after SIGTERM before it kills it.
 pub const fn driver_deadline() -> Duration {
-    Duration::from_secs(GRACE.as_secs() + POWER_OFF.as_secs() + VMM_EXIT.as_secs() + FLUSH.as_secs() + MARGIN.as_secs())
+    Duration::from_secs(GRACE.as_secs() + POWER_OFF.as_secs() + after_vmm_exit().as_secs())
 }
 
 /// From the VMM's exit to the supervisor's: its clients drained and its telemetry flushed.
 pub const fn after_vmm_exit() -> Duration {
-    Duration::from_secs(VMM_EXIT.as_secs() + FLUSH.as_secs() + MARGIN.as_secs())
+    Duration::from_secs(VMM_EXIT.as_secs() + WATCHDOG_CLOSE.as_secs() + FLUSH.as_secs() + MARGIN.as_secs())
 }
 
 #[cfg(test)]
@@ -40,7 +43,8 @@ mod tests {
 
     #[test]
     fn the_flush_fits_inside_the_drivers_deadline() {
-        assert_eq!(driver_deadline(), Duration::from_secs(12));
-        assert!(GRACE + POWER_OFF + VMM_EXIT + FLUSH < driver_deadline());
+        assert_eq!(driver_deadline(), Duration::from_secs(14));
+        assert_eq!(after_vmm_exit(), Duration::from_secs(9));
+        assert!(GRACE + POWER_OFF + VMM_EXIT + WATCHDOG_CLOSE + FLUSH < driver_deadline());
     }
 }
