@@ -18,7 +18,7 @@ use vm_contract::layout::SandboxFile;
 use vm_contract::pids::SandboxPids;
 use vm_e2e::procs::{signal, ProcInfo};
 use vm_e2e::serve::Serve;
-use vm_e2e::{gone_within, wait_until, Scratch, TestControl};
+use vm_e2e::{gone_within, wait_until, Launch, Running, Scratch, TestControl};
 use vm_protocol::driver_api::{exec_request, ExecRequest, ExecStart, GetCapabilitiesRequest};
 
 const SANDBOXES: usize = 24;
@@ -166,6 +166,18 @@ fn a_busy_host_keeps_every_idle_sandbox_and_the_fault_bounds() {
     signal(watchdog.pid, SIGCONT);
     assert!(gone, "frozen watchdog: the VMM outlived 2 s under load");
     eprintln!("e2e: under load: watchdog SIGSTOP -> VMM gone in {:?}", start.elapsed());
+
+    s.waiting_for("a launch's VM to end with its driver");
+    let own = Scratch::new("load-launch");
+    let mut launched = Running::start(Launch::new(&own, &["/bin/sh", "-c", "echo up; exec sleep 1000"]), &[], "up");
+    let vmm = launched.procs().vmm;
+    let start = Instant::now();
+    launched.driver.kill().unwrap();
+    let gone = gone_within(&vmm, Duration::from_secs(5));
+    let driver_kill = start.elapsed();
+    launched.driver.wait().unwrap();
+    assert!(gone, "a launch's VM outlived its killed driver by 5 s under load");
+    eprintln!("e2e: under load: launch driver SIGKILL -> VMM gone in {driver_kill:?}");
 
     s.waiting_for("every VM to end with the service");
     let vmms: Vec<ProcInfo> = serve.vmms().into_iter().filter(ProcInfo::is_alive).collect();
