@@ -15,7 +15,6 @@ use std::time::Duration;
 use tokio::net::UnixListener;
 use tokio::process::Child;
 use tokio::sync::watch;
-use vm_contract::accel::Accelerator;
 use vm_contract::args::SupervisorArgs;
 use vm_contract::layout::SandboxFile;
 use vm_contract::pids::{ProcessRecord, SandboxPids};
@@ -171,11 +170,6 @@ pub(crate) async fn boot(
     let console = bind(SandboxFile::ConsoleSocket)?;
     let config =
         VmmConfig { qemu, nice, kernel: args.kernel.clone(), initrd: args.initrd.clone(), shape: args.shape, accel };
-    if accel == Accelerator::Tcg {
-        // Under TCG huge pages buy nothing, and cost a whole 2 MiB of host memory for every guest page
-        // touched in it: an idle 128 MiB guest would hold all 128 MiB. QEMU inherits the setting.
-        let _ = rustix::thread::disable_transparent_huge_pages(true);
-    }
     let mut vmm = config.spawn().map_err(StartError::SpawnVmm)?;
     let booted = async {
         let logs = guest_logs(&mut vmm, &console, senders).await?;

@@ -39,18 +39,7 @@ impl AttachClient {
         let mut out = Vec::new();
         while statuses.len() < count {
             while started < count && started - statuses.len() < in_flight {
-                let id = ProcId(self.next_id);
-                self.next_id += 1;
-                let spawn = Spawn {
-                    id,
-                    argv: argv.iter().map(|s| (*s).to_owned()).collect(),
-                    env: vec![],
-                    cwd: None,
-                    pty: None,
-                    output_window: DEFAULT_WINDOW_BYTES,
-                };
-                frame::write(&mut self.stream, &ToGuest::Spawn(spawn), &mut out).unwrap();
-                frame::write(&mut self.stream, &ToGuest::StdinEof { id }, &mut out).unwrap_or(());
+                self.start(argv);
                 started += 1;
             }
             match frame::read::<ToHost, _>(&mut self.stream, &mut self.scratch).unwrap() {
@@ -74,16 +63,8 @@ impl AttachClient {
         id
     }
 
-    fn send(&mut self, msg: &ToGuest) {
-        frame::write(&mut self.stream, msg, &mut Vec::new()).unwrap();
-    }
-
-    fn recv(&mut self) -> Option<ToHost> {
-        frame::read::<ToHost, _>(&mut self.stream, &mut self.scratch).unwrap()
-    }
-
-    /// Starts `argv` with an empty stdin and returns its guest pid, reading nothing else.
-    pub fn spawn(&mut self, argv: &[&str]) -> u32 {
+    /// Sends a `Spawn` of `argv` under a new id, with its stdin closed at once; returns the id.
+    fn start(&mut self, argv: &[&str]) -> ProcId {
         let id = self.next();
         let spawn = Spawn {
             id,
@@ -94,7 +75,22 @@ impl AttachClient {
             output_window: DEFAULT_WINDOW_BYTES,
         };
         self.send(&ToGuest::Spawn(spawn));
-        self.send(&ToGuest::StdinEof { id });
+        // A process that already exited may have closed its stdin: nothing to close then.
+        let _ = frame::write(&mut self.stream, &ToGuest::StdinEof { id }, &mut Vec::new());
+        id
+    }
+
+    fn send(&mut self, msg: &ToGuest) {
+        frame::write(&mut self.stream, msg, &mut Vec::new()).unwrap();
+    }
+
+    fn recv(&mut self) -> Option<ToHost> {
+        frame::read::<ToHost, _>(&mut self.stream, &mut self.scratch).unwrap()
+    }
+
+    /// Starts `argv` with an empty stdin and returns its guest pid, reading nothing else.
+    pub fn spawn(&mut self, argv: &[&str]) -> u32 {
+        let id = self.start(argv);
         loop {
             match self.recv() {
                 Some(ToHost::Started { id: got, pid, .. }) if got == id => return pid,
