@@ -4,6 +4,7 @@
 //!   process with its liveness pipe and stop ordering ([`sandbox::supervisor`]).
 //! - [`attach_client`] and [`relay`]: running a process through the supervisor's attach socket.
 //! - [`reap`] (with `cgroup` and `procs`): nothing a supervisor leaves behind survives it.
+//! - [`jail`]: how QEMU is confined on this host, and each jailed VMM's uid.
 //! - [`state`], [`image`], [`telemetry`]: where sandboxes live, what they boot, where their events go.
 //! - [`service`]: `vm-driver serve`, the gateway-facing gRPC service for many sandboxes.
 //!
@@ -18,6 +19,7 @@ pub mod attach_client;
 mod cgroup;
 pub mod gc;
 pub mod image;
+pub mod jail;
 mod procs;
 pub mod reap;
 pub mod relay;

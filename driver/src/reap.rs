@@ -83,6 +83,7 @@ pub fn end_generation(layout: &SandboxLayout, cgroup: Option<&Path>, reason: End
     if !crate::control(TestControl::KeepCredentials) {
         AuthBundle::remove(layout.dir());
     }
+    crate::jail::release(layout);
     Tombstone::write(layout.dir(), reason);
     left
 }

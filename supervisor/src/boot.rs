@@ -2,7 +2,8 @@
 //! bound.
 //!
 //! ```text
-//! join cgroup -> choose accelerator -> bind chan.sock -> start QEMU -> record pids -> start the watchdog
+//! join cgroup -> choose accelerator -> bind vmm/{chan,console}.sock (the jail's ids, 0600) -> start QEMU
+//!   through vm-jailer -> record pids -> start the watchdog
 //!   (ready in 5 s) -> agent hello (boot timeout; pulses flow meanwhile) -> bind attach.sock
 //! ```
 //!
@@ -16,6 +17,7 @@ use tokio::net::UnixListener;
 use tokio::process::Child;
 use tokio::sync::watch;
 use vm_contract::args::SupervisorArgs;
+use vm_contract::jail::{Confinement, JailIds};
 use vm_contract::layout::SandboxFile;
 use vm_contract::pids::{ProcessRecord, SandboxPids};
 use vm_contract::status::SupervisorStatus;
@@ -65,9 +67,12 @@ pub enum StartError {
     /// A guest log could not be set up.
     #[error("cannot set up {}", .0.name())]
     Log(SandboxFile, #[source] std::io::Error),
-    /// No watchdog binary next to the supervisor.
-    #[error("vm-watchdog not found at {}", .0.display())]
-    NoWatchdog(PathBuf),
+    /// No watchdog or jailer binary next to the supervisor.
+    #[error("{} not found (it is installed next to vm-supervisor)", .0.display())]
+    NoSibling(PathBuf),
+    /// `jail` confinement without an id for the VMM.
+    #[error("jail confinement needs --jail-id")]
+    NoJailId,
     /// The lease could not be established.
     #[error("the VM was refused: no lease")]
     Lease(#[source] LeaseStartError),
@@ -152,25 +157,36 @@ pub(crate) async fn boot(
             return Err(StartError::MissingImage { what, path: path.clone() });
         }
     }
-    let watchdog = watchdog_binary()?;
+    let watchdog = sibling_binary("vm-watchdog")?;
     let (accel, fallback) = accel::Host::default().choose(args.accel).map_err(StartError::Kvm)?;
     if let Some(why) = &fallback {
         tracing::warn!(reason = %why, "KVM unusable; using TCG software emulation");
     }
     status::report(&SupervisorStatus::Accelerator { accel, fallback: fallback.map(|w| w.to_string()) });
     let qemu = match &args.qemu {
-        Some(q) => q.clone(),
+        Some(q) => std::path::absolute(q).map_err(|_| StartError::NoQemu)?,
         None => vmm::find_on_path("qemu-system-x86_64").ok_or(StartError::NoQemu)?,
     };
-    let nice = vmm::find_on_path("nice");
-    if nice.is_none() {
-        tracing::warn!("no `nice` on PATH: the VMM runs at the control plane's CPU priority");
+    let ids = args.jail_id.map(|id| JailIds { uid: id, gid: id });
+    if args.confinement == Confinement::Jail && ids.is_none() {
+        return Err(StartError::NoJailId);
     }
-    let channel = bind(SandboxFile::Channel)?;
-    let console = bind(SandboxFile::ConsoleSocket)?;
-    let config =
-        VmmConfig { qemu, nice, kernel: args.kernel.clone(), initrd: args.initrd.clone(), shape: args.shape, accel };
+    let root = vmm_root(&args.sandbox_dir)?;
+    let channel = bind(SandboxFile::Channel, ids)?;
+    let console = bind(SandboxFile::ConsoleSocket, ids)?;
+    let config = VmmConfig {
+        qemu,
+        jailer: sibling_binary("vm-jailer")?,
+        confinement: args.confinement,
+        ids,
+        root,
+        kernel: args.kernel.clone(),
+        initrd: args.initrd.clone(),
+        shape: args.shape,
+        accel,
+    };
     let mut vmm = config.spawn().map_err(StartError::SpawnVmm)?;
+    senders.vmm_kill.arm(vmm.id());
     let booted = async {
         let logs = guest_logs(&mut vmm, &console, senders).await?;
         let (lease, link, attach) = lease_and_link(args, &mut vmm, &channel, &watchdog, senders, stop).await?;
@@ -211,21 +227,45 @@ async fn guest_logs(vmm: &mut Child, console: &UnixListener, senders: &Senders) 
     Ok(GuestLogs { console: console_dropped, vmm: vmm_dropped })
 }
 
-/// `vm-watchdog`, next to this binary.
-fn watchdog_binary() -> Result<PathBuf, StartError> {
-    let path =
-        std::env::current_exe().map_or_else(|_| PathBuf::from("vm-watchdog"), |exe| exe.with_file_name("vm-watchdog"));
+/// `name` (`vm-watchdog`, `vm-jailer`), next to this binary.
+fn sibling_binary(name: &str) -> Result<PathBuf, StartError> {
+    let path = std::env::current_exe().map_or_else(|_| PathBuf::from(name), |exe| exe.with_file_name(name));
     if path.is_file() {
         Ok(path)
     } else {
-        Err(StartError::NoWatchdog(path))
+        Err(StartError::NoSibling(path))
     }
 }
 
-/// Binds one of the sandbox's sockets, replacing one a previous start left behind.
-fn bind(file: SandboxFile) -> Result<UnixListener, StartError> {
-    let _ = std::fs::remove_file(file.name());
-    UnixListener::bind(file.name()).map_err(|e| StartError::Bind(file, e))
+/// The VMM directory, made (0755: a jailed QEMU must traverse its own root, never write it) if missing.
+fn vmm_root(sandbox_dir: &Path) -> Result<PathBuf, StartError> {
+    use std::os::unix::fs::PermissionsExt;
+    let root = std::path::absolute(sandbox_dir.join(SandboxFile::VmmRoot.name()))
+        .map_err(|e| StartError::Bind(SandboxFile::VmmRoot, e))?;
+    match std::fs::DirBuilder::new().create(&root) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(StartError::Bind(SandboxFile::VmmRoot, e)),
+        // Set, not asked of mkdir: the supervisor's umask would take the search bits away.
+        _ => std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))
+            .map(|()| root)
+            .map_err(|e| StartError::Bind(SandboxFile::VmmRoot, e)),
+    }
+}
+
+/// Binds one of the sandbox's sockets, replacing one a previous start left behind. A socket QEMU connects
+/// to is given to the jail's ids, 0600: only that VMM (and root) may connect.
+fn bind(file: SandboxFile, ids: Option<JailIds>) -> Result<UnixListener, StartError> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = file.relative();
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path).map_err(|e| StartError::Bind(file, e))?;
+    if file.in_vmm_root() {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| StartError::Bind(file, e))?;
+        if let Some(ids) = ids {
+            std::os::unix::fs::chown(&path, Some(ids.uid), Some(ids.gid)).map_err(|e| StartError::Bind(file, e))?;
+        }
+    }
+    Ok(listener)
 }
 
 /// Everything after QEMU started: pids, lease, handshake, the attach socket. The caller kills QEMU on error.
@@ -258,7 +298,7 @@ async fn lease_and_link(
         Ok(()) => handshake(args, vmm, channel, &mut lease, senders, stop).await,
         Err(e) => Err(StartError::Pids(e)),
     };
-    match linked.and_then(|link| Ok((link, bind(SandboxFile::Attach)?))) {
+    match linked.and_then(|link| Ok((link, bind(SandboxFile::Attach, None)?))) {
         Ok((link, attach)) => Ok((lease, link, attach)),
         Err(e) => {
             lease.close().await;

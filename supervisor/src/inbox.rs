@@ -88,6 +88,8 @@ pub struct Senders {
     guest_bytes: Arc<Semaphore>,
     clients: mpsc::Sender<FromClient>,
     client_bytes: Arc<Semaphore>,
+    /// The VMM's SIGKILL, for the liveness thread.
+    pub vmm_kill: crate::kill_switch::KillSwitch,
 }
 
 /// The loop's side.
@@ -116,6 +118,7 @@ pub fn new() -> (Senders, Inbox) {
         guest_bytes: Arc::new(Semaphore::new(GUEST_QUEUE_BYTES as usize)),
         clients,
         client_bytes: Arc::new(Semaphore::new(CLIENT_QUEUE_BYTES as usize)),
+        vmm_kill: crate::kill_switch::KillSwitch::default(),
     };
     (senders, Inbox { stop: stop_rx, control: control_rx, guest: guest_rx, clients: clients_rx })
 }

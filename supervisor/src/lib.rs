@@ -6,7 +6,8 @@
 //!   watchdog ([`lease`]), connect the guest link and check the agent's handshake ([`guest_link`]).
 //! - `serve`: the event loop; the attach socket's server ([`attach_server`]) and the multiplexer that routes
 //!   between its clients and the guest ([`mux`]); the session with `vm-driver serve` ([`session`]).
-//! - [`stop`]: why a sandbox stops and what asks for a stop (signals; the liveness pipe is [`liveness`]).
+//! - [`stop`]: why a sandbox stops and what asks for a stop (signals; the liveness pipe is [`liveness`],
+//!   which ends the VM through [`kill_switch`] before the loop hears of it).
 //! - [`diagnostics`]: what reaches `supervisor.log`; [`telemetry`]: OCSF events and their sinks; [`status`]:
 //!   status lines to the driver.
 //!
@@ -24,6 +25,7 @@ mod framed;
 pub mod guest_link;
 pub mod guest_logs;
 pub mod inbox;
+pub mod kill_switch;
 pub mod lease;
 pub mod liveness;
 pub mod mux;

@@ -24,6 +24,8 @@ pub fn watch_stdin(senders: Senders) -> std::io::Result<()> {
                 Ok(_) => tracing::warn!("unexpected bytes on the parent-liveness pipe; ignored"),
             }
         }
+        // The VM first, then the orderly rest.
+        senders.vmm_kill.pull();
         senders.driver_gone();
     })?;
     Ok(())

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use vm_contract::args::SupervisorArgs;
 use vm_contract::auth::AuthBundle;
+use vm_contract::jail::Confinement;
 use vm_contract::layout::SandboxFile;
 use vm_contract::session::SessionHello;
 use vm_contract::status::SupervisorStatus;
@@ -42,6 +43,13 @@ pub async fn run(args: SupervisorArgs, console: Console) -> Result<StopReason, S
         let event = telemetry.source().config_change(&vm_contract::test_control::announcement("vm-supervisor"));
         telemetry.emit(event);
     }
+    // Every sandbox says how its VMM is confined; `none` says it loudly.
+    let confinement = match args.confinement {
+        Confinement::None => "VMM confinement: none (UNCONFINED: no jail, no separate uid, no namespaces)".to_owned(),
+        mode => format!("VMM confinement: {mode}"),
+    };
+    let event = telemetry.source().config_change(&confinement);
+    telemetry.emit(event);
     let outcome = supervise(&args, token, &mut telemetry).await;
     if let Err(e) = &outcome {
         // Logged here, while the console still runs.

@@ -8,11 +8,13 @@
 //!   terminal, and neither is a file QEMU could grow.
 //! - The boundary channel is a virtio-serial port whose host side connects, as a client, to the
 //!   supervisor's listening socket, so no guest byte can be written before we are attached.
+//! - QEMU is started by `vm-jailer` ([`vm_contract::jail`]), which confines itself (ids, namespaces, jail
+//!   root, rlimits, no capabilities, no new privileges) and then execs it.
 //! - The VMM runs at a lower CPU priority (nice [`VMM_NICE`]) than the control plane (driver, supervisor,
-//!   watchdog), through the `nice` utility so that every QEMU thread inherits it from the first instruction:
-//!   on a busy host the leash is scheduled before the emulation it guards.
-//! - Paths are relative to the sandbox directory (QEMU's working directory), which keeps Unix socket paths
-//!   short whatever the state directory is.
+//!   watchdog), set by the jailer so that every QEMU thread inherits it from the first instruction: on a
+//!   busy host the leash is scheduled before the emulation it guards.
+//! - Socket paths are relative to the VMM directory (QEMU's working directory, and its root when jailed),
+//!   which keeps them short whatever the state directory is.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -20,6 +22,7 @@ use std::process::Stdio;
 
 use tokio::process::{Child, Command};
 use vm_contract::accel::Accelerator;
+use vm_contract::jail::{Confinement, JailIds, JailerArgs, JAIL_INITRD, JAIL_KERNEL};
 use vm_contract::layout::SandboxFile;
 use vm_contract::shape::SandboxShape;
 use vm_protocol::CHANNEL_PORT_NAME;
@@ -46,10 +49,16 @@ pub const SANDBOX_POLICY: &str = "on,obsolete=deny,elevateprivileges=deny,spawn=
 /// Everything needed to start one VM.
 #[derive(Debug, Clone)]
 pub struct VmmConfig {
-    /// The QEMU binary.
+    /// The QEMU binary (absolute: the jail binds it at its own path).
     pub qemu: PathBuf,
-    /// The `nice` utility that starts it at [`VMM_NICE`], when the host has one.
-    pub nice: Option<PathBuf>,
+    /// `vm-jailer`.
+    pub jailer: PathBuf,
+    /// How QEMU is confined.
+    pub confinement: Confinement,
+    /// `jail` confinement: its uid and gid.
+    pub ids: Option<JailIds>,
+    /// The VMM directory (absolute): QEMU's working directory and, when jailed, its root.
+    pub root: PathBuf,
     /// Guest kernel.
     pub kernel: PathBuf,
     /// Guest initramfs.
@@ -89,13 +98,34 @@ impl VmmConfig {
         push(&["-chardev", &format!("socket,id=boundary,path={},server=off", SandboxFile::Channel.name())]);
         push(&["-device", &format!("virtserialport,chardev=boundary,name={CHANNEL_PORT_NAME}")]);
         push(&["-append", &kernel_args]);
-        args.extend([OsString::from("-kernel"), self.kernel.clone().into_os_string()]);
-        args.extend([OsString::from("-initrd"), self.initrd.clone().into_os_string()]);
+        let (kernel, initrd) = if self.confinement.has_jail_root() {
+            (JAIL_KERNEL.into(), JAIL_INITRD.into())
+        } else {
+            (self.kernel.clone().into_os_string(), self.initrd.clone().into_os_string())
+        };
+        args.extend([OsString::from("-kernel"), kernel, OsString::from("-initrd"), initrd]);
         args
     }
 
-    /// Starts QEMU in the current directory (the sandbox directory), with a cleared environment, stdin
-    /// from /dev/null, stdout discarded and stderr on a pipe (the caller copies it into `vmm.log`).
+    /// `vm-jailer`'s arguments, QEMU's command line last.
+    pub fn jailer_args(&self) -> JailerArgs {
+        let mut exec = vec![self.qemu.clone().into_os_string()];
+        exec.extend(self.args());
+        JailerArgs {
+            confinement: self.confinement,
+            root: self.root.clone(),
+            uid: self.ids.map(|i| i.uid),
+            gid: self.ids.map(|i| i.gid),
+            kernel: self.kernel.clone(),
+            initrd: self.initrd.clone(),
+            kvm: self.accel == Accelerator::Kvm,
+            nice: VMM_NICE,
+            exec,
+        }
+    }
+
+    /// Starts QEMU through the jailer, with a cleared environment, stdin from /dev/null, stdout discarded and
+    /// stderr on a pipe (the caller copies it into `vmm.log`; the jailer's own failure lands there too).
     ///
     /// # Errors
     /// QEMU cannot be executed.
@@ -105,16 +135,8 @@ impl VmmConfig {
             // touched in it. The setting is this process's, and QEMU inherits it.
             let _ = rustix::thread::disable_transparent_huge_pages(true);
         }
-        let mut command = match &self.nice {
-            Some(nice) => {
-                let mut c = Command::new(nice);
-                c.arg("-n").arg(VMM_NICE.to_string()).arg(&self.qemu);
-                c
-            }
-            None => Command::new(&self.qemu),
-        };
-        command
-            .args(self.args())
+        Command::new(&self.jailer)
+            .args(self.jailer_args().to_argv())
             .env_clear()
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -124,7 +146,7 @@ impl VmmConfig {
     }
 }
 
-/// Finds `name` (`qemu-system-x86_64`, `nice`) on `PATH`.
+/// Finds `name` (`qemu-system-x86_64`) on `PATH`.
 pub fn find_on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
     std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
@@ -137,7 +159,10 @@ mod tests {
     fn config(accel: Accelerator) -> VmmConfig {
         VmmConfig {
             qemu: "qemu".into(),
-            nice: None,
+            jailer: "vm-jailer".into(),
+            confinement: Confinement::Jail,
+            ids: Some(JailIds { uid: 2_000_000_001, gid: 2_000_000_001 }),
+            root: "/s/box/vmm".into(),
             kernel: "/img/vmlinuz".into(),
             initrd: "/img/initramfs.cpio".into(),
             shape: SandboxShape::new(2, 512).unwrap(),
@@ -167,5 +192,15 @@ mod tests {
         let kvm = joined(Accelerator::Kvm);
         assert!(kvm.contains("-accel kvm -cpu host"));
         assert!(!kvm.contains("mitigations=off"));
+    }
+
+    #[test]
+    fn a_jailed_qemu_names_its_files_inside_the_jail_and_an_unconfined_one_by_host_path() {
+        assert!(joined(Accelerator::Tcg).contains(&format!("-kernel {JAIL_KERNEL} -initrd {JAIL_INITRD}")));
+        let open = VmmConfig { confinement: Confinement::None, ids: None, ..config(Accelerator::Tcg) };
+        let line = open.args().iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
+        assert!(line.contains("-kernel /img/vmlinuz -initrd /img/initramfs.cpio"));
+        let jailer = config(Accelerator::Kvm).jailer_args();
+        assert!(jailer.kvm && jailer.nice == VMM_NICE && jailer.exec.first() == Some(&"qemu".into()));
     }
 }

@@ -360,7 +360,7 @@ fn readiness_closes_with_the_session_and_reopens_with_it() {
     let serve = Serve::with_controls(&s, &[TestControl::SessionGateSignals]);
     ok(serve.cli("create", &["rd"]));
     let get = ok(serve.cli("get", &["rd"]));
-    let endpoint = get.lines().nth(1).and_then(|l| l.split_whitespace().nth(4)).unwrap().to_owned();
+    let endpoint = get.lines().nth(1).and_then(|l| l.split_whitespace().nth(5)).unwrap().to_owned();
     let connects = || std::net::TcpStream::connect(&endpoint).is_ok();
     assert!(connects(), "the readiness endpoint {endpoint} accepts while the session is up");
 

@@ -2,14 +2,15 @@
 //! it.
 //!
 //! ```text
-//! start:  fresh generation (old pids and tombstone gone) -> auth bundle (0600) -> cgroup -> supervisor
+//! start:  fresh generation (old pids and tombstone gone) -> auth bundle (0600) -> jail uid -> cgroup -> supervisor
 //!         (liveness pipe, trusted argv)            any failure: take everything back, tombstone `failed`
 //! ready:  the supervisor's verdict, within the boot timeout plus READY_MARGIN
 //! run:    until the supervisor exits, or the VMM exits and the supervisor does not say it is stopping
 //!         within VMM_GONE_GRACE, or does not exit within stop::after_vmm_exit() after saying so (it is hung:
 //!         the watchdog killed the VM under it)
 //! stop:   SIGTERM, bounded wait, then close the liveness pipe (supervisor::SupervisorProcess::stop)
-//! end:    reap what the supervisor left, sweep the cgroup, take back an unread bundle, write the tombstone
+//! end:    reap what the supervisor left, sweep the cgroup, take back an unread bundle, release the jail uid,
+//!         write the tombstone
 //! ```
 
 pub mod supervisor;
@@ -21,6 +22,7 @@ use vm_contract::accel::AccelChoice;
 use vm_contract::args::SupervisorArgs;
 use vm_contract::auth::{AuthBundle, BundleError};
 use vm_contract::ids::SandboxId;
+use vm_contract::jail::{Confinement, IdRange};
 use vm_contract::layout::{SandboxFile, SandboxLayout};
 use vm_contract::session::{Generation, SessionId};
 use vm_contract::shape::SandboxShape;
@@ -76,6 +78,10 @@ pub struct StartSpec {
     pub otlp_headers: Vec<(String, String)>,
     /// `serve` only: the session this start opens.
     pub session: Option<SessionSpec>,
+    /// How QEMU is confined, and the range jailed VMMs' ids come from.
+    pub confinement: Confinement,
+    /// The range of per-VMM uids (`jail` confinement).
+    pub jail_ids: IdRange,
 }
 
 /// The session a supervisor of `serve` opens.
@@ -110,6 +116,9 @@ pub enum StartError {
     /// The supervisor could not be started.
     #[error(transparent)]
     Supervisor(#[from] SupervisorError),
+    /// No uid could be claimed for the jailed VMM.
+    #[error(transparent)]
+    Jail(#[from] crate::jail::JailSetupError),
 }
 
 /// A running generation of a sandbox.
@@ -158,6 +167,16 @@ pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
         reap::end_generation(&spec.layout, None, EndReason::Failed);
         return Err(e.into());
     }
+    let jail_id = match spec.confinement {
+        Confinement::Jail => match crate::jail::claim(spec.jail_ids, &spec.layout) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                reap::end_generation(&spec.layout, None, EndReason::Failed);
+                return Err(e.into());
+            }
+        },
+        _ => None,
+    };
     let cgroup = crate::cgroup::create(&spec.id, dir);
     let args = SupervisorArgs {
         sandbox_id: spec.id.clone(),
@@ -173,6 +192,8 @@ pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
         generation: spec.session.as_ref().map_or(Generation(0), |s| s.generation),
         session_socket: spec.session.as_ref().map(|s| s.socket.clone()),
         cgroup: cgroup.clone(),
+        confinement: spec.confinement,
+        jail_id,
         parent_liveness_stdin: true,
     };
     match SupervisorProcess::spawn(&spec.supervisor, &args, &spec.telemetry) {

@@ -96,6 +96,7 @@ pub fn spawn(
         spec: Some(spec.to_api()),
         generation: store::generation(&layout).0,
         running_intent: initial == Initial::Start,
+        confinement: reg.ctx.confinement.as_str().into(),
         ..Sandbox::default()
     };
     reg.insert(id.clone(), view.clone(), tx, admit)?;
@@ -295,6 +296,8 @@ impl Actor {
             telemetry: ctx.telemetry.clone(),
             otlp_headers: ctx.otlp_headers.clone(),
             session: Some(SessionSpec { socket: ctx.sessions_socket.clone(), generation, id, token }),
+            confinement: ctx.confinement,
+            jail_ids: ctx.jail_ids,
         };
         sandbox::start(&spec).map_err(|e| text(&e))
     }

@@ -35,6 +35,10 @@ pub struct Context {
     pub images: ImageSet,
     /// The accelerator asked for.
     pub accel: AccelChoice,
+    /// How VMMs are confined here.
+    pub confinement: vm_contract::jail::Confinement,
+    /// Per-VMM uids for `jail`.
+    pub jail_ids: vm_contract::jail::IdRange,
     /// Telemetry settings for supervisors.
     pub telemetry: TelemetryConfig,
     /// Collector headers, for each sandbox's auth bundle.
@@ -53,6 +57,7 @@ impl std::fmt::Debug for Context {
             .field("state", &self.state)
             .field("supervisor", &self.supervisor)
             .field("accel", &self.accel)
+            .field("confinement", &self.confinement)
             .field("otlp_headers", &self.otlp_headers.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>())
             .finish_non_exhaustive()
     }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use crate::accel::AccelChoice;
 use crate::ids::SandboxId;
+use crate::jail::Confinement;
 use crate::pids::ProcessRecord;
 use crate::session::{Generation, SessionId};
 use crate::shape::SandboxShape;
@@ -72,6 +73,12 @@ pub struct SupervisorArgs {
     /// A cgroup v2 directory to join before starting anything (the driver's final sweep kills it).
     #[cfg_attr(feature = "clap", arg(long))]
     pub cgroup: Option<PathBuf>,
+    /// How QEMU is confined (through `vm-jailer`).
+    #[cfg_attr(feature = "clap", arg(long, value_enum))]
+    pub confinement: Confinement,
+    /// `jail` confinement: the uid and gid (the same number) claimed for this sandbox's VMM.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub jail_id: Option<u32>,
     /// Stdin is the driver's liveness pipe: EOF means the driver is gone.
     #[cfg_attr(feature = "clap", arg(long))]
     pub parent_liveness_stdin: bool,
@@ -105,6 +112,10 @@ impl SupervisorArgs {
         }
         if let Some(cgroup) = &self.cgroup {
             flag("--cgroup", cgroup.clone().into());
+        }
+        flag("--confinement", self.confinement.as_str().into());
+        if let Some(id) = self.jail_id {
+            flag("--jail-id", id.to_string().into());
         }
         if self.parent_liveness_stdin {
             argv.push("--parent-liveness-stdin".into());
@@ -166,6 +177,8 @@ mod tests {
             generation: Generation(9),
             session_socket: Some("/run/vm-driver/sessions.sock".into()),
             cgroup: Some("/sys/fs/cgroup/vm-driver/box-1-abcd".into()),
+            confinement: Confinement::Jail,
+            jail_id: Some(2_000_000_007),
             parent_liveness_stdin: true,
         };
         let minimal = SupervisorArgs {
@@ -173,6 +186,8 @@ mod tests {
             session_id: None,
             session_socket: None,
             cgroup: None,
+            confinement: Confinement::None,
+            jail_id: None,
             parent_liveness_stdin: false,
             ..full.clone()
         };

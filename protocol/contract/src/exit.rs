@@ -85,6 +85,10 @@ impl WatchdogExit {
     }
 }
 
+/// `vm-jailer`'s status when it could not confine itself (QEMU never ran); its reason is on QEMU's stderr.
+/// Clear of QEMU's own statuses (0 and 1) and of clap's usage error (2).
+pub const JAILER_FAILED: u8 = 71;
+
 /// `vm-driver`'s own exit statuses (`launch` and `exec` otherwise exit with the workload's: its code, or 128
 /// + the signal that killed it).
 pub mod driver {

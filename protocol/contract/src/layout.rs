@@ -8,6 +8,11 @@ use std::path::{Path, PathBuf};
 /// Every file of a sandbox directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SandboxFile {
+    /// The VMM's directory: its working directory, and its whole root when jailed. Holds [`SandboxFile::Channel`]
+    /// and [`SandboxFile::ConsoleSocket`] (see [`SandboxFile::in_vmm_root`]).
+    VmmRoot,
+    /// The jailed VMM's uid, claimed for this sandbox and released when it ends.
+    JailId,
     /// The boundary channel's socket: the supervisor listens, QEMU's virtio-serial port connects.
     Channel,
     /// The supervisor's attach socket (0600): the driver runs processes through it.
@@ -41,7 +46,9 @@ pub enum SandboxFile {
 
 impl SandboxFile {
     /// Every file, for listings and tests.
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 16] = [
+        Self::VmmRoot,
+        Self::JailId,
         Self::Channel,
         Self::ConsoleSocket,
         Self::Attach,
@@ -61,6 +68,8 @@ impl SandboxFile {
     /// The file's name inside the sandbox directory.
     pub const fn name(self) -> &'static str {
         match self {
+            Self::VmmRoot => "vmm",
+            Self::JailId => "jail-id",
             Self::Channel => "chan.sock",
             Self::Attach => "attach.sock",
             Self::ConsoleSocket => "console.sock",
@@ -75,6 +84,20 @@ impl SandboxFile {
             Self::Spec => "spec.json",
             Self::Generation => "generation",
             Self::Stopped => "stopped",
+        }
+    }
+
+    /// Whether the file lives in [`SandboxFile::VmmRoot`] (QEMU's sockets), not in the sandbox directory.
+    pub const fn in_vmm_root(self) -> bool {
+        matches!(self, Self::Channel | Self::ConsoleSocket)
+    }
+
+    /// Its path relative to the sandbox directory.
+    pub fn relative(self) -> PathBuf {
+        if self.in_vmm_root() {
+            Path::new(Self::VmmRoot.name()).join(self.name())
+        } else {
+            PathBuf::from(self.name())
         }
     }
 }
@@ -104,7 +127,7 @@ impl SandboxLayout {
 
     /// The path of `file`.
     pub fn path(&self, file: SandboxFile) -> PathBuf {
-        self.dir.join(file.name())
+        self.dir.join(file.relative())
     }
 
     /// The sandbox id: the directory's name.

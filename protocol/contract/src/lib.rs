@@ -17,6 +17,7 @@
 //! | the stop budget and the driver's stop deadline | [`stop`] | driver -> supervisor |
 //! | sandbox ids and shapes | [`ids::SandboxId`], [`shape::SandboxShape`] | user -> driver -> supervisor |
 //! | the accelerator | [`accel::AccelChoice`], [`accel::Accelerator`] | user -> driver -> supervisor |
+//! | QEMU's confinement and `vm-jailer`'s argv | [`jail::Confinement`], [`jail::JailerArgs`] | driver -> supervisor -> jailer |
 //! | what may be logged | [`logs`] | all |
 //! | test-build switches | [`test_control::TestControl`] | tests -> all |
 #![forbid(unsafe_code)]
@@ -29,6 +30,7 @@ pub mod auth;
 pub mod env;
 pub mod exit;
 pub mod ids;
+pub mod jail;
 pub mod layout;
 pub mod logs;
 pub mod pids;

@@ -11,6 +11,7 @@ use std::io::Read;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use vm_contract::jail::Confinement;
 use vm_contract::layout::SandboxFile;
 
 use vm_contract::accel::Accelerator;
@@ -67,8 +68,12 @@ impl BareVm {
             "kvm" => Accelerator::Kvm,
             _ => Accelerator::Tcg,
         };
+        // Bare: QEMU started directly, unconfined, with host paths.
         let config = VmmConfig {
-            nice: None,
+            jailer: std::path::PathBuf::new(),
+            confinement: Confinement::None,
+            ids: None,
+            root: dir.clone(),
             qemu: vm_supervisor::vmm::find_on_path("qemu-system-x86_64").expect("qemu-system-x86_64"),
             kernel: harness().image.join("vmlinuz"),
             initrd,

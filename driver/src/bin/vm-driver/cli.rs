@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use vm_contract::accel::AccelChoice;
 use vm_contract::ids::SandboxId;
+use vm_contract::jail::{Confinement, IdRange};
 use vm_contract::shape::{SandboxShape, DEFAULT_CPUS, DEFAULT_MEMORY_MIB};
 use vm_driver::gc::Retention;
 use vm_driver::service::admission::AdmissionConfig;
@@ -101,6 +102,13 @@ pub struct VmArgs {
     /// can cut the flush.
     #[arg(long, value_name = "SECS", default_value_t = vm_contract::stop::driver_deadline().as_secs())]
     pub stop_timeout: u64,
+    /// How QEMU is confined: `jail` (root: its own uid, namespaces, jail root), `userns` (not root), or
+    /// `none`. Default: the strongest this host gives, said at start when it is not `jail`.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub confinement: Option<Confinement>,
+    /// The uids and gids given to jailed VMMs, one per sandbox.
+    #[arg(long, value_name = "START:COUNT", default_value_t = IdRange::DEFAULT)]
+    pub jail_ids: IdRange,
     /// State directory (default: $VM_DRIVER_STATE_DIR, else $XDG_RUNTIME_DIR/vm-driver, else /run/vm-driver for root).
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,

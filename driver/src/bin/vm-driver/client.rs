@@ -38,12 +38,14 @@ pub fn state_name(state: i32) -> &'static str {
 fn line(s: &Sandbox) -> String {
     let readiness = if s.readiness_endpoint.is_empty() { "-" } else { &s.readiness_endpoint };
     let accel = if s.accelerator.is_empty() { "-" } else { &s.accelerator };
+    let confinement = if s.confinement.is_empty() { "-" } else { &s.confinement };
     format!(
-        "{:<24} {:<13} {:>4} {:<5} {:<22} {}",
+        "{:<24} {:<13} {:>4} {:<5} {:<7} {:<22} {}",
         s.sandbox_id,
         state_name(s.state),
         s.generation,
         accel,
+        confinement,
         readiness,
         s.detail
     )
@@ -87,7 +89,7 @@ pub async fn show(socket: &Path, id: Option<&str>) -> Result<()> {
         Some(id) => vec![client.get_sandbox(SandboxRef { sandbox_id: id.to_owned() }).await?.into_inner()],
         None => client.list_sandboxes(ListSandboxesRequest {}).await?.into_inner().sandboxes,
     };
-    println!("{:<24} {:<13} {:>4} {:<5} {:<22} DETAIL", "SANDBOX", "STATE", "GEN", "ACCEL", "READINESS");
+    println!("{:<24} {:<13} {:>4} {:<5} {:<7} {:<22} DETAIL", "SANDBOX", "STATE", "GEN", "ACCEL", "JAIL", "READINESS");
     for s in &sandboxes {
         println!("{}", line(s));
     }

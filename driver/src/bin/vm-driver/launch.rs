@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 use vm_contract::accel::AccelChoice;
 use vm_contract::exit::driver::{HANGUP, INTERRUPTED, TERMINATED, TIMEOUT};
 use vm_contract::ids::SandboxId;
+use vm_contract::jail::{Confinement, IdRange};
 use vm_contract::shape::SandboxShape;
 use vm_contract::tombstone::EndReason;
 use vm_driver::attach_client::{self, AttachError, Attached};
@@ -58,6 +59,10 @@ pub struct LaunchConfig {
     pub shape: SandboxShape,
     /// The accelerator asked for.
     pub accel: AccelChoice,
+    /// The confinement asked for (default: the strongest this host gives).
+    pub confinement: Option<Confinement>,
+    /// Per-VMM uids for `jail`.
+    pub jail_ids: IdRange,
     /// Stop the sandbox after this long.
     pub timeout: Option<Duration>,
     /// Boot timeout.
@@ -88,6 +93,10 @@ struct Signals {
 pub async fn run(config: LaunchConfig) -> Result<u8> {
     let image = image::resolve(config.image.as_deref(), config.kernel.as_deref(), config.initrd.as_deref())?;
     let supervisor = sandbox::supervisor::locate()?;
+    let confinement = vm_driver::jail::choose(config.confinement, &vm_driver::jail::jailer_beside(&supervisor))?;
+    if let Some(line) = vm_driver::jail::startup_line(confinement) {
+        eprintln!("{line}");
+    }
     let root = config.state_dir.clone().unwrap_or_else(state::default_root);
     let state = StateDir::open(&root)?;
     for reaped in reap::reap_all(&state.sandboxes_dir()) {
@@ -119,6 +128,8 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
         telemetry: config.telemetry.clone(),
         otlp_headers,
         session: None,
+        confinement,
+        jail_ids: config.jail_ids,
     };
     let running = match sandbox::start(&spec) {
         Ok(running) => running,

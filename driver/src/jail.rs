@@ -1,0 +1,186 @@
+//! QEMU's confinement, from the driver's side: which mode this host gives ([`choose`]), and the uid and gid
+//! each jailed VMM gets ([`claim`], [`release`]).
+//!
+//! Ids are claimed host-wide, not per state directory: two drivers with different state directories must
+//! never hand two VMMs the same uid, or one could signal the other. A claim is a file
+//! `<CLAIMS_DIR>/<id>` made with `O_EXCL`, naming the sandbox directory; the sandbox directory records the id
+//! in `jail-id`. A claim whose sandbox directory no longer records that id (removed without a release) is
+//! stale and taken over. Claims and releases hold an exclusive `flock` on the claims directory.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use vm_contract::jail::{Confinement, IdRange, PROBE_USERNS};
+use vm_contract::layout::{SandboxFile, SandboxLayout};
+
+/// Where the host's id claims live (root only).
+pub const CLAIMS_DIR: &str = "/run/vm-driver-jail-ids";
+
+/// Why confinement cannot be set up as asked.
+#[derive(Debug, thiserror::Error)]
+pub enum JailSetupError {
+    /// `--confinement jail` without root.
+    #[error("--confinement jail needs root (per-VMM uids); run as root, or use --confinement userns or none")]
+    NeedsRoot,
+    /// `--confinement userns` where the kernel refuses unprivileged user namespaces.
+    #[error("--confinement userns: this host does not allow unprivileged user namespaces")]
+    NoUserns,
+    /// Every id of the range is claimed.
+    #[error("every uid of the jail range {0} is in use (--jail-ids)")]
+    RangeFull(IdRange),
+    /// A claim could not be made.
+    #[error("cannot claim a uid for the VMM in {CLAIMS_DIR}")]
+    Claim(#[source] io::Error),
+}
+
+/// `vm-jailer`, installed beside `vm-supervisor`.
+pub fn jailer_beside(supervisor: &Path) -> PathBuf {
+    supervisor.with_file_name("vm-jailer")
+}
+
+/// The confinement this driver uses: what was asked, or (`None`) the strongest the host gives: `jail` as
+/// root, else `userns` where `vm-jailer --probe-userns` can make one, else `none`.
+///
+/// # Errors
+/// A mode was asked that the host cannot give.
+pub fn choose(asked: Option<Confinement>, jailer: &Path) -> Result<Confinement, JailSetupError> {
+    let root = rustix::process::geteuid().is_root();
+    let userns = || {
+        std::process::Command::new(jailer)
+            .arg(PROBE_USERNS)
+            .env_clear()
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    match asked {
+        Some(Confinement::Jail) if !root => Err(JailSetupError::NeedsRoot),
+        Some(Confinement::Userns) if !userns() => Err(JailSetupError::NoUserns),
+        Some(mode) => Ok(mode),
+        None if root => Ok(Confinement::Jail),
+        None if userns() => Ok(Confinement::Userns),
+        None => Ok(Confinement::None),
+    }
+}
+
+/// What the driver says at start about its confinement (stderr): a warning unless every VMM gets its own
+/// uid.
+pub fn startup_line(mode: Confinement) -> Option<&'static str> {
+    match mode {
+        Confinement::Jail => None,
+        Confinement::Userns => Some(
+            "vm-driver: warning: not root: each VMM gets its own namespaces and jail root, but runs with this \
+             user's uid (--confinement userns)",
+        ),
+        Confinement::None => Some(
+            "vm-driver: warning: QEMU runs UNCONFINED: no jail, no separate uid, no namespaces (not root, and no \
+             unprivileged user namespaces); only rlimits and QEMU's seccomp sandbox apply",
+        ),
+    }
+}
+
+/// Claims a free id of `range` for the sandbox in `layout` and records it there.
+///
+/// # Errors
+/// [`JailSetupError::RangeFull`] or [`JailSetupError::Claim`].
+pub fn claim(range: IdRange, layout: &SandboxLayout) -> Result<u32, JailSetupError> {
+    claim_in(Path::new(CLAIMS_DIR), range, layout)
+}
+
+fn claim_in(claims: &Path, range: IdRange, layout: &SandboxLayout) -> Result<u32, JailSetupError> {
+    use std::os::unix::fs::DirBuilderExt;
+    match fs::DirBuilder::new().mode(0o700).create(claims) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(JailSetupError::Claim(e)),
+        _ => {}
+    }
+    let _lock = lock(claims).map_err(JailSetupError::Claim)?;
+    let offset = crate::state::random_hex::<4>().ok().and_then(|h| u32::from_str_radix(&h, 16).ok()).unwrap_or(0);
+    for i in 0..range.count {
+        let Some(id) = range.nth((offset % range.count + i) % range.count) else { continue };
+        let file = claims.join(id.to_string());
+        let taken = match fs::OpenOptions::new().write(true).create_new(true).open(&file) {
+            Ok(_) => true,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => is_stale(&file, id),
+            Err(e) => return Err(JailSetupError::Claim(e)),
+        };
+        if taken {
+            let recorded = fs::write(&file, layout.dir().as_os_str().as_encoded_bytes())
+                .and_then(|()| fs::write(layout.path(SandboxFile::JailId), id.to_string()));
+            if let Err(e) = recorded {
+                let _ = fs::remove_file(&file);
+                return Err(JailSetupError::Claim(e));
+            }
+            return Ok(id);
+        }
+    }
+    Err(JailSetupError::RangeFull(range))
+}
+
+/// Whether the claim `file` for `id` names a sandbox directory that no longer records it.
+fn is_stale(file: &Path, id: u32) -> bool {
+    let Ok(dir) = fs::read_to_string(file) else { return false };
+    let recorded = fs::read_to_string(SandboxLayout::new(PathBuf::from(dir)).path(SandboxFile::JailId));
+    recorded.map_or(true, |r| r.trim() != id.to_string())
+}
+
+/// Releases the id recorded in `layout`, if any (at the end of every generation, and by the reaper).
+pub fn release(layout: &SandboxLayout) {
+    release_in(Path::new(CLAIMS_DIR), layout);
+}
+
+fn release_in(claims: &Path, layout: &SandboxLayout) {
+    let record = layout.path(SandboxFile::JailId);
+    let Ok(id) = fs::read_to_string(&record) else { return };
+    let _lock = lock(claims);
+    let file = claims.join(id.trim());
+    // Only a claim that names this very directory is ours to remove.
+    if fs::read_to_string(&file).is_ok_and(|dir| Path::new(&dir) == layout.dir()) {
+        let _ = fs::remove_file(&file);
+    }
+    let _ = fs::remove_file(record);
+}
+
+/// An exclusive lock on the claims directory, held until the returned file is dropped.
+fn lock(claims: &Path) -> io::Result<fs::File> {
+    let dir = fs::File::open(claims)?;
+    rustix::fs::flock(&dir, rustix::fs::FlockOperation::LockExclusive)?;
+    Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("jail-ids-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("a")).unwrap();
+        fs::create_dir_all(dir.join("b")).unwrap();
+        dir
+    }
+
+    #[test]
+    fn ids_are_exclusive_released_and_stale_claims_taken_over() {
+        let dir = scratch("claims");
+        let claims = dir.join("claims");
+        let range = IdRange { start: 5000, count: 2 };
+        let (a, b) = (SandboxLayout::new(dir.join("a")), SandboxLayout::new(dir.join("b")));
+        let first = claim_in(&claims, range, &a).unwrap();
+        let second = claim_in(&claims, range, &b).unwrap();
+        assert_ne!(first, second);
+        let c = SandboxLayout::new(dir.join("c"));
+        fs::create_dir_all(c.dir()).unwrap();
+        assert!(matches!(claim_in(&claims, range, &c), Err(JailSetupError::RangeFull(_))));
+        release_in(&claims, &a);
+        assert!(!a.path(SandboxFile::JailId).exists());
+        assert_eq!(claim_in(&claims, range, &c).unwrap(), first, "a released id is free again");
+        // b's directory goes without a release: its claim is stale.
+        fs::remove_dir_all(b.dir()).unwrap();
+        fs::create_dir_all(a.dir()).unwrap();
+        assert_eq!(claim_in(&claims, range, &a).unwrap(), second);
+        let _ = fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,116 @@
+//! `vm-jailer`: started by the supervisor in place of QEMU; confines itself, then execs QEMU, so the
+//! confinement holds from QEMU's first instruction and nothing of it depends on QEMU's cooperation.
+//!
+//! - [`fds`]: every inherited fd beyond 0–2 closed at exec.
+//! - [`root`]: new mount namespace, the jail's files bound read-only, `pivot_root` into it.
+//! - [`creds`]: rlimits, the capability bounding set emptied, the jail's uid and gid, no new privileges.
+//!
+//! The order matters: mounts need privilege, so they come first; ids change last but one, which clears
+//! every capability; `PR_SET_NO_NEW_PRIVS` then lets QEMU install its seccomp filter unprivileged.
+#![deny(unsafe_code)]
+
+mod creds;
+mod fds;
+mod root;
+
+use std::convert::Infallible;
+use std::ffi::{CString, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::process::ExitCode;
+
+use clap::Parser;
+use nix::sched::{unshare, CloneFlags};
+use vm_contract::jail::{Confinement, JailerArgs, PROBE_USERNS};
+
+/// What went wrong, as fixed text and the OS error.
+#[derive(Debug, thiserror::Error)]
+pub enum JailError {
+    /// A setup step failed.
+    #[error("cannot {0}")]
+    Step(&'static str, #[source] std::io::Error),
+    /// `jail` confinement without ids.
+    #[error("jail confinement needs --uid and --gid")]
+    NoIds,
+    /// An argument holds a NUL byte.
+    #[error("an argument holds a NUL byte")]
+    Nul,
+}
+
+impl JailError {
+    fn step(what: &'static str) -> impl FnOnce(std::io::Error) -> Self {
+        move |e| Self::Step(what, e)
+    }
+    fn errno(what: &'static str) -> impl FnOnce(nix::Error) -> Self {
+        move |e| Self::Step(what, e.into())
+    }
+}
+
+fn main() -> ExitCode {
+    if std::env::args_os().nth(1).is_some_and(|a| a == PROBE_USERNS) {
+        return probe_userns();
+    }
+    let args = JailerArgs::parse();
+    let Err(e) = confine_and_exec(&args);
+    // QEMU's stderr is the supervisor's vmm.log pipe: the reason lands there and in the boot error.
+    let mut message = format!("vm-jailer: {e}");
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        message.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    eprintln!("{message}");
+    ExitCode::from(vm_contract::exit::JAILER_FAILED)
+}
+
+fn confine_and_exec(args: &JailerArgs) -> Result<Infallible, JailError> {
+    fds::close_on_exec_beyond_stdio()?;
+    rustix::process::setpriority_process(None, i32::from(args.nice))
+        .map_err(|e| JailError::step("set the niceness")(e.into()))?;
+    match args.confinement {
+        Confinement::Jail => {
+            let ids = args.ids().ok_or(JailError::NoIds)?;
+            let kvm_group = if args.kvm { Some(creds::kvm_group()?) } else { None };
+            unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWIPC | CloneFlags::CLONE_NEWUTS)
+                .map_err(JailError::errno("create the namespaces"))?;
+            root::enter(args)?;
+            creds::limit(true)?;
+            creds::drop_to(ids, kvm_group)?;
+        }
+        Confinement::Userns => {
+            let (uid, gid) = (rustix::process::getuid(), rustix::process::getgid());
+            unshare(
+                CloneFlags::CLONE_NEWUSER
+                    | CloneFlags::CLONE_NEWNS
+                    | CloneFlags::CLONE_NEWIPC
+                    | CloneFlags::CLONE_NEWUTS,
+            )
+            .map_err(JailError::errno("create the namespaces"))?;
+            creds::map_self(uid.as_raw(), gid.as_raw())?;
+            root::enter(args)?;
+            creds::limit(false)?;
+            creds::drop_capabilities()?;
+        }
+        Confinement::None => {
+            rustix::process::chdir(&args.root).map_err(|e| JailError::step("enter the VMM directory")(e.into()))?;
+            creds::limit(false)?;
+        }
+    }
+    rustix::thread::set_no_new_privs(true).map_err(|e| JailError::step("set no-new-privileges")(e.into()))?;
+    exec(&args.exec)
+}
+
+/// Execs QEMU with an empty environment.
+fn exec(argv: &[OsString]) -> Result<Infallible, JailError> {
+    let argv: Vec<CString> =
+        argv.iter().map(|a| CString::new(a.as_bytes()).map_err(|_| JailError::Nul)).collect::<Result<_, _>>()?;
+    let program = argv.first().ok_or(JailError::Nul)?;
+    let env: [CString; 0] = [];
+    let Err(e) = nix::unistd::execve(program, &argv, &env);
+    Err(JailError::errno("execute QEMU")(e))
+}
+
+/// Whether an unprivileged user namespace with a mount namespace can be made here.
+fn probe_userns() -> ExitCode {
+    let made = unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS).is_ok();
+    ExitCode::from(u8::from(!made))
+}

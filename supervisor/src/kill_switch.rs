@@ -1,0 +1,43 @@
+//! A SIGKILL for the VMM that any thread can pull at once, without a trip through the event loop.
+//!
+//! The liveness thread pulls it the moment the driver's pipe closes: on a loaded host every extra wakeup
+//! between the driver's death and the signal is time the VM outlives its leash. The event loop still does
+//! the orderly rest (finding, final events, flush).
+//!
+//! A VMM runs niced (`crate::vmm::VMM_NICE`); a dying one is no longer data plane, and at nice 10 beside busy
+//! control-plane processes its exit can wait hundreds of milliseconds for CPU. So the switch first puts
+//! every VMM thread back to nice 0 (permitted when the supervisor runs as root; otherwise it is skipped and
+//! the exit keeps the VMM's priority).
+
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+
+use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
+
+/// Shared by the thread that starts the VMM and any thread that may have to end it.
+#[derive(Debug, Clone, Default)]
+pub struct KillSwitch(Arc<Mutex<Option<(u32, OwnedFd)>>>);
+
+impl KillSwitch {
+    /// Arms it for the VMM just started (our unreaped child, so the pid is still its own). A pidfd names
+    /// that very process: a pull after it exited signals nothing, whatever now has its pid.
+    pub fn arm(&self, pid: Option<u32>) {
+        let armed = pid.and_then(|raw| {
+            let pid = Pid::from_raw(i32::try_from(raw).ok()?)?;
+            Some((raw, pidfd_open(pid, PidfdFlags::empty()).ok()?))
+        });
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = armed;
+    }
+
+    /// Sends the VMM SIGKILL, if one was started.
+    pub fn pull(&self) {
+        if let Some((pid, pidfd)) = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref() {
+            // The VMM is our unreaped child until the event loop waits for it, so its threads are its own.
+            for thread in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+                let tid = thread.file_name().to_str().and_then(|t| t.parse().ok()).and_then(Pid::from_raw);
+                let _ = rustix::process::setpriority_process(tid, 0);
+            }
+            let _ = pidfd_send_signal(pidfd, Signal::KILL);
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! What a process that escaped into a VMM's place could do: run by the jail tests through `nsenter` with the
+//! VMM's uid, gid, namespaces and root. Each attempt prints `NAME ok` or `NAME denied: ERROR`.
+//!
+//! Usage: escape-probe API_SOCKET OTHER_ATTACH_SOCKET DRIVER_PID SUPERVISOR_PID OTHER_VMM_PID OUTSIDE_FILE
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::net::UnixStream;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [api, attach, driver, supervisor, vmm, outside] = args.as_slice() else {
+        eprintln!("usage: escape-probe API ATTACH DRIVER_PID SUPERVISOR_PID VMM_PID OUTSIDE_FILE");
+        std::process::exit(2);
+    };
+    let report = |name: &str, result: Result<(), String>| match result {
+        Ok(()) => println!("{name} ok"),
+        Err(e) => println!("{name} denied: {e}"),
+    };
+    report("connect-api", UnixStream::connect(api).map(drop).map_err(|e| e.to_string()));
+    report("connect-other-attach", UnixStream::connect(attach).map(drop).map_err(|e| e.to_string()));
+    for (name, pid) in [("read-driver-environ", driver), ("read-supervisor-environ", supervisor)] {
+        report(name, std::fs::read(format!("/proc/{pid}/environ")).map(drop).map_err(|e| e.to_string()));
+    }
+    let pid = nix::unistd::Pid::from_raw(vmm.parse().expect("a pid"));
+    // SIGCONT: a real signal that does no harm to a running VMM.
+    report("signal-other-vmm", nix::sys::signal::kill(pid, nix::sys::signal::SIGCONT).map_err(|e| e.to_string()));
+    report("write-outside", std::fs::write(outside, b"escaped").map_err(|e| e.to_string()));
+}
