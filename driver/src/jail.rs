@@ -14,6 +14,72 @@ use std::path::{Path, PathBuf};
 use vm_contract::jail::{Confinement, IdRange, PROBE_USERNS};
 use vm_contract::layout::{SandboxFile, SandboxLayout};
 
+/// How this driver confines its VMMs: one value for every sandbox it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JailConfig {
+    /// The mode ([`choose`]).
+    pub confinement: Confinement,
+    /// Where `jail` ids come from.
+    pub ids: IdRange,
+    /// The VMM's memory limit beyond its guest's memory, MiB.
+    pub memory_overhead_mib: u64,
+    /// The VMM's process and thread limit.
+    pub pids: u32,
+    /// The VMM's CPU limit, percent of one core.
+    pub cpu_percent: Option<u32>,
+}
+
+impl JailConfig {
+    /// The cgroup limits of a VMM whose guest has `guest_mib`.
+    pub fn limits(&self, guest_mib: u64) -> crate::cgroup::limits::VmmLimits {
+        crate::cgroup::limits::VmmLimits {
+            memory_mib: guest_mib + self.memory_overhead_mib,
+            pids: self.pids,
+            cpu_percent: self.cpu_percent,
+        }
+    }
+}
+
+/// What the command line asks for; [`JailRequest::resolve`] turns it into this host's [`JailConfig`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JailRequest {
+    /// The mode asked for; `None`: the strongest the host gives.
+    pub asked: Option<Confinement>,
+    /// As in [`JailConfig`].
+    pub ids: IdRange,
+    /// As in [`JailConfig`].
+    pub memory_overhead_mib: u64,
+    /// As in [`JailConfig`].
+    pub pids: u32,
+    /// As in [`JailConfig`].
+    pub cpu_percent: Option<u32>,
+}
+
+impl JailRequest {
+    /// Chooses the mode ([`choose`]) and says at start what is weaker than a full jail.
+    ///
+    /// # Errors
+    /// A mode was asked that the host cannot give.
+    pub fn resolve(&self, supervisor: &Path) -> Result<JailConfig, JailSetupError> {
+        let confinement = choose(self.asked, &jailer_beside(supervisor))?;
+        if let Some(line) = startup_line(confinement) {
+            eprintln!("{line}");
+        }
+        if confinement == Confinement::Jail {
+            if let Err(why) = crate::cgroup::limits::available() {
+                eprintln!("vm-driver: warning: {why}: VMMs run without memory, pids and CPU limits");
+            }
+        }
+        Ok(JailConfig {
+            confinement,
+            ids: self.ids,
+            memory_overhead_mib: self.memory_overhead_mib,
+            pids: self.pids,
+            cpu_percent: self.cpu_percent,
+        })
+    }
+}
+
 /// Where the host's id claims live (root only).
 pub const CLAIMS_DIR: &str = "/run/vm-driver-jail-ids";
 
@@ -35,7 +101,7 @@ pub enum JailSetupError {
 }
 
 /// `vm-jailer`, installed beside `vm-supervisor`.
-pub fn jailer_beside(supervisor: &Path) -> PathBuf {
+fn jailer_beside(supervisor: &Path) -> PathBuf {
     supervisor.with_file_name("vm-jailer")
 }
 
@@ -68,7 +134,7 @@ pub fn choose(asked: Option<Confinement>, jailer: &Path) -> Result<Confinement, 
 
 /// What the driver says at start about its confinement (stderr): a warning unless every VMM gets its own
 /// uid.
-pub fn startup_line(mode: Confinement) -> Option<&'static str> {
+fn startup_line(mode: Confinement) -> Option<&'static str> {
     match mode {
         Confinement::Jail => None,
         Confinement::Userns => Some(

@@ -59,6 +59,7 @@ pub fn reap_one(layout: &SandboxLayout) -> Option<Reaped> {
         vm |= procs::kill(&record);
     }
     let cgroup = cgroup::recorded(layout.dir()).is_some_and(|cg| cgroup::sweep(&cg));
+    let cgroup = end_jail(layout) || cgroup;
     let left = Leftovers { vm, cgroup };
     Tombstone::write(layout.dir(), if vm || cgroup { EndReason::OrphanReaped } else { EndReason::SupervisorGone });
     Some(Reaped { sandbox: layout.id(), left })
@@ -77,13 +78,21 @@ pub struct Leftovers {
 /// removes the auth bundle if it never read it (it holds collector credentials), and writes the tombstone.
 /// Blocking: it waits on pidfds and the cgroup.
 pub fn end_generation(layout: &SandboxLayout, cgroup: Option<&Path>, reason: EndReason) -> Leftovers {
-    // `reap_one` sweeps the recorded cgroup itself when it reaps.
-    let left =
+    // `reap_one` sweeps the recorded cgroups itself when it reaps.
+    let mut left =
         reap_one(layout).map_or_else(|| Leftovers { vm: false, cgroup: cgroup.is_some_and(cgroup::sweep) }, |r| r.left);
+    left.cgroup |= end_jail(layout);
     if !crate::control(TestControl::KeepCredentials) {
         AuthBundle::remove(layout.dir());
     }
-    crate::jail::release(layout);
     Tombstone::write(layout.dir(), reason);
+    left
+}
+
+/// Sweeps and removes the VMM's own cgroups and releases its uid. Returns whether anything still ran there.
+fn end_jail(layout: &SandboxLayout) -> bool {
+    let left = cgroup::limits::remove(&cgroup::limits::recorded(layout.dir()));
+    crate::jail::release(layout);
+    let _ = fs::remove_file(layout.path(vm_contract::layout::SandboxFile::VmmCgroups));
     left
 }

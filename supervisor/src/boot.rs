@@ -180,6 +180,7 @@ pub(crate) async fn boot(
         confinement: args.confinement,
         ids,
         root,
+        cgroups: args.vmm_cgroups.clone(),
         kernel: args.kernel.clone(),
         initrd: args.initrd.clone(),
         shape: args.shape,

@@ -36,3 +36,4 @@ pub mod status;
 pub mod stop;
 pub mod telemetry;
 pub mod vmm;
+pub mod vmm_limits;

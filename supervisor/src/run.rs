@@ -110,6 +110,13 @@ async fn supervise(
             if e.concerns_the_guest() {
                 error.push_str(&tails(&[SandboxFile::VmmLog.name(), SandboxFile::Console.name()]));
             }
+            if matches!(e, StartError::VmmExitedDuringBoot { .. }) {
+                for hit in crate::vmm_limits::hits(&args.vmm_cgroups) {
+                    error.push_str(&format!("; {}", hit.describe()));
+                    let event = telemetry.source().finding(Finding::VmmLimit, hit.describe());
+                    telemetry.emit(event);
+                }
+            }
             if e.is_bad_handshake() {
                 let event =
                     telemetry.source().finding(Finding::GuestProtocolViolation, "the guest agent's handshake failed");

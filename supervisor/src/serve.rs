@@ -89,6 +89,9 @@ pub(crate) async fn serve(
             }
             exit = state.vmm.wait() => {
                 let status = exit.ok();
+                for hit in crate::vmm_limits::hits(&state.args.vmm_cgroups) {
+                    state.finding(Finding::VmmLimit, hit.describe());
+                }
                 // The driver, which watches the VMM too, now gives this process the time to flush.
                 crate::status::report(&vm_contract::status::SupervisorStatus::Stopping);
                 state.end_session();

@@ -59,6 +59,8 @@ pub struct VmmConfig {
     pub ids: Option<JailIds>,
     /// The VMM directory (absolute): QEMU's working directory and, when jailed, its root.
     pub root: PathBuf,
+    /// The VMM's own cgroups (its limits), which the jailer joins.
+    pub cgroups: Vec<PathBuf>,
     /// Guest kernel.
     pub kernel: PathBuf,
     /// Guest initramfs.
@@ -120,6 +122,7 @@ impl VmmConfig {
             initrd: self.initrd.clone(),
             kvm: self.accel == Accelerator::Kvm,
             nice: VMM_NICE,
+            cgroups: self.cgroups.clone(),
             exec,
         }
     }
@@ -163,6 +166,7 @@ mod tests {
             confinement: Confinement::Jail,
             ids: Some(JailIds { uid: 2_000_000_001, gid: 2_000_000_001 }),
             root: "/s/box/vmm".into(),
+            cgroups: Vec::new(),
             kernel: "/img/vmlinuz".into(),
             initrd: "/img/initramfs.cpio".into(),
             shape: SandboxShape::new(2, 512).unwrap(),

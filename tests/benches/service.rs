@@ -1,7 +1,8 @@
 //! `vm-driver serve`: the exec round trip of `true` in a running sandbox, and create -> ready, against
 //! the raw channel's ping-pong, a bare guest that runs `true` per round trip, and a bare boot, all measured
-//! in the same run. Medians over `BENCH_RUNS` runs (default 10); each run creates a fresh sandbox and times
-//! 100 execs in it, each a new `Exec` stream on one gRPC connection, from the first request to the exit.
+//! in the same run; and create -> ready against the same service with `--confinement none` (the jail's
+//! cost). Medians over `BENCH_RUNS` runs (default 10); each run creates a fresh sandbox and times 100 execs
+//! in it, each a new `Exec` stream on one gRPC connection, from the first request to the exit.
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a benchmark fails loudly")]
 
@@ -97,6 +98,10 @@ fn main() {
     let scratch = Scratch::new("bench-svc");
     let serve = Serve::start(&scratch);
     let (rt, mut client) = serve.grpc();
+    // The same service without the jail: the jail's cost at create.
+    let open_scratch = Scratch::new("bench-svc-open");
+    let open = Serve::with(&open_scratch, &[], &["--confinement", "none"]);
+    let (open_rt, mut open_client) = open.grpc();
     let mut report = Report::new("service");
     for i in 0..runs {
         eprintln!("bench: run {}/{runs}", i + 1);
@@ -108,6 +113,10 @@ fn main() {
         report.sample("bare guest `true` per trip (ms)", median(&spawn_trips.iter().map(ms).collect::<Vec<_>>()));
         report.sample("raw ping-pong (ms)", median(&ping_trips.iter().map(ms).collect::<Vec<_>>()));
         let id = format!("bench-{i}");
+        open_rt.block_on(async {
+            report.sample("create -> ready, --confinement none (ms)", ms(&create_ready(&mut open_client, &id).await));
+            open_client.delete_sandbox(SandboxRef { sandbox_id: id.clone() }).await.unwrap();
+        });
         rt.block_on(async {
             report.sample("create -> ready (ms)", ms(&create_ready(&mut client, &id).await));
             let mut execs = Vec::with_capacity(EXECS);
@@ -131,6 +140,13 @@ fn main() {
         "bare guest `true` per trip (ms)",
         2,
         "<= 1.30",
+    );
+    report.compare(
+        "create -> ready (ms), jailed vs --confinement none",
+        "create -> ready (ms)",
+        "create -> ready, --confinement none (ms)",
+        0,
+        "-",
     );
     report.compare(
         "create -> ready (ms) vs bare boot to the guest's first channel byte",

@@ -143,20 +143,38 @@ fn escape(t: &Targets, outside: &Path, jailed: bool) -> String {
     report
 }
 
+fn assert_escape_fails(t: &Targets, outside: &Path) {
+    let report = escape(t, outside, true);
+    for line in report.lines() {
+        assert!(line.contains(" denied: "), "an escaped VMM could: {line}");
+    }
+    assert!(!outside.exists(), "a file was written outside the jail");
+}
+
 #[test]
 fn an_escape_from_a_jailed_vmm_reaches_nothing() {
     let s = Scratch::new("jail-escape");
     let t = two_sandboxes(&s, &[]);
     let uid = assert_jailed(t.vmm.pid);
     assert_ne!(uid, assert_jailed(t.other.vmm.unwrap().pid), "two sandboxes, two uids");
-    let outside = s.dir.join("escaped");
-    let report = escape(&t, &outside, true);
-    for line in report.lines() {
-        assert!(line.contains(" denied: "), "an escaped VMM could: {line}");
-    }
-    assert!(!outside.exists(), "a file was written outside the jail");
+    assert_escape_fails(&t, &s.dir.join("escaped"));
     let caps = t.serve.cli("get", &["a"]);
     assert!(String::from_utf8_lossy(&caps.stdout).contains(" jail "), "list shows the confinement");
+}
+
+/// The same escape from the VMM of a `launch`, with a `serve` sandbox beside it as the target.
+#[test]
+fn an_escape_from_a_launched_vmm_reaches_nothing() {
+    let s = Scratch::new("jail-escape-launch");
+    let beside = Scratch::new("jail-escape-serve");
+    let t = two_sandboxes(&beside, &[]);
+    let launched = Running::start(Launch::new(&s, &["/bin/sh", "-c", "echo up; exec sleep 1000"]), &[], "up");
+    let vmm = launched.procs().vmm;
+    let uid = assert_jailed(vmm.pid);
+    let dir = std::fs::read_dir(s.state().join("sandboxes")).unwrap().flatten().next().unwrap().path();
+    let t = Targets { vmm, vmm_dir: dir.join(SandboxFile::VmmRoot.name()), ..t };
+    assert_ne!(uid, assert_jailed(t.other.vmm.unwrap().pid), "a launch and a serve sandbox, two uids");
+    assert_escape_fails(&t, &s.dir.join("escaped"));
 }
 
 /// Control: with `--confinement none`, the same probe, as the same VMM, gets everything.
@@ -172,4 +190,130 @@ fn control_an_escape_from_an_unconfined_vmm_reaches_everything() {
     assert!(outside.exists());
     let events = std::fs::read_to_string(t.vmm_dir.parent().unwrap().join(SandboxFile::Events.name())).unwrap();
     assert!(events.contains("VMM confinement: none (UNCONFINED"), "the sandbox's events say it is unconfined");
+}
+
+/// Events of every sandbox directory under `state`.
+fn all_events(state: &Path) -> String {
+    let mut text = String::new();
+    for dir in std::fs::read_dir(state.join("sandboxes")).unwrap().flatten() {
+        text.push_str(&std::fs::read_to_string(dir.path().join(SandboxFile::Events.name())).unwrap_or_default());
+    }
+    text
+}
+
+/// With no room beyond its guest's memory (`--vmm-memory-overhead 0`), a VMM whose guest fills its memory
+/// grows past its cgroup limit: it is killed, the launch fails, and the supervisor reports why.
+#[test]
+fn a_vmm_over_its_memory_limit_is_stopped_and_reported() {
+    let s = Scratch::new("jail-memory");
+    // Two tmpfs (the root and /run), each up to half the guest's memory: the guest's pages become QEMU's.
+    let fill = "dd if=/dev/zero of=/big bs=1M count=120 2>/dev/null; dd if=/dev/zero of=/run/big bs=1M count=40 \
+                2>/dev/null; echo survived";
+    let out = Launch::new(&s, &["/bin/sh", "-c", fill])
+        .flag("--memory")
+        .flag("256")
+        .flag("--vmm-memory-overhead")
+        .flag("0")
+        .run();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("survived") && out.code != Some(0), "the VMM outgrew its limit unharmed: {stdout}");
+    let events = all_events(&s.state());
+    assert!(events.contains("vmm_limit") && events.contains("exceeded its memory limit"), "no finding:\n{events}");
+    for p in out.seen.iter().filter(|p| p.is_qemu()) {
+        assert!(!p.is_alive(), "the VMM outlived its launch");
+    }
+    eprintln!("e2e: a VMM over its memory limit: launch ended {:?}, finding reported", out.code);
+}
+
+/// A VMM refused a thread at its pids limit fails to start, and says why, under `serve`.
+#[test]
+fn a_vmm_at_its_pids_limit_is_refused_and_reported() {
+    let s = Scratch::new("jail-pids");
+    let serve = Serve::with(&s, &[], &["--vmm-pids-max", "2"]);
+    let out = serve.cli("create", &["--cpus", "2", "--memory", "128", "p"]);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "a VMM with 2 vCPUs started within 2 pids: {text}");
+    assert!(text.contains("pids limit"), "the failure does not say why: {text}");
+    let events = all_events(&serve.state);
+    assert!(events.contains("vmm_limit") && events.contains("pids limit"), "no finding:\n{events}");
+    eprintln!("e2e: a VMM at its pids limit: {}", text.lines().last().unwrap_or_default());
+}
+
+/// Control: with `--confinement none` there are no VMM cgroups, and the same guest fills its memory unharmed.
+#[test]
+fn control_without_the_jail_a_vmm_outgrows_the_same_limit() {
+    let s = Scratch::new("jail-memory-ctl");
+    let fill = "dd if=/dev/zero of=/big bs=1M count=120 2>/dev/null; dd if=/dev/zero of=/run/big bs=1M count=40 \
+                2>/dev/null; echo survived";
+    let out = Launch::new(&s, &["/bin/sh", "-c", fill])
+        .flag("--memory")
+        .flag("256")
+        .flag("--vmm-memory-overhead")
+        .flag("0")
+        .flag("--confinement")
+        .flag("none")
+        .run();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("survived") && out.code == Some(0));
+    let s = Scratch::new("jail-pids-ctl");
+    let serve = Serve::with(&s, &[], &["--vmm-pids-max", "2", "--confinement", "none"]);
+    let out = serve.cli("create", &["--cpus", "2", "--memory", "128", "p"]);
+    assert!(out.status.success(), "unlimited, the VMM starts: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Not root: the driver says so, and each VMM gets a user namespace with the jail root (this host allows
+/// unprivileged user namespaces; the test says which mode it saw).
+#[test]
+fn not_root_the_vmm_runs_in_a_user_namespace_and_the_driver_says_so() {
+    use std::io::BufRead;
+    use std::os::unix::fs::PermissionsExt;
+    const NOBODY: u32 = 65_534;
+    let s = Scratch::new("jail-nonroot");
+    std::fs::set_permissions(&s.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The harness image lives under root's home: give the unprivileged driver its own copy.
+    let image = s.dir.join("image");
+    std::fs::create_dir_all(&image).unwrap();
+    for file in ["vmlinuz", "initramfs.cpio"] {
+        std::fs::copy(vm_e2e::harness().image.join(file), image.join(file)).unwrap();
+    }
+    let state = s.dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::chown(&state, Some(NOBODY), Some(NOBODY)).unwrap();
+    let h = vm_e2e::harness();
+    let mut driver = Command::new("setpriv")
+        .args(["--reuid", &NOBODY.to_string(), "--regid", &NOBODY.to_string(), "--clear-groups", "--"])
+        .arg(&h.shipped.driver)
+        .args(["launch", "--state-dir"])
+        .arg(&state)
+        .arg("--image")
+        .arg(&image)
+        .args(["--accel", &h.accel, "--keep", "--", "/bin/sh", "-c", "echo up; exec sleep 1000"])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(driver.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "up", "the unprivileged launch ran its workload");
+    let vmm = vm_e2e::procs::inside(&s.dir).into_iter().find(ProcInfo::is_qemu).expect("a VMM");
+    let st = status(vmm.pid);
+    let _ = driver.kill();
+    let out = driver.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(one_id(&field(&st, "Uid")), NOBODY, "the VMM runs as the driver's own uid");
+    assert_eq!(field(&st, "CapEff"), "0000000000000000");
+    assert_eq!(field(&st, "NoNewPrivs"), "1");
+    assert_eq!(field(&st, "Seccomp"), "2");
+    let events = all_events(&state);
+    if stderr.contains("--confinement userns") {
+        let theirs = std::fs::read_link(format!("/proc/{}/ns/user", vmm.pid)).ok();
+        assert_ne!(theirs, std::fs::read_link("/proc/self/ns/user").ok(), "no user namespace");
+        assert!(events.contains("VMM confinement: userns"), "{events}");
+        eprintln!("e2e: not root: confinement userns (a user namespace and the jail root), said at start");
+    } else {
+        assert!(stderr.contains("UNCONFINED") && events.contains("VMM confinement: none"), "{stderr}\n{events}");
+        eprintln!("e2e: not root and no user namespaces here: confinement none, said at start and in events");
+    }
 }

@@ -22,7 +22,7 @@ use vm_contract::accel::AccelChoice;
 use vm_contract::args::SupervisorArgs;
 use vm_contract::auth::{AuthBundle, BundleError};
 use vm_contract::ids::SandboxId;
-use vm_contract::jail::{Confinement, IdRange};
+use vm_contract::jail::Confinement;
 use vm_contract::layout::{SandboxFile, SandboxLayout};
 use vm_contract::session::{Generation, SessionId};
 use vm_contract::shape::SandboxShape;
@@ -31,6 +31,7 @@ use vm_contract::tombstone::{EndReason, Tombstone};
 
 use self::supervisor::{Followed, Ready, Stopped, SupervisorError, SupervisorProcess};
 use crate::image::Image;
+use crate::jail::JailConfig;
 use crate::procs::ExitWatch;
 use crate::reap::{self, Leftovers};
 use crate::telemetry::TelemetryConfig;
@@ -78,10 +79,8 @@ pub struct StartSpec {
     pub otlp_headers: Vec<(String, String)>,
     /// `serve` only: the session this start opens.
     pub session: Option<SessionSpec>,
-    /// How QEMU is confined, and the range jailed VMMs' ids come from.
-    pub confinement: Confinement,
-    /// The range of per-VMM uids (`jail` confinement).
-    pub jail_ids: IdRange,
+    /// How QEMU is confined.
+    pub jail: JailConfig,
 }
 
 /// The session a supervisor of `serve` opens.
@@ -167,8 +166,8 @@ pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
         reap::end_generation(&spec.layout, None, EndReason::Failed);
         return Err(e.into());
     }
-    let jail_id = match spec.confinement {
-        Confinement::Jail => match crate::jail::claim(spec.jail_ids, &spec.layout) {
+    let jail_id = match spec.jail.confinement {
+        Confinement::Jail => match crate::jail::claim(spec.jail.ids, &spec.layout) {
             Ok(id) => Some(id),
             Err(e) => {
                 reap::end_generation(&spec.layout, None, EndReason::Failed);
@@ -178,6 +177,15 @@ pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
         _ => None,
     };
     let cgroup = crate::cgroup::create(&spec.id, dir);
+    let vmm_cgroups = if spec.jail.confinement == Confinement::Jail {
+        let name = cgroup
+            .as_ref()
+            .and_then(|c| c.file_name())
+            .map_or_else(|| spec.id.to_string(), |n| n.to_string_lossy().into_owned());
+        crate::cgroup::limits::create(&name, dir, spec.jail.limits(u64::from(spec.shape.memory_mib())))
+    } else {
+        Vec::new()
+    };
     let args = SupervisorArgs {
         sandbox_id: spec.id.clone(),
         sandbox_dir: dir.to_owned(),
@@ -192,8 +200,9 @@ pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
         generation: spec.session.as_ref().map_or(Generation(0), |s| s.generation),
         session_socket: spec.session.as_ref().map(|s| s.socket.clone()),
         cgroup: cgroup.clone(),
-        confinement: spec.confinement,
+        confinement: spec.jail.confinement,
         jail_id,
+        vmm_cgroups,
         parent_liveness_stdin: true,
     };
     match SupervisorProcess::spawn(&spec.supervisor, &args, &spec.telemetry) {

@@ -96,7 +96,7 @@ pub fn spawn(
         spec: Some(spec.to_api()),
         generation: store::generation(&layout).0,
         running_intent: initial == Initial::Start,
-        confinement: reg.ctx.confinement.as_str().into(),
+        confinement: reg.ctx.jail.confinement.as_str().into(),
         ..Sandbox::default()
     };
     reg.insert(id.clone(), view.clone(), tx, admit)?;
@@ -296,8 +296,7 @@ impl Actor {
             telemetry: ctx.telemetry.clone(),
             otlp_headers: ctx.otlp_headers.clone(),
             session: Some(SessionSpec { socket: ctx.sessions_socket.clone(), generation, id, token }),
-            confinement: ctx.confinement,
-            jail_ids: ctx.jail_ids,
+            jail: ctx.jail,
         };
         sandbox::start(&spec).map_err(|e| text(&e))
     }

@@ -88,7 +88,7 @@ impl Driver for Api {
             driver_version: env!("CARGO_PKG_VERSION").into(),
             accelerator: self.accelerator.0.clone(),
             accelerator_note: self.accelerator.1.clone(),
-            confinement: self.reg.ctx.confinement.as_str().into(),
+            confinement: self.reg.ctx.jail.confinement.as_str().into(),
             max_cpus: MAX_CPUS,
             max_memory_mib: MAX_MEMORY_MIB,
             signals: SignalName::ALL.iter().map(|s| s.name().to_owned()).collect(),

@@ -31,7 +31,6 @@ use tokio::sync::{oneshot, watch};
 use vm_contract::accel::AccelChoice;
 use vm_contract::args::PROBE_ACCEL;
 use vm_contract::ids::SandboxId;
-use vm_contract::jail::{Confinement, IdRange};
 use vm_contract::layout::SandboxLayout;
 use vm_contract::status::SupervisorStatus;
 use vm_contract::test_control::TestControl;
@@ -64,10 +63,8 @@ pub struct ServeConfig {
     pub images: ImageSet,
     /// The accelerator asked for.
     pub accel: AccelChoice,
-    /// The confinement asked for (default: the strongest this host gives).
-    pub confinement: Option<Confinement>,
-    /// Per-VMM uids for `jail`.
-    pub jail_ids: IdRange,
+    /// How VMMs are to be confined.
+    pub jail: crate::jail::JailRequest,
     /// Telemetry settings for supervisors.
     pub telemetry: TelemetryConfig,
     /// Boot timeout per sandbox.
@@ -138,10 +135,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
     crate::gc::collect(&state.sandboxes_dir(), config.retention);
     let binary = supervisor::locate()?;
     let accelerator = probe_accelerator(&binary, config.accel).await;
-    let confinement = crate::jail::choose(config.confinement, &crate::jail::jailer_beside(&binary))?;
-    if let Some(line) = crate::jail::startup_line(confinement) {
-        eprintln!("{line}");
-    }
+    let jail = config.jail.resolve(&binary)?;
     let sessions_path = config.state_dir.join("sessions.sock");
     if sessions_path.as_os_str().len() > MAX_SUN_PATH {
         return Err(ServeError::PathTooLong);
@@ -156,8 +150,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         supervisor: binary,
         images: config.images.clone(),
         accel: config.accel,
-        confinement,
-        jail_ids: config.jail_ids,
+        jail,
         telemetry: config.telemetry.clone(),
         otlp_headers: telemetry::headers_from_env()?,
         boot_timeout: config.boot_timeout,

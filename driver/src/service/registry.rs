@@ -36,9 +36,7 @@ pub struct Context {
     /// The accelerator asked for.
     pub accel: AccelChoice,
     /// How VMMs are confined here.
-    pub confinement: vm_contract::jail::Confinement,
-    /// Per-VMM uids for `jail`.
-    pub jail_ids: vm_contract::jail::IdRange,
+    pub jail: crate::jail::JailConfig,
     /// Telemetry settings for supervisors.
     pub telemetry: TelemetryConfig,
     /// Collector headers, for each sandbox's auth bundle.
@@ -57,7 +55,7 @@ impl std::fmt::Debug for Context {
             .field("state", &self.state)
             .field("supervisor", &self.supervisor)
             .field("accel", &self.accel)
-            .field("confinement", &self.confinement)
+            .field("jail", &self.jail)
             .field("otlp_headers", &self.otlp_headers.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>())
             .finish_non_exhaustive()
     }

@@ -79,6 +79,9 @@ pub struct SupervisorArgs {
     /// `jail` confinement: the uid and gid (the same number) claimed for this sandbox's VMM.
     #[cfg_attr(feature = "clap", arg(long))]
     pub jail_id: Option<u32>,
+    /// The VMM's own cgroups, with its limits (repeatable); `vm-jailer` joins them.
+    #[cfg_attr(feature = "clap", arg(long = "vmm-cgroup"))]
+    pub vmm_cgroups: Vec<PathBuf>,
     /// Stdin is the driver's liveness pipe: EOF means the driver is gone.
     #[cfg_attr(feature = "clap", arg(long))]
     pub parent_liveness_stdin: bool,
@@ -116,6 +119,9 @@ impl SupervisorArgs {
         flag("--confinement", self.confinement.as_str().into());
         if let Some(id) = self.jail_id {
             flag("--jail-id", id.to_string().into());
+        }
+        for cgroup in &self.vmm_cgroups {
+            flag("--vmm-cgroup", cgroup.clone().into());
         }
         if self.parent_liveness_stdin {
             argv.push("--parent-liveness-stdin".into());
@@ -179,6 +185,7 @@ mod tests {
             cgroup: Some("/sys/fs/cgroup/vm-driver/box-1-abcd".into()),
             confinement: Confinement::Jail,
             jail_id: Some(2_000_000_007),
+            vmm_cgroups: vec!["/sys/fs/cgroup/memory/vm-driver/box-1-abcd-vmm".into(), "/p/vm-driver/b-vmm".into()],
             parent_liveness_stdin: true,
         };
         let minimal = SupervisorArgs {
@@ -188,6 +195,7 @@ mod tests {
             cgroup: None,
             confinement: Confinement::None,
             jail_id: None,
+            vmm_cgroups: Vec::new(),
             parent_liveness_stdin: false,
             ..full.clone()
         };

@@ -155,6 +155,9 @@ pub struct JailerArgs {
     /// The niceness to run at.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 0))]
     pub nice: u8,
+    /// Cgroups to join before anything else (repeatable): the VMM's limits.
+    #[cfg_attr(feature = "clap", arg(long = "cgroup"))]
+    pub cgroups: Vec<PathBuf>,
     /// QEMU's program and arguments.
     #[cfg_attr(feature = "clap", arg(last = true, required = true))]
     pub exec: Vec<OsString>,
@@ -183,6 +186,9 @@ impl JailerArgs {
         flag("--kernel", self.kernel.clone().into());
         flag("--initrd", self.initrd.clone().into());
         flag("--nice", self.nice.to_string().into());
+        for cgroup in &self.cgroups {
+            flag("--cgroup", cgroup.clone().into());
+        }
         if self.kvm {
             argv.push("--kvm".into());
         }
@@ -227,9 +233,17 @@ mod tests {
             initrd: "/img/initramfs.cpio".into(),
             kvm: true,
             nice: 10,
+            cgroups: vec!["/sys/fs/cgroup/vm-driver/a-1234-vmm".into()],
             exec: vec!["/usr/bin/qemu-system-x86_64".into(), "-m".into(), "256M".into(), "--".into()],
         };
-        let minimal = JailerArgs { confinement: Confinement::None, uid: None, gid: None, kvm: false, ..full.clone() };
+        let minimal = JailerArgs {
+            confinement: Confinement::None,
+            uid: None,
+            gid: None,
+            kvm: false,
+            cgroups: Vec::new(),
+            ..full.clone()
+        };
         for args in [full, minimal] {
             let argv = std::iter::once(OsString::from("vm-jailer")).chain(args.to_argv());
             assert_eq!(JailerArgs::try_parse_from(argv).unwrap(), args);

@@ -30,6 +30,8 @@ pub enum SandboxFile {
     Pids,
     /// The sandbox's cgroup v2 path, for the final sweep.
     Cgroup,
+    /// The VMM's own cgroups (its limits), one path a line.
+    VmmCgroups,
     /// How the last supervisor ended (the tombstone).
     Tombstone,
     /// The supervisor's secrets (0600), read once and removed.
@@ -46,7 +48,7 @@ pub enum SandboxFile {
 
 impl SandboxFile {
     /// Every file, for listings and tests.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 17] = [
         Self::VmmRoot,
         Self::JailId,
         Self::Channel,
@@ -57,6 +59,7 @@ impl SandboxFile {
         Self::SupervisorLog,
         Self::Pids,
         Self::Cgroup,
+        Self::VmmCgroups,
         Self::Tombstone,
         Self::AuthBundle,
         Self::Events,
@@ -78,6 +81,7 @@ impl SandboxFile {
             Self::SupervisorLog => "supervisor.log",
             Self::Pids => "pids.json",
             Self::Cgroup => "cgroup",
+            Self::VmmCgroups => "vmm-cgroups",
             Self::Tombstone => "terminated.json",
             Self::AuthBundle => "auth.json",
             Self::Events => "events.jsonl",

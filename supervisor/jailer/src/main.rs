@@ -63,6 +63,11 @@ fn main() -> ExitCode {
 }
 
 fn confine_and_exec(args: &JailerArgs) -> Result<Infallible, JailError> {
+    // First, while root: QEMU's limits hold from its first allocation.
+    for cgroup in &args.cgroups {
+        std::fs::write(cgroup.join("cgroup.procs"), std::process::id().to_string())
+            .map_err(JailError::step("join the VMM's cgroup"))?;
+    }
     fds::close_on_exec_beyond_stdio()?;
     rustix::process::setpriority_process(None, i32::from(args.nice))
         .map_err(|e| JailError::step("set the niceness")(e.into()))?;

@@ -188,6 +188,8 @@ pub enum Finding {
     TelemetryDropped,
     /// A log the guest writes (console, VMM) reached its cap; the rest is dropped and counted.
     LogCapped,
+    /// The VMM ran into a limit of its jail's cgroup (memory: killed; pids: refused).
+    VmmLimit,
 }
 
 impl Finding {
@@ -200,6 +202,7 @@ impl Finding {
             Self::GuestProtocolViolation => "Guest violated the boundary protocol",
             Self::TelemetryDropped => "Telemetry over its limits was dropped",
             Self::LogCapped => "A guest log reached its cap",
+            Self::VmmLimit => "The VMM hit a limit of its jail",
         }
     }
 
@@ -212,15 +215,18 @@ impl Finding {
             Self::GuestProtocolViolation => "guest_protocol_violation",
             Self::TelemetryDropped => "telemetry_dropped",
             Self::LogCapped => "log_capped",
+            Self::VmmLimit => "vmm_limit",
         }
     }
 
     fn severity(self) -> Severity {
         match self {
             Self::AdmissionRefused | Self::TelemetryDropped | Self::LogCapped => Severity::Medium,
-            Self::LivenessLost | Self::LeaseLost | Self::WatchdogAction | Self::GuestProtocolViolation => {
-                Severity::High
-            }
+            Self::LivenessLost
+            | Self::LeaseLost
+            | Self::WatchdogAction
+            | Self::GuestProtocolViolation
+            | Self::VmmLimit => Severity::High,
         }
     }
 }

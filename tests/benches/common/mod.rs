@@ -74,6 +74,7 @@ impl BareVm {
             confinement: Confinement::None,
             ids: None,
             root: dir.clone(),
+            cgroups: Vec::new(),
             qemu: vm_supervisor::vmm::find_on_path("qemu-system-x86_64").expect("qemu-system-x86_64"),
             kernel: harness().image.join("vmlinuz"),
             initrd,

@@ -102,18 +102,47 @@ pub struct VmArgs {
     /// can cut the flush.
     #[arg(long, value_name = "SECS", default_value_t = vm_contract::stop::driver_deadline().as_secs())]
     pub stop_timeout: u64,
-    /// How QEMU is confined: `jail` (root: its own uid, namespaces, jail root), `userns` (not root), or
-    /// `none`. Default: the strongest this host gives, said at start when it is not `jail`.
-    #[arg(long, value_enum, value_name = "MODE")]
-    pub confinement: Option<Confinement>,
-    /// The uids and gids given to jailed VMMs, one per sandbox.
-    #[arg(long, value_name = "START:COUNT", default_value_t = IdRange::DEFAULT)]
-    pub jail_ids: IdRange,
+    #[command(flatten)]
+    pub jail: JailArgs,
     /// State directory (default: $VM_DRIVER_STATE_DIR, else $XDG_RUNTIME_DIR/vm-driver, else /run/vm-driver for root).
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
     #[command(flatten)]
     pub retention: RetentionArgs,
+}
+
+/// How each VMM is confined (docs/operations.md, "Confinement").
+#[derive(Debug, Args)]
+pub struct JailArgs {
+    /// How QEMU is confined: `jail` (root: its own uid, namespaces, jail root, cgroup limits), `userns` (not
+    /// root), or `none`. Default: the strongest this host gives, said at start when it is not `jail`.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub confinement: Option<Confinement>,
+    /// The uids and gids given to jailed VMMs, one per sandbox.
+    #[arg(long, value_name = "START:COUNT", default_value_t = IdRange::DEFAULT)]
+    pub jail_ids: IdRange,
+    /// A jailed VMM's memory limit beyond its guest's memory, MiB (QEMU itself, TCG's translation cache).
+    #[arg(long, value_name = "MIB", default_value_t = 192)]
+    pub vmm_memory_overhead: u64,
+    /// A jailed VMM's limit on processes and threads.
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub vmm_pids_max: u32,
+    /// A jailed VMM's CPU limit, percent of one core (default: none).
+    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u32).range(1..=6400))]
+    pub vmm_cpu_max: Option<u32>,
+}
+
+impl JailArgs {
+    /// The request these flags make.
+    pub fn request(&self) -> vm_driver::jail::JailRequest {
+        vm_driver::jail::JailRequest {
+            asked: self.confinement,
+            ids: self.jail_ids,
+            memory_overhead_mib: self.vmm_memory_overhead,
+            pids: self.vmm_pids_max,
+            cpu_percent: self.vmm_cpu_max,
+        }
+    }
 }
 
 /// How long the directories of ended `launch` sandboxes are kept (launch, serve and reap collect them).

@@ -20,10 +20,10 @@ use tokio::sync::mpsc;
 use vm_contract::accel::AccelChoice;
 use vm_contract::exit::driver::{HANGUP, INTERRUPTED, TERMINATED, TIMEOUT};
 use vm_contract::ids::SandboxId;
-use vm_contract::jail::{Confinement, IdRange};
 use vm_contract::shape::SandboxShape;
 use vm_contract::tombstone::EndReason;
 use vm_driver::attach_client::{self, AttachError, Attached};
+use vm_driver::jail::JailRequest;
 use vm_driver::relay::{ProcessRelay, OUTPUT_WINDOW};
 use vm_driver::sandbox::supervisor::{describe, Stopped};
 use vm_driver::sandbox::{self, Ended, Running, StartSpec, Stopping, HUNG_STOP_TIMEOUT};
@@ -59,10 +59,8 @@ pub struct LaunchConfig {
     pub shape: SandboxShape,
     /// The accelerator asked for.
     pub accel: AccelChoice,
-    /// The confinement asked for (default: the strongest this host gives).
-    pub confinement: Option<Confinement>,
-    /// Per-VMM uids for `jail`.
-    pub jail_ids: IdRange,
+    /// How VMMs are to be confined.
+    pub jail: JailRequest,
     /// Stop the sandbox after this long.
     pub timeout: Option<Duration>,
     /// Boot timeout.
@@ -93,10 +91,7 @@ struct Signals {
 pub async fn run(config: LaunchConfig) -> Result<u8> {
     let image = image::resolve(config.image.as_deref(), config.kernel.as_deref(), config.initrd.as_deref())?;
     let supervisor = sandbox::supervisor::locate()?;
-    let confinement = vm_driver::jail::choose(config.confinement, &vm_driver::jail::jailer_beside(&supervisor))?;
-    if let Some(line) = vm_driver::jail::startup_line(confinement) {
-        eprintln!("{line}");
-    }
+    let jail = config.jail.resolve(&supervisor)?;
     let root = config.state_dir.clone().unwrap_or_else(state::default_root);
     let state = StateDir::open(&root)?;
     for reaped in reap::reap_all(&state.sandboxes_dir()) {
@@ -128,8 +123,7 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
         telemetry: config.telemetry.clone(),
         otlp_headers,
         session: None,
-        confinement,
-        jail_ids: config.jail_ids,
+        jail,
     };
     let running = match sandbox::start(&spec) {
         Ok(running) => running,

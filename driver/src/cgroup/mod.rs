@@ -6,6 +6,8 @@
 //! The mount point is read from `/proc/self/mountinfo` (`/sys/fs/cgroup` on pure cgroup v2 hosts,
 //! `/sys/fs/cgroup/unified` on hybrid ones).
 
+pub mod limits;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Once;
