@@ -9,6 +9,7 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use vm_contract::layout::{SandboxFile, SandboxLayout};
 use vm_protocol::codec::{self, FrameCodec};
 use vm_protocol::handshake::FirstFrameError;
+use vm_protocol::policy::{PolicyUpdate, UpdateOutcome};
 use vm_protocol::{Capabilities, FrameError, Hello, ToGuest, ToHost};
 
 /// Longest wait for the connection and the handshake: a supervisor that accepts but never answers (frozen,
@@ -76,4 +77,26 @@ impl Attached {
     pub async fn recv(&mut self) -> Option<Result<ToHost, FrameError>> {
         self.frames.next().await
     }
+}
+
+/// Sends a policy update over a fresh attach connection and waits (within [`CONNECT_TIMEOUT`]) for its
+/// acknowledgment, which the supervisor sends once every operation admitted before it is dispatched.
+///
+/// # Errors
+/// [`AttachError`]; [`AttachError::Timeout`] when no acknowledgment comes.
+pub async fn update_policy(layout: &SandboxLayout, update: PolicyUpdate) -> Result<UpdateOutcome, AttachError> {
+    let mut attached = connect(layout).await?;
+    let revision = update.revision;
+    attached.send(ToGuest::UpdatePolicy(update)).await?;
+    let ack = async {
+        while let Some(Ok(msg)) = attached.recv().await {
+            if let ToHost::PolicyAck { revision: r, outcome } = msg {
+                if r == revision {
+                    return Some(outcome);
+                }
+            }
+        }
+        None
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, ack).await.ok().flatten().ok_or(AttachError::Timeout)
 }

@@ -11,6 +11,7 @@ use proptest::prelude::*;
 use crate::flow::MAX_WINDOW_BYTES;
 use crate::handshake::{Capabilities, Hello, HELLO_MAGIC, PROTOCOL_VERSION};
 use crate::message::{EnvVar, ProcessSummary, Refusal, Spawn, ToGuest, ToHost, MAX_FAILURE_MESSAGE_BYTES};
+use crate::policy::{Operation, PolicyUpdate, UpdateOutcome};
 use crate::process::{ExitStatus, ProcId, PtySize, SignalName, Stream};
 
 fn text() -> impl Strategy<Value = String> {
@@ -87,6 +88,8 @@ pub fn to_guest(ids: Range<u32>, commands: Vec<Vec<String>>) -> impl Strategy<Va
         1 => (0..2000u32).prop_map(|grace_ms| ToGuest::Shutdown { grace_ms }),
         1 => (id, any::<u32>()).prop_map(|(id, pid)| ToGuest::Reattach { id, pid }),
         1 => Just(ToGuest::ListProcesses),
+        1 => (any::<u64>(), prop::collection::vec(prop::sample::select(Operation::ALL.to_vec()), 0..7))
+            .prop_map(|(revision, allow)| ToGuest::UpdatePolicy(PolicyUpdate { revision, allow })),
     ]
 }
 
@@ -97,6 +100,7 @@ fn refusal() -> impl Strategy<Value = Refusal> {
         Refusal::TooManyProcesses,
         Refusal::Invalid,
         Refusal::NoSuchProcess,
+        Refusal::Denied,
     ])
 }
 
@@ -123,5 +127,7 @@ pub fn to_host(ids: Range<u32>) -> impl Strategy<Value = ToHost> {
         1 => prop::collection::vec(summary, 0..3).prop_map(|list| ToHost::Processes { list }),
         1 => (id, exit_status(), prop_oneof![text(), Just("x".repeat(MAX_FAILURE_MESSAGE_BYTES + 1))])
             .prop_map(|(id, status, message)| ToHost::SpawnFailed { id, status, message }),
+        1 => (any::<u64>(), prop::sample::select(vec![UpdateOutcome::Applied, UpdateOutcome::Stale, UpdateOutcome::NotApproved]))
+            .prop_map(|(revision, outcome)| ToHost::PolicyAck { revision, outcome }),
     ]
 }

@@ -73,6 +73,9 @@ pub enum ToGuest {
     },
     /// Attach socket only: list the running processes (answered with `Processes`).
     ListProcesses,
+    /// Attach socket only (the driver): restrict or restore operations within the approved policy (answered
+    /// with `PolicyAck`).
+    UpdatePolicy(crate::policy::PolicyUpdate),
 }
 
 /// Guest agent (or supervisor, on the attach socket) to host.
@@ -146,6 +149,14 @@ pub enum ToHost {
         /// One line for the process's stderr, at most [`MAX_FAILURE_MESSAGE_BYTES`].
         message: String,
     },
+    /// Attach socket only: the answer to `UpdatePolicy`, sent once every operation admitted before it has
+    /// been dispatched to the guest.
+    PolicyAck {
+        /// The update's revision.
+        revision: u64,
+        /// What became of it.
+        outcome: crate::policy::UpdateOutcome,
+    },
 }
 
 /// Longest `SpawnFailed::message`.
@@ -178,6 +189,8 @@ pub enum Refusal {
     Invalid,
     /// No detached process has that pid.
     NoSuchProcess,
+    /// The sandbox's policy does not allow it (now, or ever), or admission is closed.
+    Denied,
 }
 
 /// A request to start a process.
@@ -211,6 +224,15 @@ pub struct EnvVar {
 /// Most entries in `Spawn::argv` or `Spawn::env`. With the frame limit this bounds every allocation a
 /// decoded `Spawn` makes to less than one frame.
 pub const MAX_SEQ_ITEMS: usize = 4096;
+
+/// [`seq`] for other modules of this crate.
+pub(crate) fn seq_deserialize<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    seq::deserialize(d)
+}
 
 /// Sequence deserialization that never pre-allocates from an untrusted length (serde's default reserves
 /// capacity from the announced count) and refuses more than [`MAX_SEQ_ITEMS`] entries.

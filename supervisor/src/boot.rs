@@ -70,6 +70,9 @@ pub enum StartError {
     /// No watchdog or jailer binary next to the supervisor.
     #[error("{} not found (it is installed next to vm-supervisor)", .0.display())]
     NoSibling(PathBuf),
+    /// The approved policy in the sandbox directory is not valid.
+    #[error("the sandbox's policy is not valid")]
+    Policy(#[source] vm_protocol::policy::PolicyError),
     /// `jail` confinement without an id for the VMM.
     #[error("jail confinement needs --jail-id")]
     NoJailId,

@@ -5,14 +5,18 @@
 //! the orderly rest (finding, final events, flush).
 //!
 //! A VMM runs niced (`crate::vmm::VMM_NICE`); a dying one is no longer data plane, and at nice 10 beside busy
-//! control-plane processes its exit can wait hundreds of milliseconds for CPU. So the switch first puts
-//! every VMM thread back to nice 0 (permitted when the supervisor runs as root; otherwise it is skipped and
-//! the exit keeps the VMM's priority).
+//! control-plane processes its exit (every one of its threads must run once to exit) can wait hundreds of
+//! milliseconds for CPU. So the switch first raises every VMM thread to [`DYING_NICE`]: a SIGKILLed thread
+//! runs no more user code, only its exit, so the boost cannot be abused (permitted when the supervisor runs
+//! as root; otherwise it is skipped and the exit keeps the VMM's priority).
 
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
 use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
+
+/// The niceness a dying VMM's threads get: ahead of the busy control plane, for the few milliseconds of exit.
+pub const DYING_NICE: i32 = -10;
 
 /// Shared by the thread that starts the VMM and any thread that may have to end it.
 #[derive(Debug, Clone, Default)]
@@ -35,7 +39,7 @@ impl KillSwitch {
             // The VMM is our unreaped child until the event loop waits for it, so its threads are its own.
             for thread in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
                 let tid = thread.file_name().to_str().and_then(|t| t.parse().ok()).and_then(Pid::from_raw);
-                let _ = rustix::process::setpriority_process(tid, 0);
+                let _ = rustix::process::setpriority_process(tid, DYING_NICE);
             }
             let _ = pidfd_send_signal(pidfd, Signal::KILL);
         }

@@ -5,7 +5,7 @@
 //! - [`boot`]: choose the accelerator ([`accel`]), start QEMU hardened ([`vmm`]), start the lease with the
 //!   watchdog ([`lease`]), connect the guest link and check the agent's handshake ([`guest_link`]).
 //! - `serve`: the event loop; the attach socket's server ([`attach_server`]) and the multiplexer that routes
-//!   between its clients and the guest ([`mux`]); the session with `vm-driver serve` ([`session`]).
+//!   between its clients and the guest ([`mux`]), with the policy gate ([`policy`]); the session with `vm-driver serve` ([`session`]).
 //! - [`stop`]: why a sandbox stops and what asks for a stop (signals; the liveness pipe is [`liveness`],
 //!   which ends the VM through [`kill_switch`] before the loop hears of it).
 //! - [`diagnostics`]: what reaches `supervisor.log`; [`telemetry`]: OCSF events and their sinks; [`status`]:
@@ -29,6 +29,7 @@ pub mod kill_switch;
 pub mod lease;
 pub mod liveness;
 pub mod mux;
+pub mod policy;
 pub mod run;
 mod serve;
 pub mod session;

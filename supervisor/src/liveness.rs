@@ -9,12 +9,18 @@ use std::thread;
 
 use crate::inbox::Senders;
 
+/// The reader thread's niceness.
+pub const LIVENESS_NICE: i32 = -10;
+
 /// Starts the reader thread.
 ///
 /// # Errors
 /// The thread cannot be started.
 pub fn watch_stdin(senders: Senders) -> std::io::Result<()> {
     thread::Builder::new().name("parent-liveness".into()).spawn(move || {
+        // It sleeps until the driver dies, then must run at once, on a host whose control plane may be busy:
+        // raised above it where permitted (root), as this thread only (Linux applies it per thread).
+        let _ = rustix::process::setpriority_process(None, LIVENESS_NICE);
         let mut stdin = std::io::stdin().lock();
         let mut buf = [0u8; 64];
         loop {

@@ -11,6 +11,7 @@ use vm_contract::layout::SandboxFile;
 use vm_contract::session::SessionHello;
 use vm_contract::status::SupervisorStatus;
 use vm_ocsf::{AppInfo, Finding, Lifecycle, Status};
+use vm_protocol::policy::SandboxPolicy;
 
 use crate::boot::{self, Booted, StartError};
 use crate::diagnostics::{chain, tails};
@@ -96,6 +97,20 @@ async fn supervise(
         (Some(_), _, _) => return Err(StartError::NoSessionToken),
         (None, _, _) => None,
     };
+    // The policy the driver approved, a trusted input like the arguments; without one, everything is allowed.
+    let policy = match std::fs::read_to_string(SandboxFile::Policy.name()).map(|t| SandboxPolicy::parse(&t)) {
+        Ok(Ok(policy)) => policy,
+        Ok(Err(e)) => {
+            let e = StartError::Policy(e);
+            status::report(&SupervisorStatus::Failed { error: chain(&e) });
+            return Err(e);
+        }
+        Err(_) => SandboxPolicy::default(),
+    };
+    let allowed: Vec<&str> = policy.allow.iter().map(|o| o.as_str()).collect();
+    let event =
+        telemetry.source().config_change(&format!("policy revision 0 approved; allowed: {}", allowed.join(", ")));
+    telemetry.emit(event);
     let sandbox = AppInfo { name: "sandbox".into(), version: env!("CARGO_PKG_VERSION").into() };
     let (senders, mut inbox) = crate::inbox::new();
     stop::watch_signals(senders.clone());
@@ -137,7 +152,8 @@ async fn supervise(
     status::report(&SupervisorStatus::Ready { vmm_pid: vmm.id().unwrap_or(0), agent: vm.version.clone() });
     tracing::info!(sandbox = %args.sandbox_id, agent = %vm.version, "sandbox ready");
     let session = session.map(|s| tokio::spawn(crate::session::run(s, senders.clone())).abort_handle());
-    let reason = crate::serve::serve(args, &mut vmm, &mut lease, link.tx, &mut inbox, telemetry, session).await;
+    let boundary = crate::serve::Boundary { guest: link.tx, policy };
+    let reason = crate::serve::serve(args, &mut vmm, &mut lease, boundary, &mut inbox, telemetry, session).await;
     if lease.close().await.is_none() {
         tracing::warn!("the lease watchdog did not exit after the VM stopped; killed it");
     }

@@ -51,12 +51,20 @@ struct Serving<'a> {
     session: Option<tokio::task::AbortHandle>,
 }
 
+/// The guest's side of the boundary: where admitted operations go, and the policy that admits them.
+pub(crate) struct Boundary {
+    /// The guest link's queue.
+    pub(crate) guest: mpsc::Sender<ToGuest>,
+    /// The policy approved at create.
+    pub(crate) policy: vm_protocol::policy::SandboxPolicy,
+}
+
 /// Runs the sandbox until the VMM has exited; returns why it stopped.
 pub(crate) async fn serve(
     args: &SupervisorArgs,
     vmm: &mut Child,
     lease: &mut Lease,
-    guest: mpsc::Sender<ToGuest>,
+    Boundary { guest, policy }: Boundary,
     inbox: &mut Inbox,
     telemetry: &mut Telemetry,
     session: Option<tokio::task::AbortHandle>,
@@ -65,7 +73,7 @@ pub(crate) async fn serve(
         args,
         vmm,
         telemetry,
-        mux: Mux::new(enforce_guest_rules()),
+        mux: Mux::new(enforce_guest_rules()).with_policy(policy),
         guest,
         clients: HashMap::new(),
         stopping: None,
@@ -309,6 +317,15 @@ impl Serving<'_> {
                     let info =
                         ProcessInfo::new(self.args.sandbox_id.as_str(), guest_id.0, i32::try_from(pid).ok(), &argv);
                     let event = self.telemetry.source().process(ProcessActivity::Launch, info, None);
+                    self.telemetry.emit(event);
+                }
+                Action::Denied { op, revision, denial } => {
+                    let detail = format!("{op} denied at policy revision {revision}: {}", denial.describe());
+                    self.finding(Finding::PolicyDenied, &detail);
+                }
+                Action::PolicyUpdated { revision, outcome, allowed } => {
+                    let what = format!("policy revision {revision} {}; allowed: {allowed}", outcome.describe());
+                    let event = self.telemetry.source().config_change(&what);
                     self.telemetry.emit(event);
                 }
                 Action::Exited { guest_id, pid, argv, status } => {

@@ -28,6 +28,7 @@ use vm_contract::session::{Generation, SessionId};
 use vm_contract::shape::SandboxShape;
 use vm_contract::status::SupervisorStatus;
 use vm_contract::tombstone::{EndReason, Tombstone};
+use vm_protocol::policy::SandboxPolicy;
 
 use self::supervisor::{Followed, Ready, Stopped, SupervisorError, SupervisorProcess};
 use crate::image::Image;
@@ -81,6 +82,8 @@ pub struct StartSpec {
     pub session: Option<SessionSpec>,
     /// How QEMU is confined.
     pub jail: JailConfig,
+    /// The approved policy; none: every operation.
+    pub policy: Option<SandboxPolicy>,
 }
 
 /// The session a supervisor of `serve` opens.
@@ -115,6 +118,9 @@ pub enum StartError {
     /// The supervisor could not be started.
     #[error(transparent)]
     Supervisor(#[from] SupervisorError),
+    /// The policy could not be written for the supervisor.
+    #[error("cannot write the sandbox's policy")]
+    Policy(#[source] std::io::Error),
     /// No uid could be claimed for the jailed VMM.
     #[error(transparent)]
     Jail(#[from] crate::jail::JailSetupError),
@@ -165,6 +171,10 @@ pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
     if let Err(e) = bundle.write(dir) {
         reap::end_generation(&spec.layout, None, EndReason::Failed);
         return Err(e.into());
+    }
+    if let Err(e) = write_policy(&spec.layout, spec.policy.as_ref()) {
+        reap::end_generation(&spec.layout, None, EndReason::Failed);
+        return Err(StartError::Policy(e));
     }
     let jail_id = match spec.jail.confinement {
         Confinement::Jail => match crate::jail::claim(spec.jail.ids, &spec.layout) {
@@ -221,6 +231,17 @@ pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
             Err(e.into())
         }
     }
+}
+
+/// Writes the approved policy (0600) where the supervisor reads it at start; without one, removes a stale file.
+fn write_policy(layout: &SandboxLayout, policy: Option<&SandboxPolicy>) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = layout.path(SandboxFile::Policy);
+    let _ = std::fs::remove_file(&path);
+    let Some(policy) = policy else { return Ok(()) };
+    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
+    file.write_all(policy.to_json().as_bytes())
 }
 
 impl Running {

@@ -297,6 +297,7 @@ impl Actor {
             otlp_headers: ctx.otlp_headers.clone(),
             session: Some(SessionSpec { socket: ctx.sessions_socket.clone(), generation, id, token }),
             jail: ctx.jail,
+            policy: self.spec.policy.clone(),
         };
         sandbox::start(&spec).map_err(|e| text(&e))
     }

@@ -15,8 +15,10 @@ use vm_protocol::driver_api::driver_server::Driver;
 use vm_protocol::driver_api::{
     watch_event, AdmissionLimits, AdmissionUsage, Capabilities, CreateSandboxRequest, DeleteSandboxResponse,
     ExecRequest, GetCapabilitiesRequest, ListProcessesResponse, ListSandboxesRequest, ListSandboxesResponse,
-    ProcessInfo, ReadinessKind, Sandbox, SandboxRef, ValidateCreateResponse, WatchEvent, WatchRequest,
+    ProcessInfo, ReadinessKind, Sandbox, SandboxRef, UpdatePolicyRequest, UpdatePolicyResponse, ValidateCreateResponse,
+    WatchEvent, WatchRequest,
 };
+use vm_protocol::policy::{Operation, PolicyUpdate, UpdateOutcome};
 use vm_protocol::{SignalName, ToGuest, ToHost};
 
 use super::actor::{self, Command, Initial};
@@ -63,6 +65,11 @@ fn problems(reg: &Registry, req: &CreateSandboxRequest) -> Vec<String> {
     }
     if spec.readiness == i32::from(ReadinessKind::ReadinessUnix) {
         out.push(UNIX_READINESS.into());
+    }
+    if !spec.policy.is_empty() {
+        if let Err(e) = vm_protocol::policy::SandboxPolicy::parse(&spec.policy) {
+            out.push(e.to_string());
+        }
     }
     if spec.env.keys().any(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
         out.push("environment names must be non-empty and contain no '=' or NUL".into());
@@ -221,8 +228,12 @@ impl Driver for Api {
         attached.send(ToGuest::ListProcesses).await.map_err(|_| Status::unavailable("supervisor unreachable"))?;
         let answer = async {
             while let Some(Ok(msg)) = attached.recv().await {
-                if let ToHost::Processes { list } = msg {
-                    return Some(list);
+                match msg {
+                    ToHost::Processes { list } => return Some(Ok(list)),
+                    ToHost::Refused { .. } => {
+                        return Some(Err(Status::permission_denied("denied by the sandbox policy")));
+                    }
+                    _ => {}
                 }
             }
             None
@@ -232,12 +243,36 @@ impl Driver for Api {
             .await
             .ok()
             .flatten()
-            .ok_or_else(|| Status::unavailable("supervisor unreachable"))?;
+            .ok_or_else(|| Status::unavailable("supervisor unreachable"))??;
         let processes = list
             .into_iter()
             .map(|p| ProcessInfo { process_id: p.pid, argv: p.argv, attached: p.attached, tty: p.tty })
             .collect();
         Ok(Response::new(ListProcessesResponse { processes }))
+    }
+
+    async fn update_policy(&self, req: Request<UpdatePolicyRequest>) -> Result<Response<UpdatePolicyResponse>, Status> {
+        let req = req.into_inner();
+        let id = sandbox_id(&req.sandbox_id)?;
+        let allow = req
+            .allow
+            .iter()
+            .map(|a| a.parse::<Operation>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        self.reg.serving(&id)?;
+        let update = PolicyUpdate { revision: req.revision, allow };
+        let outcome = crate::attach_client::update_policy(&self.reg.ctx.state.layout(&id), update)
+            .await
+            .map_err(|_| Status::unavailable("supervisor unreachable"))?;
+        match outcome {
+            UpdateOutcome::Applied => {
+                Ok(Response::new(UpdatePolicyResponse { revision: req.revision, outcome: outcome.describe().into() }))
+            }
+            refused => {
+                Err(Status::failed_precondition(format!("policy revision {}: {}", req.revision, refused.describe())))
+            }
+        }
     }
 
     type ExecStream = ExecStream;

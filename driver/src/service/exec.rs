@@ -264,7 +264,11 @@ fn from_sandbox(relay: &mut ProcessRelay, msg: ToHost, reattached: bool) -> Repl
             response(exec_response::Response::Exited(exited(status))),
         ]),
         ToHost::Refused { reason, .. } => Reply::End(vec![Err(refusal(reason))]),
-        ToHost::Pong { .. } | ToHost::Processes { .. } | ToHost::Hello(_) | ToHost::Reserved => Reply::Nothing,
+        ToHost::Pong { .. }
+        | ToHost::Processes { .. }
+        | ToHost::PolicyAck { .. }
+        | ToHost::Hello(_)
+        | ToHost::Reserved => Reply::Nothing,
     }
 }
 
@@ -313,6 +317,7 @@ fn exited(status: ExitStatus) -> ExecExited {
 fn refusal(reason: Refusal) -> Status {
     match reason {
         Refusal::NoSuchProcess => Status::not_found("no detached process with that pid in the sandbox"),
+        Refusal::Denied => Status::permission_denied("denied by the sandbox policy (see its policy_denied finding)"),
         Refusal::ShuttingDown => Status::unavailable("the sandbox is stopping"),
         Refusal::TooManyProcesses => Status::resource_exhausted("too many processes in the sandbox"),
         Refusal::IdNotIncreasing | Refusal::Invalid => Status::invalid_argument("the sandbox refused the request"),

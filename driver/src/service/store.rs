@@ -11,6 +11,7 @@ use vm_contract::layout::{SandboxFile, SandboxLayout};
 use vm_contract::session::Generation;
 use vm_contract::shape::{SandboxShape, ShapeError};
 use vm_protocol::driver_api::{ReadinessKind, SandboxSpec};
+use vm_protocol::policy::{PolicyError, SandboxPolicy};
 
 /// The spec as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,18 +24,34 @@ pub struct StoredSpec {
     /// The image's name; empty for the default.
     #[serde(default)]
     pub image: String,
+    /// The approved policy; none: every operation.
+    #[serde(default)]
+    pub policy: Option<SandboxPolicy>,
+}
+
+/// Why a spec from the API cannot be accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    /// vCPUs or memory out of range.
+    #[error(transparent)]
+    Shape(#[from] ShapeError),
+    /// The policy is not valid.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
 }
 
 impl StoredSpec {
     /// From the API, with defaults filled in.
     ///
     /// # Errors
-    /// [`ShapeError`] for a shape out of range.
-    pub fn from_api(spec: &SandboxSpec) -> Result<Self, ShapeError> {
+    /// [`SpecError`] for a shape out of range or a policy that is not valid.
+    pub fn from_api(spec: &SandboxSpec) -> Result<Self, SpecError> {
+        let policy = if spec.policy.is_empty() { None } else { Some(SandboxPolicy::parse(&spec.policy)?) };
         Ok(Self {
             shape: SandboxShape::with_defaults(spec.cpus, spec.memory_mib)?,
             env: spec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             image: spec.image.clone(),
+            policy,
         })
     }
 
@@ -46,6 +63,7 @@ impl StoredSpec {
             env: self.env.clone().into_iter().collect(),
             readiness: ReadinessKind::ReadinessTcp.into(),
             image: self.image.clone(),
+            policy: self.policy.as_ref().map(SandboxPolicy::to_json).unwrap_or_default(),
         }
     }
 }

@@ -38,6 +38,8 @@ pub enum SandboxFile {
     AuthBundle,
     /// OCSF events, one per line (0600).
     Events,
+    /// The policy approved at create (JSON, written by the driver at every start, read by the supervisor).
+    Policy,
     /// `serve`: the accepted spec.
     Spec,
     /// `serve`: the last start's generation.
@@ -48,7 +50,7 @@ pub enum SandboxFile {
 
 impl SandboxFile {
     /// Every file, for listings and tests.
-    pub const ALL: [Self; 17] = [
+    pub const ALL: [Self; 18] = [
         Self::VmmRoot,
         Self::JailId,
         Self::Channel,
@@ -63,6 +65,7 @@ impl SandboxFile {
         Self::Tombstone,
         Self::AuthBundle,
         Self::Events,
+        Self::Policy,
         Self::Spec,
         Self::Generation,
         Self::Stopped,
@@ -85,6 +88,7 @@ impl SandboxFile {
             Self::Tombstone => "terminated.json",
             Self::AuthBundle => "auth.json",
             Self::Events => "events.jsonl",
+            Self::Policy => "policy.json",
             Self::Spec => "spec.json",
             Self::Generation => "generation",
             Self::Stopped => "stopped",

@@ -32,7 +32,7 @@ macro_rules! controls {
 }
 
 controls! {
-    LeakLivenessWriteEnd = "leak-liveness-write-end": "driver: the liveness pipe's write end is inherited by the supervisor (and QEMU).",
+    LeakLivenessWriteEnd = "leak-liveness-write-end": "driver: the liveness pipe's write end is inherited by the supervisor (and the watchdog; the jailer closes it for QEMU).",
     CloseLivenessFirst = "close-liveness-first": "driver: a stop closes the liveness pipe before SIGTERM (the wrong order).",
     NoReaper = "no-reaper": "driver: the orphan reaper does nothing.",
     NoCgroupSweep = "no-cgroup-sweep": "driver: the cgroup sweep after a stop does nothing.",

@@ -190,6 +190,8 @@ pub enum Finding {
     LogCapped,
     /// The VMM ran into a limit of its jail's cgroup (memory: killed; pids: refused).
     VmmLimit,
+    /// The sandbox's policy denied a client's operation (the detail names it and the revision).
+    PolicyDenied,
 }
 
 impl Finding {
@@ -203,6 +205,7 @@ impl Finding {
             Self::TelemetryDropped => "Telemetry over its limits was dropped",
             Self::LogCapped => "A guest log reached its cap",
             Self::VmmLimit => "The VMM hit a limit of its jail",
+            Self::PolicyDenied => "The sandbox policy denied an operation",
         }
     }
 
@@ -216,12 +219,13 @@ impl Finding {
             Self::TelemetryDropped => "telemetry_dropped",
             Self::LogCapped => "log_capped",
             Self::VmmLimit => "vmm_limit",
+            Self::PolicyDenied => "policy_denied",
         }
     }
 
     fn severity(self) -> Severity {
         match self {
-            Self::AdmissionRefused | Self::TelemetryDropped | Self::LogCapped => Severity::Medium,
+            Self::AdmissionRefused | Self::TelemetryDropped | Self::LogCapped | Self::PolicyDenied => Severity::Medium,
             Self::LivenessLost
             | Self::LeaseLost
             | Self::WatchdogAction

@@ -31,6 +31,21 @@ use vm_protocol::{ExitStatus, ProcId, ToGuest, ToHost};
 pub use self::route::MAX_KEPT_ARGV_BYTES;
 use self::route::{Phase, Route};
 pub use self::violation::{ClientViolation, GuestViolation};
+use crate::policy::{Denial, Gate};
+use vm_protocol::policy::{Operation, SandboxPolicy, UpdateOutcome};
+
+/// The policy operation a client message is, if it is one (credit, pings and policy updates are not).
+fn operation(msg: &ToGuest) -> Option<Operation> {
+    Some(match msg {
+        ToGuest::Spawn(_) => Operation::Exec,
+        ToGuest::Stdin { .. } | ToGuest::StdinEof { .. } => Operation::Stdin,
+        ToGuest::Signal { .. } => Operation::Signal,
+        ToGuest::Resize { .. } => Operation::Resize,
+        ToGuest::Reattach { .. } => Operation::Reattach,
+        ToGuest::ListProcesses => Operation::ListProcesses,
+        _ => return None,
+    })
+}
 
 /// Processes that ended while detached and still wait for someone to collect their output and status.
 pub const MAX_FINISHED_DETACHED: usize = 64;
@@ -77,6 +92,24 @@ pub enum Action {
         /// How it ended (a plausible status).
         status: ExitStatus,
     },
+    /// The policy denied a client's operation (for a finding).
+    Denied {
+        /// What was asked.
+        op: Operation,
+        /// The revision in force.
+        revision: u64,
+        /// Why.
+        denial: Denial,
+    },
+    /// A policy update was applied or refused (for a configuration event).
+    PolicyUpdated {
+        /// Its revision.
+        revision: u64,
+        /// What became of it.
+        outcome: UpdateOutcome,
+        /// The operations allowed now.
+        allowed: String,
+    },
 }
 
 #[derive(Debug, Default)]
@@ -94,6 +127,8 @@ pub struct Mux {
     accepting: bool,
     /// When off (the `no-guest-invariants` control), the guest's messages are only routed, not checked.
     enforce: bool,
+    /// What clients may do.
+    gate: Gate,
 }
 
 impl Default for Mux {
@@ -105,7 +140,20 @@ impl Default for Mux {
 impl Mux {
     /// A multiplexer that enforces the guest's rules, or (`enforce` off, controls only) merely routes.
     pub fn new(enforce: bool) -> Self {
-        Self { next_guest_id: 1, routes: HashMap::new(), clients: HashMap::new(), accepting: true, enforce }
+        Self {
+            next_guest_id: 1,
+            routes: HashMap::new(),
+            clients: HashMap::new(),
+            accepting: true,
+            enforce,
+            gate: Gate::default(),
+        }
+    }
+
+    /// The same, under `policy` (approved at create) instead of the allow-everything default.
+    pub fn with_policy(mut self, policy: SandboxPolicy) -> Self {
+        self.gate = Gate::new(policy);
+        self
     }
 
     /// Registers a new client.
@@ -161,6 +209,15 @@ impl Mux {
         if !self.clients.contains_key(&client) {
             return Ok(Vec::new());
         }
+        if let Some(op) = operation(&msg) {
+            let program = match &msg {
+                ToGuest::Spawn(spawn) => spawn.argv.first().map(String::as_str),
+                _ => None,
+            };
+            if let Err(denial) = self.gate.admit(op, program) {
+                return Ok(self.deny(client, &msg, op, denial));
+            }
+        }
         let reply = |m: ToHost| Ok(vec![Action::ToClient(client, m)]);
         let forward = |m: ToGuest| Ok(vec![Action::ToGuest(m)]);
         match msg {
@@ -205,10 +262,33 @@ impl Mux {
                 reply(ToHost::Processes { list })
             }
             ToGuest::Ping { nonce } => reply(ToHost::Pong { nonce }),
+            // Every operation handled before this one is already dispatched: the acknowledgment is sent after it.
+            ToGuest::UpdatePolicy(update) => {
+                let outcome = self.gate.update(&update);
+                let revision = update.revision;
+                Ok(vec![
+                    Action::PolicyUpdated { revision, outcome, allowed: self.gate.allowed() },
+                    Action::ToClient(client, ToHost::PolicyAck { revision, outcome }),
+                ])
+            }
             ToGuest::Shutdown { .. } => Err(ClientViolation::Unexpected("Shutdown")),
             ToGuest::Hello(_) => Err(ClientViolation::Unexpected("a second Hello")),
             ToGuest::Reserved => Err(ClientViolation::Unexpected("the reserved message")),
         }
+    }
+
+    /// A denied operation: a finding, and for a request that expects an answer, a refusal. Stdin, signals and
+    /// resizes are dropped (the client sees no effect).
+    fn deny(&self, client: ClientId, msg: &ToGuest, op: Operation, denial: Denial) -> Vec<Action> {
+        let mut actions = vec![Action::Denied { op, revision: self.gate.revision(), denial }];
+        let refused = |id| Action::ToClient(client, ToHost::Refused { id, reason: Refusal::Denied });
+        match msg {
+            ToGuest::Spawn(spawn) => actions.push(refused(spawn.id)),
+            ToGuest::Reattach { id, .. } => actions.push(refused(*id)),
+            ToGuest::ListProcesses => actions.push(refused(ProcId(0))),
+            _ => {}
+        }
+        actions
     }
 
     fn spawn(&mut self, client: ClientId, mut spawn: vm_protocol::Spawn) -> Vec<Action> {
@@ -369,6 +449,7 @@ impl Mux {
             }
             ToHost::Pong { .. } => Err(GuestViolation::Unexpected("an unsolicited Pong")),
             ToHost::Processes { .. } => Err(GuestViolation::Unexpected("a process list")),
+            ToHost::PolicyAck { .. } => Err(GuestViolation::Unexpected("a policy acknowledgment")),
             ToHost::Hello(_) => Err(GuestViolation::Unexpected("a second Hello")),
             ToHost::Reserved => Err(GuestViolation::Unexpected("the reserved message")),
         }

@@ -10,6 +10,7 @@ use vm_contract::shape::{SandboxShape, DEFAULT_CPUS, DEFAULT_MEMORY_MIB};
 use vm_driver::gc::Retention;
 use vm_driver::service::admission::AdmissionConfig;
 use vm_driver::telemetry::TelemetryConfig;
+use vm_protocol::policy::{Operation, SandboxPolicy};
 
 #[derive(Debug, Parser)]
 #[command(version, about = "Run commands in sandboxed microVMs", long_about = None)]
@@ -48,6 +49,10 @@ pub enum Command {
     Ps(IdArgs),
     /// Run CMD in a running sandbox, or attach to one of its processes again.
     Exec(ExecArgs),
+    /// Restrict or restore a running sandbox's operations, within the policy approved at create.
+    ///
+    /// Example: vm-driver policy box-1 --revision 2 --allow exec,list_processes
+    Policy(PolicyArgs),
     /// Kill the VMs of sandboxes whose supervisor is gone, and mark them terminated.
     ///
     /// `launch` and `serve` do this first; run it by hand after a crash.
@@ -122,7 +127,7 @@ pub struct JailArgs {
     #[arg(long, value_name = "START:COUNT", default_value_t = IdRange::DEFAULT)]
     pub jail_ids: IdRange,
     /// A jailed VMM's memory limit beyond its guest's memory, MiB (QEMU itself, TCG's translation cache).
-    #[arg(long, value_name = "MIB", default_value_t = 192)]
+    #[arg(long, value_name = "MIB", default_value_t = 512)]
     pub vmm_memory_overhead: u64,
     /// A jailed VMM's limit on processes and threads.
     #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
@@ -219,6 +224,9 @@ pub struct LaunchArgs {
     /// Keep the sandbox directory (logs) after a clean stop, until `--keep-ended` collects it.
     #[arg(long)]
     pub keep: bool,
+    /// The sandbox policy (JSON, docs/policy.md); every operation when not given.
+    #[arg(long, value_name = "FILE", value_parser = read_policy)]
+    pub policy: Option<SandboxPolicy>,
     #[command(flatten)]
     pub vm: VmArgs,
     #[command(flatten)]
@@ -300,8 +308,41 @@ pub struct CreateArgs {
     /// The guest image, by name (a directory under `serve --images`); the default image when not given.
     #[arg(long, value_name = "NAME")]
     pub image: Option<String>,
+    /// The sandbox policy (JSON, docs/policy.md); every operation when not given.
+    #[arg(long, value_name = "FILE", value_parser = read_policy)]
+    pub policy: Option<SandboxPolicy>,
     /// The sandbox id ([A-Za-z0-9._-], at most 128).
     pub id: SandboxId,
+}
+
+#[derive(Debug, Args)]
+pub struct PolicyArgs {
+    #[command(flatten)]
+    pub socket: SocketArgs,
+    /// Above every revision applied to the sandbox's current start.
+    #[arg(long)]
+    pub revision: u64,
+    /// The operations allowed from now on, comma-separated (exec, stdin, signal, resize, reattach,
+    /// list_processes); empty for none.
+    #[arg(long, value_name = "OPS", value_parser = parse_operations)]
+    pub allow: Operations,
+    /// The sandbox id.
+    pub id: SandboxId,
+}
+
+/// A list of operations, as `--allow` takes it.
+#[derive(Debug, Clone)]
+pub struct Operations(pub Vec<Operation>);
+
+fn parse_operations(text: &str) -> Result<Operations, String> {
+    let ops = text.split(',').filter(|s| !s.is_empty()).map(|s| s.trim().parse::<Operation>());
+    ops.collect::<Result<Vec<_>, _>>().map(Operations).map_err(|e| e.to_string())
+}
+
+/// Reads and validates a policy file, so a bad one fails before anything starts.
+pub fn read_policy(path: &str) -> Result<SandboxPolicy, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    SandboxPolicy::parse(&text).map_err(|e| format!("{path}: {e}"))
 }
 
 #[derive(Debug, Args)]

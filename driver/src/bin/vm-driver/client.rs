@@ -10,8 +10,9 @@ use tonic::transport::Channel;
 use vm_protocol::driver_api::driver_client::DriverClient;
 use vm_protocol::driver_api::{
     watch_event, CreateSandboxRequest, ListSandboxesRequest, Sandbox, SandboxRef, SandboxSpec, SandboxState,
-    WatchRequest,
+    UpdatePolicyRequest, WatchRequest,
 };
+use vm_protocol::policy::Operation;
 
 /// Connects to `serve` over its Unix socket.
 ///
@@ -129,6 +130,23 @@ pub async fn lifecycle(socket: &Path, id: &str, what: Lifecycle) -> Result<()> {
 ///
 /// # Errors
 /// The request failed.
+/// `vm-driver policy`: one update, answered once applied (or refused: then admission is closed).
+///
+/// # Errors
+/// Refused, or the driver or sandbox cannot be reached.
+pub async fn update_policy(socket: &Path, id: &str, revision: u64, allow: &[Operation]) -> Result<()> {
+    let mut client = connect(socket).await?;
+    let request = UpdatePolicyRequest {
+        sandbox_id: id.to_owned(),
+        revision,
+        allow: allow.iter().map(|o| o.as_str().to_owned()).collect(),
+    };
+    let answer = client.update_policy(request).await?.into_inner();
+    let allowed: Vec<&str> = allow.iter().map(|o| o.as_str()).collect();
+    println!("{id}: policy revision {} {}; allowed: {}", answer.revision, answer.outcome, allowed.join(","));
+    Ok(())
+}
+
 pub async fn ps(socket: &Path, id: &str) -> Result<()> {
     let mut client = connect(socket).await?;
     let list = client.list_processes(SandboxRef { sandbox_id: id.to_owned() }).await?.into_inner().processes;

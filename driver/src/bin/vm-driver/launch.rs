@@ -61,6 +61,8 @@ pub struct LaunchConfig {
     pub accel: AccelChoice,
     /// How VMMs are to be confined.
     pub jail: JailRequest,
+    /// The sandbox policy.
+    pub policy: Option<vm_protocol::policy::SandboxPolicy>,
     /// Stop the sandbox after this long.
     pub timeout: Option<Duration>,
     /// Boot timeout.
@@ -124,6 +126,7 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
         otlp_headers,
         session: None,
         jail,
+        policy: config.policy.clone(),
     };
     let running = match sandbox::start(&spec) {
         Ok(running) => running,

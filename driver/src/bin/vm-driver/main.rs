@@ -74,6 +74,7 @@ async fn run(command: Command) -> Result<u8> {
                 shape,
                 accel: args.vm.accel,
                 jail: args.vm.jail.request(),
+                policy: args.policy,
                 timeout: args.timeout.map(Duration::from_secs),
                 boot_timeout: Duration::from_secs(args.vm.boot_timeout),
                 stop_timeout: Duration::from_secs(args.vm.stop_timeout),
@@ -121,6 +122,7 @@ async fn run(command: Command) -> Result<u8> {
                 env: args.env.into_iter().collect(),
                 readiness: 0,
                 image: args.image.unwrap_or_default(),
+                policy: args.policy.map(|p| p.to_json()).unwrap_or_default(),
             };
             let timeout = Duration::from_secs(args.wait_timeout);
             client::create(&args.socket.path(), args.id.as_str(), spec, !args.no_wait, timeout).await?;
@@ -138,6 +140,9 @@ async fn run(command: Command) -> Result<u8> {
             client::lifecycle(&args.socket.path(), args.id.as_str(), Lifecycle::Delete).await.map(|()| 0)
         }
         Command::Ps(args) => client::ps(&args.socket.path(), args.id.as_str()).await.map(|()| 0),
+        Command::Policy(args) => {
+            client::update_policy(&args.socket.path(), args.id.as_str(), args.revision, &args.allow.0).await.map(|()| 0)
+        }
         Command::Exec(args) => {
             let target = match (args.attach, args.cmd.is_empty()) {
                 (Some(pid), _) => Target::Reattach(pid),

@@ -1,0 +1,201 @@
+//! Sandbox policy: which boundary operations a sandbox's clients may use. A policy is approved once, at
+//! create; afterwards an operator may restrict or restore operations within it, by strictly increasing
+//! revision ([`PolicyUpdate`]), never widen it. The supervisor enforces it at the boundary
+//! (`vm_supervisor::policy`); `docs/policy.md` is the reference.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// One kind of boundary operation a client may ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Operation {
+    /// Start a process (`Spawn`).
+    Exec,
+    /// Write to, or close, a process's stdin.
+    Stdin,
+    /// Send a process a signal.
+    Signal,
+    /// Resize a process's terminal.
+    Resize,
+    /// Take over a detached process (`Reattach`).
+    Reattach,
+    /// List the running processes.
+    ListProcesses,
+}
+
+impl Operation {
+    /// Every operation.
+    pub const ALL: [Self; 6] =
+        [Self::Exec, Self::Stdin, Self::Signal, Self::Resize, Self::Reattach, Self::ListProcesses];
+
+    /// Its name in policies, updates and events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Exec => "exec",
+            Self::Stdin => "stdin",
+            Self::Signal => "signal",
+            Self::Resize => "resize",
+            Self::Reattach => "reattach",
+            Self::ListProcesses => "list_processes",
+        }
+    }
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Operation {
+    type Err = PolicyError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL.into_iter().find(|o| o.as_str() == s).ok_or_else(|| PolicyError::UnknownOperation(s.to_owned()))
+    }
+}
+
+/// Most programs in an exec allow-list.
+pub const MAX_PROGRAMS: usize = 256;
+/// Longest program name in an exec allow-list, bytes.
+pub const MAX_PROGRAM_BYTES: usize = 4096;
+/// Largest policy document, bytes.
+pub const MAX_POLICY_BYTES: usize = 256 * 1024;
+
+/// Why a policy or an update is not valid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// Not a policy document.
+    #[error("the policy is not valid JSON of the documented shape: {0}")]
+    Malformed(String),
+    /// An operation name nobody knows.
+    #[error("unknown operation {0:?} (exec, stdin, signal, resize, reattach, list_processes)")]
+    UnknownOperation(String),
+    /// An exec allow-list without exec.
+    #[error("exec_programs is given but exec is not allowed")]
+    ProgramsWithoutExec,
+    /// An empty, oversized or NUL-holding program name, or too many.
+    #[error("exec_programs: at most {MAX_PROGRAMS} names, each 1 to {MAX_PROGRAM_BYTES} bytes without NUL")]
+    BadProgram,
+    /// Larger than [`MAX_POLICY_BYTES`].
+    #[error("the policy is larger than {MAX_POLICY_BYTES} bytes")]
+    TooLarge,
+}
+
+/// The policy approved at create.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxPolicy {
+    /// The approved operations: the most any later revision may allow.
+    pub allow: BTreeSet<Operation>,
+    /// When given, `exec` only of these programs: `argv[0]` exactly as the client sends it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec_programs: Option<Vec<String>>,
+}
+
+impl Default for SandboxPolicy {
+    /// Every operation, any program: what a sandbox without a policy gets.
+    fn default() -> Self {
+        Self { allow: Operation::ALL.into_iter().collect(), exec_programs: None }
+    }
+}
+
+impl SandboxPolicy {
+    /// Parses and validates a policy document (JSON).
+    ///
+    /// # Errors
+    /// [`PolicyError`], saying what is wrong.
+    pub fn parse(text: &str) -> Result<Self, PolicyError> {
+        if text.len() > MAX_POLICY_BYTES {
+            return Err(PolicyError::TooLarge);
+        }
+        let policy: Self = serde_json::from_str(text).map_err(|e| match e.to_string() {
+            // serde names the unknown variant; say it our way.
+            m if m.contains("unknown variant") => {
+                PolicyError::UnknownOperation(m.split('`').nth(1).unwrap_or_default().to_owned())
+            }
+            m => PolicyError::Malformed(m),
+        })?;
+        policy.validate()?;
+        Ok(policy)
+    }
+
+    /// Checks the rules [`SandboxPolicy::parse`] applies.
+    ///
+    /// # Errors
+    /// [`PolicyError`].
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        if let Some(programs) = &self.exec_programs {
+            if !self.allow.contains(&Operation::Exec) {
+                return Err(PolicyError::ProgramsWithoutExec);
+            }
+            let bad = |p: &String| p.is_empty() || p.len() > MAX_PROGRAM_BYTES || p.contains('\0');
+            if programs.len() > MAX_PROGRAMS || programs.iter().any(bad) {
+                return Err(PolicyError::BadProgram);
+            }
+        }
+        Ok(())
+    }
+
+    /// The document [`SandboxPolicy::parse`] reads back.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// A live restriction or restoration: the operations allowed from now on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyUpdate {
+    /// Must be greater than every revision applied before.
+    pub revision: u64,
+    /// The operations allowed from now on (a subset of the approved ones).
+    #[serde(deserialize_with = "crate::message::seq_deserialize")]
+    pub allow: Vec<Operation>,
+}
+
+/// What became of a [`PolicyUpdate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UpdateOutcome {
+    /// Applied: these operations are allowed from the next one admitted.
+    Applied,
+    /// Its revision was not above the last applied one: admission is closed until a newer valid update.
+    Stale,
+    /// It allowed an operation that was never approved: admission is closed until a newer valid update.
+    NotApproved,
+}
+
+impl UpdateOutcome {
+    /// Fixed text for events and errors.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Applied => "applied",
+            Self::Stale => "refused: the revision is not above the last applied one; admission closed",
+            Self::NotApproved => "refused: it allows an operation never approved; admission closed",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_parse_validate_and_round_trip() {
+        let p = SandboxPolicy::parse(r#"{"allow":["exec","list_processes"],"exec_programs":["/bin/echo"]}"#).unwrap();
+        assert_eq!(p.allow.len(), 2);
+        assert_eq!(SandboxPolicy::parse(&p.to_json()).unwrap(), p);
+        assert_eq!(SandboxPolicy::parse(&SandboxPolicy::default().to_json()).unwrap(), SandboxPolicy::default());
+        assert_eq!(SandboxPolicy::parse(r#"{"allow":["fly"]}"#), Err(PolicyError::UnknownOperation("fly".into())));
+        assert_eq!(
+            SandboxPolicy::parse(r#"{"allow":["stdin"],"exec_programs":["x"]}"#),
+            Err(PolicyError::ProgramsWithoutExec)
+        );
+        assert_eq!(SandboxPolicy::parse(r#"{"allow":["exec"],"exec_programs":[""]}"#), Err(PolicyError::BadProgram));
+        assert!(matches!(SandboxPolicy::parse(r#"{"allow":[],"extra":1}"#), Err(PolicyError::Malformed(_))));
+        assert!(matches!(SandboxPolicy::parse("not json"), Err(PolicyError::Malformed(_))));
+        assert_eq!("list_processes".parse::<Operation>(), Ok(Operation::ListProcesses));
+    }
+}

@@ -1,0 +1,141 @@
+//! The policy gate: the one place a client's boundary operation is admitted or denied.
+//!
+//! The gate lives inside the multiplexer, which the event loop drives one message at a time, so a live update
+//! and the operations around it are serialized: every operation admitted before the update has already been
+//! dispatched to the guest when the update is applied (and so when it is acknowledged), and every operation
+//! handled after it, including those that were queued while it arrived, is judged by the new state.
+//!
+//! Rules (`docs/policy.md`): an update may allow only operations of the approved policy; its revision must be
+//! above the last applied one; a stale or widening update is refused and closes admission (every operation
+//! denied) until a newer valid update arrives.
+
+use std::collections::BTreeSet;
+
+use vm_protocol::policy::{Operation, PolicyUpdate, SandboxPolicy, UpdateOutcome};
+
+/// Why an operation was denied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Denial {
+    /// The current revision does not allow it.
+    NotAllowed,
+    /// `exec` of a program outside the approved allow-list.
+    ProgramNotAllowed,
+    /// Admission is closed by a stale or invalid update.
+    Closed,
+}
+
+impl Denial {
+    /// Fixed text for findings.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::NotAllowed => "not allowed by the current policy revision",
+            Self::ProgramNotAllowed => "the program is not in the policy's exec allow-list",
+            Self::Closed => "admission is closed by a stale or invalid policy update",
+        }
+    }
+}
+
+/// The approved policy and the state of its live restrictions.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    approved: SandboxPolicy,
+    allowed: BTreeSet<Operation>,
+    revision: u64,
+    open: bool,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self::new(SandboxPolicy::default())
+    }
+}
+
+impl Gate {
+    /// Starts at revision 0 with everything approved allowed.
+    pub fn new(approved: SandboxPolicy) -> Self {
+        Self { allowed: approved.allow.clone(), approved, revision: 0, open: true }
+    }
+
+    /// The last applied revision.
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// Admits `op` (for `exec`, of `program`, the `argv[0]` asked for), or says why not.
+    ///
+    /// # Errors
+    /// The [`Denial`].
+    pub fn admit(&self, op: Operation, program: Option<&str>) -> Result<(), Denial> {
+        if !self.open {
+            return Err(Denial::Closed);
+        }
+        if !self.allowed.contains(&op) {
+            return Err(Denial::NotAllowed);
+        }
+        match (&self.approved.exec_programs, program) {
+            (Some(list), Some(p)) if op == Operation::Exec && !list.iter().any(|l| l == p) => {
+                Err(Denial::ProgramNotAllowed)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Applies `update`, or refuses it and closes admission.
+    pub fn update(&mut self, update: &PolicyUpdate) -> UpdateOutcome {
+        let outcome = if update.revision <= self.revision {
+            UpdateOutcome::Stale
+        } else if update.allow.iter().any(|op| !self.approved.allow.contains(op)) {
+            UpdateOutcome::NotApproved
+        } else {
+            self.allowed = update.allow.iter().copied().collect();
+            self.revision = update.revision;
+            UpdateOutcome::Applied
+        };
+        self.open = outcome == UpdateOutcome::Applied;
+        outcome
+    }
+
+    /// The operations allowed now, for events.
+    pub fn allowed(&self) -> String {
+        let names: Vec<&str> = self.allowed.iter().map(|o| o.as_str()).collect();
+        if names.is_empty() {
+            "nothing".to_owned()
+        } else {
+            names.join(", ")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn update(revision: u64, allow: &[Operation]) -> PolicyUpdate {
+        PolicyUpdate { revision, allow: allow.to_vec() }
+    }
+
+    #[test]
+    fn restricts_and_restores_within_the_approved_and_closes_on_stale_or_wider() {
+        let approved = SandboxPolicy {
+            allow: [Operation::Exec, Operation::ListProcesses].into_iter().collect(),
+            exec_programs: Some(vec!["echo".into()]),
+        };
+        let mut gate = Gate::new(approved);
+        assert_eq!(gate.admit(Operation::Exec, Some("echo")), Ok(()));
+        assert_eq!(gate.admit(Operation::Exec, Some("sh")), Err(Denial::ProgramNotAllowed));
+        assert_eq!(gate.admit(Operation::Signal, None), Err(Denial::NotAllowed));
+        assert_eq!(gate.update(&update(1, &[Operation::ListProcesses])), UpdateOutcome::Applied);
+        assert_eq!(gate.admit(Operation::Exec, Some("echo")), Err(Denial::NotAllowed));
+        assert_eq!(gate.update(&update(2, &[Operation::Exec])), UpdateOutcome::Applied);
+        assert_eq!(gate.admit(Operation::Exec, Some("echo")), Ok(()));
+        // Widening past the approved policy: refused, and everything is denied until a valid newer revision.
+        assert_eq!(gate.update(&update(3, &[Operation::Exec, Operation::Signal])), UpdateOutcome::NotApproved);
+        assert_eq!(gate.admit(Operation::Exec, Some("echo")), Err(Denial::Closed));
+        assert_eq!(gate.update(&update(3, &[Operation::Exec])), UpdateOutcome::Applied, "3 was never applied");
+        assert_eq!(gate.update(&update(3, &[Operation::Exec])), UpdateOutcome::Stale);
+        assert_eq!(gate.admit(Operation::ListProcesses, None), Err(Denial::Closed));
+        assert_eq!(gate.update(&update(4, &[Operation::ListProcesses])), UpdateOutcome::Applied);
+        assert_eq!(gate.admit(Operation::ListProcesses, None), Ok(()));
+        assert_eq!(gate.revision(), 4);
+    }
+}
