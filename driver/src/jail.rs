@@ -33,7 +33,7 @@ impl JailConfig {
     /// The cgroup limits of a VMM whose guest has `guest_mib`.
     pub fn limits(&self, guest_mib: u64) -> crate::cgroup::limits::VmmLimits {
         crate::cgroup::limits::VmmLimits {
-            memory_mib: guest_mib + self.memory_overhead_mib,
+            memory_mib: guest_mib.saturating_add(self.memory_overhead_mib),
             pids: self.pids,
             cpu_percent: self.cpu_percent,
         }
@@ -66,8 +66,9 @@ impl JailRequest {
             eprintln!("{line}");
         }
         if confinement == Confinement::Jail {
-            if let Err(why) = crate::cgroup::limits::available() {
-                eprintln!("vm-driver: warning: {why}: VMMs run without memory, pids and CPU limits");
+            match crate::cgroup::limits::available() {
+                Ok(kind) => eprintln!("vm-driver: VMM limits in {}", kind.name()),
+                Err(why) => eprintln!("vm-driver: warning: {why}: VMMs run without memory, pids and CPU limits"),
             }
         }
         Ok(JailConfig {
@@ -138,12 +139,12 @@ fn startup_line(mode: Confinement) -> Option<&'static str> {
     match mode {
         Confinement::Jail => None,
         Confinement::Userns => Some(
-            "vm-driver: warning: not root: each VMM gets its own namespaces and jail root, but runs with this \
-             user's uid (--confinement userns)",
+            "vm-driver: warning: each VMM gets its own namespaces and jail root but runs with this driver's uid \
+             (--confinement userns): an escaped VMM could signal this user's processes",
         ),
         Confinement::None => Some(
-            "vm-driver: warning: QEMU runs UNCONFINED: no jail, no separate uid, no namespaces (not root, and no \
-             unprivileged user namespaces); only rlimits and QEMU's seccomp sandbox apply",
+            "vm-driver: warning: QEMU runs UNCONFINED (--confinement none): no jail, no separate uid, no \
+             namespaces; only rlimits, no-new-privileges and QEMU's seccomp sandbox apply",
         ),
     }
 }
@@ -165,7 +166,8 @@ fn claim_in(claims: &Path, range: IdRange, layout: &SandboxLayout) -> Result<u32
     let _lock = lock(claims).map_err(JailSetupError::Claim)?;
     let offset = crate::state::random_hex::<4>().ok().and_then(|h| u32::from_str_radix(&h, 16).ok()).unwrap_or(0);
     for i in 0..range.count {
-        let Some(id) = range.nth((offset % range.count + i) % range.count) else { continue };
+        let n = u32::try_from((u64::from(offset) + u64::from(i)) % u64::from(range.count)).unwrap_or(0);
+        let Some(id) = range.nth(n) else { continue };
         let file = claims.join(id.to_string());
         let taken = match fs::OpenOptions::new().write(true).create_new(true).open(&file) {
             Ok(_) => true,
@@ -173,8 +175,11 @@ fn claim_in(claims: &Path, range: IdRange, layout: &SandboxLayout) -> Result<u32
             Err(e) => return Err(JailSetupError::Claim(e)),
         };
         if taken {
-            let recorded = fs::write(&file, layout.dir().as_os_str().as_encoded_bytes())
-                .and_then(|()| fs::write(layout.path(SandboxFile::JailId), id.to_string()));
+            // The canonical path: drivers started from other directories must read the same claim.
+            let recorded = fs::canonicalize(layout.dir()).and_then(|dir| {
+                fs::write(&file, dir.as_os_str().as_encoded_bytes())?;
+                fs::write(layout.path(SandboxFile::JailId), id.to_string())
+            });
             if let Err(e) = recorded {
                 let _ = fs::remove_file(&file);
                 return Err(JailSetupError::Claim(e));
@@ -185,11 +190,17 @@ fn claim_in(claims: &Path, range: IdRange, layout: &SandboxLayout) -> Result<u32
     Err(JailSetupError::RangeFull(range))
 }
 
-/// Whether the claim `file` for `id` names a sandbox directory that no longer records it.
+/// Whether the claim `file` for `id` is stale: empty (its claimer died before writing it; claims are made under
+/// the lock), or naming a sandbox directory that is gone or records another id. Any other doubt keeps it.
 fn is_stale(file: &Path, id: u32) -> bool {
     let Ok(dir) = fs::read_to_string(file) else { return false };
-    let recorded = fs::read_to_string(SandboxLayout::new(PathBuf::from(dir)).path(SandboxFile::JailId));
-    recorded.map_or(true, |r| r.trim() != id.to_string())
+    if dir.is_empty() {
+        return true;
+    }
+    match fs::read_to_string(SandboxLayout::new(PathBuf::from(dir)).path(SandboxFile::JailId)) {
+        Ok(recorded) => recorded.trim() != id.to_string(),
+        Err(e) => e.kind() == io::ErrorKind::NotFound,
+    }
 }
 
 /// Releases the id recorded in `layout`, if any (at the end of every generation, and by the reaper).
@@ -203,7 +214,8 @@ fn release_in(claims: &Path, layout: &SandboxLayout) {
     let _lock = lock(claims);
     let file = claims.join(id.trim());
     // Only a claim that names this very directory is ours to remove.
-    if fs::read_to_string(&file).is_ok_and(|dir| Path::new(&dir) == layout.dir()) {
+    let ours = fs::canonicalize(layout.dir()).ok();
+    if fs::read_to_string(&file).is_ok_and(|dir| ours.as_deref() == Some(Path::new(&dir))) {
         let _ = fs::remove_file(&file);
     }
     let _ = fs::remove_file(record);

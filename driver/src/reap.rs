@@ -91,8 +91,12 @@ pub fn end_generation(layout: &SandboxLayout, cgroup: Option<&Path>, reason: End
 
 /// Sweeps and removes the VMM's own cgroups and releases its uid. Returns whether anything still ran there.
 fn end_jail(layout: &SandboxLayout) -> bool {
-    let left = cgroup::limits::remove(&cgroup::limits::recorded(layout.dir()));
+    let recorded = cgroup::limits::recorded(layout.dir());
+    let found = cgroup::limits::remove(&recorded);
     crate::jail::release(layout);
-    let _ = fs::remove_file(layout.path(vm_contract::layout::SandboxFile::VmmCgroups));
-    left
+    // A cgroup that would not go stays recorded, for the next reaper.
+    let record = layout.path(vm_contract::layout::SandboxFile::VmmCgroups);
+    let left: Vec<String> = recorded.iter().filter(|c| c.exists()).map(|c| c.display().to_string()).collect();
+    let _ = if left.is_empty() { fs::remove_file(record) } else { fs::write(record, left.join("\n")) };
+    found
 }

@@ -54,7 +54,17 @@ impl fmt::Display for Operation {
 impl FromStr for Operation {
     type Err = PolicyError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL.into_iter().find(|o| o.as_str() == s).ok_or_else(|| PolicyError::UnknownOperation(s.to_owned()))
+        Self::ALL.into_iter().find(|o| o.as_str() == s).ok_or_else(|| PolicyError::UnknownOperation(bounded(s)))
+    }
+}
+
+/// At most 64 characters of caller text in an error.
+fn bounded(text: &str) -> String {
+    let cut: String = text.chars().take(64).collect();
+    if cut.len() < text.len() {
+        format!("{cut}...")
+    } else {
+        cut
     }
 }
 
@@ -115,9 +125,9 @@ impl SandboxPolicy {
         let policy: Self = serde_json::from_str(text).map_err(|e| match e.to_string() {
             // serde names the unknown variant; say it our way.
             m if m.contains("unknown variant") => {
-                PolicyError::UnknownOperation(m.split('`').nth(1).unwrap_or_default().to_owned())
+                PolicyError::UnknownOperation(bounded(m.split('`').nth(1).unwrap_or_default()))
             }
-            m => PolicyError::Malformed(m),
+            m => PolicyError::Malformed(bounded(&m)),
         })?;
         policy.validate()?;
         Ok(policy)

@@ -73,6 +73,9 @@ pub enum StartError {
     /// The approved policy in the sandbox directory is not valid.
     #[error("the sandbox's policy is not valid")]
     Policy(#[source] vm_protocol::policy::PolicyError),
+    /// The approved policy in the sandbox directory cannot be read.
+    #[error("cannot read the sandbox's policy")]
+    PolicyUnreadable(#[source] std::io::Error),
     /// `jail` confinement without an id for the VMM.
     #[error("jail confinement needs --jail-id")]
     NoJailId,

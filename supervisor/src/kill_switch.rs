@@ -6,8 +6,8 @@
 //!
 //! A VMM runs niced (`crate::vmm::VMM_NICE`); a dying one is no longer data plane, and at nice 10 beside busy
 //! control-plane processes its exit (every one of its threads must run once to exit) can wait hundreds of
-//! milliseconds for CPU. So the switch first raises every VMM thread to [`DYING_NICE`]: a SIGKILLed thread
-//! runs no more user code, only its exit, so the boost cannot be abused (permitted when the supervisor runs
+//! milliseconds for CPU. So right after the kill the switch raises every VMM thread to [`DYING_NICE`]: a
+//! SIGKILLed thread runs no more user code, only its exit, so the boost cannot be abused (permitted when the supervisor runs
 //! as root; otherwise it is skipped and the exit keeps the VMM's priority).
 
 use std::os::fd::OwnedFd;
@@ -36,12 +36,14 @@ impl KillSwitch {
     /// Sends the VMM SIGKILL, if one was started.
     pub fn pull(&self) {
         if let Some((pid, pidfd)) = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref() {
-            // The VMM is our unreaped child until the event loop waits for it, so its threads are its own.
-            for thread in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
-                let tid = thread.file_name().to_str().and_then(|t| t.parse().ok()).and_then(Pid::from_raw);
-                let _ = rustix::process::setpriority_process(tid, DYING_NICE);
+            // The signal first, through the pidfd: it fails once the VMM was reaped, and then its pid may name
+            // another process, which must not be reniced. Until reaped, the pid (and its threads) are its own.
+            if pidfd_send_signal(pidfd, Signal::KILL).is_ok() {
+                for thread in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+                    let tid = thread.file_name().to_str().and_then(|t| t.parse().ok()).and_then(Pid::from_raw);
+                    let _ = rustix::process::setpriority_process(tid, DYING_NICE);
+                }
             }
-            let _ = pidfd_send_signal(pidfd, Signal::KILL);
         }
     }
 }

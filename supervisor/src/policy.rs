@@ -12,6 +12,7 @@
 use std::collections::BTreeSet;
 
 use vm_protocol::policy::{Operation, PolicyUpdate, SandboxPolicy, UpdateOutcome};
+use vm_protocol::Spawn;
 
 /// Why an operation was denied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +23,9 @@ pub enum Denial {
     ProgramNotAllowed,
     /// Admission is closed by a stale or invalid update.
     Closed,
+    /// Under an exec allow-list, a spawn that sets `PATH` or an `LD_*` variable (either would choose the code
+    /// that runs, whatever `argv[0]` says).
+    LookupOverride,
 }
 
 impl Denial {
@@ -31,6 +35,7 @@ impl Denial {
             Self::NotAllowed => "not allowed by the current policy revision",
             Self::ProgramNotAllowed => "the program is not in the policy's exec allow-list",
             Self::Closed => "admission is closed by a stale or invalid policy update",
+            Self::LookupOverride => "under an exec allow-list a spawn may not set PATH or LD_* variables",
         }
     }
 }
@@ -78,6 +83,20 @@ impl Gate {
             }
             _ => Ok(()),
         }
+    }
+
+    /// Admits a spawn: `exec`, of an allowed program, and under an allow-list without environment that would
+    /// change which code runs.
+    ///
+    /// # Errors
+    /// The [`Denial`].
+    pub fn admit_spawn(&self, spawn: &Spawn) -> Result<(), Denial> {
+        self.admit(Operation::Exec, spawn.argv.first().map(String::as_str))?;
+        let overrides = spawn.env.iter().any(|e| e.key == "PATH" || e.key.starts_with("LD_"));
+        if self.approved.exec_programs.is_some() && overrides {
+            return Err(Denial::LookupOverride);
+        }
+        Ok(())
     }
 
     /// Applies `update`, or refuses it and closes admission.
@@ -137,5 +156,24 @@ mod tests {
         assert_eq!(gate.update(&update(4, &[Operation::ListProcesses])), UpdateOutcome::Applied);
         assert_eq!(gate.admit(Operation::ListProcesses, None), Ok(()));
         assert_eq!(gate.revision(), 4);
+    }
+
+    #[test]
+    fn an_allow_list_refuses_environment_that_picks_the_code() {
+        let approved =
+            SandboxPolicy { allow: [Operation::Exec].into_iter().collect(), exec_programs: Some(vec!["echo".into()]) };
+        let gate = Gate::new(approved);
+        let spawn = |key: &str| Spawn {
+            id: vm_protocol::ProcId(1),
+            argv: vec!["echo".into()],
+            env: vec![vm_protocol::message::EnvVar { key: key.into(), value: "/tmp".into() }],
+            cwd: None,
+            pty: None,
+            output_window: 1,
+        };
+        assert_eq!(gate.admit_spawn(&spawn("HOME")), Ok(()));
+        assert_eq!(gate.admit_spawn(&spawn("PATH")), Err(Denial::LookupOverride));
+        assert_eq!(gate.admit_spawn(&spawn("LD_PRELOAD")), Err(Denial::LookupOverride));
+        assert_eq!(Gate::default().admit_spawn(&spawn("PATH")), Ok(()), "no allow-list, no restriction");
     }
 }

@@ -98,14 +98,18 @@ async fn supervise(
         (None, _, _) => None,
     };
     // The policy the driver approved, a trusted input like the arguments; without one, everything is allowed.
-    let policy = match std::fs::read_to_string(SandboxFile::Policy.name()).map(|t| SandboxPolicy::parse(&t)) {
-        Ok(Ok(policy)) => policy,
-        Ok(Err(e)) => {
-            let e = StartError::Policy(e);
+    // Only a missing file means "no policy": any other failure to read it must not open everything.
+    let policy = match std::fs::read_to_string(SandboxFile::Policy.name()) {
+        Ok(text) => SandboxPolicy::parse(&text).map_err(StartError::Policy),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(SandboxPolicy::default()),
+        Err(e) => Err(StartError::PolicyUnreadable(e)),
+    };
+    let policy = match policy {
+        Ok(policy) => policy,
+        Err(e) => {
             status::report(&SupervisorStatus::Failed { error: chain(&e) });
             return Err(e);
         }
-        Err(_) => SandboxPolicy::default(),
     };
     let allowed: Vec<&str> = policy.allow.iter().map(|o| o.as_str()).collect();
     let event =

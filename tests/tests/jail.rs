@@ -47,7 +47,7 @@ fn assert_jailed(vmm: i32) -> u32 {
     assert_eq!(field(&st, "CapBnd"), "0000000000000000");
     assert_eq!(field(&st, "NoNewPrivs"), "1");
     assert_eq!(field(&st, "Seccomp"), "2", "QEMU's seccomp filter is on");
-    for ns in ["mnt", "ipc", "uts"] {
+    for ns in ["mnt", "ipc", "uts", "net"] {
         let theirs = std::fs::read_link(format!("/proc/{vmm}/ns/{ns}")).unwrap();
         assert_ne!(theirs, std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap(), "{ns} namespace shared");
     }
@@ -120,8 +120,10 @@ fn escape(t: &Targets, outside: &Path, jailed: bool) -> String {
     let st = status(t.vmm.pid);
     let (uid, gid) = (one_id(&field(&st, "Uid")), one_id(&field(&st, "Gid")));
     let seen_as = if jailed { PathBuf::from("/escape-probe") } else { placed.clone() };
+    // A loopback listener of the host's, as the OTLP collector or a readiness endpoint would be.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let out = Command::new("nsenter")
-        .args(["--target", &t.vmm.pid.to_string(), "--mount", "--ipc", "--uts", "--root", "--wd"])
+        .args(["--target", &t.vmm.pid.to_string(), "--mount", "--ipc", "--uts", "--net", "--root", "--wd"])
         .args(["--setuid", &uid.to_string(), "--setgid", &gid.to_string()])
         .arg(&seen_as)
         .arg(&t.serve.socket)
@@ -130,6 +132,7 @@ fn escape(t: &Targets, outside: &Path, jailed: bool) -> String {
         .arg(t.other.supervisor.pid.to_string())
         .arg(t.other.vmm.unwrap().pid.to_string())
         .arg(outside)
+        .arg(listener.local_addr().unwrap().to_string())
         .env_clear()
         .output()
         .unwrap();
@@ -139,7 +142,7 @@ fn escape(t: &Targets, outside: &Path, jailed: bool) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "the probe ran");
-    assert_eq!(report.lines().count(), 6, "every attempt reported");
+    assert_eq!(report.lines().count(), 7, "every attempt reported");
     report
 }
 

@@ -110,8 +110,12 @@ fn an_exec_allow_list_admits_only_its_programs_and_bad_policies_are_refused_at_c
     assert!(delivered(&exec_echo(&serve, "r", "listed"), "listed"));
     let out = serve.cli("exec", &["r", "--", "sh", "-c", "echo unlisted"]);
     assert!(!out.status.success() && !text(&out).contains("unlisted\n"), "{}", text(&out));
+    // A listed name with a PATH of the client's choosing would run any binary called `echo`.
+    let out = serve.cli("exec", &["-e", "PATH=/tmp", "r", "--", "echo", "listed"]);
+    assert!(!out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("listed"), "{}", text(&out));
     let findings = messages(&serve, "r", 2004);
     assert!(findings.iter().any(|f| f.contains("exec allow-list")), "{findings:?}");
+    assert!(findings.iter().any(|f| f.contains("PATH or LD_")), "{findings:?}");
     for (bad, says) in [
         (r#"{"allow":["exec","teleport"]}"#, "unknown operation"),
         (r#"{"allow":["stdin"],"exec_programs":["echo"]}"#, "exec is not allowed"),

@@ -26,29 +26,54 @@ pub struct VmmLimits {
 /// The CFS period the CPU quota is expressed in, µs.
 const CPU_PERIOD_US: u64 = 100_000;
 
-/// Creates the VMM's cgroups with `limits`, records them in `sandbox_dir` and returns them; empty where the
-/// host has no memory or pids controller we may use (said once, by the caller's startup line).
-pub fn create(name: &str, sandbox_dir: &Path, limits: VmmLimits) -> Vec<PathBuf> {
-    let made = match super::mount_point().filter(|m| v2_has_controllers(m)) {
-        Some(v2) => v2_create(&v2, name, limits).into_iter().collect(),
-        None => v1_create(name, limits),
+/// Creates the VMM's cgroups with `limits`, records them in `sandbox_dir` and returns them. None where the host
+/// has no memory and pids controllers we may use (the driver says so once, at start).
+///
+/// # Errors
+/// The host has them but they could not be set up: the caller fails the start rather than run a VMM without
+/// the limits its events would claim.
+pub fn create(name: &str, sandbox_dir: &Path, limits: VmmLimits) -> std::io::Result<Vec<PathBuf>> {
+    let made = match available() {
+        Err(_) => return Ok(Vec::new()),
+        Ok(Kind::V2(mount)) => vec![v2_create(&mount, name, limits)?],
+        Ok(Kind::V1) => v1_create(name, limits)?,
     };
     let text: Vec<String> = made.iter().map(|p| p.display().to_string()).collect();
-    if fs::write(sandbox_dir.join(SandboxFile::VmmCgroups.name()), text.join("\n")).is_err() {
+    if let Err(e) = fs::write(sandbox_dir.join(SandboxFile::VmmCgroups.name()), text.join("\n")) {
         remove(&made);
-        return Vec::new();
+        return Err(e);
     }
-    made
+    Ok(made)
 }
 
-/// Whether VMM limits can be set here, and how: `cgroup v2`, `cgroup v1`, or why not.
-pub fn available() -> Result<&'static str, &'static str> {
-    if super::mount_point().is_some_and(|m| v2_has_controllers(&m)) {
-        Ok("cgroup v2")
-    } else if v1_mount("memory").is_some() && v1_mount("pids").is_some() {
-        Ok("cgroup v1")
-    } else {
-        Err("no cgroup memory and pids controllers")
+/// Which hierarchy holds the limits.
+#[derive(Debug)]
+pub enum Kind {
+    /// cgroup v2, mounted here, with the `memory` and `pids` controllers.
+    V2(PathBuf),
+    /// cgroup v1 `memory` and `pids` hierarchies (a hybrid host).
+    V1,
+}
+
+impl Kind {
+    /// For the start-up line.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::V2(_) => "cgroup v2",
+            Self::V1 => "cgroup v1",
+        }
+    }
+}
+
+/// Whether VMM limits can be set here, and in which hierarchy, or why not.
+///
+/// # Errors
+/// Fixed text: neither hierarchy has the controllers.
+pub fn available() -> Result<Kind, &'static str> {
+    match super::mount_point().filter(|m| v2_has_controllers(m)) {
+        Some(mount) => Ok(Kind::V2(mount)),
+        None if v1_mount("memory").is_some() && v1_mount("pids").is_some() => Ok(Kind::V1),
+        None => Err("no cgroup memory and pids controllers"),
     }
 }
 
@@ -58,35 +83,30 @@ fn v2_has_controllers(mount: &Path) -> bool {
     has("memory") && has("pids")
 }
 
-fn v2_create(mount: &Path, name: &str, limits: VmmLimits) -> Option<PathBuf> {
+fn v2_create(mount: &Path, name: &str, limits: VmmLimits) -> std::io::Result<PathBuf> {
     let parent = mount.join("vm-driver");
-    fs::create_dir_all(&parent).ok()?;
+    fs::create_dir_all(&parent)?;
     let cpu = if limits.cpu_percent.is_some() { " +cpu" } else { "" };
-    fs::write(parent.join("cgroup.subtree_control"), format!("+memory +pids{cpu}")).ok()?;
+    fs::write(parent.join("cgroup.subtree_control"), format!("+memory +pids{cpu}"))?;
     let dir = parent.join(format!("{name}-vmm"));
-    fs::create_dir(&dir).ok()?;
-    let mut writes = vec![
-        ("memory.max", (limits.memory_mib << 20).to_string()),
-        // No swap: a VMM over its memory is stopped, not slowed to a crawl.
-        ("memory.swap.max", "0".to_owned()),
-        ("pids.max", limits.pids.to_string()),
-    ];
+    fs::create_dir(&dir)?;
+    let mut writes = vec![("memory.max", bytes(limits.memory_mib)), ("pids.max", limits.pids.to_string())];
     if let Some(percent) = limits.cpu_percent {
         writes.push(("cpu.max", format!("{} {CPU_PERIOD_US}", CPU_PERIOD_US * u64::from(percent) / 100)));
     }
-    // memory.swap.max is missing without swap accounting: not fatal.
-    for (file, value) in writes {
-        if fs::write(dir.join(file), value).is_err() && file != "memory.swap.max" {
-            let _ = fs::remove_dir(&dir);
-            return None;
-        }
+    let set = writes.iter().try_for_each(|(file, value)| fs::write(dir.join(file), value));
+    if let Err(e) = set {
+        let _ = fs::remove_dir(&dir);
+        return Err(e);
     }
-    Some(dir)
+    // No swap: a VMM over its memory is stopped, not slowed to a crawl. Missing without swap accounting.
+    let _ = fs::write(dir.join("memory.swap.max"), "0");
+    Ok(dir)
 }
 
-fn v1_create(name: &str, limits: VmmLimits) -> Vec<PathBuf> {
+fn v1_create(name: &str, limits: VmmLimits) -> std::io::Result<Vec<PathBuf>> {
     let mut wanted = vec![
-        ("memory", vec![("memory.limit_in_bytes", (limits.memory_mib << 20).to_string())]),
+        ("memory", vec![("memory.limit_in_bytes", bytes(limits.memory_mib))]),
         ("pids", vec![("pids.max", limits.pids.to_string())]),
     ];
     if let Some(percent) = limits.cpu_percent {
@@ -98,20 +118,26 @@ fn v1_create(name: &str, limits: VmmLimits) -> Vec<PathBuf> {
     }
     let mut made = Vec::new();
     for (controller, writes) in wanted {
-        let dir = v1_mount(controller).map(|m| m.join("vm-driver").join(format!("{name}-vmm")));
-        let ok = dir.as_ref().is_some_and(|dir| {
-            fs::create_dir_all(dir).is_ok()
-                && writes.iter().all(|(file, value)| fs::write(dir.join(file), value).is_ok())
-        });
-        match dir {
-            Some(dir) if ok => made.push(dir),
-            _ => {
-                remove(&made);
-                return Vec::new();
-            }
+        let Some(mount) = v1_mount(controller) else {
+            remove(&made);
+            return Err(std::io::ErrorKind::NotFound.into());
+        };
+        let dir = mount.join("vm-driver").join(format!("{name}-vmm"));
+        let set = fs::create_dir_all(&dir)
+            .and_then(|()| writes.iter().try_for_each(|(file, value)| fs::write(dir.join(file), value)));
+        // Recorded before its writes are checked, so a failure removes it too.
+        made.push(dir);
+        if let Err(e) = set {
+            remove(&made);
+            return Err(e);
         }
     }
-    made
+    Ok(made)
+}
+
+/// MiB as a byte count, saturating.
+fn bytes(mib: u64) -> String {
+    mib.saturating_mul(1 << 20).to_string()
 }
 
 /// The mount point of the cgroup v1 hierarchy that has `controller`.

@@ -118,6 +118,9 @@ pub enum StartError {
     /// The supervisor could not be started.
     #[error(transparent)]
     Supervisor(#[from] SupervisorError),
+    /// The VMM's cgroup limits could not be set up.
+    #[error("cannot set up the VMM's cgroup limits")]
+    Limits(#[source] std::io::Error),
     /// The policy could not be written for the supervisor.
     #[error("cannot write the sandbox's policy")]
     Policy(#[source] std::io::Error),
@@ -188,11 +191,15 @@ pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
     };
     let cgroup = crate::cgroup::create(&spec.id, dir);
     let vmm_cgroups = if spec.jail.confinement == Confinement::Jail {
-        let name = cgroup
-            .as_ref()
-            .and_then(|c| c.file_name())
-            .map_or_else(|| spec.id.to_string(), |n| n.to_string_lossy().into_owned());
-        crate::cgroup::limits::create(&name, dir, spec.jail.limits(u64::from(spec.shape.memory_mib())))
+        // Named like the sandbox's cgroup, always with a fresh random part (v1 keeps a stale one's counters).
+        let name = format!("{}-{}", spec.id, crate::state::random_hex::<4>().unwrap_or_default());
+        match crate::cgroup::limits::create(&name, dir, spec.jail.limits(u64::from(spec.shape.memory_mib()))) {
+            Ok(made) => made,
+            Err(e) => {
+                reap::end_generation(&spec.layout, cgroup.as_deref(), EndReason::Failed);
+                return Err(StartError::Limits(e));
+            }
+        }
     } else {
         Vec::new()
     };

@@ -254,6 +254,9 @@ impl Driver for Api {
     async fn update_policy(&self, req: Request<UpdatePolicyRequest>) -> Result<Response<UpdatePolicyResponse>, Status> {
         let req = req.into_inner();
         let id = sandbox_id(&req.sandbox_id)?;
+        if req.revision == 0 {
+            return Err(Status::invalid_argument("revision 0 is the policy approved at create; updates start at 1"));
+        }
         let allow = req
             .allow
             .iter()

@@ -23,17 +23,22 @@ pub fn limit(own_uid: bool) -> Result<(), JailError> {
     Ok(())
 }
 
-/// The group that may open `/dev/kvm`: the jailed VMM gets it as its only supplementary group.
-pub fn kvm_group() -> Result<u32, JailError> {
-    std::fs::metadata("/dev/kvm").map(|m| m.gid()).map_err(JailError::step("find /dev/kvm"))
+/// The group that may open `/dev/kvm`: the jailed VMM gets it as its only supplementary group (never group 0).
+pub fn kvm_group() -> Result<Option<u32>, JailError> {
+    let gid = std::fs::metadata("/dev/kvm").map(|m| m.gid()).map_err(JailError::step("find /dev/kvm"))?;
+    Ok((gid != 0).then_some(gid))
+}
+
+/// The kernel's highest capability number, read before the jail hides `/proc` (63, every bit, if unreadable).
+pub fn last_capability() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(63)
 }
 
 /// Empties the capability bounding set, so nothing QEMU execs later could regain one.
-fn empty_bounding_set() -> Result<(), JailError> {
-    let last: u32 =
-        std::fs::read_to_string("/proc/sys/kernel/cap_last_cap").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(40);
-    for bit in 0..=last {
-        let Some(cap) = CapabilitySet::from_bits(1 << bit) else { continue };
+fn empty_bounding_set(last: u32) -> Result<(), JailError> {
+    for bit in 0..=last.min(63) {
+        // Every bit is a valid set (rustix's flags are open-ended), and a single bit names one capability.
+        let cap = CapabilitySet::from_bits_retain(1 << bit);
         match remove_capability_from_bounding_set(cap) {
             // A capability this kernel does not know is not in the set.
             Ok(()) | Err(rustix::io::Errno::INVAL) => {}
@@ -45,8 +50,8 @@ fn empty_bounding_set() -> Result<(), JailError> {
 
 /// Root: becomes `ids` (with `kvm_group` as the only supplementary group). Leaving uid 0 without
 /// `SECBIT_KEEP_CAPS` clears the permitted, effective and ambient sets; they are cleared again to be sure.
-pub fn drop_to(ids: JailIds, kvm_group: Option<u32>) -> Result<(), JailError> {
-    empty_bounding_set()?;
+pub fn drop_to(ids: JailIds, kvm_group: Option<u32>, last_cap: u32) -> Result<(), JailError> {
+    empty_bounding_set(last_cap)?;
     let groups: Vec<Gid> = kvm_group.into_iter().map(Gid::from_raw).collect();
     setgroups(&groups).map_err(JailError::errno("set the supplementary groups"))?;
     let (uid, gid) = (Uid::from_raw(ids.uid), Gid::from_raw(ids.gid));
@@ -66,8 +71,8 @@ pub fn map_self(uid: u32, gid: u32) -> Result<(), JailError> {
 }
 
 /// In a user namespace, after the mounts: gives up the namespace's capabilities.
-pub fn drop_capabilities() -> Result<(), JailError> {
-    empty_bounding_set()?;
+pub fn drop_capabilities(last_cap: u32) -> Result<(), JailError> {
+    empty_bounding_set(last_cap)?;
     clear_capabilities()
 }
 

@@ -22,6 +22,14 @@ use clap::Parser;
 use nix::sched::{unshare, CloneFlags};
 use vm_contract::jail::{Confinement, JailerArgs, PROBE_USERNS};
 
+/// The namespaces every jail gets: mounts (the jail root), IPC, host name, and network: QEMU has no network
+/// device, and without its own network namespace an escaped QEMU could reach loopback services (the OTLP
+/// collector, readiness listeners) and every abstract Unix socket on the host.
+const JAIL_NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWNS
+    .union(CloneFlags::CLONE_NEWIPC)
+    .union(CloneFlags::CLONE_NEWUTS)
+    .union(CloneFlags::CLONE_NEWNET);
+
 /// What went wrong, as fixed text and the OS error.
 #[derive(Debug, thiserror::Error)]
 pub enum JailError {
@@ -34,6 +42,9 @@ pub enum JailError {
     /// An argument holds a NUL byte.
     #[error("an argument holds a NUL byte")]
     Nul,
+    /// No program to exec.
+    #[error("no QEMU command line after --")]
+    NoProgram,
 }
 
 impl JailError {
@@ -69,31 +80,26 @@ fn confine_and_exec(args: &JailerArgs) -> Result<Infallible, JailError> {
             .map_err(JailError::step("join the VMM's cgroup"))?;
     }
     fds::close_on_exec_beyond_stdio()?;
+    // Read while /proc is still there: the jail has none.
+    let last_cap = creds::last_capability();
     rustix::process::setpriority_process(None, i32::from(args.nice))
         .map_err(|e| JailError::step("set the niceness")(e.into()))?;
     match args.confinement {
         Confinement::Jail => {
             let ids = args.ids().ok_or(JailError::NoIds)?;
-            let kvm_group = if args.kvm { Some(creds::kvm_group()?) } else { None };
-            unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWIPC | CloneFlags::CLONE_NEWUTS)
-                .map_err(JailError::errno("create the namespaces"))?;
+            let kvm_group = if args.kvm { creds::kvm_group()? } else { None };
+            unshare(JAIL_NAMESPACES).map_err(JailError::errno("create the namespaces"))?;
             root::enter(args)?;
             creds::limit(true)?;
-            creds::drop_to(ids, kvm_group)?;
+            creds::drop_to(ids, kvm_group, last_cap)?;
         }
         Confinement::Userns => {
             let (uid, gid) = (rustix::process::getuid(), rustix::process::getgid());
-            unshare(
-                CloneFlags::CLONE_NEWUSER
-                    | CloneFlags::CLONE_NEWNS
-                    | CloneFlags::CLONE_NEWIPC
-                    | CloneFlags::CLONE_NEWUTS,
-            )
-            .map_err(JailError::errno("create the namespaces"))?;
+            unshare(CloneFlags::CLONE_NEWUSER | JAIL_NAMESPACES).map_err(JailError::errno("create the namespaces"))?;
             creds::map_self(uid.as_raw(), gid.as_raw())?;
             root::enter(args)?;
             creds::limit(false)?;
-            creds::drop_capabilities()?;
+            creds::drop_capabilities(last_cap)?;
         }
         Confinement::None => {
             rustix::process::chdir(&args.root).map_err(|e| JailError::step("enter the VMM directory")(e.into()))?;
@@ -108,7 +114,7 @@ fn confine_and_exec(args: &JailerArgs) -> Result<Infallible, JailError> {
 fn exec(argv: &[OsString]) -> Result<Infallible, JailError> {
     let argv: Vec<CString> =
         argv.iter().map(|a| CString::new(a.as_bytes()).map_err(|_| JailError::Nul)).collect::<Result<_, _>>()?;
-    let program = argv.first().ok_or(JailError::Nul)?;
+    let program = argv.first().ok_or(JailError::NoProgram)?;
     let env: [CString; 0] = [];
     let Err(e) = nix::unistd::execve(program, &argv, &env);
     Err(JailError::errno("execute QEMU")(e))

@@ -1,6 +1,8 @@
 //! The jail's file system: a private mount namespace whose root is the VMM directory, holding only what
 //! QEMU needs, read-only but for its two sockets.
 //!
+//! Its own network namespace (no interface but a down loopback) is made with it (`JAIL_NAMESPACES`).
+//!
 //! Inside: QEMU's binary at its own path; the shared-library and firmware directories (`/lib`, `/lib64`,
 //! `/usr/lib`, `/usr/lib64`, `/usr/share/qemu`, or symlinks to them as on the host); the guest kernel and
 //! initramfs as `/kernel` and `/initrd`; `/dev/null`, `/dev/urandom` and, for KVM, `/dev/kvm`. No shell, no
@@ -44,7 +46,7 @@ pub fn enter(args: &JailerArgs) -> Result<(), JailError> {
             _ => {}
         }
     }
-    let qemu = args.exec.first().map(PathBuf::from).ok_or(JailError::Nul)?;
+    let qemu = args.exec.first().map(PathBuf::from).ok_or(JailError::NoProgram)?;
     bind_read_only(&qemu, &inside(root, &qemu), false)?;
     bind_read_only(&args.kernel, &root.join(JAIL_KERNEL), false)?;
     bind_read_only(&args.initrd, &root.join(JAIL_INITRD), false)?;

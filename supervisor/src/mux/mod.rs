@@ -210,11 +210,11 @@ impl Mux {
             return Ok(Vec::new());
         }
         if let Some(op) = operation(&msg) {
-            let program = match &msg {
-                ToGuest::Spawn(spawn) => spawn.argv.first().map(String::as_str),
-                _ => None,
+            let admitted = match &msg {
+                ToGuest::Spawn(spawn) => self.gate.admit_spawn(spawn),
+                _ => self.gate.admit(op, None),
             };
-            if let Err(denial) = self.gate.admit(op, program) {
+            if let Err(denial) = admitted {
                 return Ok(self.deny(client, &msg, op, denial));
             }
         }

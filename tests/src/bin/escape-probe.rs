@@ -2,14 +2,15 @@
 //! VMM's uid, gid, namespaces and root. Each attempt prints `NAME ok` or `NAME denied: ERROR`.
 //!
 //! Usage: escape-probe API_SOCKET OTHER_ATTACH_SOCKET DRIVER_PID SUPERVISOR_PID OTHER_VMM_PID OUTSIDE_FILE
+//! LOOPBACK_TCP_ADDR
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::os::unix::net::UnixStream;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [api, attach, driver, supervisor, vmm, outside] = args.as_slice() else {
-        eprintln!("usage: escape-probe API ATTACH DRIVER_PID SUPERVISOR_PID VMM_PID OUTSIDE_FILE");
+    let [api, attach, driver, supervisor, vmm, outside, tcp] = args.as_slice() else {
+        eprintln!("usage: escape-probe API ATTACH DRIVER_PID SUPERVISOR_PID VMM_PID OUTSIDE_FILE TCP_ADDR");
         std::process::exit(2);
     };
     let report = |name: &str, result: Result<(), String>| match result {
@@ -25,4 +26,10 @@ fn main() {
     // SIGCONT: a real signal that does no harm to a running VMM.
     report("signal-other-vmm", nix::sys::signal::kill(pid, nix::sys::signal::SIGCONT).map_err(|e| e.to_string()));
     report("write-outside", std::fs::write(outside, b"escaped").map_err(|e| e.to_string()));
+    let timeout = std::time::Duration::from_secs(2);
+    let addr: std::net::SocketAddr = tcp.parse().expect("an address");
+    report(
+        "connect-loopback-tcp",
+        std::net::TcpStream::connect_timeout(&addr, timeout).map(drop).map_err(|e| e.to_string()),
+    );
 }
