@@ -204,20 +204,21 @@ fn all_events(state: &Path) -> String {
     text
 }
 
+/// A launch of a 256 MiB guest that fills 140 MiB of its memory (two tmpfs, the root and /run, each up to half
+/// of it: the guest's pages become QEMU's), with no VMM memory beyond the guest's, and `flags`.
+fn fill_guest_memory(s: &Scratch, flags: &[&str]) -> vm_e2e::Outcome {
+    let fill = "dd if=/dev/zero of=/big bs=1M count=120 2>/dev/null; dd if=/dev/zero of=/run/big bs=1M count=40 \
+                2>/dev/null; echo survived";
+    let launch = Launch::new(s, &["/bin/sh", "-c", fill]);
+    ["--memory", "256", "--vmm-memory-overhead", "0"].iter().chain(flags).fold(launch, |l, f| l.flag(f)).run()
+}
+
 /// With no room beyond its guest's memory (`--vmm-memory-overhead 0`), a VMM whose guest fills its memory
 /// grows past its cgroup limit: it is killed, the launch fails, and the supervisor reports why.
 #[test]
 fn a_vmm_over_its_memory_limit_is_stopped_and_reported() {
     let s = Scratch::new("jail-memory");
-    // Two tmpfs (the root and /run), each up to half the guest's memory: the guest's pages become QEMU's.
-    let fill = "dd if=/dev/zero of=/big bs=1M count=120 2>/dev/null; dd if=/dev/zero of=/run/big bs=1M count=40 \
-                2>/dev/null; echo survived";
-    let out = Launch::new(&s, &["/bin/sh", "-c", fill])
-        .flag("--memory")
-        .flag("256")
-        .flag("--vmm-memory-overhead")
-        .flag("0")
-        .run();
+    let out = fill_guest_memory(&s, &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(!stdout.contains("survived") && out.code != Some(0), "the VMM outgrew its limit unharmed: {stdout}");
     let events = all_events(&s.state());
@@ -246,16 +247,7 @@ fn a_vmm_at_its_pids_limit_is_refused_and_reported() {
 #[test]
 fn control_without_the_jail_a_vmm_outgrows_the_same_limit() {
     let s = Scratch::new("jail-memory-ctl");
-    let fill = "dd if=/dev/zero of=/big bs=1M count=120 2>/dev/null; dd if=/dev/zero of=/run/big bs=1M count=40 \
-                2>/dev/null; echo survived";
-    let out = Launch::new(&s, &["/bin/sh", "-c", fill])
-        .flag("--memory")
-        .flag("256")
-        .flag("--vmm-memory-overhead")
-        .flag("0")
-        .flag("--confinement")
-        .flag("none")
-        .run();
+    let out = fill_guest_memory(&s, &["--confinement", "none"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("survived") && out.code == Some(0));
     let s = Scratch::new("jail-pids-ctl");
     let serve = Serve::with(&s, &[], &["--vmm-pids-max", "2", "--confinement", "none"]);
