@@ -122,38 +122,40 @@ async fn supervise(
         // Without the liveness thread the VM could outlive the driver; refuse to run.
         crate::liveness::watch_stdin(senders.clone()).map_err(StartError::Liveness)?;
     }
-    let Booted { mut vmm, mut lease, link, attach, logs } = match boot::boot(args, &senders, &mut inbox.stop).await {
-        Ok(booted) => booted,
-        Err(e) => {
-            let mut error = chain(&e);
-            if e.concerns_the_guest() {
-                error.push_str(&tails(&[SandboxFile::VmmLog.name(), SandboxFile::Console.name()]));
-            }
-            if matches!(e, StartError::VmmExitedDuringBoot { .. }) {
-                for hit in crate::vmm_limits::hits(&args.vmm_cgroups) {
-                    error.push_str(&format!("; {}", hit.describe()));
-                    let event = telemetry.source().finding(Finding::VmmLimit, hit.describe());
+    let Booted { mut vmm, vmm_record, mut lease, link, attach, logs } =
+        match boot::boot(args, &senders, &mut inbox.stop).await {
+            Ok(booted) => booted,
+            Err(e) => {
+                let mut error = chain(&e);
+                if e.concerns_the_guest() {
+                    error.push_str(&tails(&[SandboxFile::VmmLog.name(), SandboxFile::Console.name()]));
+                }
+                if matches!(e, StartError::VmmExitedDuringBoot { .. }) {
+                    for hit in crate::vmm_limits::hits(&args.vmm_cgroups) {
+                        error.push_str(&format!("; {}", hit.describe()));
+                        let event = telemetry.source().finding(Finding::VmmLimit, hit.describe());
+                        telemetry.emit(event);
+                    }
+                }
+                if e.is_bad_handshake() {
+                    let event = telemetry
+                        .source()
+                        .finding(Finding::GuestProtocolViolation, "the guest agent's handshake failed");
                     telemetry.emit(event);
                 }
-            }
-            if e.is_bad_handshake() {
-                let event =
-                    telemetry.source().finding(Finding::GuestProtocolViolation, "the guest agent's handshake failed");
+                let event = telemetry.source().lifecycle(Lifecycle::Start, &sandbox, Status::Failure, Some(chain(&e)));
                 telemetry.emit(event);
+                status::report(&SupervisorStatus::Failed { error });
+                return Err(e);
             }
-            let event = telemetry.source().lifecycle(Lifecycle::Start, &sandbox, Status::Failure, Some(chain(&e)));
-            telemetry.emit(event);
-            status::report(&SupervisorStatus::Failed { error });
-            return Err(e);
-        }
-    };
+        };
     let vm = AppInfo { name: "microvm".into(), version: link.hello.software_label() };
     crate::attach_server::serve(attach, link.hello.capabilities, senders.clone());
     for app in [&vm, &sandbox] {
         let event = telemetry.source().lifecycle(Lifecycle::Start, app, Status::Success, None);
         telemetry.emit(event);
     }
-    status::report(&SupervisorStatus::Ready { vmm_pid: vmm.id().unwrap_or(0), agent: vm.version.clone() });
+    status::report(&SupervisorStatus::Ready { vmm_pid: vmm_record.pid.unsigned_abs(), agent: vm.version.clone() });
     tracing::info!(sandbox = %args.sandbox_id, agent = %vm.version, "sandbox ready");
     let session = session.map(|s| tokio::spawn(crate::session::run(s, senders.clone())).abort_handle());
     let boundary = crate::serve::Boundary { guest: link.tx, policy };

@@ -18,6 +18,7 @@
 //! | sandbox ids and shapes | [`ids::SandboxId`], [`shape::SandboxShape`] | user -> driver -> supervisor |
 //! | the accelerator | [`accel::AccelChoice`], [`accel::Accelerator`] | user -> driver -> supervisor |
 //! | QEMU's confinement and `vm-jailer`'s argv | [`jail::Confinement`], [`jail::JailerArgs`] | driver -> supervisor -> jailer |
+//! | QEMU's pid, on the jailer's stdout | [`jail::vmm_pid_line`] | jailer -> supervisor |
 //! | what may be logged | [`logs`] | all |
 //! | test-build switches | [`test_control::TestControl`] | tests -> all |
 #![forbid(unsafe_code)]
