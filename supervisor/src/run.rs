@@ -100,7 +100,7 @@ async fn supervise(
     // The policy the driver approved, a trusted input like the arguments; without one, everything is allowed.
     // Only a missing file means "no policy": any other failure to read it must not open everything.
     let policy = match std::fs::read_to_string(SandboxFile::Policy.name()) {
-        Ok(text) => SandboxPolicy::parse(&text).map_err(StartError::Policy),
+        Ok(text) => SandboxPolicy::parse(&text, &vm_protocol::identity::WORKLOAD).map_err(StartError::Policy),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(SandboxPolicy::default()),
         Err(e) => Err(StartError::PolicyUnreadable(e)),
     };

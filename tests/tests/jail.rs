@@ -283,7 +283,7 @@ fn all_events(state: &Path) -> String {
 /// A launch of a 256 MiB guest that fills 140 MiB of its memory (two tmpfs, the root and /run, each up to half
 /// of it: the guest's pages become QEMU's), with no VMM memory beyond the guest's, and `flags`.
 fn fill_guest_memory(s: &Scratch, flags: &[&str]) -> vm_e2e::Outcome {
-    let fill = "dd if=/dev/zero of=/big bs=1M count=120 2>/dev/null; dd if=/dev/zero of=/run/big bs=1M count=40 \
+    let fill = "dd if=/dev/zero of=/tmp/big bs=1M count=120 2>/dev/null; dd if=/dev/zero of=/run/big bs=1M count=40 \
                 2>/dev/null; echo survived";
     let launch = Launch::new(s, &["/bin/sh", "-c", fill]);
     ["--memory", "256", "--vmm-memory-overhead", "0"].iter().chain(flags).fold(launch, |l, f| l.flag(f)).run()

@@ -42,6 +42,7 @@ controls! {
     NoVmmWatch = "no-vmm-watch": "driver: the VMM's exit is not watched, so a hung supervisor keeps its sandbox ready.",
     SessionGateSignals = "session-gate-signals": "driver: fault injection, SIGUSR1 drops every supervisor session and holds new ones, SIGUSR2 lets them in.",
     PulseWriteOnly = "pulse-write-only": "supervisor: a pulse that was written counts, echoed or not.",
+    UnserializedPolicy = "unserialized-policy": "supervisor: a policy update is acknowledged on receipt and applied only after the next client message (the serialization with dispatch dropped).",
     NoGuestInvariants = "no-guest-invariants": "supervisor: the guest's messages are routed but not checked (one Started, no empty data, plausible statuses).",
     JsonlSinkFails = "jsonl-sink-fails": "supervisor: fault injection, every write to events.jsonl fails (ENOSPC).",
     NoTelemetryLimits = "no-telemetry-limits": "supervisor: no rate limit on events and no cap on events.jsonl.",
