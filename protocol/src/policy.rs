@@ -76,8 +76,8 @@ pub const MAX_PROGRAMS: usize = 256;
 pub const MAX_PROGRAM_BYTES: usize = 4096;
 /// Largest policy document, bytes.
 pub const MAX_POLICY_BYTES: usize = 256 * 1024;
-/// The highest `caps.max_processes`: the supervisor's own bound on a sandbox's processes.
-pub const MAX_PROCESSES_CAP: u32 = 4096;
+/// The highest `caps.max_processes`, and the supervisor's own bound on a sandbox's processes.
+pub const MAX_PROCESSES_CAP: u32 = 256;
 
 /// Why a policy or an update is not valid.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -253,7 +253,7 @@ mod tests {
         assert_eq!(parse(r#"{"allow":["exec"],"run_as":{"user":"root"}}"#), Err(PolicyError::IdentityConflict("user")));
         assert_eq!(parse(r#"{"allow":["exec"],"run_as":{"group":"0"}}"#), Err(PolicyError::IdentityConflict("group")));
         assert_eq!(parse(r#"{"allow":["exec"],"caps":{"max_processes":0}}"#), Err(PolicyError::BadCap));
-        assert_eq!(parse(r#"{"allow":["exec"],"caps":{"max_processes":4097}}"#), Err(PolicyError::BadCap));
+        assert_eq!(parse(r#"{"allow":["exec"],"caps":{"max_processes":257}}"#), Err(PolicyError::BadCap));
         assert!(matches!(parse(r#"{"allow":[],"caps":{"cpu":1}}"#), Err(PolicyError::Malformed(_))));
         assert!(matches!(parse(r#"{"allow":[],"run_as":{"uid":0}}"#), Err(PolicyError::Malformed(_))));
     }

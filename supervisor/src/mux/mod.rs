@@ -51,8 +51,8 @@ fn operation(msg: &ToGuest) -> Option<Operation> {
 /// Processes that ended while detached and still wait for someone to collect their output and status.
 pub const MAX_FINISHED_DETACHED: usize = 64;
 
-/// Processes alive at once in one sandbox.
-pub const MAX_PROCESSES: usize = 256;
+/// Processes alive at once in one sandbox: also the highest process cap a policy may set.
+pub const MAX_PROCESSES: usize = vm_protocol::policy::MAX_PROCESSES_CAP as usize;
 
 /// Output windows of all live processes together. Past it a new process gets a smaller window, never less
 /// than [`MIN_WINDOW_BYTES`]: the guest output the supervisor can ever hold is at most this budget plus
