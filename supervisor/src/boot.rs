@@ -103,6 +103,9 @@ pub enum StartError {
     /// Told to stop before the VM was ready.
     #[error("stopped during boot")]
     StoppedDuringBoot,
+    /// The launch descriptor was not admitted.
+    #[error("the launch descriptor was refused")]
+    Descriptor(#[source] vm_contract::descriptor::Mismatch),
     /// The auth bundle is unreadable.
     #[error("cannot read the auth bundle")]
     Bundle(#[source] vm_contract::auth::BundleError),

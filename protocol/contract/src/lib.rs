@@ -10,6 +10,7 @@
 //! | exit statuses | [`exit::SupervisorExit`], [`exit::WatchdogExit`], [`exit::driver`] | child -> parent, driver -> user |
 //! | status lines on the supervisor's stdout | [`status::SupervisorStatus`] | supervisor -> driver |
 //! | secrets, in a 0600 file read once | [`auth::AuthBundle`] | driver -> supervisor |
+//! | the launch descriptor, admitted first | [`descriptor::LaunchDescriptor`], [`descriptor::Backend`] | driver -> supervisor |
 //! | processes for the reaper | [`pids::SandboxPids`], [`pids::ProcessRecord`] | supervisor -> driver |
 //! | how a generation ended | [`tombstone::Tombstone`], [`tombstone::EndReason`] | driver -> later drivers |
 //! | the session with `serve` | [`session::SessionHello`], [`session::Generation`], [`session::SessionId`] | supervisor <-> driver |
@@ -28,6 +29,7 @@ pub mod accel;
 pub mod args;
 pub mod attach;
 pub mod auth;
+pub mod descriptor;
 pub mod env;
 pub mod exit;
 pub mod ids;
