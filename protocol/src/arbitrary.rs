@@ -8,6 +8,7 @@ use std::ops::Range;
 
 use proptest::prelude::*;
 
+use crate::credentials::{CredentialRotation, RotationOutcome};
 use crate::flow::MAX_WINDOW_BYTES;
 use crate::handshake::{Capabilities, Hello, HELLO_MAGIC, PROTOCOL_VERSION};
 use crate::message::{EnvVar, ProcessSummary, Refusal, Spawn, ToGuest, ToHost, MAX_FAILURE_MESSAGE_BYTES};
@@ -90,6 +91,8 @@ pub fn to_guest(ids: Range<u32>, commands: Vec<Vec<String>>) -> impl Strategy<Va
         1 => Just(ToGuest::ListProcesses),
         1 => (any::<u64>(), prop::collection::vec(prop::sample::select(Operation::ALL.to_vec()), 0..7))
             .prop_map(|(revision, allow)| ToGuest::UpdatePolicy(PolicyUpdate { revision, allow })),
+        1 => (prop::option::of(prop::collection::vec((text(), text()), 0..3)), prop::option::of(text()))
+            .prop_map(|(headers, ca_path)| ToGuest::RotateCredentials(CredentialRotation { headers, ca_path })),
     ]
 }
 
@@ -129,5 +132,7 @@ pub fn to_host(ids: Range<u32>) -> impl Strategy<Value = ToHost> {
             .prop_map(|(id, status, message)| ToHost::SpawnFailed { id, status, message }),
         1 => (any::<u64>(), prop::sample::select(vec![UpdateOutcome::Applied, UpdateOutcome::Stale, UpdateOutcome::NotApproved]))
             .prop_map(|(revision, outcome)| ToHost::PolicyAck { revision, outcome }),
+        1 => prop::sample::select(vec![RotationOutcome::Applied, RotationOutcome::NoCollector, RotationOutcome::BadHeader, RotationOutcome::CaUnreadable, RotationOutcome::Empty])
+            .prop_map(|outcome| ToHost::CredentialsAck { outcome }),
     ]
 }
