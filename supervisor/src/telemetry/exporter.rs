@@ -54,7 +54,8 @@ fn grpc(endpoint: &str, credentials: &Credentials) -> Result<LogExporter, OtlpEr
         .with_endpoint(endpoint)
         .with_timeout(EXPORT_TIMEOUT)
         .with_metadata(metadata);
-    if let Some(ca) = &credentials.ca {
+    // A CA bundle matters for https:// only; tonic would refuse TLS settings on a plain endpoint.
+    if let Some(ca) = credentials.ca.as_ref().filter(|_| is_https(endpoint)) {
         builder = builder.with_tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca.pem())));
     }
     builder.build().map_err(|_| OtlpError::Build)
@@ -94,6 +95,11 @@ fn http_client(ca: Option<&CaBundle>) -> Result<reqwest::Client, OtlpError> {
         .map_err(|_| OtlpError::Build)
 }
 
+/// Whether `endpoint` asks for TLS.
+pub fn is_https(endpoint: &str) -> bool {
+    endpoint.trim_start().get(..8).is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"))
+}
+
 /// `http://host:4318` -> `http://host:4318/v1/logs`; a URL with a path is used as given.
 pub fn http_logs_url(endpoint: &str) -> String {
     let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
@@ -107,6 +113,12 @@ pub fn http_logs_url(endpoint: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_is_asked_for_by_the_scheme() {
+        assert!(is_https("https://c:4317") && is_https("HTTPS://c:4317"));
+        assert!(!is_https("http://c:4317") && !is_https("c:4317"));
+    }
 
     #[test]
     fn http_endpoints_get_the_logs_path() {

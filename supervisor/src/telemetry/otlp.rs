@@ -226,7 +226,7 @@ impl Otlp {
     /// [`OtlpError`] for a bad header, CA bundle or endpoint.
     pub fn start(settings: &OtlpSettings, resource: Resource) -> Result<Self, OtlpError> {
         let ca = settings.ca_path.as_deref().map(CaBundle::load).transpose().map_err(|_| OtlpError::Ca)?;
-        if ca.is_none() && settings.endpoint.trim_start().to_ascii_lowercase().starts_with("https://") {
+        if ca.is_none() && super::exporter::is_https(&settings.endpoint) {
             return Err(OtlpError::HttpsWithoutCa);
         }
         let credentials = Credentials { headers: settings.headers.clone(), ca };
@@ -442,6 +442,20 @@ mod tests {
         assert_eq!(severity(3), Severity::Warn);
         assert_eq!(severity(4), Severity::Error);
         assert_eq!(severity(6), Severity::Fatal4);
+    }
+
+    #[test]
+    fn https_needs_a_usable_ca_bundle() {
+        let settings = |ca: Option<&str>| OtlpSettings {
+            endpoint: "https://127.0.0.1:4317".into(),
+            protocol: Protocol::Grpc,
+            headers: vec![("authorization".into(), "Bearer s3cret".into())],
+            ca_path: ca.map(PathBuf::from),
+        };
+        let start = |ca| Otlp::start(&settings(ca), resource("sb", None)).err();
+        assert!(matches!(start(None), Some(OtlpError::HttpsWithoutCa)));
+        assert!(matches!(start(Some("/nonexistent/ca.pem")), Some(OtlpError::Ca)));
+        assert!(matches!(start(Some("/dev/null")), Some(OtlpError::Ca)), "not a regular file");
     }
 
     #[test]
