@@ -12,7 +12,7 @@ use opentelemetry_otlp::{LogExporter, Protocol as OtlpProtocol, WithExportConfig
 use opentelemetry_sdk::logs::LogExporter as _;
 use opentelemetry_sdk::Resource;
 
-use super::credentials::{CaBundle, Credentials};
+use super::credentials::{CaBundle, CaError, Credentials};
 use super::otlp::{OtlpError, Protocol, EXPORT_TIMEOUT};
 
 /// Everything an exporter is built from but the credentials.
@@ -80,7 +80,7 @@ fn http_client(ca: Option<&CaBundle>) -> Result<reqwest::Client, OtlpError> {
     let mut roots = rustls::RootCertStore::empty();
     if let Some(ca) = ca {
         for cert in ca.certificates() {
-            roots.add(cert).map_err(|_| OtlpError::Ca)?;
+            roots.add(cert).map_err(|_| OtlpError::Ca(CaError::NoCertificate))?;
         }
     }
     let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))

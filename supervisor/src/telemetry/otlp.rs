@@ -28,7 +28,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::credentials::{CaBundle, CredentialSlots, Credentials};
+use super::credentials::{CaBundle, CaError, CredentialSlots, Credentials};
 use super::exporter::ExporterSpec;
 
 /// Records kept waiting for the collector before new ones are dropped (and counted).
@@ -105,7 +105,7 @@ pub enum OtlpError {
     Build,
     /// The CA bundle cannot be used.
     #[error("the OTLP CA bundle cannot be used")]
-    Ca,
+    Ca(#[source] CaError),
     /// An `https://` endpoint without a CA bundle: no other roots are trusted.
     #[error("an https:// OTLP endpoint needs a CA bundle")]
     HttpsWithoutCa,
@@ -225,7 +225,7 @@ impl Otlp {
     /// # Errors
     /// [`OtlpError`] for a bad header, CA bundle or endpoint.
     pub fn start(settings: &OtlpSettings, resource: Resource) -> Result<Self, OtlpError> {
-        let ca = settings.ca_path.as_deref().map(CaBundle::load).transpose().map_err(|_| OtlpError::Ca)?;
+        let ca = settings.ca_path.as_deref().map(CaBundle::load).transpose().map_err(OtlpError::Ca)?;
         if ca.is_none() && super::exporter::is_https(&settings.endpoint) {
             return Err(OtlpError::HttpsWithoutCa);
         }
@@ -454,8 +454,9 @@ mod tests {
         };
         let start = |ca| Otlp::start(&settings(ca), resource("sb", None)).err();
         assert!(matches!(start(None), Some(OtlpError::HttpsWithoutCa)));
-        assert!(matches!(start(Some("/nonexistent/ca.pem")), Some(OtlpError::Ca)));
-        assert!(matches!(start(Some("/dev/null")), Some(OtlpError::Ca)), "not a regular file");
+        assert!(matches!(start(Some("/nonexistent/ca.pem")), Some(OtlpError::Ca(CaError::Unreadable))));
+        assert!(matches!(start(Some("/dev/null")), Some(OtlpError::Ca(CaError::Unreadable))), "not a regular file");
+        assert!(matches!(start(Some("ca.pem")), Some(OtlpError::Ca(CaError::NotAbsolute))));
     }
 
     #[test]
