@@ -11,6 +11,7 @@ use proptest::prelude::*;
 use crate::credentials::{CredentialRotation, RotationOutcome};
 use crate::flow::MAX_WINDOW_BYTES;
 use crate::handshake::{Capabilities, Hello, HELLO_MAGIC, PROTOCOL_VERSION};
+use crate::identity::{IdSelector, RunAs};
 use crate::message::{EnvVar, ProcessSummary, Refusal, Spawn, ToGuest, ToHost, MAX_FAILURE_MESSAGE_BYTES};
 use crate::policy::{Operation, PolicyUpdate, UpdateOutcome};
 use crate::process::{ExitStatus, ProcId, PtySize, SignalName, Stream};
@@ -89,11 +90,16 @@ pub fn to_guest(ids: Range<u32>, commands: Vec<Vec<String>>) -> impl Strategy<Va
         1 => (0..2000u32).prop_map(|grace_ms| ToGuest::Shutdown { grace_ms }),
         1 => (id, any::<u32>()).prop_map(|(id, pid)| ToGuest::Reattach { id, pid }),
         1 => Just(ToGuest::ListProcesses),
-        1 => (any::<u64>(), prop::collection::vec(prop::sample::select(Operation::ALL.to_vec()), 0..7))
-            .prop_map(|(revision, allow)| ToGuest::UpdatePolicy(PolicyUpdate { revision, allow })),
+        1 => (any::<u64>(), prop::collection::vec(prop::sample::select(Operation::ALL.to_vec()), 0..7), run_as())
+            .prop_map(|(revision, allow, run_as)| ToGuest::UpdatePolicy(PolicyUpdate { revision, allow, run_as })),
         1 => (prop::option::of(prop::collection::vec((text(), text()), 0..3)), prop::option::of(text()))
             .prop_map(|(headers, ca_path)| ToGuest::RotateCredentials(CredentialRotation { headers, ca_path })),
     ]
+}
+
+fn run_as() -> impl Strategy<Value = Option<RunAs>> {
+    let selector = || prop::option::of(text().prop_map(IdSelector));
+    prop::option::of((selector(), selector()).prop_map(|(user, group)| RunAs { user, group }))
 }
 
 fn refusal() -> impl Strategy<Value = Refusal> {
@@ -130,7 +136,12 @@ pub fn to_host(ids: Range<u32>) -> impl Strategy<Value = ToHost> {
         1 => prop::collection::vec(summary, 0..3).prop_map(|list| ToHost::Processes { list }),
         1 => (id, exit_status(), prop_oneof![text(), Just("x".repeat(MAX_FAILURE_MESSAGE_BYTES + 1))])
             .prop_map(|(id, status, message)| ToHost::SpawnFailed { id, status, message }),
-        1 => (any::<u64>(), prop::sample::select(vec![UpdateOutcome::Applied, UpdateOutcome::Stale, UpdateOutcome::NotApproved]))
+        1 => (any::<u64>(), prop::sample::select(vec![
+            UpdateOutcome::Applied,
+            UpdateOutcome::Stale,
+            UpdateOutcome::NotApproved,
+            UpdateOutcome::IdentityConflict,
+        ]))
             .prop_map(|(revision, outcome)| ToHost::PolicyAck { revision, outcome }),
         1 => prop::sample::select(vec![RotationOutcome::Applied, RotationOutcome::NoCollector, RotationOutcome::BadHeader, RotationOutcome::CaUnreadable, RotationOutcome::Empty])
             .prop_map(|outcome| ToHost::CredentialsAck { outcome }),

@@ -7,6 +7,7 @@
 //! - [`frame`]: the wire format, its hard size limit, and a decoder that never panics on hostile bytes.
 //! - [`message`]: what each side may send ([`ToGuest`], [`ToHost`]).
 //! - [`handshake`]: the versioned hello that opens every connection.
+//! - [`identity`]: the fixed user and group workload processes run as in the guest.
 //! - [`policy`]: which boundary operations a sandbox's clients may use, and live updates of it.
 //! - [`process`]: process ids, exit statuses, named signals, output streams.
 //! - [`flow`]: credit windows that bound buffering on both sides.
@@ -38,6 +39,7 @@ pub mod driver_api;
 pub mod flow;
 pub mod frame;
 pub mod handshake;
+pub mod identity;
 pub mod message;
 pub mod policy;
 pub mod process;

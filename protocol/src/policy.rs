@@ -9,6 +9,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::identity::{RunAs, WorkloadIdentity};
+
 /// One kind of boundary operation a client may ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -74,6 +76,8 @@ pub const MAX_PROGRAMS: usize = 256;
 pub const MAX_PROGRAM_BYTES: usize = 4096;
 /// Largest policy document, bytes.
 pub const MAX_POLICY_BYTES: usize = 256 * 1024;
+/// The highest `caps.max_processes`, and the supervisor's own bound on a sandbox's processes.
+pub const MAX_PROCESSES_CAP: u32 = 256;
 
 /// Why a policy or an update is not valid.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -93,6 +97,12 @@ pub enum PolicyError {
     /// Larger than [`MAX_POLICY_BYTES`].
     #[error("the policy is larger than {MAX_POLICY_BYTES} bytes")]
     TooLarge,
+    /// `run_as` selects a user or group other than the VM driver's fixed workload identity.
+    #[error("run_as.{0} conflicts with the fixed workload identity (user and group sandbox, 1000:1000)")]
+    IdentityConflict(&'static str),
+    /// A resource cap out of range.
+    #[error("caps.max_processes must be 1 to {MAX_PROCESSES_CAP}")]
+    BadCap,
 }
 
 /// The policy approved at create.
@@ -104,21 +114,42 @@ pub struct SandboxPolicy {
     /// When given, `exec` only of these programs: `argv[0]` exactly as the client sends it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec_programs: Option<Vec<String>>,
+    /// Who workloads run as: when given, it must select the fixed workload identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as: Option<RunAs>,
+    /// Resource caps, enforced by the supervisor at the boundary.
+    #[serde(default, skip_serializing_if = "Caps::is_empty")]
+    pub caps: Caps,
+}
+
+/// Resource caps of a policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Caps {
+    /// Most workload processes running at once; a further `exec` is denied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_processes: Option<u32>,
+}
+
+impl Caps {
+    fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 impl Default for SandboxPolicy {
-    /// Every operation, any program: what a sandbox without a policy gets.
+    /// Every operation, any program, no caps: what a sandbox without a policy gets.
     fn default() -> Self {
-        Self { allow: Operation::ALL.into_iter().collect(), exec_programs: None }
+        Self { allow: Operation::ALL.into_iter().collect(), exec_programs: None, run_as: None, caps: Caps::default() }
     }
 }
 
 impl SandboxPolicy {
-    /// Parses and validates a policy document (JSON).
+    /// Parses and validates a policy document (JSON) against the workload identity the VM driver fixes.
     ///
     /// # Errors
     /// [`PolicyError`], saying what is wrong.
-    pub fn parse(text: &str) -> Result<Self, PolicyError> {
+    pub fn parse(text: &str, identity: &WorkloadIdentity) -> Result<Self, PolicyError> {
         if text.len() > MAX_POLICY_BYTES {
             return Err(PolicyError::TooLarge);
         }
@@ -129,7 +160,7 @@ impl SandboxPolicy {
             }
             m => PolicyError::Malformed(bounded(&m)),
         })?;
-        policy.validate()?;
+        policy.validate(identity)?;
         Ok(policy)
     }
 
@@ -137,7 +168,13 @@ impl SandboxPolicy {
     ///
     /// # Errors
     /// [`PolicyError`].
-    pub fn validate(&self) -> Result<(), PolicyError> {
+    pub fn validate(&self, identity: &WorkloadIdentity) -> Result<(), PolicyError> {
+        if let Some(part) = self.run_as.as_ref().and_then(|r| r.conflict(identity)) {
+            return Err(PolicyError::IdentityConflict(part));
+        }
+        if self.caps.max_processes.is_some_and(|n| n == 0 || n > MAX_PROCESSES_CAP) {
+            return Err(PolicyError::BadCap);
+        }
         if let Some(programs) = &self.exec_programs {
             if !self.allow.contains(&Operation::Exec) {
                 return Err(PolicyError::ProgramsWithoutExec);
@@ -164,6 +201,8 @@ pub struct PolicyUpdate {
     /// The operations allowed from now on (a subset of the approved ones).
     #[serde(deserialize_with = "crate::message::seq_deserialize")]
     pub allow: Vec<Operation>,
+    /// When given, must select the fixed workload identity, as at create.
+    pub run_as: Option<RunAs>,
 }
 
 /// What became of a [`PolicyUpdate`].
@@ -175,6 +214,9 @@ pub enum UpdateOutcome {
     Stale,
     /// It allowed an operation that was never approved: admission is closed until a newer valid update.
     NotApproved,
+    /// Its `run_as` selects someone other than the fixed workload identity: admission is closed until a newer
+    /// valid update.
+    IdentityConflict,
 }
 
 impl UpdateOutcome {
@@ -184,6 +226,9 @@ impl UpdateOutcome {
             Self::Applied => "applied",
             Self::Stale => "refused: the revision is not above the last applied one; admission closed",
             Self::NotApproved => "refused: it allows an operation never approved; admission closed",
+            Self::IdentityConflict => {
+                "refused: its run_as conflicts with the fixed workload identity; admission closed"
+            }
         }
     }
 }
@@ -192,20 +237,38 @@ impl UpdateOutcome {
 mod tests {
     use super::*;
 
+    use crate::identity::{IdSelector, WORKLOAD};
+
+    fn parse(text: &str) -> Result<SandboxPolicy, PolicyError> {
+        SandboxPolicy::parse(text, &WORKLOAD)
+    }
+
+    #[test]
+    fn identity_selectors_and_caps_are_checked() {
+        let p = parse(r#"{"allow":["exec"],"run_as":{"user":"sandbox","group":"1000"},"caps":{"max_processes":2}}"#);
+        let p = p.unwrap();
+        assert_eq!(p.caps.max_processes, Some(2));
+        assert_eq!(p.run_as.as_ref().and_then(|r| r.user.clone()), Some(IdSelector("sandbox".into())));
+        assert_eq!(parse(&p.to_json()).unwrap(), p);
+        assert_eq!(parse(r#"{"allow":["exec"],"run_as":{"user":"root"}}"#), Err(PolicyError::IdentityConflict("user")));
+        assert_eq!(parse(r#"{"allow":["exec"],"run_as":{"group":"0"}}"#), Err(PolicyError::IdentityConflict("group")));
+        assert_eq!(parse(r#"{"allow":["exec"],"caps":{"max_processes":0}}"#), Err(PolicyError::BadCap));
+        assert_eq!(parse(r#"{"allow":["exec"],"caps":{"max_processes":257}}"#), Err(PolicyError::BadCap));
+        assert!(matches!(parse(r#"{"allow":[],"caps":{"cpu":1}}"#), Err(PolicyError::Malformed(_))));
+        assert!(matches!(parse(r#"{"allow":[],"run_as":{"uid":0}}"#), Err(PolicyError::Malformed(_))));
+    }
+
     #[test]
     fn policies_parse_validate_and_round_trip() {
-        let p = SandboxPolicy::parse(r#"{"allow":["exec","list_processes"],"exec_programs":["/bin/echo"]}"#).unwrap();
+        let p = parse(r#"{"allow":["exec","list_processes"],"exec_programs":["/bin/echo"]}"#).unwrap();
         assert_eq!(p.allow.len(), 2);
-        assert_eq!(SandboxPolicy::parse(&p.to_json()).unwrap(), p);
-        assert_eq!(SandboxPolicy::parse(&SandboxPolicy::default().to_json()).unwrap(), SandboxPolicy::default());
-        assert_eq!(SandboxPolicy::parse(r#"{"allow":["fly"]}"#), Err(PolicyError::UnknownOperation("fly".into())));
-        assert_eq!(
-            SandboxPolicy::parse(r#"{"allow":["stdin"],"exec_programs":["x"]}"#),
-            Err(PolicyError::ProgramsWithoutExec)
-        );
-        assert_eq!(SandboxPolicy::parse(r#"{"allow":["exec"],"exec_programs":[""]}"#), Err(PolicyError::BadProgram));
-        assert!(matches!(SandboxPolicy::parse(r#"{"allow":[],"extra":1}"#), Err(PolicyError::Malformed(_))));
-        assert!(matches!(SandboxPolicy::parse("not json"), Err(PolicyError::Malformed(_))));
+        assert_eq!(parse(&p.to_json()).unwrap(), p);
+        assert_eq!(parse(&SandboxPolicy::default().to_json()).unwrap(), SandboxPolicy::default());
+        assert_eq!(parse(r#"{"allow":["fly"]}"#), Err(PolicyError::UnknownOperation("fly".into())));
+        assert_eq!(parse(r#"{"allow":["stdin"],"exec_programs":["x"]}"#), Err(PolicyError::ProgramsWithoutExec));
+        assert_eq!(parse(r#"{"allow":["exec"],"exec_programs":[""]}"#), Err(PolicyError::BadProgram));
+        assert!(matches!(parse(r#"{"allow":[],"extra":1}"#), Err(PolicyError::Malformed(_))));
+        assert!(matches!(parse("not json"), Err(PolicyError::Malformed(_))));
         assert_eq!("list_processes".parse::<Operation>(), Ok(Operation::ListProcesses));
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! join cgroup -> choose accelerator -> bind vmm/{chan,console}.sock (the jail's ids, 0600) -> start QEMU
-//!   through vm-jailer -> record pids -> start the watchdog
+//!   through vm-jailer -> QEMU's pid from the jailer -> record pids -> start the watchdog
 //!   (ready in 5 s) -> agent hello (boot timeout; pulses flow meanwhile) -> bind attach.sock
 //! ```
 //!
@@ -14,10 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::UnixListener;
-use tokio::process::Child;
 use tokio::sync::watch;
 use vm_contract::args::SupervisorArgs;
-use vm_contract::jail::{Confinement, JailIds};
+use vm_contract::jail::{parse_vmm_pid_line, Confinement, JailIds};
 use vm_contract::layout::SandboxFile;
 use vm_contract::pids::{ProcessRecord, SandboxPids};
 use vm_contract::status::SupervisorStatus;
@@ -30,6 +29,7 @@ use crate::inbox::{Senders, StopRequests};
 use crate::lease::{Lease, LeaseStartError};
 use crate::status;
 use crate::vmm::{self, VmmConfig};
+use crate::vmm_process::VmmProcess;
 
 /// After the channel failed during boot, how long to wait for QEMU's own exit before calling it a guest
 /// failure.
@@ -88,6 +88,9 @@ pub enum StartError {
     /// The pids file could not be written; without it the reaper could not find an orphaned VM.
     #[error("cannot record the sandbox's pids")]
     Pids(#[source] std::io::Error),
+    /// The jailer did not report a pid that names its QEMU.
+    #[error("the jailer did not report QEMU's pid")]
+    NoVmmPid,
     /// QEMU exited before the agent answered.
     #[error("the VMM exited during boot ({status})")]
     VmmExitedDuringBoot {
@@ -100,6 +103,9 @@ pub enum StartError {
     /// Told to stop before the VM was ready.
     #[error("stopped during boot")]
     StoppedDuringBoot,
+    /// The launch descriptor was not admitted.
+    #[error("the launch descriptor was refused")]
+    Descriptor(#[source] vm_contract::descriptor::Mismatch),
     /// The auth bundle is unreadable.
     #[error("cannot read the auth bundle")]
     Bundle(#[source] vm_contract::auth::BundleError),
@@ -128,7 +134,10 @@ impl StartError {
 
 /// A VM whose agent answered, under a live lease, with its attach socket bound.
 pub(crate) struct Booted {
-    pub(crate) vmm: Child,
+    /// QEMU, through the jailer.
+    pub(crate) vmm: VmmProcess,
+    /// QEMU's own process.
+    pub(crate) vmm_record: ProcessRecord,
     pub(crate) lease: Lease,
     pub(crate) link: GuestLink,
     pub(crate) attach: UnixListener,
@@ -192,30 +201,34 @@ pub(crate) async fn boot(
         shape: args.shape,
         accel,
     };
-    let mut vmm = config.spawn().map_err(StartError::SpawnVmm)?;
-    senders.vmm_kill.arm(vmm.id());
+    // Until QEMU's pid is known, the switch kills the jailer, and QEMU with it (its parent-death signal).
+    let mut vmm = VmmProcess::new(config.spawn().map_err(StartError::SpawnVmm)?, senders.vmm_kill.clone());
     let booted = async {
         let logs = guest_logs(&mut vmm, &console, senders).await?;
-        let (lease, link, attach) = lease_and_link(args, &mut vmm, &channel, &watchdog, senders, stop).await?;
-        Ok::<_, StartError>((lease, link, attach, logs))
+        let vmm_record = qemu_process(&mut vmm).await?;
+        vmm.arm(vmm_record);
+        let (lease, link, attach) =
+            lease_and_link(args, &mut vmm, vmm_record, &channel, &watchdog, senders, stop).await?;
+        Ok::<_, StartError>((vmm_record, lease, link, attach, logs))
     };
     match booted.await {
-        Ok((lease, link, attach, logs)) => Ok(Booted { vmm, lease, link, attach, logs }),
+        Ok((vmm_record, lease, link, attach, logs)) => Ok(Booted { vmm, vmm_record, lease, link, attach, logs }),
         Err(e) => {
-            kill(&mut vmm).await;
+            vmm.kill().await;
             Err(e)
         }
     }
 }
 
 /// Takes QEMU's console connection and its stderr, and copies each into its capped file.
-async fn guest_logs(vmm: &mut Child, console: &UnixListener, senders: &Senders) -> Result<GuestLogs, StartError> {
+async fn guest_logs(vmm: &mut VmmProcess, console: &UnixListener, senders: &Senders) -> Result<GuestLogs, StartError> {
     let broken = |what: SandboxFile, e: std::io::Error| StartError::Log(what, e);
     let copy = |from, file: SandboxFile, cap: u64| {
         guest_logs::copy_capped(from, file.as_ref(), guest_logs::cap(cap), file.name(), senders.control.clone())
             .map_err(|e| broken(file, e))
     };
-    let stderr = vmm.stderr.take().ok_or_else(|| broken(SandboxFile::VmmLog, std::io::ErrorKind::BrokenPipe.into()))?;
+    let stderr =
+        vmm.jailer.stderr.take().ok_or_else(|| broken(SandboxFile::VmmLog, std::io::ErrorKind::BrokenPipe.into()))?;
     let vmm_dropped = copy(
         Box::new(stderr) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
         SandboxFile::VmmLog,
@@ -232,6 +245,31 @@ async fn guest_logs(vmm: &mut Child, console: &UnixListener, senders: &Senders) 
         .map_err(|e| broken(SandboxFile::ConsoleSocket, e))?;
     let console_dropped = copy(Box::new(stream), SandboxFile::Console, guest_logs::CONSOLE_CAP_BYTES)?;
     Ok(GuestLogs { console: console_dropped, vmm: vmm_dropped })
+}
+
+/// QEMU's own process: the pid the jailer reports ([`vm_contract::jail::vmm_pid_line`]), taken only if it is
+/// the jailer's child, or the jailer itself (which becomes QEMU when there is no PID namespace).
+async fn qemu_process(vmm: &mut VmmProcess) -> Result<ProcessRecord, StartError> {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let mut line = String::new();
+    if let Some(stdout) = vmm.jailer.stdout.take() {
+        // One short line; anything longer is not the contract.
+        let mut reader = tokio::io::BufReader::new(stdout.take(24));
+        let wait = Duration::from_millis(CONSOLE_CONNECT_MS);
+        let _ = tokio::time::timeout(wait, reader.read_line(&mut line)).await;
+    }
+    let jailer = vmm.jailer.id().and_then(|p| i32::try_from(p).ok());
+    let reported = parse_vmm_pid_line(&line).and_then(|p| i32::try_from(p).ok());
+    let record = match (reported, jailer) {
+        (Some(pid), Some(jailer)) if pid == jailer => ProcessRecord::read(pid),
+        (Some(pid), Some(jailer)) => ProcessRecord::read_child_of(pid, jailer),
+        _ => None,
+    };
+    match record {
+        Some(record) => Ok(record),
+        // A jailer that failed says why on vmm.log and exits: its exit is the cause.
+        None => Err(vmm_exit_within_grace(vmm).await.unwrap_or(StartError::NoVmmPid)),
+    }
 }
 
 /// `name` (`vm-watchdog`, `vm-jailer`), next to this binary.
@@ -278,23 +316,20 @@ fn bind(file: SandboxFile, ids: Option<JailIds>) -> Result<UnixListener, StartEr
 /// Everything after QEMU started: pids, lease, handshake, the attach socket. The caller kills QEMU on error.
 async fn lease_and_link(
     args: &SupervisorArgs,
-    vmm: &mut Child,
+    vmm: &mut VmmProcess,
+    vmm_record: ProcessRecord,
     channel: &UnixListener,
     watchdog: &Path,
     senders: &Senders,
     stop: &mut watch::Receiver<StopRequests>,
 ) -> Result<(Lease, GuestLink, UnixListener), StartError> {
     let here = Path::new(".");
-    let vmm_record = vmm.id().and_then(|p| ProcessRecord::read(i32::try_from(p).ok()?));
     let mut recorded = SandboxPids {
         supervisor: ProcessRecord::current().ok_or_else(|| StartError::Pids(std::io::ErrorKind::NotFound.into()))?,
-        vmm: vmm_record,
+        vmm: Some(vmm_record),
         watchdog: None,
     };
     recorded.write(here).map_err(StartError::Pids)?;
-    let Some(vmm_record) = vmm_record else {
-        return Err(StartError::VmmExitedDuringBoot { status: "before it could be recorded".into() });
-    };
     let mut lease = match Lease::start(watchdog, vmm_record, &child_env()).await {
         Ok(lease) => lease,
         // A watchdog has nothing to watch once QEMU is gone: QEMU's exit is the real cause.
@@ -316,7 +351,7 @@ async fn lease_and_link(
 
 async fn handshake(
     args: &SupervisorArgs,
-    vmm: &mut Child,
+    vmm: &mut VmmProcess,
     channel: &UnixListener,
     lease: &mut Lease,
     senders: &Senders,
@@ -347,10 +382,12 @@ async fn handshake(
             }),
             step = lease.step() => if let Err(e) = step {
                 // The watchdog follows a VMM that exited; the exit is the real cause.
-                return Err(match vmm.try_wait() {
-                    Ok(Some(exit)) => StartError::VmmExitedDuringBoot { status: exit.to_string() },
-                    _ => StartError::LeaseLost(e),
-                });
+                if vmm.has_exited() {
+                    if let Some(exited) = vmm_exit_within_grace(vmm).await {
+                        return Err(exited);
+                    }
+                }
+                return Err(StartError::LeaseLost(e));
             },
             _ = stop.wait_for(|s| s.terminate || s.driver_gone) => return Err(StartError::StoppedDuringBoot),
         }
@@ -359,7 +396,7 @@ async fn handshake(
 
 /// QEMU's exit, if it comes within a short grace: when the channel or the watchdog fails during boot, QEMU
 /// having exited is usually why.
-async fn vmm_exit_within_grace(vmm: &mut Child) -> Option<StartError> {
+async fn vmm_exit_within_grace(vmm: &mut VmmProcess) -> Option<StartError> {
     let exit = tokio::time::timeout(Duration::from_millis(VMM_EXIT_GRACE_MS), vmm.wait()).await.ok()?.ok()?;
     Some(StartError::VmmExitedDuringBoot { status: exit.to_string() })
 }
@@ -371,9 +408,4 @@ fn child_env() -> Vec<(&'static str, String)> {
         return vec![(vm_contract::test_control::VAR, value)];
     }
     Vec::new()
-}
-
-pub(crate) async fn kill(vmm: &mut Child) {
-    let _ = vmm.start_kill();
-    let _ = vmm.wait().await;
 }

@@ -14,21 +14,23 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
 use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
+use vm_contract::pids::ProcessRecord;
 
 /// The niceness a dying VMM's threads get: ahead of the busy control plane, for the few milliseconds of exit.
 pub const DYING_NICE: i32 = -10;
 
 /// Shared by the thread that starts the VMM and any thread that may have to end it.
 #[derive(Debug, Clone, Default)]
-pub struct KillSwitch(Arc<Mutex<Option<(u32, OwnedFd)>>>);
+pub struct KillSwitch(Arc<Mutex<Option<(i32, OwnedFd)>>>);
 
 impl KillSwitch {
-    /// Arms it for the VMM just started (our unreaped child, so the pid is still its own). A pidfd names
-    /// that very process: a pull after it exited signals nothing, whatever now has its pid.
-    pub fn arm(&self, pid: Option<u32>) {
-        let armed = pid.and_then(|raw| {
-            let pid = Pid::from_raw(i32::try_from(raw).ok()?)?;
-            Some((raw, pidfd_open(pid, PidfdFlags::empty()).ok()?))
+    /// Arms it for `vmm` (first the jailer just started, then QEMU once the jailer reported it; re-arming
+    /// replaces). A pidfd names that very process, checked against the record after opening: a pull after it
+    /// exited signals nothing, whatever now has its pid.
+    pub fn arm(&self, vmm: Option<ProcessRecord>) {
+        let armed = vmm.and_then(|record| {
+            let pidfd = pidfd_open(Pid::from_raw(record.pid)?, PidfdFlags::empty()).ok()?;
+            record.is_alive().then_some((record.pid, pidfd))
         });
         *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = armed;
     }
@@ -37,7 +39,8 @@ impl KillSwitch {
     pub fn pull(&self) {
         if let Some((pid, pidfd)) = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref() {
             // The signal first, through the pidfd: it fails once the VMM was reaped, and then its pid may name
-            // another process, which must not be reniced. Until reaped, the pid (and its threads) are its own.
+            // another process, which must not be reniced. Until reaped (by us, or by the jailer, which is
+            // blocked until the kill lands), the pid and its threads are its own.
             if pidfd_send_signal(pidfd, Signal::KILL).is_ok() {
                 for thread in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
                     let tid = thread.file_name().to_str().and_then(|t| t.parse().ok()).and_then(Pid::from_raw);

@@ -38,3 +38,4 @@ pub mod stop;
 pub mod telemetry;
 pub mod vmm;
 pub mod vmm_limits;
+pub mod vmm_process;

@@ -6,11 +6,13 @@
 //! handled after it, including those that were queued while it arrived, is judged by the new state.
 //!
 //! Rules (`docs/policy.md`): an update may allow only operations of the approved policy; its revision must be
-//! above the last applied one; a stale or widening update is refused and closes admission (every operation
-//! denied) until a newer valid update arrives.
+//! above the last applied one; its `run_as`, if any, must select the fixed workload identity; a stale,
+//! widening or conflicting update is refused and closes admission (every operation denied) until a newer
+//! valid update arrives. The approved caps (`max_processes`) hold at every revision.
 
 use std::collections::BTreeSet;
 
+use vm_protocol::identity::WorkloadIdentity;
 use vm_protocol::policy::{Operation, PolicyUpdate, SandboxPolicy, UpdateOutcome};
 use vm_protocol::Spawn;
 
@@ -26,6 +28,8 @@ pub enum Denial {
     /// Under an exec allow-list, a spawn that sets `PATH` or an `LD_*` variable (either would choose the code
     /// that runs, whatever `argv[0]` says).
     LookupOverride,
+    /// `exec` with `caps.max_processes` processes running.
+    ProcessCap,
 }
 
 impl Denial {
@@ -36,6 +40,7 @@ impl Denial {
             Self::ProgramNotAllowed => "the program is not in the policy's exec allow-list",
             Self::Closed => "admission is closed by a stale or invalid policy update",
             Self::LookupOverride => "under an exec allow-list a spawn may not set PATH or LD_* variables",
+            Self::ProcessCap => "the policy's max_processes are running",
         }
     }
 }
@@ -44,6 +49,7 @@ impl Denial {
 #[derive(Debug, Clone)]
 pub struct Gate {
     approved: SandboxPolicy,
+    identity: WorkloadIdentity,
     allowed: BTreeSet<Operation>,
     revision: u64,
     open: bool,
@@ -51,14 +57,15 @@ pub struct Gate {
 
 impl Default for Gate {
     fn default() -> Self {
-        Self::new(SandboxPolicy::default())
+        Self::new(SandboxPolicy::default(), vm_protocol::identity::WORKLOAD)
     }
 }
 
 impl Gate {
-    /// Starts at revision 0 with everything approved allowed.
-    pub fn new(approved: SandboxPolicy) -> Self {
-        Self { allowed: approved.allow.clone(), approved, revision: 0, open: true }
+    /// Starts at revision 0 with everything approved allowed; `identity` is the fixed workload identity that
+    /// every update's `run_as` must select.
+    pub fn new(approved: SandboxPolicy, identity: WorkloadIdentity) -> Self {
+        Self { allowed: approved.allow.clone(), approved, identity, revision: 0, open: true }
     }
 
     /// The last applied revision.
@@ -85,16 +92,19 @@ impl Gate {
         }
     }
 
-    /// Admits a spawn: `exec`, of an allowed program, and under an allow-list without environment that would
-    /// change which code runs.
+    /// Admits a spawn: `exec`, of an allowed program, under an allow-list without environment that would
+    /// change which code runs, and with fewer than `max_processes` of the sandbox's processes `running`.
     ///
     /// # Errors
     /// The [`Denial`].
-    pub fn admit_spawn(&self, spawn: &Spawn) -> Result<(), Denial> {
+    pub fn admit_spawn(&self, spawn: &Spawn, running: usize) -> Result<(), Denial> {
         self.admit(Operation::Exec, spawn.argv.first().map(String::as_str))?;
         let overrides = spawn.env.iter().any(|e| e.key == "PATH" || e.key.starts_with("LD_"));
         if self.approved.exec_programs.is_some() && overrides {
             return Err(Denial::LookupOverride);
+        }
+        if self.approved.caps.max_processes.is_some_and(|cap| running >= cap as usize) {
+            return Err(Denial::ProcessCap);
         }
         Ok(())
     }
@@ -105,6 +115,8 @@ impl Gate {
             UpdateOutcome::Stale
         } else if update.allow.iter().any(|op| !self.approved.allow.contains(op)) {
             UpdateOutcome::NotApproved
+        } else if update.run_as.as_ref().is_some_and(|r| r.conflict(&self.identity).is_some()) {
+            UpdateOutcome::IdentityConflict
         } else {
             self.allowed = update.allow.iter().copied().collect();
             self.revision = update.revision;
@@ -129,8 +141,21 @@ impl Gate {
 mod tests {
     use super::*;
 
+    use vm_protocol::identity::{IdSelector, RunAs, WORKLOAD};
+
     fn update(revision: u64, allow: &[Operation]) -> PolicyUpdate {
-        PolicyUpdate { revision, allow: allow.to_vec() }
+        PolicyUpdate { revision, allow: allow.to_vec(), run_as: None }
+    }
+
+    fn spawn_with_env(key: &str) -> Spawn {
+        Spawn {
+            id: vm_protocol::ProcId(1),
+            argv: vec!["echo".into()],
+            env: vec![vm_protocol::message::EnvVar { key: key.into(), value: "/tmp".into() }],
+            cwd: None,
+            pty: None,
+            output_window: 1,
+        }
     }
 
     #[test]
@@ -138,8 +163,9 @@ mod tests {
         let approved = SandboxPolicy {
             allow: [Operation::Exec, Operation::ListProcesses].into_iter().collect(),
             exec_programs: Some(vec!["echo".into()]),
+            ..SandboxPolicy::default()
         };
-        let mut gate = Gate::new(approved);
+        let mut gate = Gate::new(approved, WORKLOAD);
         assert_eq!(gate.admit(Operation::Exec, Some("echo")), Ok(()));
         assert_eq!(gate.admit(Operation::Exec, Some("sh")), Err(Denial::ProgramNotAllowed));
         assert_eq!(gate.admit(Operation::Signal, None), Err(Denial::NotAllowed));
@@ -160,20 +186,34 @@ mod tests {
 
     #[test]
     fn an_allow_list_refuses_environment_that_picks_the_code() {
-        let approved =
-            SandboxPolicy { allow: [Operation::Exec].into_iter().collect(), exec_programs: Some(vec!["echo".into()]) };
-        let gate = Gate::new(approved);
-        let spawn = |key: &str| Spawn {
-            id: vm_protocol::ProcId(1),
-            argv: vec!["echo".into()],
-            env: vec![vm_protocol::message::EnvVar { key: key.into(), value: "/tmp".into() }],
-            cwd: None,
-            pty: None,
-            output_window: 1,
+        let approved = SandboxPolicy {
+            allow: [Operation::Exec].into_iter().collect(),
+            exec_programs: Some(vec!["echo".into()]),
+            ..SandboxPolicy::default()
         };
-        assert_eq!(gate.admit_spawn(&spawn("HOME")), Ok(()));
-        assert_eq!(gate.admit_spawn(&spawn("PATH")), Err(Denial::LookupOverride));
-        assert_eq!(gate.admit_spawn(&spawn("LD_PRELOAD")), Err(Denial::LookupOverride));
-        assert_eq!(Gate::default().admit_spawn(&spawn("PATH")), Ok(()), "no allow-list, no restriction");
+        let gate = Gate::new(approved, WORKLOAD);
+        assert_eq!(gate.admit_spawn(&spawn_with_env("HOME"), 0), Ok(()));
+        assert_eq!(gate.admit_spawn(&spawn_with_env("PATH"), 0), Err(Denial::LookupOverride));
+        assert_eq!(gate.admit_spawn(&spawn_with_env("LD_PRELOAD"), 0), Err(Denial::LookupOverride));
+        assert_eq!(Gate::default().admit_spawn(&spawn_with_env("PATH"), 0), Ok(()), "no allow-list, no restriction");
+    }
+
+    #[test]
+    fn a_conflicting_identity_closes_admission_and_the_process_cap_holds() {
+        let mut approved = SandboxPolicy::default();
+        approved.caps.max_processes = Some(2);
+        let mut gate = Gate::new(approved, WORKLOAD);
+        assert_eq!(gate.admit_spawn(&spawn_with_env("HOME"), 1), Ok(()));
+        assert_eq!(gate.admit_spawn(&spawn_with_env("HOME"), 2), Err(Denial::ProcessCap));
+        let root = RunAs { user: Some(IdSelector("root".into())), group: None };
+        let conflicting = PolicyUpdate { run_as: Some(root), ..update(1, &[Operation::Exec]) };
+        assert_eq!(gate.update(&conflicting), UpdateOutcome::IdentityConflict);
+        assert_eq!(gate.admit_spawn(&spawn_with_env("HOME"), 0), Err(Denial::Closed));
+        let naming_it = RunAs { user: Some(IdSelector("sandbox".into())), group: Some(IdSelector("1000".into())) };
+        assert_eq!(
+            gate.update(&PolicyUpdate { run_as: Some(naming_it), ..update(2, &[Operation::Exec]) }),
+            UpdateOutcome::Applied
+        );
+        assert_eq!(gate.admit_spawn(&spawn_with_env("HOME"), 0), Ok(()));
     }
 }

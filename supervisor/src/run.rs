@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use vm_contract::args::SupervisorArgs;
 use vm_contract::auth::AuthBundle;
+use vm_contract::descriptor::{LaunchDescriptor, Mismatch, Trusted};
 use vm_contract::jail::Confinement;
 use vm_contract::layout::SandboxFile;
 use vm_contract::session::SessionHello;
@@ -30,9 +31,11 @@ use crate::telemetry::Telemetry;
 pub async fn run(args: SupervisorArgs, console: Console) -> Result<StopReason, StartError> {
     let telemetry = std::env::set_current_dir(&args.sandbox_dir)
         .map_err(|e| StartError::SandboxDir(args.sandbox_dir.clone(), e))
+        .and_then(|()| admit_descriptor(&args))
         .and_then(|()| start_telemetry(&args, &console));
     let (mut telemetry, token) = match telemetry {
         Ok(started) => started,
+        Err(StartError::Descriptor(mismatch)) => return refuse_descriptor(&args, console, mismatch).await,
         Err(e) => {
             status::report(&SupervisorStatus::Failed { error: chain(&e) });
             console.shutdown(Instant::now() + Duration::from_secs(1));
@@ -69,6 +72,49 @@ pub async fn run(args: SupervisorArgs, console: Console) -> Result<StopReason, S
     outcome
 }
 
+/// Admits the launch descriptor against the trusted arguments, before any credential is read or the policy
+/// discovered.
+fn admit_descriptor(args: &SupervisorArgs) -> Result<(), StartError> {
+    if crate::control(vm_contract::test_control::TestControl::DescriptorUnchecked) {
+        return Ok(());
+    }
+    let trusted = Trusted {
+        backend: args.backend,
+        sandbox_id: args.sandbox_id.as_str(),
+        session_id: args.session_id.as_ref(),
+        generation: args.generation,
+    };
+    LaunchDescriptor::read(Path::new(".")).and_then(|d| d.admit(&trusted)).map_err(StartError::Descriptor)
+}
+
+/// A start stopped at its descriptor: the finding goes to the sinks that need no credential (console and
+/// JSONL), since the auth bundle is never read; the driver takes it back. The failure is reported last: the
+/// driver ends the supervisor on it, and no signal handler is installed yet.
+async fn refuse_descriptor(
+    args: &SupervisorArgs,
+    console: Console,
+    mismatch: Mismatch,
+) -> Result<StopReason, StartError> {
+    let error = StartError::Descriptor(mismatch);
+    tracing::error!(error = %chain(&error), "start-up refused");
+    let failed = SupervisorStatus::Failed { error: chain(&error) };
+    let settings = TelemetrySettings::load(Vec::new()).map(|s| TelemetrySettings { otlp: None, ..s });
+    let telemetry = settings.ok().and_then(|s| Telemetry::start(console.handle(), args.sandbox_id.as_str(), &s).ok());
+    let Some(mut telemetry) = telemetry else {
+        console.shutdown(Instant::now() + Duration::from_secs(1));
+        status::report(&failed);
+        return Err(error);
+    };
+    let event = telemetry.source().finding(Finding::DescriptorMismatch, &mismatch.to_string());
+    telemetry.emit(event);
+    let sandbox = AppInfo { name: "sandbox".into(), version: env!("CARGO_PKG_VERSION").into() };
+    let event = telemetry.source().lifecycle(Lifecycle::Start, &sandbox, Status::Failure, Some(chain(&error)));
+    telemetry.emit(event);
+    telemetry.shutdown(stop::FLUSH_BUDGET, console).await;
+    status::report(&failed);
+    Err(error)
+}
+
 /// The auth bundle (read once, then gone) and the sinks its settings ask for.
 fn start_telemetry(args: &SupervisorArgs, console: &Console) -> Result<(Telemetry, Option<String>), StartError> {
     let bundle = AuthBundle::take(Path::new(".")).map_err(StartError::Bundle)?;
@@ -100,7 +146,7 @@ async fn supervise(
     // The policy the driver approved, a trusted input like the arguments; without one, everything is allowed.
     // Only a missing file means "no policy": any other failure to read it must not open everything.
     let policy = match std::fs::read_to_string(SandboxFile::Policy.name()) {
-        Ok(text) => SandboxPolicy::parse(&text).map_err(StartError::Policy),
+        Ok(text) => SandboxPolicy::parse(&text, &vm_protocol::identity::WORKLOAD).map_err(StartError::Policy),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(SandboxPolicy::default()),
         Err(e) => Err(StartError::PolicyUnreadable(e)),
     };
@@ -122,38 +168,40 @@ async fn supervise(
         // Without the liveness thread the VM could outlive the driver; refuse to run.
         crate::liveness::watch_stdin(senders.clone()).map_err(StartError::Liveness)?;
     }
-    let Booted { mut vmm, mut lease, link, attach, logs } = match boot::boot(args, &senders, &mut inbox.stop).await {
-        Ok(booted) => booted,
-        Err(e) => {
-            let mut error = chain(&e);
-            if e.concerns_the_guest() {
-                error.push_str(&tails(&[SandboxFile::VmmLog.name(), SandboxFile::Console.name()]));
-            }
-            if matches!(e, StartError::VmmExitedDuringBoot { .. }) {
-                for hit in crate::vmm_limits::hits(&args.vmm_cgroups) {
-                    error.push_str(&format!("; {}", hit.describe()));
-                    let event = telemetry.source().finding(Finding::VmmLimit, hit.describe());
+    let Booted { mut vmm, vmm_record, mut lease, link, attach, logs } =
+        match boot::boot(args, &senders, &mut inbox.stop).await {
+            Ok(booted) => booted,
+            Err(e) => {
+                let mut error = chain(&e);
+                if e.concerns_the_guest() {
+                    error.push_str(&tails(&[SandboxFile::VmmLog.name(), SandboxFile::Console.name()]));
+                }
+                if matches!(e, StartError::VmmExitedDuringBoot { .. }) {
+                    for hit in crate::vmm_limits::hits(&args.vmm_cgroups) {
+                        error.push_str(&format!("; {}", hit.describe()));
+                        let event = telemetry.source().finding(Finding::VmmLimit, hit.describe());
+                        telemetry.emit(event);
+                    }
+                }
+                if e.is_bad_handshake() {
+                    let event = telemetry
+                        .source()
+                        .finding(Finding::GuestProtocolViolation, "the guest agent's handshake failed");
                     telemetry.emit(event);
                 }
-            }
-            if e.is_bad_handshake() {
-                let event =
-                    telemetry.source().finding(Finding::GuestProtocolViolation, "the guest agent's handshake failed");
+                let event = telemetry.source().lifecycle(Lifecycle::Start, &sandbox, Status::Failure, Some(chain(&e)));
                 telemetry.emit(event);
+                status::report(&SupervisorStatus::Failed { error });
+                return Err(e);
             }
-            let event = telemetry.source().lifecycle(Lifecycle::Start, &sandbox, Status::Failure, Some(chain(&e)));
-            telemetry.emit(event);
-            status::report(&SupervisorStatus::Failed { error });
-            return Err(e);
-        }
-    };
+        };
     let vm = AppInfo { name: "microvm".into(), version: link.hello.software_label() };
     crate::attach_server::serve(attach, link.hello.capabilities, senders.clone());
     for app in [&vm, &sandbox] {
         let event = telemetry.source().lifecycle(Lifecycle::Start, app, Status::Success, None);
         telemetry.emit(event);
     }
-    status::report(&SupervisorStatus::Ready { vmm_pid: vmm.id().unwrap_or(0), agent: vm.version.clone() });
+    status::report(&SupervisorStatus::Ready { vmm_pid: vmm_record.pid.unsigned_abs(), agent: vm.version.clone() });
     tracing::info!(sandbox = %args.sandbox_id, agent = %vm.version, "sandbox ready");
     let session = session.map(|s| tokio::spawn(crate::session::run(s, senders.clone())).abort_handle());
     let boundary = crate::serve::Boundary { guest: link.tx, policy };

@@ -20,7 +20,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use tokio::process::Child;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use vm_contract::args::SupervisorArgs;
@@ -39,7 +38,7 @@ const TICK: Duration = Duration::from_secs(1);
 
 struct Serving<'a> {
     args: &'a SupervisorArgs,
-    vmm: &'a mut Child,
+    vmm: &'a mut crate::vmm_process::VmmProcess,
     telemetry: &'a mut Telemetry,
     mux: Mux,
     guest: mpsc::Sender<ToGuest>,
@@ -62,7 +61,7 @@ pub(crate) struct Boundary {
 /// Runs the sandbox until the VMM has exited; returns why it stopped.
 pub(crate) async fn serve(
     args: &SupervisorArgs,
-    vmm: &mut Child,
+    vmm: &mut crate::vmm_process::VmmProcess,
     lease: &mut Lease,
     Boundary { guest, policy }: Boundary,
     inbox: &mut Inbox,
@@ -112,7 +111,7 @@ pub(crate) async fn serve(
                 if let Err(e) = step {
                     lease_ok = false;
                     // The watchdog exits when the VMM does: after the VM is gone that is the normal close.
-                    if matches!(state.vmm.try_wait(), Ok(Some(_))) {
+                    if state.vmm.has_exited() {
                         continue;
                     }
                     tracing::error!(error = %e, "lease lost; stopping the VM");
@@ -282,7 +281,7 @@ impl Serving<'_> {
     /// SIGKILLs QEMU. Its exit then arrives through `vmm.wait()`, so the kill deadline is spent: moving it
     /// out keeps the loop from waking (and killing, and logging) again and again until QEMU is reaped.
     fn kill_vmm(&mut self) {
-        let _ = self.vmm.start_kill();
+        self.vmm.start_kill();
         if let Some((_, at)) = self.stopping.as_mut() {
             *at = Instant::now() + Duration::from_secs(3600);
         }

@@ -127,8 +127,9 @@ impl VmmConfig {
         }
     }
 
-    /// Starts QEMU through the jailer, with a cleared environment, stdin from /dev/null, stdout discarded and
-    /// stderr on a pipe (the caller copies it into `vmm.log`; the jailer's own failure lands there too).
+    /// Starts QEMU through the jailer, with a cleared environment, stdin from /dev/null, stdout on a pipe (the
+    /// jailer reports QEMU's pid there, then points it at /dev/null) and stderr on a pipe (the caller copies
+    /// it into `vmm.log`; the jailer's own failure lands there too).
     ///
     /// # Errors
     /// QEMU cannot be executed.
@@ -142,7 +143,7 @@ impl VmmConfig {
             .args(self.jailer_args().to_argv())
             .env_clear()
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()

@@ -63,8 +63,8 @@ impl AttachClient {
         id
     }
 
-    /// Sends a `Spawn` of `argv` under a new id, with its stdin closed at once; returns the id.
-    fn start(&mut self, argv: &[&str]) -> ProcId {
+    /// A `Spawn` of `argv` under a new id, not sent.
+    pub fn spawn_message(&mut self, argv: &[&str]) -> (ProcId, ToGuest) {
         let id = self.next();
         let spawn = Spawn {
             id,
@@ -74,7 +74,35 @@ impl AttachClient {
             pty: None,
             output_window: DEFAULT_WINDOW_BYTES,
         };
-        self.send(&ToGuest::Spawn(spawn));
+        (id, ToGuest::Spawn(spawn))
+    }
+
+    /// Sends `msgs` in one write, so that the supervisor finds them queued together, in this order.
+    pub fn send_together(&mut self, msgs: &[ToGuest]) {
+        let mut wire = Vec::new();
+        for msg in msgs {
+            frame::encode(msg, &mut wire).unwrap();
+        }
+        std::io::Write::write_all(&mut self.stream, &wire).unwrap();
+    }
+
+    /// Reads, crediting all output, until `done` is true of what was read; returns it all, in order.
+    pub fn read_until(&mut self, mut done: impl FnMut(&[ToHost]) -> bool) -> Vec<ToHost> {
+        let mut seen = Vec::new();
+        while !done(&seen) {
+            let msg = self.recv().expect("the sandbox closed the attach connection");
+            if let ToHost::Output { id, data, .. } = &msg {
+                self.send(&ToGuest::Credit { id: *id, bytes: u32::try_from(data.len()).unwrap() });
+            }
+            seen.push(msg);
+        }
+        seen
+    }
+
+    /// Sends a `Spawn` of `argv` under a new id, with its stdin closed at once; returns the id.
+    fn start(&mut self, argv: &[&str]) -> ProcId {
+        let (id, spawn) = self.spawn_message(argv);
+        self.send(&spawn);
         // A process that already exited may have closed its stdin: nothing to close then.
         let _ = frame::write(&mut self.stream, &ToGuest::StdinEof { id }, &mut Vec::new());
         id

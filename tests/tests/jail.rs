@@ -9,6 +9,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use vm_contract::layout::SandboxFile;
 use vm_contract::pids::SandboxPids;
@@ -36,6 +37,13 @@ fn one_id(line: &str) -> u32 {
     ids.into_iter().next().unwrap().parse().unwrap()
 }
 
+/// QEMU is pid 1 of its own PID namespace (`NSpid`: the host's pid, then 1).
+fn assert_init_of_its_pid_namespace(st: &[(String, String)]) {
+    let nspid = field(st, "NSpid");
+    assert_eq!(nspid.split_whitespace().count(), 2, "NSpid {nspid}: one PID namespace below the host's");
+    assert_eq!(nspid.split_whitespace().last(), Some("1"), "NSpid {nspid}: QEMU is its namespace's init");
+}
+
 /// Checks everything `/proc` tells about a jailed VMM; returns its uid.
 fn assert_jailed(vmm: i32) -> u32 {
     let st = status(vmm);
@@ -47,10 +55,11 @@ fn assert_jailed(vmm: i32) -> u32 {
     assert_eq!(field(&st, "CapBnd"), "0000000000000000");
     assert_eq!(field(&st, "NoNewPrivs"), "1");
     assert_eq!(field(&st, "Seccomp"), "2", "QEMU's seccomp filter is on");
-    for ns in ["mnt", "ipc", "uts", "net"] {
+    for ns in ["mnt", "ipc", "uts", "net", "pid"] {
         let theirs = std::fs::read_link(format!("/proc/{vmm}/ns/{ns}")).unwrap();
         assert_ne!(theirs, std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap(), "{ns} namespace shared");
     }
+    assert_init_of_its_pid_namespace(&st);
     let root: BTreeSet<String> = std::fs::read_dir(format!("/proc/{vmm}/root"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -83,11 +92,78 @@ fn assert_jailed(vmm: i32) -> u32 {
 #[test]
 fn a_launched_vmm_runs_jailed() {
     let s = Scratch::new("jail-launch");
-    let running = Running::start(Launch::new(&s, &["/bin/sh", "-c", "echo up; exec sleep 1000"]), &[], "up");
+    let launch = Launch::new(&s, &["/bin/sh", "-c", "echo up; exec sleep 1000"]).flag("--vmm-cpu-max").flag("50");
+    let running = Running::start(launch, &[], "up");
     let p = running.procs();
     let uid = assert_jailed(p.vmm.pid);
+    let guest_mib: u64 =
+        p.vmm.cmdline.iter().skip_while(|a| *a != "-m").nth(1).unwrap().trim_end_matches('M').parse().unwrap();
+    let limits = cgroup_limits(p.vmm.pid);
+    eprintln!("e2e: the VMM's cgroup limits: {limits:?} (guest {guest_mib} MiB)");
+    assert_eq!(limits.memory, Some((guest_mib + 512) << 20), "memory: the guest's plus the default 512 MiB");
+    assert_eq!(limits.pids, Some(256));
+    assert_eq!(limits.cpu_quota_per_100ms_us, Some(50_000), "--vmm-cpu-max 50: half a core");
     let claims = std::fs::read_dir("/run/vm-driver-jail-ids").unwrap();
     assert!(claims.flatten().any(|c| c.file_name().to_string_lossy() == uid.to_string()), "the uid is claimed");
+    // QEMU's parent is the jailer, which holds its PID namespace; QEMU dies with it.
+    let jailer = parent_of(p.vmm.pid);
+    assert_ne!(jailer, p.supervisor.pid, "QEMU is the jailer's child, not the supervisor's");
+    assert!(ProcInfo::read(jailer).unwrap().cmdline[0].ends_with("vm-jailer"));
+    let kill = || nix::sys::signal::kill(nix::unistd::Pid::from_raw(jailer), nix::sys::signal::SIGKILL).unwrap();
+    let gone = vm_e2e::procs::exit_after(&p.vmm, Duration::from_secs(10), kill);
+    eprintln!("e2e: jailer SIGKILLed -> QEMU gone after {gone:?}");
+    assert!(gone.is_some(), "QEMU outlived its jailer");
+}
+
+/// A VMM's limits, as the cgroups it is in show them (v1 per controller, or v2).
+#[derive(Debug, Default)]
+struct CgroupLimits {
+    memory: Option<u64>,
+    pids: Option<u64>,
+    cpu_quota_per_100ms_us: Option<u64>,
+}
+
+fn cgroup_limits(pid: i32) -> CgroupLimits {
+    let read = |path: PathBuf| std::fs::read_to_string(path).ok().map(|t| t.trim().to_owned());
+    let mut limits = CgroupLimits::default();
+    for line in std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap().lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next(), parts.next().unwrap(), parts.next().unwrap());
+        let under = |mount: &str| PathBuf::from(format!("/sys/fs/cgroup/{mount}{path}"));
+        let controllers: Vec<&str> = controllers.split(',').collect();
+        if controllers.contains(&"memory") {
+            limits.memory = read(under("memory").join("memory.limit_in_bytes")).and_then(|v| v.parse().ok());
+        }
+        if controllers.contains(&"pids") {
+            limits.pids = read(under("pids").join("pids.max")).and_then(|v| v.parse().ok());
+        }
+        if controllers.contains(&"cpu") {
+            let period: u64 = read(under("cpu").join("cpu.cfs_period_us")).unwrap().parse().unwrap();
+            let quota: u64 = read(under("cpu").join("cpu.cfs_quota_us")).unwrap().parse().unwrap();
+            limits.cpu_quota_per_100ms_us = Some(quota * 100_000 / period);
+        }
+        if controllers == [""] {
+            let v2 = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() { "" } else { "unified" };
+            let dir = under(v2);
+            if let Some(max) = read(dir.join("memory.max")) {
+                limits.memory = max.parse().ok();
+            }
+            if let Some(max) = read(dir.join("pids.max")) {
+                limits.pids = max.parse().ok();
+            }
+            if let Some(max) = read(dir.join("cpu.max")) {
+                let (quota, period) = max.split_once(' ').unwrap();
+                let (quota, period): (u64, u64) = (quota.parse().unwrap_or(0), period.parse().unwrap());
+                limits.cpu_quota_per_100ms_us = Some(quota * 100_000 / period);
+            }
+        }
+    }
+    limits
+}
+
+fn parent_of(pid: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    stat.rsplit_once(") ").unwrap().1.split(' ').nth(1).unwrap().parse().unwrap()
 }
 
 /// Two sandboxes of one `serve`, and the paths and pids an escape from the first would go for.
@@ -123,7 +199,7 @@ fn escape(t: &Targets, outside: &Path, jailed: bool) -> String {
     // A loopback listener of the host's, as the OTLP collector or a readiness endpoint would be.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let out = Command::new("nsenter")
-        .args(["--target", &t.vmm.pid.to_string(), "--mount", "--ipc", "--uts", "--net", "--root", "--wd"])
+        .args(["--target", &t.vmm.pid.to_string(), "--mount", "--ipc", "--uts", "--net", "--pid", "--root", "--wd"])
         .args(["--setuid", &uid.to_string(), "--setgid", &gid.to_string()])
         .arg(&seen_as)
         .arg(&t.serve.socket)
@@ -207,7 +283,7 @@ fn all_events(state: &Path) -> String {
 /// A launch of a 256 MiB guest that fills 140 MiB of its memory (two tmpfs, the root and /run, each up to half
 /// of it: the guest's pages become QEMU's), with no VMM memory beyond the guest's, and `flags`.
 fn fill_guest_memory(s: &Scratch, flags: &[&str]) -> vm_e2e::Outcome {
-    let fill = "dd if=/dev/zero of=/big bs=1M count=120 2>/dev/null; dd if=/dev/zero of=/run/big bs=1M count=40 \
+    let fill = "dd if=/dev/zero of=/tmp/big bs=1M count=120 2>/dev/null; dd if=/dev/zero of=/run/big bs=1M count=40 \
                 2>/dev/null; echo survived";
     let launch = Launch::new(s, &["/bin/sh", "-c", fill]);
     ["--memory", "256", "--vmm-memory-overhead", "0"].iter().chain(flags).fold(launch, |l, f| l.flag(f)).run()
@@ -305,6 +381,9 @@ fn not_root_the_vmm_runs_in_a_user_namespace_and_the_driver_says_so() {
     if stderr.contains("--confinement userns") {
         let theirs = std::fs::read_link(format!("/proc/{}/ns/user", vmm.pid)).ok();
         assert_ne!(theirs, std::fs::read_link("/proc/self/ns/user").ok(), "no user namespace");
+        let theirs = std::fs::read_link(format!("/proc/{}/ns/pid", vmm.pid)).ok();
+        assert_ne!(theirs, std::fs::read_link("/proc/self/ns/pid").ok(), "no PID namespace");
+        assert_init_of_its_pid_namespace(&st);
         assert!(events.contains("VMM confinement: userns"), "{events}");
         eprintln!("e2e: not root: confinement userns (a user namespace and the jail root), said at start");
     } else {

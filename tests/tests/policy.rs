@@ -8,8 +8,13 @@
 use std::process::Output;
 
 use vm_contract::layout::SandboxFile;
+use vm_contract::test_control::TestControl;
+use vm_e2e::attach::AttachClient;
 use vm_e2e::serve::Serve;
 use vm_e2e::Scratch;
+use vm_protocol::message::Refusal;
+use vm_protocol::policy::{Operation, PolicyUpdate, UpdateOutcome};
+use vm_protocol::{ExitStatus, ProcId, ToGuest, ToHost};
 
 fn text(out: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
@@ -127,4 +132,137 @@ fn an_exec_allow_list_admits_only_its_programs_and_bad_policies_are_refused_at_c
         assert!(!out.status.success() && text(&out).contains(says), "{bad}: {}", text(&out));
     }
     assert!(!serve.state.join("sandboxes/bad").exists(), "a refused policy creates nothing");
+}
+
+/// The race, on one attach connection, in one write so the supervisor finds it queued together: an exec
+/// (which runs for a second), a revocation of exec, and an exec queued behind the revocation. Returns the
+/// two execs' ids and everything the client read until both were answered.
+fn race(serve: &Serve, id: &str) -> (ProcId, ProcId, Vec<ToHost>) {
+    let mut client = AttachClient::connect(&serve.state.join("sandboxes").join(id));
+    let (in_flight, first) = client.spawn_message(&["sh", "-c", "sleep 1; echo in-flight-done"]);
+    let revoke = PolicyUpdate { revision: 1, allow: vec![Operation::Stdin, Operation::ListProcesses], run_as: None };
+    let (queued, second) = client.spawn_message(&["echo", "queued-ran"]);
+    client.send_together(&[first, ToGuest::UpdatePolicy(revoke), second]);
+    let answered = |seen: &[ToHost], id: ProcId| {
+        seen.iter().any(|m| matches!(m, ToHost::Exited { id: i, .. } | ToHost::Refused { id: i, .. } if *i == id))
+    };
+    let seen = client.read_until(|seen| answered(seen, in_flight) && answered(seen, queued));
+    eprintln!("e2e: the client read, in order: {seen:?}");
+    (in_flight, queued, seen)
+}
+
+fn position(seen: &[ToHost], what: impl Fn(&ToHost) -> bool) -> Option<usize> {
+    seen.iter().position(what)
+}
+
+fn stdout_of(seen: &[ToHost], id: ProcId) -> String {
+    let bytes: Vec<u8> = seen
+        .iter()
+        .filter_map(|m| match m {
+            ToHost::Output { id: i, data, .. } if *i == id => Some(data.to_vec()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// An exec admitted before a revocation was dispatched before the revocation is acknowledged, and runs to
+/// its end; an exec queued behind the revocation is judged by it and denied.
+#[test]
+fn a_revocation_serializes_with_dispatch_the_exec_before_it_runs_and_the_one_behind_it_is_denied() {
+    let s = Scratch::new("policy-race");
+    let serve = Serve::start(&s);
+    create_with_policy(&s, &serve, "race", r#"{"allow":["exec","stdin","list_processes"]}"#);
+    let (in_flight, queued, seen) = race(&serve, "race");
+    let ack = position(&seen, |m| matches!(m, ToHost::PolicyAck { revision: 1, outcome: UpdateOutcome::Applied }));
+    assert!(ack.is_some(), "the revocation is acknowledged as applied");
+    assert!(position(&seen, |m| matches!(m, ToHost::Started { id, .. } if *id == in_flight)).is_some());
+    assert_eq!(stdout_of(&seen, in_flight).trim(), "in-flight-done", "the exec in flight runs to its end");
+    assert!(seen.iter().any(|m| matches!(m, ToHost::Exited { id, status: ExitStatus::Code(0) } if *id == in_flight)));
+    let refused = |m: &ToHost| matches!(m, ToHost::Refused { id, reason: Refusal::Denied } if *id == queued);
+    assert!(position(&seen, refused).is_some(), "the queued exec is denied");
+    assert!(!seen.iter().any(|m| matches!(m, ToHost::Started { id, .. } if *id == queued)), "and never started");
+    let denials: Vec<String> =
+        messages(&serve, "race", 2004).into_iter().filter(|m| m.contains("exec denied at policy revision 1")).collect();
+    assert_eq!(denials.len(), 1, "{denials:?}");
+}
+
+/// Control: with the update acknowledged on receipt and applied late (the serialization dropped), the exec
+/// queued behind the revocation is admitted after the client was told exec is revoked.
+#[test]
+fn control_without_serialization_a_queued_exec_is_admitted_after_the_acknowledgment() {
+    let s = Scratch::new("policy-race-ctl");
+    let serve = Serve::with_controls(&s, &[TestControl::UnserializedPolicy]);
+    create_with_policy(&s, &serve, "race", r#"{"allow":["exec","stdin","list_processes"]}"#);
+    let (_, queued, seen) = race(&serve, "race");
+    let ack = position(&seen, |m| matches!(m, ToHost::PolicyAck { revision: 1, .. })).expect("acknowledged");
+    let started = position(&seen, |m| matches!(m, ToHost::Started { id, .. } if *id == queued));
+    assert!(started.is_some_and(|at| at > ack), "control: the queued exec started after the acknowledgment");
+    assert_eq!(stdout_of(&seen, queued).trim(), "queued-ran");
+}
+
+/// Workloads run as the fixed workload identity, never root; a policy may name it but not select another,
+/// neither at create nor in a live update (which then closes admission until a valid newer revision).
+#[test]
+fn workloads_run_as_the_sandbox_user_and_conflicting_selectors_are_refused_at_create_and_on_update() {
+    let s = Scratch::new("policy-identity");
+    let serve = Serve::start(&s);
+    create_with_policy(
+        &s,
+        &serve,
+        "w",
+        r#"{"allow":["exec","stdin","list_processes"],"run_as":{"user":"sandbox","group":"1000"}}"#,
+    );
+    let probe = "id -u; id -g; id -un; echo $HOME; touch $HOME/f && echo home-writable; \
+                 touch /f 2>/dev/null || echo root-fs-refused";
+    let out = serve.cli("exec", &["w", "--", "sh", "-c", probe]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().collect::<Vec<_>>(),
+        ["1000", "1000", "sandbox", "/home/sandbox", "home-writable", "root-fs-refused"],
+        "{}",
+        text(&out)
+    );
+    for (bad, part) in [
+        (r#"{"allow":["exec"],"run_as":{"user":"root"}}"#, "user"),
+        (r#"{"allow":["exec"],"run_as":{"group":"0"}}"#, "group"),
+    ] {
+        let file = s.dir.join("root.json");
+        std::fs::write(&file, bad).unwrap();
+        let out = serve.cli("create", &["--policy", file.to_str().unwrap(), "root"]);
+        let says = format!("run_as.{part} conflicts with the fixed workload identity");
+        assert!(!out.status.success() && text(&out).contains(&says), "{bad}: {}", text(&out));
+    }
+    assert!(!serve.state.join("sandboxes/root").exists(), "a refused policy creates nothing");
+    let out = serve.cli("policy", &["w", "--revision", "1", "--allow", "exec,stdin", "--run-as-user", "0"]);
+    assert!(
+        !out.status.success() && text(&out).contains("conflicts with the fixed workload identity"),
+        "{}",
+        text(&out)
+    );
+    assert!(!exec_echo(&serve, "w", "closed").status.success(), "a conflicting update closes admission");
+    let out = serve.cli("policy", &["w", "--revision", "2", "--allow", "exec,stdin", "--run-as-user", "sandbox"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(delivered(&exec_echo(&serve, "w", "reopened"), "reopened"));
+    let changes = messages(&serve, "w", 5019);
+    assert!(changes.iter().any(|m| m.contains("policy revision 1 refused: its run_as conflicts")), "{changes:?}");
+}
+
+/// `caps.max_processes`: with that many running, a further exec is denied, with a finding; room again once
+/// one exits.
+#[test]
+fn the_process_cap_denies_an_exec_beyond_it() {
+    let s = Scratch::new("policy-caps");
+    let serve = Serve::start(&s);
+    create_with_policy(&s, &serve, "c", r#"{"allow":["exec","stdin","list_processes"],"caps":{"max_processes":1}}"#);
+    let mut client = AttachClient::connect(&serve.state.join("sandboxes/c"));
+    let (long, spawn) = client.spawn_message(&["sleep", "3"]);
+    client.send_together(&[spawn]);
+    client.read_until(|seen| seen.iter().any(|m| matches!(m, ToHost::Started { id, .. } if *id == long)));
+    let out = exec_echo(&serve, "c", "over");
+    assert!(!out.status.success() && text(&out).contains("denied"), "{}", text(&out));
+    let capped = || messages(&serve, "c", 2004).iter().any(|f| f.contains("max_processes are running"));
+    assert!(vm_e2e::wait_until(std::time::Duration::from_secs(10), capped), "{:?}", messages(&serve, "c", 2004));
+    client.read_until(|seen| seen.iter().any(|m| matches!(m, ToHost::Exited { id, .. } if *id == long)));
+    assert!(delivered(&exec_echo(&serve, "c", "room"), "room"), "room again after the first exited");
 }

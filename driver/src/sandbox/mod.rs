@@ -21,12 +21,14 @@ use std::time::Duration;
 use vm_contract::accel::AccelChoice;
 use vm_contract::args::SupervisorArgs;
 use vm_contract::auth::{AuthBundle, BundleError};
+use vm_contract::descriptor::{Backend, LaunchDescriptor, MicrovmPayload};
 use vm_contract::ids::SandboxId;
 use vm_contract::jail::Confinement;
 use vm_contract::layout::{SandboxFile, SandboxLayout};
 use vm_contract::session::{Generation, SessionId};
 use vm_contract::shape::SandboxShape;
 use vm_contract::status::SupervisorStatus;
+use vm_contract::test_control::TestControl;
 use vm_contract::tombstone::{EndReason, Tombstone};
 use vm_protocol::policy::SandboxPolicy;
 
@@ -124,6 +126,9 @@ pub enum StartError {
     /// The policy could not be written for the supervisor.
     #[error("cannot write the sandbox's policy")]
     Policy(#[source] std::io::Error),
+    /// The launch descriptor could not be written for the supervisor.
+    #[error("cannot write the launch descriptor")]
+    Descriptor(#[source] std::io::Error),
     /// No uid could be claimed for the jailed VMM.
     #[error(transparent)]
     Jail(#[from] crate::jail::JailSetupError),
@@ -179,6 +184,10 @@ pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
         reap::end_generation(&spec.layout, None, EndReason::Failed);
         return Err(StartError::Policy(e));
     }
+    if let Err(e) = LaunchDescriptor::microvm(&descriptor_payload(spec)).write(dir) {
+        reap::end_generation(&spec.layout, None, EndReason::Failed);
+        return Err(StartError::Descriptor(e));
+    }
     let jail_id = match spec.jail.confinement {
         Confinement::Jail => match crate::jail::claim(spec.jail.ids, &spec.layout) {
             Ok(id) => Some(id),
@@ -221,6 +230,7 @@ pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
         jail_id,
         vmm_cgroups,
         parent_liveness_stdin: true,
+        backend: Backend::Microvm,
     };
     match SupervisorProcess::spawn(&spec.supervisor, &args, &spec.telemetry) {
         Ok(sup) => Ok(Running {
@@ -238,6 +248,25 @@ pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
             Err(e.into())
         }
     }
+}
+
+/// What this start's launch descriptor says (or, under fault injection, misstates).
+fn descriptor_payload(spec: &StartSpec) -> MicrovmPayload {
+    let mut payload = MicrovmPayload {
+        sandbox_id: spec.id.to_string(),
+        session_id: spec.session.as_ref().map(|s| s.id.as_str().to_owned()),
+        generation: spec.session.as_ref().map_or(0, |s| s.generation.0),
+    };
+    if crate::control(TestControl::DescriptorWrongSandbox) {
+        payload.sandbox_id.push_str("-other");
+    }
+    if crate::control(TestControl::DescriptorWrongSession) {
+        payload.session_id = Some(SessionId::from_bytes([0xee; 16]).as_str().to_owned());
+    }
+    if crate::control(TestControl::DescriptorWrongGeneration) {
+        payload.generation += 1;
+    }
+    payload
 }
 
 /// Writes the approved policy (0600) where the supervisor reads it at start; without one, removes a stale file.
@@ -264,7 +293,7 @@ impl Running {
     /// [`SupervisorError`] with the supervisor's own explanation where it gave one.
     pub async fn ready(&mut self) -> Result<Ready, SupervisorError> {
         let ready = self.sup.ready(self.ready_by, self.boot_timeout).await?;
-        self.vmm = if crate::control(vm_contract::test_control::TestControl::NoVmmWatch) {
+        self.vmm = if crate::control(TestControl::NoVmmWatch) {
             ExitWatch::unwatched()
         } else {
             ExitWatch::new(ready.vmm.as_ref())

@@ -18,6 +18,7 @@ use vm_protocol::driver_api::{
     ProcessInfo, ReadinessKind, RotateCredentialsRequest, RotateCredentialsResponse, Sandbox, SandboxRef,
     UpdatePolicyRequest, UpdatePolicyResponse, ValidateCreateResponse, WatchEvent, WatchRequest,
 };
+use vm_protocol::identity::{IdSelector, RunAs};
 use vm_protocol::policy::{Operation, PolicyUpdate, UpdateOutcome};
 use vm_protocol::{SignalName, ToGuest, ToHost};
 
@@ -67,7 +68,7 @@ fn problems(reg: &Registry, req: &CreateSandboxRequest) -> Vec<String> {
         out.push(UNIX_READINESS.into());
     }
     if !spec.policy.is_empty() {
-        if let Err(e) = vm_protocol::policy::SandboxPolicy::parse(&spec.policy) {
+        if let Err(e) = vm_protocol::policy::SandboxPolicy::parse(&spec.policy, &vm_protocol::identity::WORKLOAD) {
             out.push(e.to_string());
         }
     }
@@ -264,7 +265,10 @@ impl Driver for Api {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         self.reg.serving(&id)?;
-        let update = PolicyUpdate { revision: req.revision, allow };
+        let selector = |s: &str| (!s.is_empty()).then(|| IdSelector(s.to_owned()));
+        let run_as = (!req.run_as_user.is_empty() || !req.run_as_group.is_empty())
+            .then(|| RunAs { user: selector(&req.run_as_user), group: selector(&req.run_as_group) });
+        let update = PolicyUpdate { revision: req.revision, allow, run_as };
         let outcome = crate::attach_client::update_policy(&self.reg.ctx.state.layout(&id), update)
             .await
             .map_err(|_| Status::unavailable("supervisor unreachable"))?;

@@ -46,7 +46,11 @@ impl StoredSpec {
     /// # Errors
     /// [`SpecError`] for a shape out of range or a policy that is not valid.
     pub fn from_api(spec: &SandboxSpec) -> Result<Self, SpecError> {
-        let policy = if spec.policy.is_empty() { None } else { Some(SandboxPolicy::parse(&spec.policy)?) };
+        let policy = if spec.policy.is_empty() {
+            None
+        } else {
+            Some(SandboxPolicy::parse(&spec.policy, &vm_protocol::identity::WORKLOAD)?)
+        };
         Ok(Self {
             shape: SandboxShape::with_defaults(spec.cpus, spec.memory_mib)?,
             env: spec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),

@@ -1,4 +1,5 @@
-//! Bringing the guest up as PID 1: the kernel filesystems and the modules the channel needs.
+//! Bringing the guest up as PID 1: the kernel filesystems, the workload user's home and the modules the
+//! channel needs.
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -6,6 +7,7 @@ use std::path::{Path, PathBuf};
 use nix::errno::Errno;
 use nix::kmod::{finit_module, ModuleInitFlags};
 use nix::mount::{mount, MsFlags};
+use vm_protocol::identity::{WorkloadIdentity, WORKLOAD};
 
 /// Lists the modules to load, one absolute path per line, in dependency order. Written by the image builder.
 pub const MODULE_LIST: &str = "/etc/vm-agent/modules";
@@ -27,6 +29,9 @@ pub enum InitError {
     /// The module list could not be read.
     #[error("cannot read the module list {MODULE_LIST}")]
     ModuleList(#[source] std::io::Error),
+    /// The workload user's home could not be made.
+    #[error("cannot make the workload user's home")]
+    Home(#[source] std::io::Error),
     /// A module did not load.
     #[error("cannot load module {path}")]
     LoadModule {
@@ -53,7 +58,17 @@ pub fn boot() -> Result<(), InitError> {
         // Cosmetic: a failure leaves the kernel's "(none)".
         let _ = nix::unistd::sethostname(name.trim());
     }
+    make_home(&WORKLOAD)?;
     load_modules(Path::new(MODULE_LIST))
+}
+
+/// The workload user's home: its own, 0700 (the initramfs holds files owned by root only).
+fn make_home(who: &WorkloadIdentity) -> Result<(), InitError> {
+    use std::os::unix::fs::PermissionsExt;
+    let made = fs::create_dir_all(who.home)
+        .and_then(|()| std::os::unix::fs::chown(who.home, Some(who.uid), Some(who.gid)))
+        .and_then(|()| fs::set_permissions(who.home, fs::Permissions::from_mode(0o700)));
+    made.map_err(InitError::Home)
 }
 
 fn mount_fs(fstype: &'static str, target: &'static str, flags: MsFlags) -> Result<(), InitError> {

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{killpg, Signal};
 use vm_protocol::handshake::{self, FirstFrameError};
+use vm_protocol::identity::{WorkloadIdentity, WORKLOAD};
 use vm_protocol::{frame, Capabilities, FrameError, Hello, ProcId, SignalName, ToGuest, ToHost};
 
 use crate::outbox::Outbox;
@@ -49,6 +50,9 @@ pub struct Config {
     pub default_cwd: String,
     /// Most processes alive at once.
     pub max_processes: usize,
+    /// Who every process runs as: the fixed workload identity; `None` keeps the agent's own ids (tests on a
+    /// host).
+    pub run_as: Option<WorkloadIdentity>,
 }
 
 impl Default for Config {
@@ -56,10 +60,13 @@ impl Default for Config {
         Self {
             default_env: vec![
                 ("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()),
-                ("HOME".into(), "/root".into()),
+                ("HOME".into(), WORKLOAD.home.into()),
+                ("USER".into(), WORKLOAD.name.into()),
+                ("LOGNAME".into(), WORKLOAD.name.into()),
             ],
             default_cwd: "/".into(),
             max_processes: 1024,
+            run_as: Some(WORKLOAD),
         }
     }
 }

@@ -138,6 +138,10 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
         .envs(config.default_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .envs(req.env.iter().map(|e| (e.key.as_str(), e.value.as_str())))
         .current_dir(req.cwd.as_deref().unwrap_or(&config.default_cwd));
+    if let Some(who) = config.run_as {
+        // std drops the supplementary groups too (setgroups to none) when it changes ids as root.
+        cmd.uid(who.uid).gid(who.gid);
+    }
     let pty = match req.pty.map(Pty::open).transpose().and_then(|pty| attach_stdio(&mut cmd, &req, pty)) {
         Ok(pty) => pty,
         Err(e) => return fail_early(shared, id, &format!("vm-agent: cannot set up stdio ({e})"), EXIT_CANNOT_RUN),

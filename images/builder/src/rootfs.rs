@@ -6,12 +6,14 @@
 //! /lib/modules/vm/*.ko           the channel's kernel modules
 //! /etc/vm-agent/modules          their load order
 //! /dev/console                   so PID 1 has a console before devtmpfs is mounted
-//! /etc/passwd, /etc/group        root only
+//! /etc/passwd, /etc/group        root and the workload user (`vm_protocol::identity::WORKLOAD`)
 //! /proc /sys /dev /run /tmp /root mount points and homes
 //! ```
 
 use std::collections::BTreeMap;
 use std::path::Path;
+
+use vm_protocol::identity::WORKLOAD;
 
 use crate::cpio::{Entry, Kind};
 
@@ -34,6 +36,8 @@ pub struct Contents {
 /// The archive entries, sorted by path, parents before children.
 pub fn entries(contents: Contents) -> Vec<Entry> {
     let mut tree: BTreeMap<String, Entry> = BTreeMap::new();
+    // The archive's root: without this entry the kernel leaves `/` writable by every user.
+    tree.insert(".".into(), Entry { path: ".".into(), perm: 0o755, kind: Kind::Dir });
     let mut add = |path: &str, perm: u32, kind: Kind| {
         for parent in Path::new(path).ancestors().skip(1) {
             let p = parent.to_string_lossy();
@@ -62,8 +66,10 @@ pub fn entries(contents: Contents) -> Vec<Entry> {
         add(&path, 0o644, Kind::File(bytes));
     }
     add("etc/vm-agent/modules", 0o644, Kind::File(list.into_bytes()));
-    add("etc/passwd", 0o644, Kind::File(b"root:x:0:0:root:/root:/bin/sh\n".to_vec()));
-    add("etc/group", 0o644, Kind::File(b"root:x:0:\n".to_vec()));
+    // The workload user's home is made by the agent at boot: archive entries here are all root's.
+    let passwd = format!("root:x:0:0:root:/root:/bin/sh\n{}", WORKLOAD.passwd_line());
+    add("etc/passwd", 0o644, Kind::File(passwd.into_bytes()));
+    add("etc/group", 0o644, Kind::File(format!("root:x:0:\n{}", WORKLOAD.group_line()).into_bytes()));
     add("etc/hostname", 0o644, Kind::File(b"sandbox\n".to_vec()));
     tree.into_values().collect()
 }
@@ -92,5 +98,7 @@ mod tests {
         let list = entries.iter().find(|e| e.path == "etc/vm-agent/modules").unwrap();
         assert_eq!(list.kind, Kind::File(b"/lib/modules/vm/virtio.ko\n".to_vec()));
         assert_eq!(paths.iter().filter(|p| **p == "bin/busybox").count(), 1);
+        assert_eq!(paths.first(), Some(&"."), "the root's own mode comes first");
+        assert_eq!(entries[0].perm, 0o755);
     }
 }

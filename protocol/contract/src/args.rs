@@ -5,6 +5,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use crate::accel::AccelChoice;
+use crate::descriptor::Backend;
 use crate::ids::SandboxId;
 use crate::jail::Confinement;
 use crate::pids::ProcessRecord;
@@ -85,6 +86,9 @@ pub struct SupervisorArgs {
     /// Stdin is the driver's liveness pipe: EOF means the driver is gone.
     #[cfg_attr(feature = "clap", arg(long))]
     pub parent_liveness_stdin: bool,
+    /// The backend: picks the launch descriptor's decoder (never the descriptor itself).
+    #[cfg_attr(feature = "clap", arg(long, value_enum, default_value_t = Backend::Microvm))]
+    pub backend: Backend,
 }
 
 impl SupervisorArgs {
@@ -126,6 +130,8 @@ impl SupervisorArgs {
         if self.parent_liveness_stdin {
             argv.push("--parent-liveness-stdin".into());
         }
+        argv.push("--backend".into());
+        argv.push(self.backend.as_str().into());
         argv
     }
 }
@@ -187,6 +193,7 @@ mod tests {
             jail_id: Some(2_000_000_007),
             vmm_cgroups: vec!["/sys/fs/cgroup/memory/vm-driver/box-1-abcd-vmm".into(), "/p/vm-driver/b-vmm".into()],
             parent_liveness_stdin: true,
+            backend: Backend::Microvm,
         };
         let minimal = SupervisorArgs {
             qemu: None,
@@ -197,6 +204,7 @@ mod tests {
             jail_id: None,
             vmm_cgroups: Vec::new(),
             parent_liveness_stdin: false,
+            backend: Backend::Microvm,
             ..full.clone()
         };
         for args in [full, minimal] {

@@ -40,6 +40,11 @@ impl Confinement {
     pub fn has_jail_root(self) -> bool {
         self != Self::None
     }
+
+    /// Whether QEMU runs as the first process of its own PID namespace, a child of the jailer.
+    pub fn has_pid_namespace(self) -> bool {
+        self != Self::None
+    }
 }
 
 impl fmt::Display for Confinement {
@@ -73,6 +78,17 @@ pub const RLIMIT_FSIZE: u64 = 0;
 /// `vm-jailer --probe-userns`: exit 0 if this host lets an unprivileged process create a user namespace
 /// with a mount namespace (what `Confinement::Userns` needs), 1 otherwise.
 pub const PROBE_USERNS: &str = "--probe-userns";
+
+/// What `vm-jailer` writes on its stdout before QEMU starts: QEMU's pid as the host sees it, one decimal line.
+/// With a PID namespace QEMU is the jailer's child, so the supervisor cannot take it from its own child's pid.
+pub fn vmm_pid_line(pid: u32) -> String {
+    format!("{pid}\n")
+}
+
+/// Reads [`vmm_pid_line`]'s line back.
+pub fn parse_vmm_pid_line(line: &str) -> Option<u32> {
+    line.strip_suffix('\n')?.parse().ok().filter(|pid| *pid > 0)
+}
 
 /// A jailed VMM's uid and gid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -211,6 +227,14 @@ mod tests {
             assert!(bad.parse::<IdRange>().is_err(), "{bad}");
         }
         assert_eq!(IdRange::DEFAULT.to_string().parse::<IdRange>(), Ok(IdRange::DEFAULT));
+    }
+
+    #[test]
+    fn the_vmm_pid_line_round_trips_and_refuses_the_rest() {
+        assert_eq!(parse_vmm_pid_line(&vmm_pid_line(4242)), Some(4242));
+        for bad in ["", "4242", "0\n", "-1\n", "x\n", "42 43\n"] {
+            assert_eq!(parse_vmm_pid_line(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub enum SandboxFile {
     Events,
     /// The policy approved at create (JSON, written by the driver at every start, read by the supervisor).
     Policy,
+    /// The launch descriptor (0600, written by the driver at every start, admitted by the supervisor first).
+    Descriptor,
     /// `serve`: the accepted spec.
     Spec,
     /// `serve`: the last start's generation.
@@ -50,7 +52,7 @@ pub enum SandboxFile {
 
 impl SandboxFile {
     /// Every file, for listings and tests.
-    pub const ALL: [Self; 18] = [
+    pub const ALL: [Self; 19] = [
         Self::VmmRoot,
         Self::JailId,
         Self::Channel,
@@ -66,6 +68,7 @@ impl SandboxFile {
         Self::AuthBundle,
         Self::Events,
         Self::Policy,
+        Self::Descriptor,
         Self::Spec,
         Self::Generation,
         Self::Stopped,
@@ -89,6 +92,7 @@ impl SandboxFile {
             Self::AuthBundle => "auth.json",
             Self::Events => "events.jsonl",
             Self::Policy => "policy.json",
+            Self::Descriptor => "descriptor.json",
             Self::Spec => "spec.json",
             Self::Generation => "generation",
             Self::Stopped => "stopped",

@@ -10,6 +10,7 @@
 //! | exit statuses | [`exit::SupervisorExit`], [`exit::WatchdogExit`], [`exit::driver`] | child -> parent, driver -> user |
 //! | status lines on the supervisor's stdout | [`status::SupervisorStatus`] | supervisor -> driver |
 //! | secrets, in a 0600 file read once | [`auth::AuthBundle`] | driver -> supervisor |
+//! | the launch descriptor, admitted first | [`descriptor::LaunchDescriptor`], [`descriptor::Backend`] | driver -> supervisor |
 //! | processes for the reaper | [`pids::SandboxPids`], [`pids::ProcessRecord`] | supervisor -> driver |
 //! | how a generation ended | [`tombstone::Tombstone`], [`tombstone::EndReason`] | driver -> later drivers |
 //! | the session with `serve` | [`session::SessionHello`], [`session::Generation`], [`session::SessionId`] | supervisor <-> driver |
@@ -18,6 +19,7 @@
 //! | sandbox ids and shapes | [`ids::SandboxId`], [`shape::SandboxShape`] | user -> driver -> supervisor |
 //! | the accelerator | [`accel::AccelChoice`], [`accel::Accelerator`] | user -> driver -> supervisor |
 //! | QEMU's confinement and `vm-jailer`'s argv | [`jail::Confinement`], [`jail::JailerArgs`] | driver -> supervisor -> jailer |
+//! | QEMU's pid, on the jailer's stdout | [`jail::vmm_pid_line`] | jailer -> supervisor |
 //! | what may be logged | [`logs`] | all |
 //! | test-build switches | [`test_control::TestControl`] | tests -> all |
 #![forbid(unsafe_code)]
@@ -27,6 +29,7 @@ pub mod accel;
 pub mod args;
 pub mod attach;
 pub mod auth;
+pub mod descriptor;
 pub mod env;
 pub mod exit;
 pub mod ids;

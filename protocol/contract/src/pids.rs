@@ -22,12 +22,22 @@ impl ProcessRecord {
     /// The record of `pid` as it runs now, from `/proc/<pid>/stat`; `None` when it is gone or a zombie (it has
     /// exited and only waits to be reaped).
     pub fn read(pid: i32) -> Option<Self> {
+        Self::read_with_parent(pid).map(|(record, _)| record)
+    }
+
+    /// The record of `pid`, only if it runs as a child of `parent`: how a process names a grandchild whose
+    /// pid it was told (QEMU, a child of `vm-jailer`) without the risk that the pid is already another's.
+    pub fn read_child_of(pid: i32, parent: i32) -> Option<Self> {
+        Self::read_with_parent(pid).filter(|(_, ppid)| *ppid == parent).map(|(record, _)| record)
+    }
+
+    fn read_with_parent(pid: i32) -> Option<(Self, i32)> {
         let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         let fields: Vec<&str> = text.rsplit_once(") ")?.1.split(' ').collect();
         if fields.first() == Some(&"Z") {
             return None;
         }
-        Some(Self { pid, start_time: fields.get(19)?.parse().ok()? })
+        Some((Self { pid, start_time: fields.get(19)?.parse().ok()? }, fields.get(1)?.parse().ok()?))
     }
 
     /// This very process.
@@ -68,5 +78,20 @@ impl SandboxPids {
     /// Reads the pids file of `dir`; `None` when there is none, or it is not ours.
     pub fn read(dir: &Path) -> Option<Self> {
         serde_json::from_slice(&std::fs::read(dir.join(SandboxFile::Pids.name())).ok()?).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_is_named_only_with_its_real_parent() {
+        let me = i32::try_from(std::process::id()).unwrap();
+        let parent = std::os::unix::process::parent_id();
+        let parent = i32::try_from(parent).unwrap();
+        assert_eq!(ProcessRecord::read_child_of(me, parent), ProcessRecord::current());
+        assert!(ProcessRecord::read_child_of(me, parent + 1).is_none());
+        assert!(ProcessRecord::read_child_of(me, me).is_none());
     }
 }

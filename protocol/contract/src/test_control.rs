@@ -34,6 +34,9 @@ macro_rules! controls {
 controls! {
     LeakLivenessWriteEnd = "leak-liveness-write-end": "driver: the liveness pipe's write end is inherited by the supervisor (and the watchdog; the jailer closes it for QEMU).",
     CloseLivenessFirst = "close-liveness-first": "driver: a stop closes the liveness pipe before SIGTERM (the wrong order).",
+    DescriptorWrongSandbox = "descriptor-wrong-sandbox": "driver: fault injection, the launch descriptor names another sandbox.",
+    DescriptorWrongSession = "descriptor-wrong-session": "driver: fault injection, the launch descriptor names another session.",
+    DescriptorWrongGeneration = "descriptor-wrong-generation": "driver: fault injection, the launch descriptor names another generation.",
     NoReaper = "no-reaper": "driver: the orphan reaper does nothing.",
     NoCgroupSweep = "no-cgroup-sweep": "driver: the cgroup sweep after a stop does nothing.",
     KeepCredentials = "keep-credentials": "driver: a failed start leaves the auth bundle in place.",
@@ -42,6 +45,8 @@ controls! {
     NoVmmWatch = "no-vmm-watch": "driver: the VMM's exit is not watched, so a hung supervisor keeps its sandbox ready.",
     SessionGateSignals = "session-gate-signals": "driver: fault injection, SIGUSR1 drops every supervisor session and holds new ones, SIGUSR2 lets them in.",
     PulseWriteOnly = "pulse-write-only": "supervisor: a pulse that was written counts, echoed or not.",
+    UnserializedPolicy = "unserialized-policy": "supervisor: a policy update is acknowledged on receipt and applied only after the next client message (the serialization with dispatch dropped).",
+    DescriptorUnchecked = "descriptor-unchecked": "supervisor: the launch descriptor is not admitted (any sandbox, session or generation starts).",
     NoGuestInvariants = "no-guest-invariants": "supervisor: the guest's messages are routed but not checked (one Started, no empty data, plausible statuses).",
     JsonlSinkFails = "jsonl-sink-fails": "supervisor: fault injection, every write to events.jsonl fails (ENOSPC).",
     NoTelemetryLimits = "no-telemetry-limits": "supervisor: no rate limit on events and no cap on events.jsonl.",

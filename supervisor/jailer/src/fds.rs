@@ -1,24 +1,37 @@
 //! Inherited file descriptors: QEMU keeps stdin, stdout and stderr, and nothing else.
 
-use std::os::fd::{BorrowedFd, RawFd};
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use crate::JailError;
 
-/// Marks every open fd above 2 close-on-exec, so the exec of QEMU closes it whatever the supervisor (or
-/// anything before it) leaked. Marking rather than closing leaves the directory listing's own fd alone.
-pub fn close_on_exec_beyond_stdio() -> Result<(), JailError> {
+/// Marks every inherited fd above 2 close-on-exec, so the exec of QEMU closes it whatever the supervisor (or
+/// anything before it) leaked, and returns them: each stays open (and its number taken) until [`close`].
+/// Marking rather than closing leaves the directory listing's own fd alone.
+pub fn close_on_exec_beyond_stdio() -> Result<Vec<RawFd>, JailError> {
     let listed: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
         .map_err(JailError::step("list the open files"))?
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
         .filter(|fd| *fd > 2)
         .collect();
-    for raw in listed {
-        // SAFETY: the process is single-threaded here, so an fd listed a moment ago is still open (or was the
-        // listing's own, now closed: then the call fails with EBADF, which is ignored). No safe API marks an
-        // fd this process did not open itself; std and rustix only take fds they can prove are owned.
+    let inherited = listed.into_iter().filter(|&raw| {
+        // SAFETY: the process is single-threaded here, so an fd listed a moment ago is still open, or was the
+        // listing's own, now closed: then the call fails with EBADF and the number is left out. No safe API
+        // marks an fd this process did not open itself; std and rustix only take fds they can prove are owned.
         #[allow(unsafe_code)]
         let fd = unsafe { BorrowedFd::borrow_raw(raw) };
-        let _ = rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC);
+        rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC).is_ok()
+    });
+    Ok(inherited.collect())
+}
+
+/// Closes `inherited` (from [`close_on_exec_beyond_stdio`]) in the jailer that stays QEMU's parent and never
+/// execs: close-on-exec alone would leave them open there.
+pub fn close(inherited: &[RawFd]) {
+    for &raw in inherited {
+        // SAFETY: single-threaded; each number was open when listed and nothing closed it since, so no fd the
+        // jailer opened itself can have the same number, and no object of the jailer's owns it. Taking
+        // ownership here is the only way to close it (see above on safe APIs).
+        #[allow(unsafe_code)]
+        drop(unsafe { OwnedFd::from_raw_fd(raw) });
     }
-    Ok(())
 }

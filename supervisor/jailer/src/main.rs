@@ -4,13 +4,17 @@
 //! - [`fds`]: every inherited fd beyond 0–2 closed at exec.
 //! - [`root`]: new mount namespace, the jail's files bound read-only, `pivot_root` into it.
 //! - [`creds`]: rlimits, the capability bounding set emptied, the jail's uid and gid, no new privileges.
+//! - [`pidns`]: QEMU becomes the first process of its own PID namespace; the jailer stays as its parent and
+//!   reports its pid on stdout (always, with or without a namespace).
 //!
 //! The order matters: mounts need privilege, so they come first; ids change last but one, which clears
-//! every capability; `PR_SET_NO_NEW_PRIVS` then lets QEMU install its seccomp filter unprivileged.
+//! every capability; `PR_SET_NO_NEW_PRIVS` then lets QEMU install its seccomp filter unprivileged. The fork
+//! comes last, so QEMU's parent is as confined as QEMU.
 #![deny(unsafe_code)]
 
 mod creds;
 mod fds;
+mod pidns;
 mod root;
 
 use std::convert::Infallible;
@@ -22,13 +26,14 @@ use clap::Parser;
 use nix::sched::{unshare, CloneFlags};
 use vm_contract::jail::{Confinement, JailerArgs, PROBE_USERNS};
 
-/// The namespaces every jail gets: mounts (the jail root), IPC, host name, and network: QEMU has no network
-/// device, and without its own network namespace an escaped QEMU could reach loopback services (the OTLP
-/// collector, readiness listeners) and every abstract Unix socket on the host.
+/// The namespaces every jail gets: mounts (the jail root), IPC, host name, network (QEMU has no network
+/// device, and without its own network namespace an escaped QEMU could reach loopback services, such as the
+/// OTLP collector, and every abstract Unix socket on the host), and processes (it sees and signals no other).
 const JAIL_NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWNS
     .union(CloneFlags::CLONE_NEWIPC)
     .union(CloneFlags::CLONE_NEWUTS)
-    .union(CloneFlags::CLONE_NEWNET);
+    .union(CloneFlags::CLONE_NEWNET)
+    .union(CloneFlags::CLONE_NEWPID);
 
 /// What went wrong, as fixed text and the OS error.
 #[derive(Debug, thiserror::Error)]
@@ -79,7 +84,7 @@ fn confine_and_exec(args: &JailerArgs) -> Result<Infallible, JailError> {
         std::fs::write(cgroup.join("cgroup.procs"), std::process::id().to_string())
             .map_err(JailError::step("join the VMM's cgroup"))?;
     }
-    fds::close_on_exec_beyond_stdio()?;
+    let inherited = fds::close_on_exec_beyond_stdio()?;
     // Read while /proc is still there: the jail has none.
     let last_cap = creds::last_capability();
     rustix::process::setpriority_process(None, i32::from(args.nice))
@@ -107,6 +112,11 @@ fn confine_and_exec(args: &JailerArgs) -> Result<Infallible, JailError> {
         }
     }
     rustix::thread::set_no_new_privs(true).map_err(|e| JailError::step("set no-new-privileges")(e.into()))?;
+    if args.confinement.has_pid_namespace() {
+        pidns::split(&inherited)?;
+    } else {
+        pidns::report_pid(std::process::id())?;
+    }
     exec(&args.exec)
 }
 

@@ -192,6 +192,8 @@ pub enum Finding {
     VmmLimit,
     /// The sandbox's policy denied a client's operation (the detail names it and the revision).
     PolicyDenied,
+    /// The launch descriptor did not match the trusted arguments: the start was stopped.
+    DescriptorMismatch,
 }
 
 impl Finding {
@@ -206,6 +208,7 @@ impl Finding {
             Self::LogCapped => "A guest log reached its cap",
             Self::VmmLimit => "The VMM hit a limit of its jail",
             Self::PolicyDenied => "The sandbox policy denied an operation",
+            Self::DescriptorMismatch => "The launch descriptor did not match; start stopped",
         }
     }
 
@@ -220,6 +223,7 @@ impl Finding {
             Self::LogCapped => "log_capped",
             Self::VmmLimit => "vmm_limit",
             Self::PolicyDenied => "policy_denied",
+            Self::DescriptorMismatch => "descriptor_mismatch",
         }
     }
 
@@ -230,7 +234,8 @@ impl Finding {
             | Self::LeaseLost
             | Self::WatchdogAction
             | Self::GuestProtocolViolation
-            | Self::VmmLimit => Severity::High,
+            | Self::VmmLimit
+            | Self::DescriptorMismatch => Severity::High,
         }
     }
 }

@@ -32,6 +32,7 @@ pub use self::route::MAX_KEPT_ARGV_BYTES;
 use self::route::{Phase, Route};
 pub use self::violation::{ClientViolation, GuestViolation};
 use crate::policy::{Denial, Gate};
+use vm_contract::test_control::TestControl;
 use vm_protocol::policy::{Operation, SandboxPolicy, UpdateOutcome};
 
 /// The policy operation a client message is, if it is one (credit, pings and policy updates are not).
@@ -50,8 +51,8 @@ fn operation(msg: &ToGuest) -> Option<Operation> {
 /// Processes that ended while detached and still wait for someone to collect their output and status.
 pub const MAX_FINISHED_DETACHED: usize = 64;
 
-/// Processes alive at once in one sandbox.
-pub const MAX_PROCESSES: usize = 256;
+/// Processes alive at once in one sandbox: also the highest process cap a policy may set.
+pub const MAX_PROCESSES: usize = vm_protocol::policy::MAX_PROCESSES_CAP as usize;
 
 /// Output windows of all live processes together. Past it a new process gets a smaller window, never less
 /// than [`MIN_WINDOW_BYTES`]: the guest output the supervisor can ever hold is at most this budget plus
@@ -132,6 +133,8 @@ pub struct Mux {
     enforce: bool,
     /// What clients may do.
     gate: Gate,
+    /// `unserialized-policy` control only: an update acknowledged but not yet applied.
+    late_update: Option<vm_protocol::policy::PolicyUpdate>,
 }
 
 impl Default for Mux {
@@ -150,13 +153,19 @@ impl Mux {
             accepting: true,
             enforce,
             gate: Gate::default(),
+            late_update: None,
         }
     }
 
     /// The same, under `policy` (approved at create) instead of the allow-everything default.
     pub fn with_policy(mut self, policy: SandboxPolicy) -> Self {
-        self.gate = Gate::new(policy);
+        self.gate = Gate::new(policy, vm_protocol::identity::WORKLOAD);
         self
+    }
+
+    /// The sandbox's processes that are asked for or running (not those that exited).
+    fn running(&self) -> usize {
+        self.routes.values().filter(|r| !matches!(r.phase, Phase::Exited(_))).count()
     }
 
     /// Registers a new client.
@@ -208,13 +217,23 @@ impl Mux {
     /// # Errors
     /// A [`ClientViolation`]; the caller disconnects the client (and calls [`Mux::remove_client`]).
     pub fn from_client(&mut self, client: ClientId, msg: ToGuest) -> Result<Vec<Action>, ClientViolation> {
+        // The control's broken design: an update applied only once the message queued behind it was handled.
+        let late = self.late_update.take();
+        let handled = self.handle_client(client, msg);
+        if let Some(update) = late {
+            self.gate.update(&update);
+        }
+        handled
+    }
+
+    fn handle_client(&mut self, client: ClientId, msg: ToGuest) -> Result<Vec<Action>, ClientViolation> {
         // A removed (or never added) client's late messages go nowhere.
         if !self.clients.contains_key(&client) {
             return Ok(Vec::new());
         }
         if let Some(op) = operation(&msg) {
             let admitted = match &msg {
-                ToGuest::Spawn(spawn) => self.gate.admit_spawn(spawn),
+                ToGuest::Spawn(spawn) => self.gate.admit_spawn(spawn, self.running()),
                 _ => self.gate.admit(op, None),
             };
             if let Err(denial) = admitted {
@@ -266,6 +285,14 @@ impl Mux {
             }
             ToGuest::Ping { nonce } => reply(ToHost::Pong { nonce }),
             // Every operation handled before this one is already dispatched: the acknowledgment is sent after it.
+            ToGuest::UpdatePolicy(update) if crate::control(TestControl::UnserializedPolicy) => {
+                let (revision, outcome) = (update.revision, UpdateOutcome::Applied);
+                self.late_update = Some(update);
+                Ok(vec![
+                    Action::PolicyUpdated { revision, outcome, allowed: self.gate.allowed() },
+                    Action::ToClient(client, ToHost::PolicyAck { revision, outcome }),
+                ])
+            }
             ToGuest::UpdatePolicy(update) => {
                 let outcome = self.gate.update(&update);
                 let revision = update.revision;

@@ -317,3 +317,46 @@ fn a_removed_client_is_not_brought_back_by_its_late_messages() {
     assert_eq!(mux.from_client(A, spawn(1, 8)).unwrap(), [], "nothing reaches the guest");
     assert_eq!(mux.from_client(A, ToGuest::ListProcesses).unwrap(), []);
 }
+
+#[test]
+fn a_revocation_is_acknowledged_after_the_exec_before_it_and_before_the_exec_behind_it() {
+    use vm_protocol::policy::PolicyUpdate;
+    let mut mux = mux_with(&[A]);
+    let in_flight = mux.from_client(A, spawn(1, 8)).unwrap();
+    assert!(matches!(&in_flight[..], [Action::ToGuest(ToGuest::Spawn(_))]), "admitted and dispatched");
+    let revoke = PolicyUpdate { revision: 1, allow: vec![Operation::Stdin], run_as: None };
+    let ack = mux.from_client(A, ToGuest::UpdatePolicy(revoke)).unwrap();
+    assert!(matches!(
+        &ack[..],
+        [
+            Action::PolicyUpdated { revision: 1, .. },
+            Action::ToClient(_, ToHost::PolicyAck { outcome: UpdateOutcome::Applied, .. })
+        ]
+    ));
+    let queued = mux.from_client(A, spawn(2, 8)).unwrap();
+    assert!(
+        matches!(
+            &queued[..],
+            [Action::Denied { op: Operation::Exec, revision: 1, .. }, Action::ToClient(_, ToHost::Refused { .. })]
+        ),
+        "{queued:?}"
+    );
+    // The process admitted before the revocation keeps running and is still served.
+    mux.from_guest(started(1, 77, 4)).unwrap();
+    let output = mux.from_guest(out(1, b"hi")).unwrap();
+    assert!(matches!(&output[..], [Action::ToClient(_, ToHost::Output { .. })]), "{output:?}");
+}
+
+#[test]
+fn the_process_cap_counts_what_has_not_exited() {
+    let mut policy = SandboxPolicy::default();
+    policy.caps.max_processes = Some(1);
+    let mut mux = Mux::default().with_policy(policy);
+    mux.add_client(A);
+    assert!(matches!(&mux.from_client(A, spawn(1, 8)).unwrap()[..], [Action::ToGuest(_)]));
+    let second = mux.from_client(A, spawn(2, 8)).unwrap();
+    assert!(matches!(&second[..], [Action::Denied { denial: Denial::ProcessCap, .. }, _]), "{second:?}");
+    mux.from_guest(started(1, 77, 4)).unwrap();
+    mux.from_guest(ToHost::Exited { id: ProcId(1), status: ExitStatus::Code(0) }).unwrap();
+    assert!(matches!(&mux.from_client(A, spawn(3, 8)).unwrap()[..], [Action::ToGuest(_)]), "room again");
+}

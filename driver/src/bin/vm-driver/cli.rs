@@ -348,6 +348,12 @@ pub struct PolicyArgs {
     /// list_processes); empty for none.
     #[arg(long, value_name = "OPS", value_parser = parse_operations)]
     pub allow: Operations,
+    /// The user workloads run as, by name or uid: it may only select the fixed workload identity (sandbox).
+    #[arg(long, value_name = "USER")]
+    pub run_as_user: Option<String>,
+    /// The group workloads run as, by name or gid: it may only select the fixed workload identity (sandbox).
+    #[arg(long, value_name = "GROUP")]
+    pub run_as_group: Option<String>,
     /// The sandbox id.
     pub id: SandboxId,
 }
@@ -378,7 +384,7 @@ fn parse_operations(text: &str) -> Result<Operations, String> {
 /// Reads and validates a policy file, so a bad one fails before anything starts.
 pub fn read_policy(path: &str) -> Result<SandboxPolicy, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-    SandboxPolicy::parse(&text).map_err(|e| format!("{path}: {e}"))
+    SandboxPolicy::parse(&text, &vm_protocol::identity::WORKLOAD).map_err(|e| format!("{path}: {e}"))
 }
 
 #[derive(Debug, Args)]

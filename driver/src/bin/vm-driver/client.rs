@@ -12,6 +12,7 @@ use vm_protocol::driver_api::{
     watch_event, CreateSandboxRequest, ListSandboxesRequest, Sandbox, SandboxRef, SandboxSpec, SandboxState,
     UpdatePolicyRequest, WatchRequest,
 };
+use vm_protocol::identity::{IdSelector, RunAs};
 use vm_protocol::policy::Operation;
 
 /// Connects to `serve` over its Unix socket.
@@ -134,12 +135,15 @@ pub async fn lifecycle(socket: &Path, id: &str, what: Lifecycle) -> Result<()> {
 ///
 /// # Errors
 /// Refused, or the driver or sandbox cannot be reached.
-pub async fn update_policy(socket: &Path, id: &str, revision: u64, allow: &[Operation]) -> Result<()> {
+pub async fn update_policy(socket: &Path, id: &str, revision: u64, allow: &[Operation], run_as: RunAs) -> Result<()> {
     let mut client = connect(socket).await?;
+    let selector = |s: Option<IdSelector>| s.map(|s| s.0).unwrap_or_default();
     let request = UpdatePolicyRequest {
         sandbox_id: id.to_owned(),
         revision,
         allow: allow.iter().map(|o| o.as_str().to_owned()).collect(),
+        run_as_user: selector(run_as.user),
+        run_as_group: selector(run_as.group),
     };
     let answer = client.update_policy(request).await?.into_inner();
     let allowed: Vec<&str> = allow.iter().map(|o| o.as_str()).collect();

@@ -26,6 +26,7 @@ use launch::LaunchConfig;
 use vm_contract::exit::driver::DRIVER_ERROR;
 use vm_driver::service::{self, ServeConfig};
 use vm_protocol::driver_api::SandboxSpec;
+use vm_protocol::identity::{IdSelector, RunAs};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -142,7 +143,10 @@ async fn run(command: Command) -> Result<u8> {
         }
         Command::Ps(args) => client::ps(&args.socket.path(), args.id.as_str()).await.map(|()| 0),
         Command::Policy(args) => {
-            client::update_policy(&args.socket.path(), args.id.as_str(), args.revision, &args.allow.0).await.map(|()| 0)
+            let run_as = RunAs { user: args.run_as_user.map(IdSelector), group: args.run_as_group.map(IdSelector) };
+            client::update_policy(&args.socket.path(), args.id.as_str(), args.revision, &args.allow.0, run_as)
+                .await
+                .map(|()| 0)
         }
         Command::Credentials(args) => {
             let (socket, id) = (args.socket.path(), args.id.as_str());
