@@ -3,7 +3,8 @@
 //!
 //! - [`console`]: the one bounded, non-blocking stderr writer, shared with the diagnostics.
 //! - [`jsonl`]: `events.jsonl` in the sandbox directory.
-//! - [`otlp`]: OTLP log export over gRPC or HTTP/protobuf.
+//! - [`otlp`]: OTLP log export over gRPC or HTTP/protobuf; [`exporter`] builds its exporter (TLS with a CA
+//!   bundle for `https://`), [`credentials`] holds the headers and the CA bundle in slots rotated live.
 //! - [`settings`]: the environment and the auth bundle.
 //!
 //! Console JSON is independent of the file sink and of the diagnostic filter (`RUST_LOG`): every event of
@@ -12,6 +13,8 @@
 //! within a bound; see [`Telemetry::shutdown`].
 
 pub mod console;
+pub mod credentials;
+pub mod exporter;
 pub mod jsonl;
 pub mod limit;
 pub mod otlp;
@@ -22,6 +25,7 @@ use std::time::{Duration, Instant};
 use vm_contract::layout::SandboxFile;
 use vm_contract::test_control::TestControl;
 use vm_ocsf::{Event, Finding, Source};
+use vm_protocol::credentials::{CredentialRotation, RotationOutcome};
 
 use self::console::{Console, ConsoleHandle, CONSOLE_DRAIN};
 use self::jsonl::{Jsonl, JsonlReport};
@@ -124,6 +128,32 @@ impl Telemetry {
         if let Some(jsonl) = &self.jsonl {
             jsonl.write(json, event.essential);
         }
+    }
+
+    /// Swaps the OTLP credentials for `rotation`'s, validated first, and says so in a configuration event
+    /// (never a value). The next export uses them.
+    pub fn rotate(&mut self, rotation: &CredentialRotation) -> RotationOutcome {
+        let Some(otlp) = &self.otlp else {
+            let outcome = RotationOutcome::NoCollector;
+            self.emit_rotation(outcome, 0, rotation);
+            return outcome;
+        };
+        let (outcome, version) = otlp.slots().rotate(rotation);
+        self.emit_rotation(outcome, version, rotation);
+        outcome
+    }
+
+    fn emit_rotation(&mut self, outcome: RotationOutcome, version: u64, rotation: &CredentialRotation) {
+        let what = match outcome {
+            RotationOutcome::Applied => {
+                let headers = rotation.headers.as_ref().map_or(0, Vec::len);
+                let ca = if rotation.ca_path.is_some() { "replaced" } else { "kept" };
+                format!("OTLP credentials rotation {version} applied: {headers} headers replaced, CA bundle {ca}")
+            }
+            refused => format!("OTLP credentials rotation {}", refused.describe()),
+        };
+        let event = self.source.config_change(&what);
+        self.emit(event);
     }
 
     /// Called about once a second: reports what the limits dropped, at most once per interval.
