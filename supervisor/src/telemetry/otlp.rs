@@ -377,9 +377,11 @@ async fn export_loop(
                 }
                 Err(e) => {
                     report.failed_requests += 1;
-                    if last_failure_log.is_none_or(|t| t.elapsed() >= FAILURE_LOG_INTERVAL) {
-                        if crate::diagnostics::verbose_failures() {
-                            // The control of the redaction test: what a naive exporter would log.
+                    // The control of the redaction test logs what a naive exporter would: every failure, with
+                    // its error and records (rate-limited, the first failed batch may hold no payload yet).
+                    let verbose = crate::diagnostics::verbose_failures();
+                    if verbose || last_failure_log.is_none_or(|t| t.elapsed() >= FAILURE_LOG_INTERVAL) {
+                        if verbose {
                             let records: Vec<_> = batch.iter().filter_map(|(r, _, _)| r.body()).collect();
                             tracing::warn!(error = %e, ?records, "OCSF OTLP export failed; retrying");
                         } else {
