@@ -145,11 +145,13 @@ async fn supervise(
     };
     // The policy the driver approved, a trusted input like the arguments; without one, everything is allowed.
     // Only a missing file means "no policy": any other failure to read it must not open everything.
+    let admission_started = std::time::SystemTime::now();
     let policy = match std::fs::read_to_string(SandboxFile::Policy.name()) {
         Ok(text) => SandboxPolicy::parse(&text, &vm_protocol::identity::WORKLOAD).map_err(StartError::Policy),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(SandboxPolicy::default()),
         Err(e) => Err(StartError::PolicyUnreadable(e)),
     };
+    telemetry.spans().admission(admission_started, policy.is_ok());
     let policy = match policy {
         Ok(policy) => policy,
         Err(e) => {
@@ -172,6 +174,7 @@ async fn supervise(
         match boot::boot(args, &senders, &mut inbox.stop).await {
             Ok(booted) => booted,
             Err(e) => {
+                telemetry.spans().boot_ended(false);
                 let mut error = chain(&e);
                 if e.concerns_the_guest() {
                     error.push_str(&tails(&[SandboxFile::VmmLog.name(), SandboxFile::Console.name()]));
@@ -195,6 +198,7 @@ async fn supervise(
                 return Err(e);
             }
         };
+    telemetry.spans().boot_ended(true);
     let vm = AppInfo { name: "microvm".into(), version: link.hello.software_label() };
     crate::attach_server::serve(attach, link.hello.capabilities, senders.clone());
     for app in [&vm, &sandbox] {
