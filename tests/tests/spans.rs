@@ -8,6 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use vm_contract::layout::SandboxFile;
 use vm_e2e::otlp_receiver::{Behavior, Receiver, Span};
 use vm_e2e::serve::Serve;
 use vm_e2e::{wait_until, Launch, Scratch};
@@ -138,6 +139,30 @@ fn launch_spans_reach_a_grpc_collector() {
 #[test]
 fn launch_spans_reach_an_http_protobuf_collector() {
     launch_spans("http/protobuf");
+}
+
+#[test]
+fn a_refusing_collector_costs_fixed_text_only() {
+    const COLLECTOR_CANARY: &str = "collector-canary-span-0f3a";
+    let receiver = Receiver::start(Behavior::Reject(format!("denied: {COLLECTOR_CANARY}")));
+    let endpoint = receiver.grpc_endpoint();
+    let s = Scratch::new("spans-refused");
+    let launch = otlp_flags(&endpoint, "grpc")
+        .into_iter()
+        .fold(Launch::new(&s, &["/bin/sh", "-c", "exit 0", ARGV_CANARY]).flag("--id").flag("refused"), |l, f| {
+            l.flag(f)
+        });
+    let out = launch.command().env("RUST_LOG", "trace").output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let log = std::fs::read_to_string(s.state().join("sandboxes/refused").join(SandboxFile::SupervisorLog.name()))
+        .unwrap_or_default();
+    assert!(log.contains("span OTLP export failed; retrying"), "the failure is reported, in fixed text");
+    assert!(log.contains("span OTLP export incomplete"), "and what was lost, counted");
+    for text in [log.as_str(), &String::from_utf8_lossy(&out.stderr)] {
+        assert!(!text.contains(COLLECTOR_CANARY), "the collector's text reached a log");
+    }
+    assert!(receiver.spans().is_empty() && receiver.rejected() > 0, "positive control: exports were refused");
+    assert!(receiver.probe_grpc().is_some_and(|m| m.contains(COLLECTOR_CANARY)), "the refusal carries the canary");
 }
 
 /// `vm-driver serve`: the same, plus two execs and two policy updates (one applied, one stale).
