@@ -128,7 +128,8 @@ impl SpanExport {
     }
 }
 
-/// Builds the OTLP span exporter for the log export's collector.
+/// Builds the OTLP span exporter for the log export's collector: the same settings as the log exporter
+/// (`otlp.rs`), which it must keep in step with (headers, transport security).
 ///
 /// # Errors
 /// [`OtlpError`] for a bad header or endpoint.
