@@ -29,6 +29,8 @@ use crate::telemetry::Telemetry;
 /// A [`StartError`] if the VM never became ready; the failure is also reported as a status line and an
 /// OCSF event.
 pub async fn run(args: SupervisorArgs, console: Console) -> Result<StopReason, StartError> {
+    // The admission span (descriptor, then policy) starts here; it is exported once the sinks are up.
+    let admission_started = std::time::SystemTime::now();
     let telemetry = std::env::set_current_dir(&args.sandbox_dir)
         .map_err(|e| StartError::SandboxDir(args.sandbox_dir.clone(), e))
         .and_then(|()| admit_descriptor(&args))
@@ -54,7 +56,7 @@ pub async fn run(args: SupervisorArgs, console: Console) -> Result<StopReason, S
     };
     let event = telemetry.source().config_change(&confinement);
     telemetry.emit(event);
-    let outcome = supervise(&args, token, &mut telemetry).await;
+    let outcome = supervise(&args, token, admission_started, &mut telemetry).await;
     if let Err(e) = &outcome {
         // Logged here, while the console still runs.
         tracing::error!(error = %chain(e), "start-up failed");
@@ -128,6 +130,7 @@ fn start_telemetry(args: &SupervisorArgs, console: &Console) -> Result<(Telemetr
 async fn supervise(
     args: &SupervisorArgs,
     token: Option<String>,
+    admission_started: std::time::SystemTime,
     telemetry: &mut Telemetry,
 ) -> Result<StopReason, StartError> {
     let session = match (&args.session_socket, &args.session_id, token) {
@@ -145,7 +148,6 @@ async fn supervise(
     };
     // The policy the driver approved, a trusted input like the arguments; without one, everything is allowed.
     // Only a missing file means "no policy": any other failure to read it must not open everything.
-    let admission_started = std::time::SystemTime::now();
     let policy = match std::fs::read_to_string(SandboxFile::Policy.name()) {
         Ok(text) => SandboxPolicy::parse(&text, &vm_protocol::identity::WORKLOAD).map_err(StartError::Policy),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(SandboxPolicy::default()),

@@ -1,7 +1,8 @@
 //! The supervisor's spans, exported as OTLP traces when an OTLP endpoint is set ([`span_export`]).
 //!
 //! One trace per sandbox: a root span `sandbox` from the supervisor's start to its flush, and children
-//! `sandbox.boot` (start to the agent's handshake), `sandbox.admission` (the start-up policy, revision 0),
+//! `sandbox.boot` (start to the agent's handshake), `sandbox.admission` (the launch descriptor and the
+//! approved policy, revision 0),
 //! `sandbox.exec` (one admitted `Spawn` dispatched to the guest, ended by its answer), `sandbox.policy_update`
 //! (an `UpdatePolicy` through the gate) and `sandbox.stop` (the stop decision to the VMM's exit).
 //!
@@ -88,6 +89,7 @@ fn update_outcome(outcome: UpdateOutcome) -> &'static str {
         UpdateOutcome::Applied => "applied",
         UpdateOutcome::Stale => "stale",
         UpdateOutcome::NotApproved => "not_approved",
+        UpdateOutcome::IdentityConflict => "identity_conflict",
     }
 }
 
@@ -162,8 +164,9 @@ impl Spans {
         }
     }
 
-    /// The start-up admission, begun at `started`: the approved policy (revision 0) was read and accepted,
-    /// or refused.
+    /// The start-up admission, begun at `started`: the launch descriptor was admitted and the approved policy
+    /// (revision 0) read and accepted, or refused. (A refused descriptor stops the start before any
+    /// credential is read, so before the export exists: it has no span.)
     pub fn admission(&mut self, started: SystemTime, approved: bool) {
         let Some(inner) = &mut self.0 else { return };
         let mut span = inner.child("sandbox.admission", "admission", started);
