@@ -8,6 +8,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio_util::codec::{FramedRead, FramedWrite};
 use vm_contract::layout::{SandboxFile, SandboxLayout};
 use vm_protocol::codec::{self, FrameCodec};
+use vm_protocol::credentials::{CredentialRotation, RotationOutcome};
 use vm_protocol::handshake::FirstFrameError;
 use vm_protocol::policy::{PolicyUpdate, UpdateOutcome};
 use vm_protocol::{Capabilities, FrameError, Hello, ToGuest, ToHost};
@@ -94,6 +95,28 @@ pub async fn update_policy(layout: &SandboxLayout, update: PolicyUpdate) -> Resu
                 if r == revision {
                     return Some(outcome);
                 }
+            }
+        }
+        None
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, ack).await.ok().flatten().ok_or(AttachError::Timeout)
+}
+
+/// Sends new collector credentials over a fresh attach connection (the supervisor keeps them; they never
+/// reach the guest) and waits, within [`CONNECT_TIMEOUT`], for the answer.
+///
+/// # Errors
+/// [`AttachError`]; [`AttachError::Timeout`] when no answer comes.
+pub async fn rotate_credentials(
+    layout: &SandboxLayout,
+    rotation: CredentialRotation,
+) -> Result<RotationOutcome, AttachError> {
+    let mut attached = connect(layout).await?;
+    attached.send(ToGuest::RotateCredentials(rotation)).await?;
+    let ack = async {
+        while let Some(Ok(msg)) = attached.recv().await {
+            if let ToHost::CredentialsAck { outcome } = msg {
+                return Some(outcome);
             }
         }
         None

@@ -3,6 +3,7 @@
 //! guest or a log line; every error here is fixed text.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 
 use vm_contract::env::{self, HEADER_VARS};
 
@@ -19,6 +20,22 @@ pub struct TelemetryConfig {
     pub gateway_name: Option<String>,
     /// `on` or `off`.
     pub ocsf_json: Option<String>,
+    /// CA bundle for an `https://` collector (absolute; see [`ca_path`]).
+    pub otlp_ca: Option<PathBuf>,
+}
+
+/// The CA bundle path cannot be used. Fixed text.
+#[derive(Debug, thiserror::Error)]
+#[error("the OTLP CA bundle cannot be found")]
+pub struct CaPathError(#[source] std::io::Error);
+
+/// The absolute, canonical form of a CA bundle path given on this host: supervisors run elsewhere (in the
+/// sandbox directory) and read it again at every start and rotation.
+///
+/// # Errors
+/// [`CaPathError`] when it does not exist.
+pub fn ca_path(path: &std::path::Path) -> Result<PathBuf, CaPathError> {
+    std::fs::canonicalize(path).map_err(CaPathError)
 }
 
 /// The collector headers are malformed. Fixed text: the value could be a secret.
@@ -40,6 +57,7 @@ impl TelemetryConfig {
         ]
         .into_iter()
         .filter_map(|(k, v)| v.as_ref().map(|v| (k, OsString::from(v))))
+        .chain(self.otlp_ca.as_ref().map(|p| (env::OTLP_CA, p.clone().into_os_string())))
         .collect()
     }
 }
@@ -61,7 +79,9 @@ fn headers_from(lookup: impl Fn(&str) -> Option<String>) -> Result<Vec<(String, 
     Ok(Vec::new())
 }
 
-fn parse_headers(text: &str) -> Option<Vec<(String, String)>> {
+/// Parses collector headers given as text (`k1=v1,k2=v2`, values percent-decoded), as the header variables
+/// hold them; `None` when malformed. The caller says where they came from, never what they are.
+pub fn parse_headers(text: &str) -> Option<Vec<(String, String)>> {
     text.split(',')
         .map(str::trim)
         .filter(|p| !p.is_empty())

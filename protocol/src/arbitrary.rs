@@ -8,6 +8,7 @@ use std::ops::Range;
 
 use proptest::prelude::*;
 
+use crate::credentials::{CredentialRotation, RotationOutcome};
 use crate::flow::MAX_WINDOW_BYTES;
 use crate::handshake::{Capabilities, Hello, HELLO_MAGIC, PROTOCOL_VERSION};
 use crate::identity::{IdSelector, RunAs};
@@ -91,6 +92,8 @@ pub fn to_guest(ids: Range<u32>, commands: Vec<Vec<String>>) -> impl Strategy<Va
         1 => Just(ToGuest::ListProcesses),
         1 => (any::<u64>(), prop::collection::vec(prop::sample::select(Operation::ALL.to_vec()), 0..7), run_as())
             .prop_map(|(revision, allow, run_as)| ToGuest::UpdatePolicy(PolicyUpdate { revision, allow, run_as })),
+        1 => (prop::option::of(prop::collection::vec((text(), text()), 0..3)), prop::option::of(text()))
+            .prop_map(|(headers, ca_path)| ToGuest::RotateCredentials(CredentialRotation { headers, ca_path })),
     ]
 }
 
@@ -140,5 +143,7 @@ pub fn to_host(ids: Range<u32>) -> impl Strategy<Value = ToHost> {
             UpdateOutcome::IdentityConflict,
         ]))
             .prop_map(|(revision, outcome)| ToHost::PolicyAck { revision, outcome }),
+        1 => prop::sample::select(vec![RotationOutcome::Applied, RotationOutcome::NoCollector, RotationOutcome::BadHeader, RotationOutcome::CaUnreadable, RotationOutcome::Empty])
+            .prop_map(|outcome| ToHost::CredentialsAck { outcome }),
     ]
 }

@@ -33,6 +33,7 @@
 pub mod arbitrary;
 #[cfg(feature = "tokio")]
 pub mod codec;
+pub mod credentials;
 #[cfg(feature = "grpc")]
 pub mod driver_api;
 pub mod flow;

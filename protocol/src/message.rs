@@ -76,6 +76,9 @@ pub enum ToGuest {
     /// Attach socket only (the driver): restrict or restore operations within the approved policy (answered
     /// with `PolicyAck`).
     UpdatePolicy(crate::policy::PolicyUpdate),
+    /// Attach socket only (the driver): new OTLP collector credentials (answered with `CredentialsAck`).
+    /// The supervisor keeps it; it never reaches the guest.
+    RotateCredentials(crate::credentials::CredentialRotation),
 }
 
 /// Guest agent (or supervisor, on the attach socket) to host.
@@ -156,6 +159,11 @@ pub enum ToHost {
         revision: u64,
         /// What became of it.
         outcome: crate::policy::UpdateOutcome,
+    },
+    /// Attach socket only: the answer to `RotateCredentials`, sent once the slots hold the new credentials.
+    CredentialsAck {
+        /// What became of it.
+        outcome: crate::credentials::RotationOutcome,
     },
 }
 

@@ -353,6 +353,10 @@ impl Serving<'_> {
                     let event = self.telemetry.source().config_change(&what);
                     self.telemetry.emit(event);
                 }
+                Action::RotateCredentials(client, rotation) => {
+                    let outcome = self.telemetry.rotate(&rotation);
+                    self.send_to_client(client, ToHost::CredentialsAck { outcome });
+                }
                 Action::Exited { guest_id, pid, argv, status } => {
                     let pid = pid.and_then(|p| i32::try_from(p).ok());
                     let info = ProcessInfo::new(self.args.sandbox_id.as_str(), guest_id.0, pid, &argv);

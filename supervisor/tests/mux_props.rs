@@ -112,7 +112,7 @@ impl Peers {
             ToHost::StdinCredit { bytes, .. } => prop_assert!(*bytes > 0, "zero stdin credit to a client"),
             ToHost::Processes { list } => prop_assert!(list.len() <= MAX_PROCESSES),
             // The supervisor answers a client's Ping itself.
-            ToHost::Pong { .. } | ToHost::PolicyAck { .. } => {}
+            ToHost::Pong { .. } | ToHost::PolicyAck { .. } | ToHost::CredentialsAck { .. } => {}
             ToHost::Hello(_) | ToHost::Reserved => {
                 prop_assert!(false, "not for a client: {msg:?}");
             }

@@ -25,6 +25,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use procs::{ProcInfo, Watcher};
+use vm_contract::descriptor::{LaunchDescriptor, MicrovmPayload};
 pub use vm_contract::test_control::TestControl;
 
 /// The binaries of one build.
@@ -477,6 +478,9 @@ impl DirectSupervisor {
         let dir = scratch.dir.join("direct");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        // What the driver writes at every start, for the supervisor's startup admission.
+        let payload = MicrovmPayload { sandbox_id: "direct".into(), session_id: None, generation: 0 };
+        LaunchDescriptor::microvm(&payload).write(&dir).unwrap();
         let watcher = Watcher::start(&scratch.dir);
         let mut child = Command::new(&h.shipped.supervisor)
             .args(["--sandbox-id", "direct", "--sandbox-dir"])

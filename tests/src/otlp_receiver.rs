@@ -1,7 +1,8 @@
 //! A real OTLP log and trace receiver on loopback sockets: gRPC (tonic, with the official opentelemetry-proto
 //! services) and HTTP/protobuf (a small HTTP/1.1 server decoding the same protobuf messages: `/v1/traces`
 //! for traces, any other path for logs). It records every request's headers, every log record and every
-//! span, and can be slow or reject requests on demand.
+//! span, and can be slow or reject requests on demand. With [`Receiver::start_tls`] both serve TLS only
+//! (rustls), with a certificate the test made.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -79,6 +80,7 @@ struct State {
 pub struct Receiver {
     pub grpc: SocketAddr,
     pub http: SocketAddr,
+    scheme: &'static str,
     state: Arc<Mutex<State>>,
     _runtime: tokio::runtime::Runtime,
 }
@@ -221,8 +223,18 @@ impl LogsService for Grpc {
     }
 }
 
-async fn http_connection(stream: tokio::net::TcpStream, state: Arc<Mutex<State>>) -> std::io::Result<()> {
-    let (read, mut write) = stream.into_split();
+/// A server certificate chain and its key, PEM.
+#[derive(Debug, Clone)]
+pub struct TlsIdentity {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+async fn http_connection<S>(stream: S, state: Arc<Mutex<State>>) -> std::io::Result<()>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let (read, mut write) = tokio::io::split(stream);
     let mut reader = BufReader::new(read);
     loop {
         let mut line = String::new();
@@ -277,12 +289,37 @@ async fn http_connection(stream: tokio::net::TcpStream, state: Arc<Mutex<State>>
             }
         };
         write.write_all(&response).await?;
+        write.flush().await?;
     }
+}
+
+fn tls_acceptor(identity: &TlsIdentity) -> tokio_rustls::TlsAcceptor {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(identity.cert_pem.as_bytes()).map(Result::unwrap).collect();
+    let key = PrivateKeyDer::from_pem_slice(identity.key_pem.as_bytes()).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
 }
 
 impl Receiver {
     /// Starts both servers on loopback.
     pub fn start(behavior: Behavior) -> Self {
+        Self::serve(behavior, None)
+    }
+
+    /// Starts both servers on loopback, serving TLS only with `identity`.
+    pub fn start_tls(behavior: Behavior, identity: &TlsIdentity) -> Self {
+        Self::serve(behavior, Some(identity.clone()))
+    }
+
+    fn serve(behavior: Behavior, tls: Option<TlsIdentity>) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let state = Arc::new(Mutex::new(State { behavior: Some(behavior), ..State::default() }));
         let (grpc, http) = runtime.block_on(async {
@@ -293,26 +330,46 @@ impl Receiver {
         let (grpc_addr, http_addr) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
         let logs = LogsServiceServer::new(Grpc(Arc::clone(&state)));
         let traces = TraceServiceServer::new(Grpc(Arc::clone(&state)));
+        let mut server = tonic::transport::Server::builder();
+        if let Some(identity) = &tls {
+            let config = tonic::transport::ServerTlsConfig::new()
+                .identity(tonic::transport::Identity::from_pem(&identity.cert_pem, &identity.key_pem));
+            server = server.tls_config(config).unwrap();
+        }
         runtime.spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
-            let server = tonic::transport::Server::builder().add_service(logs).add_service(traces);
-            let _ = server.serve_with_incoming(incoming).await;
+            let _ = server.add_service(logs).add_service(traces).serve_with_incoming(incoming).await;
         });
         let http_state = Arc::clone(&state);
+        let acceptor = tls.as_ref().map(tls_acceptor);
         runtime.spawn(async move {
             while let Ok((stream, _)) = http.accept().await {
-                tokio::spawn(http_connection(stream, Arc::clone(&http_state)));
+                let state = Arc::clone(&http_state);
+                match acceptor.clone() {
+                    // A client that does not trust the certificate fails the handshake: nothing is recorded.
+                    Some(acceptor) => {
+                        tokio::spawn(async move {
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                let _ = http_connection(stream, state).await;
+                            }
+                        });
+                    }
+                    None => {
+                        tokio::spawn(http_connection(stream, state));
+                    }
+                }
             }
         });
-        Self { grpc: grpc_addr, http: http_addr, state, _runtime: runtime }
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        Self { grpc: grpc_addr, http: http_addr, scheme, state, _runtime: runtime }
     }
 
     pub fn grpc_endpoint(&self) -> String {
-        format!("http://{}", self.grpc)
+        format!("{}://{}", self.scheme, self.grpc)
     }
 
     pub fn http_endpoint(&self) -> String {
-        format!("http://{}", self.http)
+        format!("{}://{}", self.scheme, self.http)
     }
 
     pub fn records(&self) -> Vec<Record> {

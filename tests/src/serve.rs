@@ -19,6 +19,8 @@ pub struct Serve {
     pub socket: PathBuf,
     pub state: PathBuf,
     env: Vec<(String, String)>,
+    /// Where its stderr goes, when not inherited.
+    log: Option<PathBuf>,
     watcher: Option<Watcher>,
 }
 
@@ -35,18 +37,31 @@ impl Serve {
 
     /// Starts it with `controls` switched on and `args` added to `vm-driver serve`.
     pub fn with(scratch: &Scratch, controls: &[TestControl], args: &[&str]) -> Self {
+        Self::with_env(scratch, controls, args, &[], None)
+    }
+
+    /// As [`Serve::with`], with `extra_env` set too and its stderr written to `log` instead of inherited.
+    pub fn with_env(
+        scratch: &Scratch,
+        controls: &[TestControl],
+        args: &[&str],
+        extra_env: &[(&str, &str)],
+        log: Option<&Path>,
+    ) -> Self {
         let state = scratch.state();
-        let env: Vec<(&str, String)> = control_env(controls).into_iter().collect();
+        let mut env: Vec<(&str, String)> = control_env(controls).into_iter().collect();
+        env.extend(extra_env.iter().map(|(k, v)| (*k, (*v).to_owned())));
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         scratch.waiting_for("vm-driver serve to listen");
         let mut serve = Self {
-            child: Self::spawn(&state, controls, &env, &args),
+            child: Self::spawn(&state, controls, &env, &args, log),
             controls: controls.to_vec(),
             args,
             socket: state.join("driver.sock"),
             state,
             env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            log: log.map(Path::to_owned),
             watcher: Some(Watcher::start(&scratch.dir)),
         };
         serve.wait_listening();
@@ -56,8 +71,20 @@ impl Serve {
         serve
     }
 
-    fn spawn(state: &Path, controls: &[TestControl], env: &[(&str, &str)], args: &[String]) -> Child {
+    fn spawn(
+        state: &Path,
+        controls: &[TestControl],
+        env: &[(&str, &str)],
+        args: &[String],
+        log: Option<&Path>,
+    ) -> Child {
         let h = harness();
+        let stderr = match log {
+            Some(path) => Stdio::from(
+                std::fs::OpenOptions::new().create(true).append(true).open(path).expect("cannot open the serve log"),
+            ),
+            None => Stdio::inherit(),
+        };
         Command::new(&h.build(controls).driver)
             .arg("serve")
             .arg("--state-dir")
@@ -69,7 +96,7 @@ impl Serve {
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("cannot start vm-driver serve")
     }
@@ -104,7 +131,7 @@ impl Serve {
     /// Starts it again on the same state directory.
     pub fn restart(&mut self) {
         let env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        self.child = Self::spawn(&self.state, &self.controls, &env, &self.args);
+        self.child = Self::spawn(&self.state, &self.controls, &env, &self.args, self.log.as_deref());
         self.wait_listening();
     }
 

@@ -48,6 +48,10 @@ fn mismatch_stops_the_start(control: TestControl, says: &str) {
         .find(|e| e["class_uid"] == 2004 && e["finding_info"]["types"][0] == "descriptor_mismatch")
         .unwrap_or_else(|| panic!("a descriptor_mismatch finding: {events:?}"));
     assert!(finding["finding_info"]["desc"].as_str().unwrap_or_default().contains(says), "{finding}");
+    let schema = vm_e2e::ocsf_schema::Schema::load(&vm_e2e::ocsf_schema::schema_dir());
+    for event in &events {
+        assert!(schema.validate(event).is_empty(), "{event}: {:#?}", schema.validate(event));
+    }
     // Stopped before any credential was installed: nothing was exported, no VM ran.
     assert!(receiver.requests().is_empty(), "the collector's credentials were used");
     let dir = s.state().join("sandboxes/adm");

@@ -22,6 +22,11 @@ fn every_kind_of_event() -> Vec<vm_ocsf::Event> {
         s.finding(Finding::WatchdogAction, "watchdog killed the VMM"),
         s.finding(Finding::AdmissionRefused, "peer uid mismatch"),
         s.finding(Finding::GuestProtocolViolation, "bad frame"),
+        s.finding(Finding::TelemetryDropped, "3 events dropped"),
+        s.finding(Finding::LogCapped, "console.log reached its cap"),
+        s.finding(Finding::VmmLimit, "the VMM exceeded its memory limit and was killed"),
+        s.finding(Finding::PolicyDenied, "exec denied at policy revision 1: not allowed"),
+        s.finding(Finding::DescriptorMismatch, "the launch descriptor names another generation"),
         s.config_change("policy updated"),
     ]
 }

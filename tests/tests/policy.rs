@@ -48,6 +48,17 @@ fn messages(serve: &Serve, id: &str, class: u64) -> Vec<String> {
         .collect()
 }
 
+/// Every event the sandbox wrote (approvals, updates, denials, processes) is valid OCSF 1.8.0.
+fn assert_valid_ocsf(serve: &Serve, id: &str) {
+    let schema = vm_e2e::ocsf_schema::Schema::load(&vm_e2e::ocsf_schema::schema_dir());
+    let events = events(serve, id);
+    assert!(!events.is_empty());
+    for event in &events {
+        let problems = schema.validate(event);
+        assert!(problems.is_empty(), "{event}: {problems:#?}");
+    }
+}
+
 fn create_with_policy(s: &Scratch, serve: &Serve, id: &str, policy: &str) {
     let file = s.dir.join(format!("{id}.policy.json"));
     std::fs::write(&file, policy).unwrap();
@@ -186,6 +197,7 @@ fn a_revocation_serializes_with_dispatch_the_exec_before_it_runs_and_the_one_beh
     let denials: Vec<String> =
         messages(&serve, "race", 2004).into_iter().filter(|m| m.contains("exec denied at policy revision 1")).collect();
     assert_eq!(denials.len(), 1, "{denials:?}");
+    assert_valid_ocsf(&serve, "race");
 }
 
 /// Control: with the update acknowledged on receipt and applied late (the serialization dropped), the exec
@@ -246,6 +258,7 @@ fn workloads_run_as_the_sandbox_user_and_conflicting_selectors_are_refused_at_cr
     assert!(delivered(&exec_echo(&serve, "w", "reopened"), "reopened"));
     let changes = messages(&serve, "w", 5019);
     assert!(changes.iter().any(|m| m.contains("policy revision 1 refused: its run_as conflicts")), "{changes:?}");
+    assert_valid_ocsf(&serve, "w");
 }
 
 /// `caps.max_processes`: with that many running, a further exec is denied, with a finding; room again once

@@ -1,15 +1,21 @@
 //! Supervisor spans as OTLP traces to a real receiver (gRPC and HTTP/protobuf), on real VMs: boot,
 //! admission, exec, policy update (under `vm-driver serve`) and stop, with exactly the log records' resource,
-//! valid ids and times, parents that exist, the collector headers, and no argv in any attribute.
+//! valid ids and times, parents that exist, the collector headers (rotated with the logs', over TLS), and no
+//! argv in any attribute.
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 #![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::time::Duration;
 
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+
 use vm_contract::layout::SandboxFile;
-use vm_e2e::otlp_receiver::{Behavior, Receiver, Span};
+use vm_e2e::otlp_receiver::{Behavior, Receiver, Span, TlsIdentity};
 use vm_e2e::serve::Serve;
 use vm_e2e::{wait_until, Launch, Scratch};
 
@@ -205,4 +211,69 @@ fn serve_spans_with_policy_updates_reach_a_grpc_collector() {
 #[test]
 fn serve_spans_with_policy_updates_reach_an_http_protobuf_collector() {
     serve_spans("http/protobuf");
+}
+
+/// A throwaway CA and a server certificate it signed for 127.0.0.1; the CA written to `dir/ca.pem`.
+fn test_ca(dir: &Path) -> (PathBuf, TlsIdentity) {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let server_key = KeyPair::generate().unwrap();
+    let server = CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&server_key, &Issuer::new(ca_params, ca_key))
+        .unwrap();
+    let path = dir.join("ca.pem");
+    std::fs::write(&path, ca_cert.pem()).unwrap();
+    (path, TlsIdentity { cert_pem: server.pem(), key_pem: server_key.serialize_pem() })
+}
+
+/// Over TLS (the CA bundle of the logs), spans carry the logs' token, and after a rotation the new one.
+fn spans_follow_the_credentials(protocol: &str) {
+    const OLD: &str = "Bearer span-old-61b2";
+    const NEW: &str = "Bearer span-new-0c9e";
+    let s = Scratch::new(&format!("spans-tls-{}", protocol.replace('/', "-")));
+    let (ca, identity) = test_ca(&s.dir);
+    let receiver = Receiver::start_tls(Behavior::Accept, &identity);
+    let endpoint = endpoint(&receiver, protocol);
+    let mut args = otlp_flags(&endpoint, protocol).to_vec();
+    args.extend(["--otlp-ocsf-ca", ca.to_str().unwrap()]);
+    let headers = format!("authorization={}", OLD.replace(' ', "%20"));
+    let serve = Serve::with_env(&s, &[], &args, &[("OTEL_EXPORTER_OTLP_HEADERS", headers.as_str())], None);
+    let id = "spans-tls";
+    assert!(serve.cli("create", &["--memory", "128", id]).status.success());
+    let token = |r: &vm_e2e::otlp_receiver::Request| r.headers.get("authorization").cloned().unwrap_or_default();
+    assert!(
+        wait_until(Duration::from_secs(30), || receiver.trace_requests().iter().any(|r| token(r) == OLD)),
+        "the boot and admission spans arrive over TLS with the logs' token"
+    );
+    let mut child = serve
+        .cli_command("credentials", &[id, "--headers-file", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(format!("authorization={}", NEW.replace(' ', "%20")).as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "rotation: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(serve.cli("exec", &[id, "--", "true"]).status.success());
+    assert!(serve.cli("stop", &[id]).status.success());
+    let spans = spans_of(&receiver, id, protocol);
+    assert_eq!(spans["sandbox.exec"].len(), 1);
+    let tokens: Vec<String> = receiver.trace_requests().iter().map(token).collect();
+    assert_eq!(tokens.first().map(String::as_str), Some(OLD), "{tokens:?}");
+    assert_eq!(tokens.last().map(String::as_str), Some(NEW), "the spans after the rotation: {tokens:?}");
+    assert!(tokens.iter().all(|t| t == OLD || t == NEW), "{tokens:?}");
+}
+
+#[test]
+fn spans_follow_tls_and_a_rotation_over_grpc() {
+    spans_follow_the_credentials("grpc");
+}
+
+#[test]
+fn spans_follow_tls_and_a_rotation_over_http_protobuf() {
+    spans_follow_the_credentials("http/protobuf");
 }

@@ -10,6 +10,7 @@
 //! Starting and stopping are the one lifecycle of [`crate::sandbox`]. Stopping writes the `stopped` marker
 //! first; on driver shutdown the sandbox stops without it, so it comes back on restart.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -285,6 +286,12 @@ impl Actor {
         let token = state::random_hex::<32>().map_err(|e| text(&e))?;
         let id = SessionId::from_bytes(state::random_bytes::<16>().map_err(|e| text(&e))?);
         self.reg.expect_session(&self.id, generation, id.clone(), token.clone());
+        // A rotation outlives the supervisor it was sent to.
+        let (mut telemetry, mut otlp_headers) = (ctx.telemetry.clone(), ctx.otlp_headers.clone());
+        if let Some(rotated) = self.reg.rotated(&self.id) {
+            otlp_headers = rotated.headers.unwrap_or(otlp_headers);
+            telemetry.otlp_ca = rotated.ca_path.map(PathBuf::from).or(telemetry.otlp_ca);
+        }
         let spec = StartSpec {
             supervisor: ctx.supervisor.clone(),
             id: self.id.clone(),
@@ -293,8 +300,8 @@ impl Actor {
             shape: self.spec.shape,
             accel: ctx.accel,
             boot_timeout: ctx.boot_timeout,
-            telemetry: ctx.telemetry.clone(),
-            otlp_headers: ctx.otlp_headers.clone(),
+            telemetry,
+            otlp_headers,
             session: Some(SessionSpec { socket: ctx.sessions_socket.clone(), generation, id, token }),
             jail: ctx.jail,
             policy: self.spec.policy.clone(),

@@ -15,8 +15,8 @@ use vm_protocol::driver_api::driver_server::Driver;
 use vm_protocol::driver_api::{
     watch_event, AdmissionLimits, AdmissionUsage, Capabilities, CreateSandboxRequest, DeleteSandboxResponse,
     ExecRequest, GetCapabilitiesRequest, ListProcessesResponse, ListSandboxesRequest, ListSandboxesResponse,
-    ProcessInfo, ReadinessKind, Sandbox, SandboxRef, UpdatePolicyRequest, UpdatePolicyResponse, ValidateCreateResponse,
-    WatchEvent, WatchRequest,
+    ProcessInfo, ReadinessKind, RotateCredentialsRequest, RotateCredentialsResponse, Sandbox, SandboxRef,
+    UpdatePolicyRequest, UpdatePolicyResponse, ValidateCreateResponse, WatchEvent, WatchRequest,
 };
 use vm_protocol::identity::{IdSelector, RunAs};
 use vm_protocol::policy::{Operation, PolicyUpdate, UpdateOutcome};
@@ -42,7 +42,7 @@ impl Api {
     }
 }
 
-fn sandbox_id(text: &str) -> Result<SandboxId, Status> {
+pub(super) fn sandbox_id(text: &str) -> Result<SandboxId, Status> {
     SandboxId::parse(text).map_err(|e| Status::invalid_argument(e.to_string()))
 }
 
@@ -280,6 +280,13 @@ impl Driver for Api {
                 Err(Status::failed_precondition(format!("policy revision {}: {}", req.revision, refused.describe())))
             }
         }
+    }
+
+    async fn rotate_credentials(
+        &self,
+        req: Request<RotateCredentialsRequest>,
+    ) -> Result<Response<RotateCredentialsResponse>, Status> {
+        super::credentials::rotate(&self.reg, req.into_inner()).await
     }
 
     type ExecStream = ExecStream;

@@ -267,6 +267,7 @@ fn from_sandbox(relay: &mut ProcessRelay, msg: ToHost, reattached: bool) -> Repl
         ToHost::Pong { .. }
         | ToHost::Processes { .. }
         | ToHost::PolicyAck { .. }
+        | ToHost::CredentialsAck { .. }
         | ToHost::Hello(_)
         | ToHost::Reserved => Reply::Nothing,
     }

@@ -16,6 +16,7 @@ mod actor;
 pub mod admission;
 mod api;
 pub mod client;
+mod credentials;
 mod exec;
 mod registry;
 mod sessions;

@@ -11,6 +11,7 @@ use tokio::sync::{broadcast, mpsc};
 use vm_contract::accel::AccelChoice;
 use vm_contract::ids::SandboxId;
 use vm_contract::session::{Generation, SessionHello, SessionId};
+use vm_protocol::credentials::CredentialRotation;
 use vm_protocol::driver_api::{watch_event, PlatformEvent, Sandbox, SandboxState, WatchEvent};
 
 use super::actor::Command;
@@ -73,6 +74,8 @@ struct Entry {
     inbox: mpsc::Sender<Command>,
     /// What the current supervisor must present.
     session: Option<Expected>,
+    /// Credentials rotated since the driver started (in memory only), for the sandbox's later starts.
+    rotated: Option<CredentialRotation>,
 }
 
 /// Why a sandbox could not be added.
@@ -145,7 +148,7 @@ impl Registry {
         if admit && view.running_intent {
             admission::admit(usage(&entries, None), &self.ctx.limits, shape(&view))?;
         }
-        entries.insert(id, Entry { view: view.clone(), inbox, session: None });
+        entries.insert(id, Entry { view: view.clone(), inbox, session: None, rotated: None });
         drop(entries);
         self.broadcast(watch_event::Event::Changed(view));
         Ok(())
@@ -230,6 +233,24 @@ impl Registry {
             Ok(SandboxState::Stopped) => Err(tonic::Status::failed_precondition(format!("sandbox {id} is stopped"))),
             _ => Err(tonic::Status::unavailable(format!("sandbox {id} is not ready: {}", view.detail))),
         }
+    }
+
+    /// Records an applied rotation, merged over earlier ones, for the sandbox's later starts.
+    pub fn record_rotation(&self, id: &SandboxId, rotation: CredentialRotation) {
+        if let Some(entry) = self.lock().get_mut(id) {
+            let merged = entry.rotated.get_or_insert_with(CredentialRotation::default);
+            if rotation.headers.is_some() {
+                merged.headers = rotation.headers;
+            }
+            if rotation.ca_path.is_some() {
+                merged.ca_path = rotation.ca_path;
+            }
+        }
+    }
+
+    /// The credentials rotated for `id`, if any.
+    pub fn rotated(&self, id: &SandboxId) -> Option<CredentialRotation> {
+        self.lock().get(id).and_then(|e| e.rotated.clone())
     }
 
     /// Every sandbox's view, by id.

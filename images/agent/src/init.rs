@@ -29,9 +29,9 @@ pub enum InitError {
     /// The module list could not be read.
     #[error("cannot read the module list {MODULE_LIST}")]
     ModuleList(#[source] std::io::Error),
-    /// The workload user's home could not be made.
-    #[error("cannot make the workload user's home")]
-    Home(#[source] std::io::Error),
+    /// The workload user's home or console access could not be set up.
+    #[error("cannot prepare the workload user's home and console")]
+    WorkloadUser(#[source] std::io::Error),
     /// A module did not load.
     #[error("cannot load module {path}")]
     LoadModule {
@@ -58,17 +58,22 @@ pub fn boot() -> Result<(), InitError> {
         // Cosmetic: a failure leaves the kernel's "(none)".
         let _ = nix::unistd::sethostname(name.trim());
     }
-    make_home(&WORKLOAD)?;
+    prepare_for(&WORKLOAD)?;
     load_modules(Path::new(MODULE_LIST))
 }
 
-/// The workload user's home: its own, 0700 (the initramfs holds files owned by root only).
-fn make_home(who: &WorkloadIdentity) -> Result<(), InitError> {
-    use std::os::unix::fs::PermissionsExt;
+/// What the workload user needs: its own home, 0700 (the initramfs holds files owned by root only), and, as
+/// a terminal's group would, write access to the console (0620), which the host already treats as untrusted
+/// and caps.
+fn prepare_for(who: &WorkloadIdentity) -> Result<(), InitError> {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    let mode = |path: &str, bits: u32| fs::set_permissions(path, fs::Permissions::from_mode(bits));
     let made = fs::create_dir_all(who.home)
-        .and_then(|()| std::os::unix::fs::chown(who.home, Some(who.uid), Some(who.gid)))
-        .and_then(|()| fs::set_permissions(who.home, fs::Permissions::from_mode(0o700)));
-    made.map_err(InitError::Home)
+        .and_then(|()| chown(who.home, Some(who.uid), Some(who.gid)))
+        .and_then(|()| mode(who.home, 0o700))
+        .and_then(|()| chown("/dev/console", Some(0), Some(who.gid)))
+        .and_then(|()| mode("/dev/console", 0o620));
+    made.map_err(InitError::WorkloadUser)
 }
 
 fn mount_fs(fstype: &'static str, target: &'static str, flags: MsFlags) -> Result<(), InitError> {

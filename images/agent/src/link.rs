@@ -298,7 +298,10 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
         ToGuest::Hello(_) | ToGuest::Reserved => {
             return Err(LinkError::Violation { what: "unexpected hello after the handshake".into() })
         }
-        ToGuest::Reattach { .. } | ToGuest::ListProcesses | ToGuest::UpdatePolicy(_) => {
+        ToGuest::Reattach { .. }
+        | ToGuest::ListProcesses
+        | ToGuest::UpdatePolicy(_)
+        | ToGuest::RotateCredentials(_) => {
             return Err(LinkError::Violation { what: "an attach-socket request reached the guest".into() })
         }
     }

@@ -9,6 +9,8 @@ pub const SCHEMA_VERSION: &str = "OPENSHELL_OTLP_OCSF_SCHEMA_VERSION";
 pub const GATEWAY_NAME: &str = "OPENSHELL_GATEWAY_NAME";
 /// `grpc` (default) or `http/protobuf`.
 pub const OTLP_PROTOCOL: &str = "OPENSHELL_OTLP_OCSF_PROTOCOL";
+/// Absolute path of a PEM CA bundle for an `https://` collector (rotated live by `RotateCredentials`).
+pub const OTLP_CA: &str = "OPENSHELL_OTLP_OCSF_CA";
 /// `on` (default) or `off`: OCSF JSON on the console and in the JSONL file.
 pub const OCSF_JSON: &str = "OPENSHELL_OCSF_JSON";
 /// Where the driver reads collector headers, in order (into the auth bundle, never passed on).

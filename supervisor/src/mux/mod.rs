@@ -111,6 +111,9 @@ pub enum Action {
         /// The operations allowed now.
         allowed: String,
     },
+    /// A client asked to rotate the OTLP credentials: the telemetry swaps them and the client gets a
+    /// `CredentialsAck`.
+    RotateCredentials(ClientId, vm_protocol::credentials::CredentialRotation),
 }
 
 #[derive(Debug, Default)]
@@ -298,6 +301,8 @@ impl Mux {
                     Action::ToClient(client, ToHost::PolicyAck { revision, outcome }),
                 ])
             }
+            // Kept by the supervisor: credentials never reach the guest.
+            ToGuest::RotateCredentials(rotation) => Ok(vec![Action::RotateCredentials(client, rotation)]),
             ToGuest::Shutdown { .. } => Err(ClientViolation::Unexpected("Shutdown")),
             ToGuest::Hello(_) => Err(ClientViolation::Unexpected("a second Hello")),
             ToGuest::Reserved => Err(ClientViolation::Unexpected("the reserved message")),
@@ -477,6 +482,7 @@ impl Mux {
             ToHost::Pong { .. } => Err(GuestViolation::Unexpected("an unsolicited Pong")),
             ToHost::Processes { .. } => Err(GuestViolation::Unexpected("a process list")),
             ToHost::PolicyAck { .. } => Err(GuestViolation::Unexpected("a policy acknowledgment")),
+            ToHost::CredentialsAck { .. } => Err(GuestViolation::Unexpected("a credentials acknowledgment")),
             ToHost::Hello(_) => Err(GuestViolation::Unexpected("a second Hello")),
             ToHost::Reserved => Err(GuestViolation::Unexpected("the reserved message")),
         }

@@ -3,9 +3,10 @@
 //!
 //! - [`console`]: the one bounded, non-blocking stderr writer, shared with the diagnostics.
 //! - [`jsonl`]: `events.jsonl` in the sandbox directory.
-//! - [`otlp`]: OTLP log export over gRPC or HTTP/protobuf.
+//! - [`otlp`]: OTLP log export over gRPC or HTTP/protobuf; [`exporter`] builds its exporter (TLS with a CA
+//!   bundle for `https://`), [`credentials`] holds the headers and the CA bundle in slots rotated live.
 //! - [`spans`]: the supervisor's spans (boot, admission, exec, policy update, stop), and [`span_export`],
-//!   their OTLP trace export to the same collector.
+//!   their OTLP trace export to the same collector, with the same credentials.
 //! - [`settings`]: the environment and the auth bundle.
 //!
 //! Console JSON is independent of the file sink and of the diagnostic filter (`RUST_LOG`): every event of
@@ -14,6 +15,8 @@
 //! within a bound; see [`Telemetry::shutdown`].
 
 pub mod console;
+pub mod credentials;
+pub mod exporter;
 pub mod jsonl;
 pub mod limit;
 pub mod otlp;
@@ -26,12 +29,14 @@ use std::time::{Duration, Instant};
 use vm_contract::layout::SandboxFile;
 use vm_contract::test_control::TestControl;
 use vm_ocsf::{Event, Finding, Source};
+use vm_protocol::credentials::{CredentialRotation, RotationOutcome};
 
 use self::console::{Console, ConsoleHandle, CONSOLE_DRAIN};
 use self::jsonl::{Jsonl, JsonlReport};
 use self::limit::Limiter;
 use self::otlp::{ExportReport, Otlp, OtlpError};
 use self::settings::TelemetrySettings;
+use self::span_export::SpanSource;
 use self::spans::Spans;
 
 /// Largest event, as JSON; a larger one is dropped and counted (the workload's argv is cut long before).
@@ -96,8 +101,15 @@ impl Telemetry {
         let (otlp, spans) = match &settings.otlp {
             Some(otlp) => {
                 let resource = otlp::resource(sandbox_id, settings.gateway_name.as_deref());
-                let spans = Spans::start(otlp, resource.clone(), sandbox_id).map_err(TelemetryError::Otlp)?;
-                (Some(Otlp::start(otlp, resource).map_err(TelemetryError::Otlp)?), spans)
+                let logs = Otlp::start(otlp, resource.clone()).map_err(TelemetryError::Otlp)?;
+                // The spans go where the logs go, with the same credentials (and their rotations).
+                let source = SpanSource {
+                    endpoint: otlp.endpoint.clone(),
+                    protocol: otlp.protocol,
+                    resource,
+                    slots: logs.slots().clone(),
+                };
+                (Some(logs), Spans::start(source, sandbox_id).map_err(TelemetryError::Otlp)?)
             }
             None => (None, Spans::default()),
         };
@@ -138,6 +150,32 @@ impl Telemetry {
         if let Some(jsonl) = &self.jsonl {
             jsonl.write(json, event.essential);
         }
+    }
+
+    /// Swaps the OTLP credentials for `rotation`'s, validated first, and says so in a configuration event
+    /// (never a value). The next export uses them.
+    pub fn rotate(&mut self, rotation: &CredentialRotation) -> RotationOutcome {
+        let Some(otlp) = &self.otlp else {
+            let outcome = RotationOutcome::NoCollector;
+            self.emit_rotation(outcome, 0, rotation);
+            return outcome;
+        };
+        let (outcome, version) = otlp.slots().rotate(rotation);
+        self.emit_rotation(outcome, version, rotation);
+        outcome
+    }
+
+    fn emit_rotation(&mut self, outcome: RotationOutcome, version: u64, rotation: &CredentialRotation) {
+        let what = match outcome {
+            RotationOutcome::Applied => {
+                let headers = rotation.headers.as_ref().map_or(0, Vec::len);
+                let ca = if rotation.ca_path.is_some() { "replaced" } else { "kept" };
+                format!("OTLP credentials rotation {version} applied: {headers} headers replaced, CA bundle {ca}")
+            }
+            refused => format!("OTLP credentials rotation {}", refused.describe()),
+        };
+        let event = self.source.config_change(&what);
+        self.emit(event);
     }
 
     /// Called about once a second: reports what the limits dropped, at most once per interval.

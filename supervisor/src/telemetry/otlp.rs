@@ -11,7 +11,8 @@
 //! counting (never silently losing) what it could not deliver. A collector that is down, slow or rejecting
 //! never stalls the supervisor: export runs in its own task. Failures are logged with fixed text only.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -19,13 +20,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use opentelemetry::logs::{AnyValue, LogRecord as _, Logger as _, LoggerProvider as _, Severity};
 use opentelemetry::{InstrumentationScope, KeyValue};
-use opentelemetry_otlp::{LogExporter, Protocol as OtlpProtocol, WithExportConfig, WithHttpConfig, WithTonicConfig};
+use opentelemetry_otlp::LogExporter;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::logs::{LogBatch, LogExporter as _, LogProcessor, SdkLogRecord, SdkLogger, SdkLoggerProvider};
 use opentelemetry_sdk::Resource;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+
+use super::credentials::{CaBundle, CaError, CredentialSlots, Credentials};
+use super::exporter::ExporterSpec;
 
 /// Records kept waiting for the collector before new ones are dropped (and counted).
 pub const MAX_QUEUED_RECORDS: usize = 100_000;
@@ -39,7 +43,7 @@ const BATCH_RECORDS: usize = 1024;
 /// within the stop budget's flush.
 const IN_FLIGHT: usize = 4;
 /// Per-request timeout.
-const EXPORT_TIMEOUT: Duration = Duration::from_secs(3);
+pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Retry backoff bounds.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -75,6 +79,8 @@ pub struct OtlpSettings {
     pub protocol: Protocol,
     /// Request headers (secrets): from the auth bundle only.
     pub headers: Vec<(String, String)>,
+    /// CA bundle for an `https://` collector (absolute path).
+    pub ca_path: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for OtlpSettings {
@@ -83,6 +89,7 @@ impl std::fmt::Debug for OtlpSettings {
             .field("endpoint", &self.endpoint)
             .field("protocol", &self.protocol)
             .field("headers", &self.headers.len())
+            .field("ca_path", &self.ca_path)
             .finish()
     }
 }
@@ -96,6 +103,12 @@ pub enum OtlpError {
     /// The exporter refused its configuration (bad endpoint).
     #[error("the OTLP exporter cannot be built for this endpoint")]
     Build,
+    /// The CA bundle cannot be used.
+    #[error("the OTLP CA bundle cannot be used")]
+    Ca(#[source] CaError),
+    /// An `https://` endpoint without a CA bundle: no other roots are trusted.
+    #[error("an https:// OTLP endpoint needs a CA bundle")]
+    HttpsWithoutCa,
 }
 
 /// What the export achieved, reported at shutdown.
@@ -190,6 +203,7 @@ pub struct Otlp {
     queue: Arc<Queue>,
     stop: watch::Sender<Option<Instant>>,
     task: JoinHandle<ExportReport>,
+    slots: CredentialSlots,
 }
 
 /// Maps OCSF `severity_id` to OTLP severity: Informational -> INFO, Low -> INFO2, Medium -> WARN,
@@ -209,10 +223,17 @@ impl Otlp {
     /// Builds the exporter and starts the export task. Must run inside the tokio runtime.
     ///
     /// # Errors
-    /// [`OtlpError`] for a bad header or endpoint.
+    /// [`OtlpError`] for a bad header, CA bundle or endpoint.
     pub fn start(settings: &OtlpSettings, resource: Resource) -> Result<Self, OtlpError> {
-        let mut exporter = build_exporter(settings)?;
-        exporter.set_resource(&resource);
+        let ca = settings.ca_path.as_deref().map(CaBundle::load).transpose().map_err(OtlpError::Ca)?;
+        if ca.is_none() && super::exporter::is_https(&settings.endpoint) {
+            return Err(OtlpError::HttpsWithoutCa);
+        }
+        let credentials = Credentials { headers: settings.headers.clone(), ca };
+        let spec = ExporterSpec { endpoint: settings.endpoint.clone(), protocol: settings.protocol, resource };
+        let exporter = spec.build(&credentials)?;
+        let slots = CredentialSlots::new(credentials);
+        let resource = spec.resource.clone();
         let queue = Arc::new(Queue::default());
         let provider = SdkLoggerProvider::builder()
             .with_resource(resource)
@@ -220,8 +241,14 @@ impl Otlp {
             .build();
         let logger = provider.logger("vm-supervisor");
         let (stop, stopped) = watch::channel(None);
-        let task = tokio::spawn(export_loop(exporter, Arc::clone(&queue), stopped));
-        Ok(Self { provider, logger, queue, stop, task })
+        let source = ExporterSource { spec, slots: slots.clone(), version: 0 };
+        let task = tokio::spawn(export_loop(Arc::new(exporter), source, Arc::clone(&queue), stopped));
+        Ok(Self { provider, logger, queue, stop, task, slots })
+    }
+
+    /// The credential slots the export task reads.
+    pub fn slots(&self) -> &CredentialSlots {
+        &self.slots
     }
 
     /// Queues one event for export.
@@ -263,50 +290,34 @@ fn event_name(class_uid: u32) -> &'static str {
     }
 }
 
-fn build_exporter(settings: &OtlpSettings) -> Result<LogExporter, OtlpError> {
-    match settings.protocol {
-        Protocol::Grpc => {
-            let mut metadata = opentelemetry_otlp::tonic_types::metadata::MetadataMap::new();
-            for (name, value) in &settings.headers {
-                let key = tonic::metadata::MetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes())
-                    .map_err(|_| OtlpError::Header)?;
-                let value = tonic::metadata::MetadataValue::try_from(value.as_str()).map_err(|_| OtlpError::Header)?;
-                metadata.insert(key, value);
-            }
-            LogExporter::builder()
-                .with_tonic()
-                .with_endpoint(settings.endpoint.clone())
-                .with_timeout(EXPORT_TIMEOUT)
-                .with_metadata(metadata)
-                .build()
-                .map_err(|_| OtlpError::Build)
-        }
-        Protocol::HttpProtobuf => {
-            let headers: HashMap<String, String> = settings.headers.iter().cloned().collect();
-            LogExporter::builder()
-                .with_http()
-                .with_endpoint(http_logs_url(&settings.endpoint))
-                .with_protocol(OtlpProtocol::HttpBinary)
-                .with_timeout(EXPORT_TIMEOUT)
-                .with_headers(headers)
-                .build()
-                .map_err(|_| OtlpError::Build)
-        }
-    }
+/// Where the export task gets its exporter: rebuilt when the credential slots changed.
+#[derive(Debug)]
+struct ExporterSource {
+    spec: ExporterSpec,
+    slots: CredentialSlots,
+    /// The slots' version the current exporter was built from.
+    version: u64,
 }
 
-/// `http://host:4318` -> `http://host:4318/v1/logs`; a URL with a path is used as given.
-fn http_logs_url(endpoint: &str) -> String {
-    let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
-    if rest.trim_end_matches('/').contains('/') {
-        endpoint.to_owned()
-    } else {
-        format!("{}/v1/logs", endpoint.trim_end_matches('/'))
+impl ExporterSource {
+    /// Swaps in an exporter built from the credentials now in force, if they changed. Requests in flight
+    /// finish on the old one.
+    fn refresh(&mut self, exporter: &mut Arc<LogExporter>) {
+        if self.slots.version() == self.version {
+            return;
+        }
+        let (version, credentials) = self.slots.current();
+        self.version = version;
+        match self.spec.build(&credentials) {
+            Ok(new) => *exporter = Arc::new(new),
+            // Validated at the rotation, so not expected; the old credentials stay in use.
+            Err(_) => tracing::warn!("cannot build the OCSF OTLP exporter for rotated credentials; keeping the old"),
+        }
     }
 }
 
 /// One export request of `batch`; gives the batch back with the outcome.
-async fn export_one(exporter: &LogExporter, batch: Vec<Item>) -> (Vec<Item>, OTelSdkResult) {
+async fn export_one(exporter: Arc<LogExporter>, batch: Vec<Item>) -> (Vec<Item>, OTelSdkResult) {
     let refs: Vec<(&SdkLogRecord, &InstrumentationScope)> = batch.iter().map(|b| (&b.0, &b.1)).collect();
     let timeout = opentelemetry_sdk::error::OTelSdkError::Timeout(EXPORT_TIMEOUT);
     let result =
@@ -319,7 +330,8 @@ async fn export_one(exporter: &LogExporter, batch: Vec<Item>) -> (Vec<Item>, OTe
 /// batches back at the head of the queue after a backoff. What is still queued or in flight at the deadline
 /// is counted as dropped.
 async fn export_loop(
-    exporter: LogExporter,
+    mut exporter: Arc<LogExporter>,
+    mut source: ExporterSource,
     queue: Arc<Queue>,
     mut stop: watch::Receiver<Option<Instant>>,
 ) -> ExportReport {
@@ -342,13 +354,15 @@ async fn export_loop(
         }
         if resume_at.is_none_or(|t| Instant::now() >= t) {
             resume_at = None;
+            // Every export presents the credentials in force when it starts.
+            source.refresh(&mut exporter);
             while in_flight.len() < IN_FLIGHT {
                 let batch = queue.take(BATCH_RECORDS);
                 if batch.is_empty() {
                     break;
                 }
                 in_flight_records += batch.len();
-                in_flight.push(export_one(&exporter, batch));
+                in_flight.push(export_one(Arc::clone(&exporter), batch));
             }
         }
         if in_flight.is_empty() && deadline.is_some() && queue.len() == 0 {
@@ -423,18 +437,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn http_endpoints_get_the_logs_path() {
-        assert_eq!(http_logs_url("http://127.0.0.1:4318"), "http://127.0.0.1:4318/v1/logs");
-        assert_eq!(http_logs_url("http://127.0.0.1:4318/"), "http://127.0.0.1:4318/v1/logs");
-        assert_eq!(http_logs_url("http://c:4318/custom/logs"), "http://c:4318/custom/logs");
-    }
-
-    #[test]
     fn severities_map_upwards() {
         assert_eq!(severity(1), Severity::Info);
         assert_eq!(severity(3), Severity::Warn);
         assert_eq!(severity(4), Severity::Error);
         assert_eq!(severity(6), Severity::Fatal4);
+    }
+
+    #[test]
+    fn https_needs_a_usable_ca_bundle() {
+        let settings = |ca: Option<&str>| OtlpSettings {
+            endpoint: "https://127.0.0.1:4317".into(),
+            protocol: Protocol::Grpc,
+            headers: vec![("authorization".into(), "Bearer s3cret".into())],
+            ca_path: ca.map(PathBuf::from),
+        };
+        let start = |ca| Otlp::start(&settings(ca), resource("sb", None)).err();
+        assert!(matches!(start(None), Some(OtlpError::HttpsWithoutCa)));
+        assert!(matches!(start(Some("/nonexistent/ca.pem")), Some(OtlpError::Ca(CaError::Unreadable))));
+        assert!(matches!(start(Some("/dev/null")), Some(OtlpError::Ca(CaError::Unreadable))), "not a regular file");
+        assert!(matches!(start(Some("ca.pem")), Some(OtlpError::Ca(CaError::NotAbsolute))));
     }
 
     #[test]

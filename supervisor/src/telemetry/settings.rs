@@ -51,6 +51,7 @@ impl TelemetrySettings {
                 protocol: Protocol::parse(&var(env::OTLP_PROTOCOL).unwrap_or_default())
                     .ok_or(SettingsError::Protocol)?,
                 headers: otlp_headers,
+                ca_path: var(env::OTLP_CA).map(std::path::PathBuf::from),
             }),
             None => None,
         };

@@ -1,6 +1,7 @@
 //! OTLP trace export of the supervisor's spans: a bounded queue, fed by a span processor that never blocks,
-//! and one export task that sends batches to the collector of the log export (same endpoint, protocol and
-//! headers).
+//! and one export task that sends batches to the collector of the log export: the same endpoint and
+//! protocol, and the same credentials (headers, CA bundle), read from the log export's slots, so a rotation
+//! applies to both.
 //!
 //! Not the SDK's `BatchSpanProcessor`: it exports on a thread of its own with a blocking executor, where the
 //! async HTTP client has no runtime to run on, and its shutdown blocks the caller (our single-threaded
@@ -14,21 +15,24 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use opentelemetry::Context;
+use opentelemetry_otlp::tonic_types::metadata::MetadataMap;
+use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig};
 use opentelemetry_otlp::{Protocol as OtlpProtocol, WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
+use opentelemetry_sdk::Resource;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::otlp::{ExportReport, OtlpError, OtlpSettings, Protocol};
+use super::credentials::{CredentialSlots, Credentials};
+use super::exporter::{http_client, is_https};
+use super::otlp::{ExportReport, OtlpError, Protocol, EXPORT_TIMEOUT};
 
 /// Ended spans kept waiting for the collector before new ones are dropped (and counted).
 pub const MAX_QUEUED_SPANS: usize = 2048;
 /// Spans per export request.
 const BATCH_SPANS: usize = 512;
-/// Per-request timeout.
-const EXPORT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Retry backoff bounds.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -112,10 +116,15 @@ pub(crate) struct SpanExport {
 }
 
 impl SpanExport {
-    /// Starts exporting what `queue` receives. Must run inside the tokio runtime.
-    pub(crate) fn start<E: SpanExporter + 'static>(exporter: E, queue: Arc<SpanQueue>) -> Self {
+    /// Starts exporting what `queue` receives with `exporter`, or the newer one `refresh` gives before a
+    /// request. Must run inside the tokio runtime.
+    pub(crate) fn start<E, F>(exporter: E, refresh: F, queue: Arc<SpanQueue>) -> Self
+    where
+        E: SpanExporter + 'static,
+        F: FnMut() -> Option<E> + Send + 'static,
+    {
         let (stop, stopped) = watch::channel(None);
-        let task = tokio::spawn(export_loop(exporter, Arc::clone(&queue), stopped));
+        let task = tokio::spawn(export_loop(exporter, refresh, Arc::clone(&queue), stopped));
         Self { queue, stop, task }
     }
 
@@ -128,41 +137,87 @@ impl SpanExport {
     }
 }
 
-/// Builds the OTLP span exporter for the log export's collector: the same settings as the log exporter
-/// (`otlp.rs`), which it must keep in step with (headers, transport security).
-///
-/// # Errors
-/// [`OtlpError`] for a bad header or endpoint.
-pub(crate) fn build_exporter(settings: &OtlpSettings) -> Result<opentelemetry_otlp::SpanExporter, OtlpError> {
-    match settings.protocol {
-        Protocol::Grpc => {
-            let mut metadata = opentelemetry_otlp::tonic_types::metadata::MetadataMap::new();
-            for (name, value) in &settings.headers {
-                let key = tonic::metadata::MetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes())
-                    .map_err(|_| OtlpError::Header)?;
-                let value = tonic::metadata::MetadataValue::try_from(value.as_str()).map_err(|_| OtlpError::Header)?;
-                metadata.insert(key, value);
+/// Where the span exporter comes from: the log export's collector and credential slots.
+#[derive(Debug, Clone)]
+pub(crate) struct SpanSource {
+    /// Collector endpoint.
+    pub(crate) endpoint: String,
+    /// Wire protocol.
+    pub(crate) protocol: Protocol,
+    /// The log records' resource.
+    pub(crate) resource: Resource,
+    /// The log export's credentials.
+    pub(crate) slots: CredentialSlots,
+}
+
+impl SpanSource {
+    /// An exporter for the credentials in force now, and their version.
+    ///
+    /// # Errors
+    /// [`OtlpError`] for a bad header, CA bundle or endpoint.
+    pub(crate) fn build(&self) -> Result<(opentelemetry_otlp::SpanExporter, u64), OtlpError> {
+        let (version, credentials) = self.slots.current();
+        let mut exporter = match self.protocol {
+            Protocol::Grpc => grpc(&self.endpoint, &credentials)?,
+            Protocol::HttpProtobuf => http(&self.endpoint, &credentials)?,
+        };
+        exporter.set_resource(&self.resource);
+        Ok((exporter, version))
+    }
+
+    /// What the export task calls before each request: a new exporter once the credentials were rotated.
+    /// A build that fails keeps the old one (the rotation was validated, so it is not expected).
+    pub(crate) fn refresher(self, mut version: u64) -> impl FnMut() -> Option<opentelemetry_otlp::SpanExporter> {
+        move || {
+            if self.slots.version() == version {
+                return None;
             }
-            opentelemetry_otlp::SpanExporter::builder()
-                .with_tonic()
-                .with_endpoint(settings.endpoint.clone())
-                .with_timeout(EXPORT_TIMEOUT)
-                .with_metadata(metadata)
-                .build()
-                .map_err(|_| OtlpError::Build)
-        }
-        Protocol::HttpProtobuf => {
-            let headers: HashMap<String, String> = settings.headers.iter().cloned().collect();
-            opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_endpoint(http_traces_url(&settings.endpoint))
-                .with_protocol(OtlpProtocol::HttpBinary)
-                .with_timeout(EXPORT_TIMEOUT)
-                .with_headers(headers)
-                .build()
-                .map_err(|_| OtlpError::Build)
+            match self.build() {
+                Ok((exporter, built)) => {
+                    version = built;
+                    Some(exporter)
+                }
+                Err(_) => {
+                    version = self.slots.version();
+                    tracing::warn!("cannot build the span OTLP exporter for rotated credentials; keeping the old");
+                    None
+                }
+            }
         }
     }
+}
+
+// The same configuration as the log exporter's (`exporter.rs`), for spans: keep the two in step.
+fn grpc(endpoint: &str, credentials: &Credentials) -> Result<opentelemetry_otlp::SpanExporter, OtlpError> {
+    let mut metadata = MetadataMap::new();
+    for (name, value) in &credentials.headers {
+        let key = tonic::metadata::MetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes())
+            .map_err(|_| OtlpError::Header)?;
+        let value = tonic::metadata::MetadataValue::try_from(value.as_str()).map_err(|_| OtlpError::Header)?;
+        metadata.insert(key, value);
+    }
+    let mut builder = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint)
+        .with_timeout(EXPORT_TIMEOUT)
+        .with_metadata(metadata);
+    if let Some(ca) = credentials.ca.as_ref().filter(|_| is_https(endpoint)) {
+        builder = builder.with_tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca.pem())));
+    }
+    builder.build().map_err(|_| OtlpError::Build)
+}
+
+fn http(endpoint: &str, credentials: &Credentials) -> Result<opentelemetry_otlp::SpanExporter, OtlpError> {
+    let headers: HashMap<String, String> = credentials.headers.iter().cloned().collect();
+    opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_http_client(http_client(credentials.ca.as_ref())?)
+        .with_endpoint(http_traces_url(endpoint))
+        .with_protocol(OtlpProtocol::HttpBinary)
+        .with_timeout(EXPORT_TIMEOUT)
+        .with_headers(headers)
+        .build()
+        .map_err(|_| OtlpError::Build)
 }
 
 /// The traces URL beside the logs URL: `http://c:4318` and `http://c:4318/v1/logs` give
@@ -184,8 +239,9 @@ fn http_traces_url(endpoint: &str) -> String {
 /// Exports until told to stop, then flushes until the deadline: one request at a time, a failed batch back at
 /// the head of the queue after a backoff. What is still queued or in flight at the deadline is dropped and
 /// counted.
-async fn export_loop<E: SpanExporter>(
-    exporter: E,
+async fn export_loop<E: SpanExporter, F: FnMut() -> Option<E>>(
+    mut exporter: E,
+    mut refresh: F,
     queue: Arc<SpanQueue>,
     mut stop: watch::Receiver<Option<Instant>>,
 ) -> ExportReport {
@@ -211,6 +267,9 @@ async fn export_loop<E: SpanExporter>(
                 break;
             }
             if !batch.is_empty() {
+                if let Some(new) = refresh() {
+                    exporter = new;
+                }
                 let len = batch.len();
                 if export_one(&exporter, batch.clone(), &mut stop).await.is_ok() {
                     report.exported += len as u64;

@@ -23,8 +23,8 @@ use opentelemetry_sdk::Resource;
 use vm_protocol::policy::UpdateOutcome;
 use vm_protocol::{ProcId, ToGuest, ToHost};
 
-use super::otlp::{ExportReport, OtlpError, OtlpSettings};
-use super::span_export::{self, QueueProcessor, SpanExport, SpanQueue};
+use super::otlp::{ExportReport, OtlpError};
+use super::span_export::{QueueProcessor, SpanExport, SpanQueue, SpanSource};
 use crate::stop::StopReason;
 
 /// Exec spans open at once (dispatched, not yet answered); the multiplexer keeps far fewer processes.
@@ -112,17 +112,16 @@ struct Inner {
 }
 
 impl Spans {
-    /// Starts the span export to the log export's collector and opens the `sandbox` and `sandbox.boot`
-    /// spans. Must run inside the tokio runtime.
+    /// Starts the span export to the log export's collector, with its credentials, and opens the `sandbox`
+    /// and `sandbox.boot` spans. Must run inside the tokio runtime.
     ///
     /// # Errors
-    /// [`OtlpError`] for a bad header or endpoint.
-    pub fn start(settings: &OtlpSettings, resource: Resource, sandbox_id: &str) -> Result<Self, OtlpError> {
-        let mut exporter = span_export::build_exporter(settings)?;
-        opentelemetry_sdk::trace::SpanExporter::set_resource(&mut exporter, &resource);
-        let mut spans = Self::unexported(resource, sandbox_id);
+    /// [`OtlpError`] for a bad header, CA bundle or endpoint.
+    pub(crate) fn start(source: SpanSource, sandbox_id: &str) -> Result<Self, OtlpError> {
+        let (exporter, version) = source.build()?;
+        let mut spans = Self::unexported(source.resource.clone(), sandbox_id);
         if let Some(inner) = &mut spans.0 {
-            inner.export = Some(SpanExport::start(exporter, Arc::clone(&inner.queue)));
+            inner.export = Some(SpanExport::start(exporter, source.refresher(version), Arc::clone(&inner.queue)));
         }
         Ok(spans)
     }

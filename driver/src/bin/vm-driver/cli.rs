@@ -53,6 +53,13 @@ pub enum Command {
     ///
     /// Example: vm-driver policy box-1 --revision 2 --allow exec,list_processes
     Policy(PolicyArgs),
+    /// Rotate a running sandbox's OTLP collector credentials: the next export uses them.
+    ///
+    /// Headers are read from a file or stdin (`-`), never from the command line, as k1=v1,k2=v2 (commas or
+    /// newlines between pairs, values percent-encoded as in OTEL_EXPORTER_OTLP_HEADERS).
+    ///
+    /// Example: vm-driver credentials box-1 --headers-file - --ca /etc/otel/ca.pem <<< 'authorization=Bearer%20t2'
+    Credentials(CredentialsArgs),
     /// Kill the VMs of sandboxes whose supervisor is gone, and mark them terminated.
     ///
     /// `launch` and `serve` do this first; run it by hand after a crash.
@@ -191,17 +198,32 @@ pub struct TelemetryArgs {
     /// OCSF JSON lines on the supervisor's console and in events.jsonl: on (default) or off.
     #[arg(long, value_name = "on|off", env = "OPENSHELL_OCSF_JSON")]
     pub ocsf_json: Option<String>,
+    /// PEM CA bundle trusted for an https:// collector (no other roots are); rotate it with `credentials`.
+    #[arg(long, alias = "otlp-ca", value_name = "FILE", env = "OPENSHELL_OTLP_OCSF_CA")]
+    pub otlp_ocsf_ca: Option<PathBuf>,
 }
 
 impl TelemetryArgs {
-    pub fn config(self) -> TelemetryConfig {
-        TelemetryConfig {
+    /// The settings, with the CA bundle's path made absolute.
+    ///
+    /// # Errors
+    /// The CA bundle does not exist.
+    pub fn config(self) -> anyhow::Result<TelemetryConfig> {
+        let otlp_ca = match &self.otlp_ocsf_ca {
+            Some(path) => Some(
+                vm_driver::telemetry::ca_path(path)
+                    .map_err(|e| anyhow::Error::new(e).context(format!("--otlp-ocsf-ca {}", path.display())))?,
+            ),
+            None => None,
+        };
+        Ok(TelemetryConfig {
             otlp_endpoint: self.otlp_ocsf_endpoint,
             otlp_protocol: self.otlp_ocsf_protocol,
             schema_version: self.otlp_ocsf_schema_version,
             gateway_name: self.gateway_name,
             ocsf_json: self.ocsf_json,
-        }
+            otlp_ca,
+        })
     }
 }
 
@@ -332,6 +354,20 @@ pub struct PolicyArgs {
     /// The group workloads run as, by name or gid: it may only select the fixed workload identity (sandbox).
     #[arg(long, value_name = "GROUP")]
     pub run_as_group: Option<String>,
+    /// The sandbox id.
+    pub id: SandboxId,
+}
+
+#[derive(Debug, Args)]
+pub struct CredentialsArgs {
+    #[command(flatten)]
+    pub socket: SocketArgs,
+    /// The new collector headers: a file, or - for stdin. Replaces every header.
+    #[arg(long, value_name = "FILE", value_parser = crate::credentials::HeadersFrom::parse)]
+    pub headers_file: Option<crate::credentials::HeadersFrom>,
+    /// A new PEM CA bundle for an https:// collector.
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
     /// The sandbox id.
     pub id: SandboxId,
 }

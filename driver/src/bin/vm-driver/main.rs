@@ -8,6 +8,7 @@
 
 mod cli;
 mod client;
+mod credentials;
 mod exec;
 mod launch;
 mod stdin;
@@ -83,7 +84,7 @@ async fn run(command: Command) -> Result<u8> {
                 state_dir: args.vm.state_dir,
                 id: args.id,
                 keep: args.keep,
-                telemetry: args.telemetry.config(),
+                telemetry: args.telemetry.config()?,
             })
             .await
         }
@@ -106,7 +107,7 @@ async fn run(command: Command) -> Result<u8> {
                 images,
                 accel: args.vm.accel,
                 jail: args.vm.jail.request(),
-                telemetry: args.telemetry.config(),
+                telemetry: args.telemetry.config()?,
                 boot_timeout: Duration::from_secs(args.vm.boot_timeout),
                 stop_timeout: Duration::from_secs(args.vm.stop_timeout),
                 admission,
@@ -146,6 +147,10 @@ async fn run(command: Command) -> Result<u8> {
             client::update_policy(&args.socket.path(), args.id.as_str(), args.revision, &args.allow.0, run_as)
                 .await
                 .map(|()| 0)
+        }
+        Command::Credentials(args) => {
+            let (socket, id) = (args.socket.path(), args.id.as_str());
+            credentials::rotate(&socket, id, args.headers_file.as_ref(), args.ca.as_deref()).await.map(|()| 0)
         }
         Command::Exec(args) => {
             let target = match (args.attach, args.cmd.is_empty()) {

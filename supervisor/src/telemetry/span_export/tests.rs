@@ -64,7 +64,7 @@ fn the_queue_is_bounded_and_counts_what_it_drops() {
 async fn failed_batches_are_retried_and_all_delivered() {
     let collector = Arc::new(Collector { fail: 3, ..Collector::default() });
     let queue = queue_of(BATCH_SPANS + 10);
-    let export = SpanExport::start(To(Arc::clone(&collector)), Arc::clone(&queue));
+    let export = SpanExport::start(To(Arc::clone(&collector)), || None, Arc::clone(&queue));
     // Retried with backoff (100, 200, 400 ms) while running, not only by the flush.
     let until = Instant::now() + Duration::from_secs(10);
     while collector.accepted.lock().unwrap().len() < BATCH_SPANS + 10 && Instant::now() < until {
@@ -82,7 +82,7 @@ async fn failed_batches_are_retried_and_all_delivered() {
 async fn the_flush_ends_at_its_deadline_and_counts_the_rest() {
     let collector = Arc::new(Collector { hang: true, ..Collector::default() });
     let queue = queue_of(BATCH_SPANS + 10);
-    let export = SpanExport::start(To(Arc::clone(&collector)), Arc::clone(&queue));
+    let export = SpanExport::start(To(Arc::clone(&collector)), || None, Arc::clone(&queue));
     let started = Instant::now();
     let report = export.shutdown(Duration::from_millis(500)).await;
     assert!(started.elapsed() < EXPORT_TIMEOUT, "the flush kept to its budget");
@@ -94,7 +94,7 @@ async fn the_flush_ends_at_its_deadline_and_counts_the_rest() {
 async fn spans_ended_while_running_are_exported_without_a_flush() {
     let collector = Arc::new(Collector::default());
     let queue = Arc::new(SpanQueue::default());
-    let export = SpanExport::start(To(Arc::clone(&collector)), Arc::clone(&queue));
+    let export = SpanExport::start(To(Arc::clone(&collector)), || None, Arc::clone(&queue));
     tokio::time::sleep(Duration::from_millis(10)).await;
     for span in ended(3) {
         queue.push(span);

@@ -1,0 +1,84 @@
+//! `vm-driver credentials`: rotate a sandbox's OTLP collector credentials in a running `serve`. Header
+//! values are secrets: they are read from a file or stdin (never argv), and no message here shows one.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use vm_protocol::driver_api::{CollectorHeader, CollectorHeaders, RotateCredentialsRequest};
+
+/// Largest headers file read.
+const MAX_HEADERS_BYTES: u64 = 64 * 1024;
+
+/// Where the new headers come from.
+#[derive(Debug, Clone)]
+pub enum HeadersFrom {
+    /// `-`: standard input.
+    Stdin,
+    /// A file.
+    File(PathBuf),
+}
+
+impl HeadersFrom {
+    /// `-` is stdin; anything else a path.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        Ok(if text == "-" { Self::Stdin } else { Self::File(PathBuf::from(text)) })
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Self::Stdin => "standard input".to_owned(),
+            Self::File(path) => path.display().to_string(),
+        }
+    }
+
+    /// Reads and parses `k1=v1,k2=v2` (commas or newlines between pairs, values percent-decoded).
+    fn read(&self) -> Result<Vec<(String, String)>> {
+        let mut text = String::new();
+        let read = match self {
+            Self::Stdin => std::io::stdin().take(MAX_HEADERS_BYTES).read_to_string(&mut text),
+            Self::File(path) => {
+                std::fs::File::open(path).and_then(|f| f.take(MAX_HEADERS_BYTES).read_to_string(&mut text))
+            }
+        };
+        read.with_context(|| format!("cannot read the headers from {}", self.describe()))?;
+        match vm_driver::telemetry::parse_headers(&text.replace(['\n', '\r'], ",")) {
+            Some(headers) if !headers.is_empty() => Ok(headers),
+            // Never the text: it holds the token.
+            Some(_) => bail!("{}: no headers", self.describe()),
+            None => bail!("{}: not a list of key=value pairs", self.describe()),
+        }
+    }
+}
+
+/// Rotates the credentials of sandbox `id`: new headers, a new CA bundle, or both.
+///
+/// # Errors
+/// Nothing to rotate, unreadable input, refused, or the driver or sandbox cannot be reached.
+pub async fn rotate(socket: &Path, id: &str, headers: Option<&HeadersFrom>, ca: Option<&Path>) -> Result<()> {
+    if headers.is_none() && ca.is_none() {
+        bail!("nothing to rotate: give --headers-file, --ca, or both");
+    }
+    let headers = match headers {
+        Some(from) => Some(from.read()?),
+        None => None,
+    };
+    let ca_path = match ca {
+        Some(path) => vm_driver::telemetry::ca_path(path)
+            .with_context(|| format!("{}", path.display()))?
+            .to_string_lossy()
+            .into_owned(),
+        None => String::new(),
+    };
+    let request = RotateCredentialsRequest {
+        sandbox_id: id.to_owned(),
+        headers: headers.map(|h| CollectorHeaders {
+            header: h.into_iter().map(|(name, value)| CollectorHeader { name, value }).collect(),
+        }),
+        ca_path,
+    };
+    let mut client = crate::client::connect(socket).await?;
+    let answer = client.rotate_credentials(request).await?.into_inner();
+    println!("{id}: credentials rotation {}", answer.outcome);
+    Ok(())
+}
