@@ -29,6 +29,8 @@ use crate::telemetry::Telemetry;
 /// A [`StartError`] if the VM never became ready; the failure is also reported as a status line and an
 /// OCSF event.
 pub async fn run(args: SupervisorArgs, console: Console) -> Result<StopReason, StartError> {
+    // The admission span (descriptor, then policy) starts here; it is exported once the sinks are up.
+    let admission_started = std::time::SystemTime::now();
     let telemetry = std::env::set_current_dir(&args.sandbox_dir)
         .map_err(|e| StartError::SandboxDir(args.sandbox_dir.clone(), e))
         .and_then(|()| admit_descriptor(&args))
@@ -54,7 +56,7 @@ pub async fn run(args: SupervisorArgs, console: Console) -> Result<StopReason, S
     };
     let event = telemetry.source().config_change(&confinement);
     telemetry.emit(event);
-    let outcome = supervise(&args, token, &mut telemetry).await;
+    let outcome = supervise(&args, token, admission_started, &mut telemetry).await;
     if let Err(e) = &outcome {
         // Logged here, while the console still runs.
         tracing::error!(error = %chain(e), "start-up failed");
@@ -128,6 +130,7 @@ fn start_telemetry(args: &SupervisorArgs, console: &Console) -> Result<(Telemetr
 async fn supervise(
     args: &SupervisorArgs,
     token: Option<String>,
+    admission_started: std::time::SystemTime,
     telemetry: &mut Telemetry,
 ) -> Result<StopReason, StartError> {
     let session = match (&args.session_socket, &args.session_id, token) {
@@ -150,6 +153,7 @@ async fn supervise(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(SandboxPolicy::default()),
         Err(e) => Err(StartError::PolicyUnreadable(e)),
     };
+    telemetry.spans().admission(admission_started, policy.is_ok());
     let policy = match policy {
         Ok(policy) => policy,
         Err(e) => {
@@ -172,6 +176,7 @@ async fn supervise(
         match boot::boot(args, &senders, &mut inbox.stop).await {
             Ok(booted) => booted,
             Err(e) => {
+                telemetry.spans().boot_ended(false);
                 let mut error = chain(&e);
                 if e.concerns_the_guest() {
                     error.push_str(&tails(&[SandboxFile::VmmLog.name(), SandboxFile::Console.name()]));
@@ -195,6 +200,7 @@ async fn supervise(
                 return Err(e);
             }
         };
+    telemetry.spans().boot_ended(true);
     let vm = AppInfo { name: "microvm".into(), version: link.hello.software_label() };
     crate::attach_server::serve(attach, link.hello.capabilities, senders.clone());
     for app in [&vm, &sandbox] {

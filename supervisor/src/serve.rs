@@ -31,6 +31,7 @@ use crate::inbox::{Control, FromClient, FromGuest, Inbox};
 use crate::lease::{Lease, LeaseFailure};
 use crate::mux::{Action, ClientId, ClientViolation, GuestViolation, Mux};
 use crate::stop::StopReason;
+use crate::telemetry::spans::ExecOutcome;
 use crate::telemetry::Telemetry;
 
 /// How often the loop lets telemetry report what it had to drop.
@@ -102,10 +103,12 @@ pub(crate) async fn serve(
                 // The driver, which watches the VMM too, now gives this process the time to flush.
                 crate::status::report(&vm_contract::status::SupervisorStatus::Stopping);
                 state.end_session();
-                break match state.stopping.take() {
+                let reason = match state.stopping.take() {
                     None | Some((StopReason::ChannelClosed, _)) => StopReason::VmmExited(status),
                     Some((reason, _)) => reason,
                 };
+                state.telemetry.spans().vmm_exited(&reason);
+                break reason;
             }
             step = lease.step(), if lease_ok => {
                 if let Err(e) = step {
@@ -185,10 +188,18 @@ impl Serving<'_> {
     fn on_guest(&mut self, from: FromGuest) {
         match from {
             // The permit returns its bytes to the guest's queue once the message is handled.
-            FromGuest::Message(msg, _permit) => match self.mux.from_guest(msg) {
-                Ok(actions) => self.apply(actions),
-                Err(violation) => self.guest_violation(violation),
-            },
+            FromGuest::Message(msg, _permit) => {
+                let answer = crate::telemetry::spans::spawn_answer(&msg);
+                match self.mux.from_guest(msg) {
+                    Ok(actions) => {
+                        if let Some((id, outcome)) = answer {
+                            self.telemetry.spans().exec_answered(id, outcome);
+                        }
+                        self.apply(actions);
+                    }
+                    Err(violation) => self.guest_violation(violation),
+                }
+            }
             FromGuest::Closed(_) if self.stopping.is_some() => {}
             FromGuest::Closed(Some(error)) if error.violation().is_some() => {
                 if let Some(violation) = error.violation() {
@@ -206,10 +217,15 @@ impl Serving<'_> {
 
     fn on_client(&mut self, from: FromClient) {
         match from {
-            FromClient::Message(id, msg, _permit) => match self.mux.from_client(id, msg) {
-                Ok(actions) => self.apply(actions),
-                Err(violation) => self.client_violation(id, &violation),
-            },
+            FromClient::Message(id, msg, _permit) => {
+                if matches!(msg, ToGuest::UpdatePolicy(_)) {
+                    self.telemetry.spans().policy_update_received();
+                }
+                match self.mux.from_client(id, msg) {
+                    Ok(actions) => self.apply(actions),
+                    Err(violation) => self.client_violation(id, &violation),
+                }
+            }
             FromClient::Connected(id, handle) => {
                 self.mux.add_client(id);
                 self.clients.insert(id, handle);
@@ -255,6 +271,7 @@ impl Serving<'_> {
             return;
         }
         tracing::info!(reason = %reason, "stopping the sandbox");
+        self.telemetry.spans().stop_decided();
         self.end_session();
         self.mux.stop_accepting();
         let grace = self.args.stop_grace_ms;
@@ -266,6 +283,7 @@ impl Serving<'_> {
 
     /// Kills the VMM now. The reason wins over an orderly stop already under way.
     fn stop_now(&mut self, reason: StopReason) {
+        self.telemetry.spans().stop_decided();
         self.end_session();
         self.mux.stop_accepting();
         self.stopping = Some((reason, Instant::now()));
@@ -305,7 +323,14 @@ impl Serving<'_> {
         for action in actions {
             match action {
                 Action::ToGuest(msg) => {
+                    let spawn = crate::telemetry::spans::dispatched_spawn(&msg);
+                    if let Some(id) = spawn {
+                        self.telemetry.spans().exec_dispatched(id);
+                    }
                     if self.guest.try_send(msg).is_err() {
+                        if let Some(id) = spawn {
+                            self.telemetry.spans().exec_answered(id, ExecOutcome::NotDispatched);
+                        }
                         // The guest is not taking what clients send it; what it does take is credit-bound, so
                         // this is a client flooding with signals or resizes.
                         tracing::warn!("the guest's queue is full; a client message was dropped");
@@ -323,6 +348,7 @@ impl Serving<'_> {
                     self.finding(Finding::PolicyDenied, &detail);
                 }
                 Action::PolicyUpdated { revision, outcome, allowed } => {
+                    self.telemetry.spans().policy_updated(revision, outcome);
                     let what = format!("policy revision {revision} {}; allowed: {allowed}", outcome.describe());
                     let event = self.telemetry.source().config_change(&what);
                     self.telemetry.emit(event);

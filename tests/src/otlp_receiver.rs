@@ -1,7 +1,8 @@
-//! A real OTLP log receiver on loopback sockets: gRPC (tonic, with the official opentelemetry-proto
-//! service) and HTTP/protobuf (a small HTTP/1.1 server decoding the same protobuf messages). It records
-//! every request's headers and every log record, and can be slow or reject requests on demand. With
-//! [`Receiver::start_tls`] both serve TLS only (rustls), with a certificate the test made.
+//! A real OTLP log and trace receiver on loopback sockets: gRPC (tonic, with the official opentelemetry-proto
+//! services) and HTTP/protobuf (a small HTTP/1.1 server decoding the same protobuf messages: `/v1/traces`
+//! for traces, any other path for logs). It records every request's headers, every log record and every
+//! span, and can be slow or reject requests on demand. With [`Receiver::start_tls`] both serve TLS only
+//! (rustls), with a certificate the test made.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -10,6 +11,8 @@ use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{LogsService, LogsServiceServer};
 use opentelemetry_proto::tonic::collector::logs::v1::{ExportLogsServiceRequest, ExportLogsServiceResponse};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::common::v1::KeyValue;
 use prost::Message;
@@ -35,6 +38,23 @@ pub struct Record {
     pub body: String,
 }
 
+/// One span as received, with its resource.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Span {
+    pub protocol: &'static str,
+    pub resource: HashMap<String, String>,
+    pub attributes: HashMap<String, String>,
+    pub name: String,
+    pub trace_id: Vec<u8>,
+    pub span_id: Vec<u8>,
+    /// Empty for a root span.
+    pub parent_span_id: Vec<u8>,
+    pub start_time_unix_nano: u64,
+    pub end_time_unix_nano: u64,
+    /// The status code (0 unset, 1 ok, 2 error).
+    pub status_code: i32,
+}
+
 /// One export request as received.
 #[derive(Debug, Clone, Default)]
 pub struct Request {
@@ -49,6 +69,10 @@ struct State {
     requests: Vec<Request>,
     records: Vec<Record>,
     rejected: usize,
+    trace_requests: Vec<Request>,
+    spans: Vec<Span>,
+    /// HTTP trace bodies that did not decode as `ExportTraceServiceRequest`.
+    undecodable_traces: usize,
 }
 
 /// A running receiver. Dropping it stops it.
@@ -107,6 +131,42 @@ impl State {
         None
     }
 
+    /// Records a trace export; returns the rejection message if it is to be rejected.
+    fn take_traces(
+        &mut self,
+        protocol: &'static str,
+        headers: HashMap<String, String>,
+        req: &ExportTraceServiceRequest,
+    ) -> Option<String> {
+        if let Some(Behavior::Reject(msg)) = &self.behavior {
+            self.rejected += 1;
+            return Some(msg.clone());
+        }
+        let mut count = 0;
+        for rs in &req.resource_spans {
+            let resource = rs.resource.as_ref().map(|r| map(&r.attributes)).unwrap_or_default();
+            for ss in &rs.scope_spans {
+                for span in &ss.spans {
+                    count += 1;
+                    self.spans.push(Span {
+                        protocol,
+                        resource: resource.clone(),
+                        attributes: map(&span.attributes),
+                        name: span.name.clone(),
+                        trace_id: span.trace_id.clone(),
+                        span_id: span.span_id.clone(),
+                        parent_span_id: span.parent_span_id.clone(),
+                        start_time_unix_nano: span.start_time_unix_nano,
+                        end_time_unix_nano: span.end_time_unix_nano,
+                        status_code: span.status.as_ref().map_or(0, |s| s.code),
+                    });
+                }
+            }
+        }
+        self.trace_requests.push(Request { protocol, headers, records: count });
+        None
+    }
+
     fn delay(&self) -> Option<Duration> {
         match self.behavior {
             Some(Behavior::Slow(d)) => Some(d),
@@ -117,20 +177,41 @@ impl State {
 
 struct Grpc(Arc<Mutex<State>>);
 
+fn grpc_headers(metadata: &tonic::metadata::MetadataMap) -> HashMap<String, String> {
+    metadata
+        .iter()
+        .filter_map(|kv| match kv {
+            tonic::metadata::KeyAndValueRef::Ascii(k, v) => Some((k.to_string(), v.to_str().ok()?.to_owned())),
+            tonic::metadata::KeyAndValueRef::Binary(..) => None,
+        })
+        .collect()
+}
+
+#[tonic::async_trait]
+impl TraceService for Grpc {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let headers = grpc_headers(request.metadata());
+        let delay = self.0.lock().unwrap().delay();
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+        }
+        match self.0.lock().unwrap().take_traces("grpc", headers, request.get_ref()) {
+            Some(msg) => Err(tonic::Status::permission_denied(msg)),
+            None => Ok(tonic::Response::new(ExportTraceServiceResponse::default())),
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl LogsService for Grpc {
     async fn export(
         &self,
         request: tonic::Request<ExportLogsServiceRequest>,
     ) -> Result<tonic::Response<ExportLogsServiceResponse>, tonic::Status> {
-        let headers = request
-            .metadata()
-            .iter()
-            .filter_map(|kv| match kv {
-                tonic::metadata::KeyAndValueRef::Ascii(k, v) => Some((k.to_string(), v.to_str().ok()?.to_owned())),
-                tonic::metadata::KeyAndValueRef::Binary(..) => None,
-            })
-            .collect();
+        let headers = grpc_headers(request.metadata());
         let delay = self.0.lock().unwrap().delay();
         if let Some(d) = delay {
             tokio::time::sleep(d).await;
@@ -179,8 +260,18 @@ where
         if let Some(d) = delay {
             tokio::time::sleep(d).await;
         }
-        let req = ExportLogsServiceRequest::decode(body.as_slice()).unwrap_or_default();
-        let verdict = state.lock().unwrap().take("http", headers, &req);
+        let traces = line.split_whitespace().nth(1).is_some_and(|path| path.ends_with("/v1/traces"));
+        let (verdict, payload) = if traces {
+            let mut state = state.lock().unwrap();
+            let req = ExportTraceServiceRequest::decode(body.as_slice()).unwrap_or_else(|_| {
+                state.undecodable_traces += 1;
+                ExportTraceServiceRequest::default()
+            });
+            (state.take_traces("http", headers, &req), ExportTraceServiceResponse::default().encode_to_vec())
+        } else {
+            let req = ExportLogsServiceRequest::decode(body.as_slice()).unwrap_or_default();
+            (state.lock().unwrap().take("http", headers, &req), ExportLogsServiceResponse::default().encode_to_vec())
+        };
         let response = match verdict {
             Some(msg) => format!(
                 "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{msg}",
@@ -188,7 +279,6 @@ where
             )
             .into_bytes(),
             None => {
-                let payload = ExportLogsServiceResponse::default().encode_to_vec();
                 let mut r = format!(
                     "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: {}\r\n\r\n",
                     payload.len()
@@ -238,7 +328,8 @@ impl Receiver {
             (grpc_listener, http_listener)
         });
         let (grpc_addr, http_addr) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
-        let service = LogsServiceServer::new(Grpc(Arc::clone(&state)));
+        let logs = LogsServiceServer::new(Grpc(Arc::clone(&state)));
+        let traces = TraceServiceServer::new(Grpc(Arc::clone(&state)));
         let mut server = tonic::transport::Server::builder();
         if let Some(identity) = &tls {
             let config = tonic::transport::ServerTlsConfig::new()
@@ -247,7 +338,7 @@ impl Receiver {
         }
         runtime.spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
-            let _ = server.add_service(service).serve_with_incoming(incoming).await;
+            let _ = server.add_service(logs).add_service(traces).serve_with_incoming(incoming).await;
         });
         let http_state = Arc::clone(&state);
         let acceptor = tls.as_ref().map(tls_acceptor);
@@ -289,6 +380,22 @@ impl Receiver {
         self.state.lock().unwrap().requests.clone()
     }
 
+    /// Every span received, in order.
+    pub fn spans(&self) -> Vec<Span> {
+        self.state.lock().unwrap().spans.clone()
+    }
+
+    /// The trace export requests received (not rejected).
+    pub fn trace_requests(&self) -> Vec<Request> {
+        self.state.lock().unwrap().trace_requests.clone()
+    }
+
+    /// HTTP trace bodies that were not an `ExportTraceServiceRequest`.
+    pub fn undecodable_traces(&self) -> usize {
+        self.state.lock().unwrap().undecodable_traces
+    }
+
+    /// Rejected requests, logs and traces.
     pub fn rejected(&self) -> usize {
         self.state.lock().unwrap().rejected
     }

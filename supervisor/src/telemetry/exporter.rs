@@ -76,7 +76,7 @@ fn http(endpoint: &str, credentials: &Credentials) -> Result<LogExporter, OtlpEr
 
 /// A reqwest client that trusts only `ca` (none: no `https://` collector verifies). Always our own rustls
 /// configuration: reqwest is built without a default crypto provider.
-fn http_client(ca: Option<&CaBundle>) -> Result<reqwest::Client, OtlpError> {
+pub(crate) fn http_client(ca: Option<&CaBundle>) -> Result<reqwest::Client, OtlpError> {
     let mut roots = rustls::RootCertStore::empty();
     if let Some(ca) = ca {
         for cert in ca.certificates() {

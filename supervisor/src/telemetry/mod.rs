@@ -5,6 +5,8 @@
 //! - [`jsonl`]: `events.jsonl` in the sandbox directory.
 //! - [`otlp`]: OTLP log export over gRPC or HTTP/protobuf; [`exporter`] builds its exporter (TLS with a CA
 //!   bundle for `https://`), [`credentials`] holds the headers and the CA bundle in slots rotated live.
+//! - [`spans`]: the supervisor's spans (boot, admission, exec, policy update, stop), and [`span_export`],
+//!   their OTLP trace export to the same collector, with the same credentials.
 //! - [`settings`]: the environment and the auth bundle.
 //!
 //! Console JSON is independent of the file sink and of the diagnostic filter (`RUST_LOG`): every event of
@@ -19,6 +21,8 @@ pub mod jsonl;
 pub mod limit;
 pub mod otlp;
 pub mod settings;
+pub mod span_export;
+pub mod spans;
 
 use std::time::{Duration, Instant};
 
@@ -32,6 +36,8 @@ use self::jsonl::{Jsonl, JsonlReport};
 use self::limit::Limiter;
 use self::otlp::{ExportReport, Otlp, OtlpError};
 use self::settings::TelemetrySettings;
+use self::span_export::SpanSource;
+use self::spans::Spans;
 
 /// Largest event, as JSON; a larger one is dropped and counted (the workload's argv is cut long before).
 pub const MAX_EVENT_BYTES: usize = 16 * 1024;
@@ -45,6 +51,8 @@ pub struct TelemetryReport {
     pub limited: u64,
     /// OTLP outcome.
     pub otlp: ExportReport,
+    /// OTLP span export outcome (counted in spans, not events).
+    pub spans: ExportReport,
     /// The JSONL file's losses.
     pub jsonl: JsonlReport,
     /// Console lines dropped (queue full, over the cap, or still queued at exit).
@@ -69,6 +77,7 @@ pub struct Telemetry {
     console: ConsoleHandle,
     jsonl: Option<Jsonl>,
     otlp: Option<Otlp>,
+    spans: Spans,
     json: bool,
     events: u64,
     limiter: Limiter,
@@ -89,20 +98,33 @@ impl Telemetry {
         let source = Source::new(settings.schema.clone(), sandbox_id, "vm-supervisor", env!("CARGO_PKG_VERSION"));
         let limits = !crate::control(TestControl::NoTelemetryLimits);
         let jsonl = if settings.json { Some(open_jsonl(limits).map_err(TelemetryError::Jsonl)?) } else { None };
-        let otlp = match &settings.otlp {
-            Some(otlp) => Some(
-                Otlp::start(otlp, otlp::resource(sandbox_id, settings.gateway_name.as_deref()))
-                    .map_err(TelemetryError::Otlp)?,
-            ),
-            None => None,
+        let (otlp, spans) = match &settings.otlp {
+            Some(otlp) => {
+                let resource = otlp::resource(sandbox_id, settings.gateway_name.as_deref());
+                let logs = Otlp::start(otlp, resource.clone()).map_err(TelemetryError::Otlp)?;
+                // The spans go where the logs go, with the same credentials (and their rotations).
+                let source = SpanSource {
+                    endpoint: otlp.endpoint.clone(),
+                    protocol: otlp.protocol,
+                    resource,
+                    slots: logs.slots().clone(),
+                };
+                (Some(logs), Spans::start(source, sandbox_id).map_err(TelemetryError::Otlp)?)
+            }
+            None => (None, Spans::default()),
         };
         let limiter = Limiter::new(limits, Instant::now());
-        Ok(Self { source, console, jsonl, otlp, json: settings.json, events: 0, limiter, oversized: 0 })
+        Ok(Self { source, console, jsonl, otlp, spans, json: settings.json, events: 0, limiter, oversized: 0 })
     }
 
     /// Builds events with the right product, schema and sandbox.
     pub fn source(&self) -> &Source {
         &self.source
+    }
+
+    /// The spans (exported only with an OTLP endpoint).
+    pub fn spans(&mut self) -> &mut Spans {
+        &mut self.spans
     }
 
     /// Sends one event to every sink, unless it is over the sandbox's limits (then it is counted). Never
@@ -172,17 +194,21 @@ impl Telemetry {
         self.emit(event);
     }
 
-    /// Flushes every sink within `budget`: the OTLP queue and the JSONL file side by side, then the console
-    /// for what is left of it (at least [`CONSOLE_DRAIN`]). Returns what was delivered; the caller emits
+    /// Flushes every sink within `budget`: the OTLP queues (logs and spans) and the JSONL file side by side,
+    /// then the console for what is left of it (at least [`CONSOLE_DRAIN`]). Returns what was delivered; the caller emits
     /// nothing after this.
     pub async fn shutdown(mut self, budget: Duration, console: Console) -> TelemetryReport {
         self.report_drops(true);
         let deadline = Instant::now() + budget;
         let jsonl = self.jsonl.take().map(|j| tokio::task::spawn_blocking(move || j.shutdown(deadline)));
-        let otlp = match self.otlp.take() {
-            Some(otlp) => otlp.shutdown(budget).await,
-            None => ExportReport::default(),
+        let (otlp, spans) = (self.otlp.take(), std::mem::take(&mut self.spans));
+        let otlp = async move {
+            match otlp {
+                Some(otlp) => otlp.shutdown(budget).await,
+                None => ExportReport::default(),
+            }
         };
+        let (otlp, spans) = tokio::join!(otlp, spans.shutdown(budget));
         let jsonl = match jsonl {
             Some(task) => task.await.unwrap_or_default(),
             None => JsonlReport::default(),
@@ -191,6 +217,7 @@ impl Telemetry {
             events: self.events,
             limited: self.limiter.dropped,
             otlp,
+            spans,
             jsonl,
             console_dropped: console.dropped(),
         };
@@ -199,6 +226,8 @@ impl Telemetry {
             limited = report.limited,
             otlp_exported = report.otlp.exported,
             otlp_dropped = report.otlp.dropped,
+            spans_exported = report.spans.exported,
+            spans_dropped = report.spans.dropped,
             jsonl_dropped = report.jsonl.dropped,
             jsonl_failures = report.jsonl.failures,
             console_dropped = report.console_dropped,
