@@ -258,6 +258,15 @@ fn workloads_run_as_the_sandbox_user_and_conflicting_selectors_are_refused_at_cr
     assert!(delivered(&exec_echo(&serve, "w", "reopened"), "reopened"));
     let changes = messages(&serve, "w", 5019);
     assert!(changes.iter().any(|m| m.contains("policy revision 1 refused: its run_as conflicts")), "{changes:?}");
+    // Each call is recorded as well: API Activity, Update, failed for the refused one.
+    let calls: Vec<(String, u64)> = events(&serve, "w")
+        .iter()
+        .filter(|e| e["class_uid"] == 6003 && e["api"]["operation"] == "UpdatePolicy")
+        .map(|e| (e["message"].as_str().unwrap_or_default().to_owned(), e["status_id"].as_u64().unwrap_or(0)))
+        .collect();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert!(calls[0].0.contains("revision 1 refused") && calls[0].1 == 2, "{calls:?}");
+    assert!(calls[1].0.contains("revision 2 applied") && calls[1].1 == 1, "{calls:?}");
     assert_valid_ocsf(&serve, "w");
 }
 
