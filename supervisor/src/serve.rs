@@ -23,7 +23,10 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use vm_contract::args::SupervisorArgs;
-use vm_ocsf::{Finding, ProcessActivity, ProcessInfo};
+use vm_contract::layout::SandboxFile;
+use vm_ocsf::{Finding, ProcessActivity, ProcessInfo, Status};
+use vm_protocol::credentials::RotationOutcome;
+use vm_protocol::policy::UpdateOutcome;
 use vm_protocol::{ToGuest, ToHost};
 
 use crate::attach_server::ClientHandle;
@@ -349,12 +352,15 @@ impl Serving<'_> {
                 }
                 Action::PolicyUpdated { revision, outcome, allowed } => {
                     self.telemetry.spans().policy_updated(revision, outcome);
+                    let applied = outcome == UpdateOutcome::Applied;
+                    self.api_call("UpdatePolicy", applied, &format!("revision {revision} {}", outcome.describe()));
                     let what = format!("policy revision {revision} {}; allowed: {allowed}", outcome.describe());
                     let event = self.telemetry.source().config_change(&what);
                     self.telemetry.emit(event);
                 }
                 Action::RotateCredentials(client, rotation) => {
                     let outcome = self.telemetry.rotate(&rotation);
+                    self.api_call("RotateCredentials", outcome == RotationOutcome::Applied, outcome.describe());
                     self.send_to_client(client, ToHost::CredentialsAck { outcome });
                 }
                 Action::Exited { guest_id, pid, argv, status } => {
@@ -366,6 +372,13 @@ impl Serving<'_> {
                 }
             }
         }
+    }
+
+    /// Records a control-plane call that came through the attach socket (API Activity); `outcome` is fixed text.
+    fn api_call(&mut self, operation: &str, applied: bool, outcome: &str) {
+        let status = if applied { Status::Success } else { Status::Failure };
+        let event = self.telemetry.source().api_update(operation, SandboxFile::Attach.name(), status, outcome);
+        self.telemetry.emit(event);
     }
 
     fn send_to_client(&mut self, id: ClientId, msg: ToHost) {

@@ -28,6 +28,8 @@ fn every_kind_of_event() -> Vec<vm_ocsf::Event> {
         s.finding(Finding::PolicyDenied, "exec denied at policy revision 1: not allowed"),
         s.finding(Finding::DescriptorMismatch, "the launch descriptor names another generation"),
         s.config_change("policy updated"),
+        s.api_update("UpdatePolicy", "attach.sock", Status::Success, "revision 1 applied"),
+        s.api_update("RotateCredentials", "attach.sock", Status::Failure, "refused: the CA bundle is unreadable"),
     ]
 }
 

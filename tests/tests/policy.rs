@@ -32,10 +32,21 @@ fn policy(serve: &Serve, id: &str, revision: u64, allow: &str) -> Output {
     serve.cli("policy", &[id, "--revision", &revision.to_string(), "--allow", allow])
 }
 
-/// The events of sandbox `id`, one JSON object a line.
+/// The events of sandbox `id`, one JSON object a line, once the file stopped growing for 200 ms: it is written
+/// by its own thread, a moment after the act the test just saw answered.
 fn events(serve: &Serve, id: &str) -> Vec<serde_json::Value> {
     let path = serve.state.join("sandboxes").join(id).join(SandboxFile::Events.name());
-    std::fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+    let read = || std::fs::read_to_string(&path).unwrap_or_default();
+    let mut text = read();
+    for _ in 0..25 {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let again = read();
+        if again == text {
+            break;
+        }
+        text = again;
+    }
+    text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
 }
 
 fn messages(serve: &Serve, id: &str, class: u64) -> Vec<String> {
@@ -258,6 +269,15 @@ fn workloads_run_as_the_sandbox_user_and_conflicting_selectors_are_refused_at_cr
     assert!(delivered(&exec_echo(&serve, "w", "reopened"), "reopened"));
     let changes = messages(&serve, "w", 5019);
     assert!(changes.iter().any(|m| m.contains("policy revision 1 refused: its run_as conflicts")), "{changes:?}");
+    // Each call is recorded as well: API Activity, Update, failed for the refused one.
+    let calls: Vec<(String, u64)> = events(&serve, "w")
+        .iter()
+        .filter(|e| e["class_uid"] == 6003 && e["api"]["operation"] == "UpdatePolicy")
+        .map(|e| (e["message"].as_str().unwrap_or_default().to_owned(), e["status_id"].as_u64().unwrap_or(0)))
+        .collect();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert!(calls[0].0.contains("revision 1 refused") && calls[0].1 == 2, "{calls:?}");
+    assert!(calls[1].0.contains("revision 2 applied") && calls[1].1 == 1, "{calls:?}");
     assert_valid_ocsf(&serve, "w");
 }
 
@@ -274,8 +294,8 @@ fn the_process_cap_denies_an_exec_beyond_it() {
     client.read_until(|seen| seen.iter().any(|m| matches!(m, ToHost::Started { id, .. } if *id == long)));
     let out = exec_echo(&serve, "c", "over");
     assert!(!out.status.success() && text(&out).contains("denied"), "{}", text(&out));
-    let capped = || messages(&serve, "c", 2004).iter().any(|f| f.contains("max_processes are running"));
-    assert!(vm_e2e::wait_until(std::time::Duration::from_secs(10), capped), "{:?}", messages(&serve, "c", 2004));
+    let findings = messages(&serve, "c", 2004);
+    assert!(findings.iter().any(|f| f.contains("max_processes are running")), "{findings:?}");
     client.read_until(|seen| seen.iter().any(|m| matches!(m, ToHost::Exited { id, .. } if *id == long)));
     assert!(delivered(&exec_echo(&serve, "c", "room"), "room"), "room again after the first exited");
 }

@@ -58,6 +58,29 @@ pub struct Actor {
     pub app_uid: String,
 }
 
+/// `api`: the control-plane call an API Activity records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Api {
+    /// The call (`UpdatePolicy`, `RotateCredentials`).
+    pub operation: String,
+    /// Who serves it.
+    pub service: Service,
+}
+
+/// `service`: the endpoint's service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Service {
+    /// Its name.
+    pub name: String,
+}
+
+/// `src_endpoint`: where a call came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Endpoint {
+    /// Its name (the socket it came through).
+    pub name: String,
+}
+
 /// `process`: a workload process inside the guest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ProcessInfo {
@@ -296,6 +319,12 @@ pub struct Event {
     /// The finding (Detection Finding).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finding_info: Option<FindingInfo>,
+    /// The call (API Activity).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api: Option<Api>,
+    /// Where the call came from (API Activity).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub src_endpoint: Option<Endpoint>,
     /// Whether the event must go out even when the sandbox is over its telemetry limits: lifecycle events
     /// and the reports of what was dropped. Not part of the record.
     #[serde(skip)]
@@ -373,6 +402,8 @@ impl Source {
             process: None,
             exit_code: None,
             finding_info: None,
+            api: None,
+            src_endpoint: None,
             essential: false,
         }
     }
@@ -439,6 +470,26 @@ impl Source {
         });
         event.device = Some(self.device());
         event.essential = matches!(finding, Finding::TelemetryDropped | Finding::LogCapped);
+        event
+    }
+
+    /// API Activity (6003), Update: a control-plane call that changed (or was refused a change of) the
+    /// sandbox's settings, made through the attach socket `endpoint`; `outcome` is fixed text.
+    pub fn api_update(&self, operation: &str, endpoint: &str, status: Status, outcome: &str) -> Event {
+        let mut event = self.base(
+            6003,
+            "API Activity",
+            6,
+            "Application Activity",
+            3,
+            "Update",
+            Severity::Informational,
+            format!("{operation} {outcome}"),
+        );
+        event.actor = Some(Actor { app_name: "vm-driver".into(), app_uid: self.sandbox.clone() });
+        event.api = Some(Api { operation: operation.to_owned(), service: Service { name: self.product.name.clone() } });
+        event.src_endpoint = Some(Endpoint { name: endpoint.to_owned() });
+        set_status(&mut event, status, (status == Status::Failure).then(|| outcome.to_owned()));
         event
     }
 

@@ -20,7 +20,7 @@ mod event;
 mod version;
 
 pub use event::{
-    Actor, AppInfo, Device, Event, Finding, FindingInfo, Lifecycle, Metadata, ProcessActivity, ProcessInfo, Product,
-    Severity, Source, Status, MAX_CMD_LINE_CHARS, MAX_NAME_CHARS,
+    Actor, Api, AppInfo, Device, Endpoint, Event, Finding, FindingInfo, Lifecycle, Metadata, ProcessActivity,
+    ProcessInfo, Product, Service, Severity, Source, Status, MAX_CMD_LINE_CHARS, MAX_NAME_CHARS,
 };
 pub use version::{SchemaVersion, UnsupportedVersion, DEFAULT_SCHEMA_VERSION, SUPPORTED_SCHEMA_VERSIONS};
