@@ -42,6 +42,19 @@ impl ExporterSpec {
 }
 
 fn grpc(endpoint: &str, credentials: &Credentials) -> Result<LogExporter, OtlpError> {
+    let mut builder = LogExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint)
+        .with_timeout(EXPORT_TIMEOUT)
+        .with_metadata(grpc_metadata(credentials)?);
+    if let Some(tls) = grpc_tls(endpoint, credentials) {
+        builder = builder.with_tls_config(tls);
+    }
+    builder.build().map_err(|_| OtlpError::Build)
+}
+
+/// The collector headers as gRPC metadata, for the log and the span exporter alike.
+pub(crate) fn grpc_metadata(credentials: &Credentials) -> Result<MetadataMap, OtlpError> {
     let mut metadata = MetadataMap::new();
     for (name, value) in &credentials.headers {
         let key = tonic::metadata::MetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes())
@@ -49,16 +62,13 @@ fn grpc(endpoint: &str, credentials: &Credentials) -> Result<LogExporter, OtlpEr
         let value = tonic::metadata::MetadataValue::try_from(value.as_str()).map_err(|_| OtlpError::Header)?;
         metadata.insert(key, value);
     }
-    let mut builder = LogExporter::builder()
-        .with_tonic()
-        .with_endpoint(endpoint)
-        .with_timeout(EXPORT_TIMEOUT)
-        .with_metadata(metadata);
-    // A CA bundle matters for https:// only; tonic would refuse TLS settings on a plain endpoint.
-    if let Some(ca) = credentials.ca.as_ref().filter(|_| is_https(endpoint)) {
-        builder = builder.with_tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca.pem())));
-    }
-    builder.build().map_err(|_| OtlpError::Build)
+    Ok(metadata)
+}
+
+/// TLS trusting the CA bundle, for an `https://` endpoint only (tonic refuses TLS settings on a plain one).
+pub(crate) fn grpc_tls(endpoint: &str, credentials: &Credentials) -> Option<ClientTlsConfig> {
+    let ca = credentials.ca.as_ref().filter(|_| is_https(endpoint))?;
+    Some(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca.pem())))
 }
 
 fn http(endpoint: &str, credentials: &Credentials) -> Result<LogExporter, OtlpError> {

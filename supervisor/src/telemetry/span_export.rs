@@ -15,8 +15,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use opentelemetry::Context;
-use opentelemetry_otlp::tonic_types::metadata::MetadataMap;
-use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig};
 use opentelemetry_otlp::{Protocol as OtlpProtocol, WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
@@ -26,7 +24,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::credentials::{CredentialSlots, Credentials};
-use super::exporter::{http_client, is_https};
+use super::exporter::{grpc_metadata, grpc_tls, http_client};
 use super::otlp::{ExportReport, OtlpError, Protocol, EXPORT_TIMEOUT};
 
 /// Ended spans kept waiting for the collector before new ones are dropped (and counted).
@@ -189,20 +187,13 @@ impl SpanSource {
 
 // The same configuration as the log exporter's (`exporter.rs`), for spans: keep the two in step.
 fn grpc(endpoint: &str, credentials: &Credentials) -> Result<opentelemetry_otlp::SpanExporter, OtlpError> {
-    let mut metadata = MetadataMap::new();
-    for (name, value) in &credentials.headers {
-        let key = tonic::metadata::MetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes())
-            .map_err(|_| OtlpError::Header)?;
-        let value = tonic::metadata::MetadataValue::try_from(value.as_str()).map_err(|_| OtlpError::Header)?;
-        metadata.insert(key, value);
-    }
     let mut builder = opentelemetry_otlp::SpanExporter::builder()
         .with_tonic()
         .with_endpoint(endpoint)
         .with_timeout(EXPORT_TIMEOUT)
-        .with_metadata(metadata);
-    if let Some(ca) = credentials.ca.as_ref().filter(|_| is_https(endpoint)) {
-        builder = builder.with_tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca.pem())));
+        .with_metadata(grpc_metadata(credentials)?);
+    if let Some(tls) = grpc_tls(endpoint, credentials) {
+        builder = builder.with_tls_config(tls);
     }
     builder.build().map_err(|_| OtlpError::Build)
 }
