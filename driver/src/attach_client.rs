@@ -86,20 +86,12 @@ impl Attached {
 /// # Errors
 /// [`AttachError`]; [`AttachError::Timeout`] when no acknowledgment comes.
 pub async fn update_policy(layout: &SandboxLayout, update: PolicyUpdate) -> Result<UpdateOutcome, AttachError> {
-    let mut attached = connect(layout).await?;
     let revision = update.revision;
-    attached.send(ToGuest::UpdatePolicy(update)).await?;
-    let ack = async {
-        while let Some(Ok(msg)) = attached.recv().await {
-            if let ToHost::PolicyAck { revision: r, outcome } = msg {
-                if r == revision {
-                    return Some(outcome);
-                }
-            }
-        }
-        None
-    };
-    tokio::time::timeout(CONNECT_TIMEOUT, ack).await.ok().flatten().ok_or(AttachError::Timeout)
+    request(layout, ToGuest::UpdatePolicy(update), |msg| match msg {
+        ToHost::PolicyAck { revision: r, outcome } if r == revision => Some(outcome),
+        _ => None,
+    })
+    .await
 }
 
 /// Sends new collector credentials over a fresh attach connection (the supervisor keeps them; they never
@@ -111,15 +103,29 @@ pub async fn rotate_credentials(
     layout: &SandboxLayout,
     rotation: CredentialRotation,
 ) -> Result<RotationOutcome, AttachError> {
+    request(layout, ToGuest::RotateCredentials(rotation), |msg| match msg {
+        ToHost::CredentialsAck { outcome } => Some(outcome),
+        _ => None,
+    })
+    .await
+}
+
+/// One control request on a fresh attach connection: sends `msg`, then waits (within [`CONNECT_TIMEOUT`])
+/// for the first message `answer` picks.
+async fn request<T>(
+    layout: &SandboxLayout,
+    msg: ToGuest,
+    mut answer: impl FnMut(ToHost) -> Option<T>,
+) -> Result<T, AttachError> {
     let mut attached = connect(layout).await?;
-    attached.send(ToGuest::RotateCredentials(rotation)).await?;
-    let ack = async {
+    attached.send(msg).await?;
+    let answered = async {
         while let Some(Ok(msg)) = attached.recv().await {
-            if let ToHost::CredentialsAck { outcome } = msg {
-                return Some(outcome);
+            if let Some(found) = answer(msg) {
+                return Some(found);
             }
         }
         None
     };
-    tokio::time::timeout(CONNECT_TIMEOUT, ack).await.ok().flatten().ok_or(AttachError::Timeout)
+    tokio::time::timeout(CONNECT_TIMEOUT, answered).await.ok().flatten().ok_or(AttachError::Timeout)
 }
