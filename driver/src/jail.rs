@@ -221,6 +221,32 @@ fn release_in(claims: &Path, layout: &SandboxLayout) {
     let _ = fs::remove_file(record);
 }
 
+/// Moves a sandbox directory (a claimed pool slot's) to `to`, which must not exist, keeping its jail id: the
+/// claim names the directory's canonical path, so it is rewritten in the same step, under the lock, and never
+/// looks stale to another claimer.
+///
+/// # Errors
+/// `to` exists, or the move or the claim's rewrite failed (then nothing moved).
+pub fn move_sandbox(from: &SandboxLayout, to: &Path) -> io::Result<SandboxLayout> {
+    move_in(Path::new(CLAIMS_DIR), from, to)
+}
+
+fn move_in(claims: &Path, from: &SandboxLayout, to: &Path) -> io::Result<SandboxLayout> {
+    use rustix::fs::{renameat_with, RenameFlags, CWD};
+    let id = fs::read_to_string(from.path(SandboxFile::JailId)).ok();
+    let _lock = id.as_ref().map(|_| lock(claims)).transpose()?;
+    renameat_with(CWD, from.dir(), CWD, to, RenameFlags::NOREPLACE)?;
+    if let Some(id) = id {
+        let rewritten =
+            fs::canonicalize(to).and_then(|dir| fs::write(claims.join(id.trim()), dir.as_os_str().as_encoded_bytes()));
+        if let Err(e) = rewritten {
+            let _ = renameat_with(CWD, to, CWD, from.dir(), RenameFlags::NOREPLACE);
+            return Err(e);
+        }
+    }
+    Ok(SandboxLayout::new(to.to_owned()))
+}
+
 /// An exclusive lock on the claims directory, held until the returned file is dropped.
 fn lock(claims: &Path) -> io::Result<fs::File> {
     let dir = fs::File::open(claims)?;
@@ -259,6 +285,25 @@ mod tests {
         fs::remove_dir_all(b.dir()).unwrap();
         fs::create_dir_all(a.dir()).unwrap();
         assert_eq!(claim_in(&claims, range, &a).unwrap(), second);
+        let _ = fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_moved_sandbox_keeps_its_claim() {
+        let dir = scratch("move");
+        let claims = dir.join("claims");
+        let range = IdRange { start: 6000, count: 1 };
+        let a = SandboxLayout::new(dir.join("a"));
+        let id = claim_in(&claims, range, &a).unwrap();
+        // `b` exists: the move is refused and nothing changes.
+        assert!(move_in(&claims, &a, &dir.join("b")).is_err());
+        let moved = move_in(&claims, &a, &dir.join("c")).unwrap();
+        assert!(!a.dir().exists() && moved.path(SandboxFile::JailId).exists());
+        // Not stale under its new name: the only id stays taken.
+        let other = SandboxLayout::new(dir.join("b"));
+        assert!(matches!(claim_in(&claims, range, &other), Err(JailSetupError::RangeFull(_))));
+        release_in(&claims, &moved);
+        assert_eq!(claim_in(&claims, range, &other).unwrap(), id, "released under its new name");
         let _ = fs::remove_dir_all(dir);
     }
 }

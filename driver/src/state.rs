@@ -67,7 +67,14 @@ impl StateDir {
     pub fn open(root: &Path) -> Result<Self, StateError> {
         private_dir(root)?;
         private_dir(&root.join("sandboxes"))?;
+        private_dir(&root.join("pool"))?;
         Ok(Self { root: root.to_owned() })
+    }
+
+    /// The directory holding the warm pool's slots (`serve --pool`): VMs with no sandbox yet. A claimed slot's
+    /// directory moves to [`Self::sandboxes_dir`] under the sandbox's id.
+    pub fn pool_dir(&self) -> PathBuf {
+        self.root.join("pool")
     }
 
     /// The directory holding every sandbox's directory.

@@ -118,6 +118,9 @@ pub enum StartError {
     /// A telemetry sink could not start.
     #[error("cannot start telemetry")]
     TelemetrySinks(#[source] crate::telemetry::TelemetryError),
+    /// A pooled VM's claim line could not be used.
+    #[error("the claim was refused")]
+    Claim(#[source] vm_contract::claim::ClaimError),
 }
 
 impl StartError {

@@ -1,7 +1,8 @@
 //! The supervisor: one process per microVM, and the VM's only keeper.
 //!
 //! Organised by phase:
-//! - [`run`]: one sandbox from start to exit, around the phases below.
+//! - [`run`]: one sandbox from start to exit, around the phases below; [`pooled`]: a VM booted before its
+//!   sandbox existed, waiting for its claim.
 //! - [`boot`]: choose the accelerator ([`accel`]), start QEMU hardened ([`vmm`]), start the lease with the
 //!   watchdog ([`lease`]), connect the guest link and check the agent's handshake ([`guest_link`]).
 //! - `serve`: the event loop; the attach socket's server ([`attach_server`]) and the multiplexer that routes
@@ -30,6 +31,7 @@ pub mod lease;
 pub mod liveness;
 pub mod mux;
 pub mod policy;
+pub mod pooled;
 pub mod run;
 mod serve;
 pub mod session;

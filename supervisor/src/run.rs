@@ -20,7 +20,7 @@ use crate::session::SessionConfig;
 use crate::status;
 use crate::stop::{self, StopReason};
 use crate::telemetry::console::Console;
-use crate::telemetry::settings::TelemetrySettings;
+use crate::telemetry::settings::{SettingsError, TelemetrySettings};
 use crate::telemetry::Telemetry;
 
 /// Runs one VM from boot to stop, reporting to `console` and the telemetry sinks.
@@ -29,16 +29,71 @@ use crate::telemetry::Telemetry;
 /// A [`StartError`] if the VM never became ready; the failure is also reported as a status line and an
 /// OCSF event.
 pub async fn run(args: SupervisorArgs, console: Console) -> Result<StopReason, StartError> {
+    if args.pooled {
+        return crate::pooled::run(args, console).await;
+    }
+    if let Err(e) = std::env::set_current_dir(&args.sandbox_dir) {
+        let e = StartError::SandboxDir(args.sandbox_dir.clone(), e);
+        status::report(&SupervisorStatus::Failed { error: chain(&e) });
+        console.shutdown(Instant::now() + Duration::from_secs(1));
+        return Err(e);
+    }
+    admit_and_serve(&args, console, Start::Cold).await
+}
+
+/// How the sandbox gets its VM.
+pub(crate) enum Start {
+    /// Booted for it, after admission.
+    Cold,
+    /// A pooled VM, booted before this sandbox existed and claimed for it now.
+    Claimed(Box<Claimed>),
+}
+
+/// A pooled VM at its claim: booted, its stop requests already watched, and the claim's settings.
+pub(crate) struct Claimed {
+    pub(crate) booted: Booted,
+    pub(crate) senders: crate::inbox::Senders,
+    pub(crate) inbox: crate::inbox::Inbox,
+    pub(crate) claim: vm_contract::claim::Claim,
+}
+
+impl Start {
+    /// The telemetry settings: a cold start's environment, or the claim's.
+    fn settings(&self, headers: Vec<(String, String)>) -> Result<TelemetrySettings, SettingsError> {
+        match self {
+            Self::Cold => TelemetrySettings::load(headers),
+            Self::Claimed(c) => TelemetrySettings::from_lookup(|var| c.claim.setting(var), headers),
+        }
+    }
+
+    /// A start given up before serving: a claimed VM goes down with it (a cold one was never booted).
+    async fn abandon(self) {
+        if let Self::Claimed(claimed) = self {
+            let Booted { mut vmm, lease, .. } = claimed.booted;
+            vmm.kill().await;
+            let _ = lease.close().await;
+        }
+    }
+}
+
+/// The sandbox's start in its directory, from the admission of its descriptor on.
+pub(crate) async fn admit_and_serve(
+    args: &SupervisorArgs,
+    console: Console,
+    start: Start,
+) -> Result<StopReason, StartError> {
     // The admission span (descriptor, then policy) starts here; it is exported once the sinks are up.
     let admission_started = std::time::SystemTime::now();
-    let telemetry = std::env::set_current_dir(&args.sandbox_dir)
-        .map_err(|e| StartError::SandboxDir(args.sandbox_dir.clone(), e))
-        .and_then(|()| admit_descriptor(&args))
-        .and_then(|()| start_telemetry(&args, &console));
+    let telemetry = admit_descriptor(args).and_then(|()| start_telemetry(args, &console, &start));
     let (mut telemetry, token) = match telemetry {
         Ok(started) => started,
-        Err(StartError::Descriptor(mismatch)) => return refuse_descriptor(&args, console, mismatch).await,
+        Err(StartError::Descriptor(mismatch)) => {
+            let settings = start.settings(Vec::new());
+            start.abandon().await;
+            return refuse_descriptor(args, console, mismatch, settings).await;
+        }
         Err(e) => {
+            start.abandon().await;
             status::report(&SupervisorStatus::Failed { error: chain(&e) });
             console.shutdown(Instant::now() + Duration::from_secs(1));
             return Err(e);
@@ -56,7 +111,7 @@ pub async fn run(args: SupervisorArgs, console: Console) -> Result<StopReason, S
     };
     let event = telemetry.source().config_change(&confinement);
     telemetry.emit(event);
-    let outcome = supervise(&args, token, admission_started, &mut telemetry).await;
+    let outcome = supervise(args, token, admission_started, &mut telemetry, start).await;
     if let Err(e) = &outcome {
         // Logged here, while the console still runs.
         tracing::error!(error = %chain(e), "start-up failed");
@@ -96,11 +151,12 @@ async fn refuse_descriptor(
     args: &SupervisorArgs,
     console: Console,
     mismatch: Mismatch,
+    settings: Result<TelemetrySettings, SettingsError>,
 ) -> Result<StopReason, StartError> {
     let error = StartError::Descriptor(mismatch);
     tracing::error!(error = %chain(&error), "start-up refused");
     let failed = SupervisorStatus::Failed { error: chain(&error) };
-    let settings = TelemetrySettings::load(Vec::new()).map(|s| TelemetrySettings { otlp: None, ..s });
+    let settings = settings.map(|s| TelemetrySettings { otlp: None, ..s });
     let telemetry = settings.ok().and_then(|s| Telemetry::start(console.handle(), args.sandbox_id.as_str(), &s).ok());
     let Some(mut telemetry) = telemetry else {
         console.shutdown(Instant::now() + Duration::from_secs(1));
@@ -118,9 +174,13 @@ async fn refuse_descriptor(
 }
 
 /// The auth bundle (read once, then gone) and the sinks its settings ask for.
-fn start_telemetry(args: &SupervisorArgs, console: &Console) -> Result<(Telemetry, Option<String>), StartError> {
+fn start_telemetry(
+    args: &SupervisorArgs,
+    console: &Console,
+    start: &Start,
+) -> Result<(Telemetry, Option<String>), StartError> {
     let bundle = AuthBundle::take(Path::new(".")).map_err(StartError::Bundle)?;
-    let settings = TelemetrySettings::load(bundle.otlp_headers).map_err(StartError::Telemetry)?;
+    let settings = start.settings(bundle.otlp_headers).map_err(StartError::Telemetry)?;
     let telemetry =
         Telemetry::start(console.handle(), args.sandbox_id.as_str(), &settings).map_err(StartError::TelemetrySinks)?;
     Ok((telemetry, bundle.session_token))
@@ -132,6 +192,7 @@ async fn supervise(
     token: Option<String>,
     admission_started: std::time::SystemTime,
     telemetry: &mut Telemetry,
+    start: Start,
 ) -> Result<StopReason, StartError> {
     let session = match (&args.session_socket, &args.session_id, token) {
         (Some(socket), Some(session_id), Some(token)) => Some(SessionConfig {
@@ -143,7 +204,10 @@ async fn supervise(
                 token,
             },
         }),
-        (Some(_), _, _) => return Err(StartError::NoSessionToken),
+        (Some(_), _, _) => {
+            start.abandon().await;
+            return Err(StartError::NoSessionToken);
+        }
         (None, _, _) => None,
     };
     // The policy the driver approved, a trusted input like the arguments; without one, everything is allowed.
@@ -157,6 +221,7 @@ async fn supervise(
     let policy = match policy {
         Ok(policy) => policy,
         Err(e) => {
+            start.abandon().await;
             status::report(&SupervisorStatus::Failed { error: chain(&e) });
             return Err(e);
         }
@@ -166,40 +231,15 @@ async fn supervise(
         telemetry.source().config_change(&format!("policy revision 0 approved; allowed: {}", allowed.join(", ")));
     telemetry.emit(event);
     let sandbox = AppInfo { name: "sandbox".into(), version: env!("CARGO_PKG_VERSION").into() };
-    let (senders, mut inbox) = crate::inbox::new();
-    stop::watch_signals(senders.clone());
-    if args.parent_liveness_stdin {
-        // Without the liveness thread the VM could outlive the driver; refuse to run.
-        crate::liveness::watch_stdin(senders.clone()).map_err(StartError::Liveness)?;
-    }
-    let Booted { mut vmm, vmm_record, mut lease, link, attach, logs } =
-        match boot::boot(args, &senders, &mut inbox.stop).await {
-            Ok(booted) => booted,
-            Err(e) => {
-                telemetry.spans().boot_ended(false);
-                let mut error = chain(&e);
-                if e.concerns_the_guest() {
-                    error.push_str(&tails(&[SandboxFile::VmmLog.name(), SandboxFile::Console.name()]));
-                }
-                if matches!(e, StartError::VmmExitedDuringBoot { .. }) {
-                    for hit in crate::vmm_limits::hits(&args.vmm_cgroups) {
-                        error.push_str(&format!("; {}", hit.describe()));
-                        let event = telemetry.source().finding(Finding::VmmLimit, hit.describe());
-                        telemetry.emit(event);
-                    }
-                }
-                if e.is_bad_handshake() {
-                    let event = telemetry
-                        .source()
-                        .finding(Finding::GuestProtocolViolation, "the guest agent's handshake failed");
-                    telemetry.emit(event);
-                }
-                let event = telemetry.source().lifecycle(Lifecycle::Start, &sandbox, Status::Failure, Some(chain(&e)));
-                telemetry.emit(event);
-                status::report(&SupervisorStatus::Failed { error });
-                return Err(e);
-            }
-        };
+    let booted = match start {
+        Start::Cold => boot_cold(args, telemetry, &sandbox).await?,
+        Start::Claimed(claimed) => {
+            let Claimed { booted, senders, inbox, .. } = *claimed;
+            telemetry.spans().boot_origin("pool");
+            (booted, senders, inbox)
+        }
+    };
+    let (Booted { mut vmm, vmm_record, mut lease, link, attach, logs }, senders, mut inbox) = booted;
     telemetry.spans().boot_ended(true);
     let vm = AppInfo { name: "microvm".into(), version: link.hello.software_label() };
     crate::attach_server::serve(attach, link.hello.capabilities, senders.clone());
@@ -228,4 +268,44 @@ async fn supervise(
         telemetry.emit(event);
     }
     Ok(reason)
+}
+
+/// Boots a VM for this sandbox, reporting a failed boot with its findings.
+async fn boot_cold(
+    args: &SupervisorArgs,
+    telemetry: &mut Telemetry,
+    sandbox: &AppInfo,
+) -> Result<(Booted, crate::inbox::Senders, crate::inbox::Inbox), StartError> {
+    let (senders, mut inbox) = crate::inbox::new();
+    stop::watch_signals(senders.clone());
+    if args.parent_liveness_stdin {
+        // Without the liveness thread the VM could outlive the driver; refuse to run.
+        crate::liveness::watch_stdin(senders.clone(), None).map_err(StartError::Liveness)?;
+    }
+    match boot::boot(args, &senders, &mut inbox.stop).await {
+        Ok(booted) => Ok((booted, senders, inbox)),
+        Err(e) => {
+            telemetry.spans().boot_ended(false);
+            let mut error = chain(&e);
+            if e.concerns_the_guest() {
+                error.push_str(&tails(&[SandboxFile::VmmLog.name(), SandboxFile::Console.name()]));
+            }
+            if matches!(e, StartError::VmmExitedDuringBoot { .. }) {
+                for hit in crate::vmm_limits::hits(&args.vmm_cgroups) {
+                    error.push_str(&format!("; {}", hit.describe()));
+                    let event = telemetry.source().finding(Finding::VmmLimit, hit.describe());
+                    telemetry.emit(event);
+                }
+            }
+            if e.is_bad_handshake() {
+                let event =
+                    telemetry.source().finding(Finding::GuestProtocolViolation, "the guest agent's handshake failed");
+                telemetry.emit(event);
+            }
+            let event = telemetry.source().lifecycle(Lifecycle::Start, sandbox, Status::Failure, Some(chain(&e)));
+            telemetry.emit(event);
+            status::report(&SupervisorStatus::Failed { error });
+            Err(e)
+        }
+    }
 }

@@ -132,6 +132,15 @@ pub enum StartError {
     /// No uid could be claimed for the jailed VMM.
     #[error(transparent)]
     Jail(#[from] crate::jail::JailSetupError),
+    /// A pooled VM can only be claimed by a start of `serve`, with a session.
+    #[error("a pooled VM can only be claimed with a session")]
+    ClaimWithoutSession,
+    /// The claim line cannot be made.
+    #[error("cannot make the claim")]
+    Claim(#[source] vm_contract::claim::ClaimError),
+    /// The claim line could not be written to the pooled supervisor.
+    #[error("cannot hand the claim to the pooled supervisor")]
+    ClaimWrite(#[source] std::io::Error),
 }
 
 /// A running generation of a sandbox.
@@ -166,28 +175,48 @@ pub struct Stopping {
 /// # Errors
 /// [`StartError`].
 pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
+    clear_last_generation(&spec.layout);
+    if let Err(e) = write_start_files(spec) {
+        reap::end_generation(&spec.layout, None, EndReason::Failed);
+        return Err(e);
+    }
+    launch(spec, false)
+}
+
+/// Starts a pooled VM in the pool slot `spec` names: booted with no identity, waiting for
+/// [`Running::claim`]. No credential, policy, descriptor, session or telemetry setting of `spec` reaches it.
+///
+/// # Errors
+/// [`StartError`]; nothing is left, as for [`start`].
+pub fn start_pooled(spec: &StartSpec) -> Result<Running, StartError> {
+    clear_last_generation(&spec.layout);
+    launch(spec, true)
+}
+
+/// The last generation's pids go before its tombstone: a reaper must never see dead pids and no tombstone,
+/// and sweep the cgroup this generation is about to use.
+fn clear_last_generation(layout: &SandboxLayout) {
+    let _ = std::fs::remove_file(layout.path(SandboxFile::Pids));
+    Tombstone::clear(layout.dir());
+    AuthBundle::remove(layout.dir());
+}
+
+/// What a start hands the supervisor in files: the auth bundle (0600), the approved policy and the launch
+/// descriptor. On failure the caller ends the generation, which takes the bundle back.
+fn write_start_files(spec: &StartSpec) -> Result<(), StartError> {
     let dir = spec.layout.dir();
-    // The last generation's pids go before its tombstone: a reaper must never see dead pids and no
-    // tombstone, and sweep the cgroup this generation is about to use.
-    let _ = std::fs::remove_file(spec.layout.path(SandboxFile::Pids));
-    Tombstone::clear(dir);
-    AuthBundle::remove(dir);
     let bundle = AuthBundle {
         otlp_headers: spec.otlp_headers.clone(),
         session_token: spec.session.as_ref().map(|s| s.token.clone()),
     };
-    if let Err(e) = bundle.write(dir) {
-        reap::end_generation(&spec.layout, None, EndReason::Failed);
-        return Err(e.into());
-    }
-    if let Err(e) = write_policy(&spec.layout, spec.policy.as_ref()) {
-        reap::end_generation(&spec.layout, None, EndReason::Failed);
-        return Err(StartError::Policy(e));
-    }
-    if let Err(e) = LaunchDescriptor::microvm(&descriptor_payload(spec)).write(dir) {
-        reap::end_generation(&spec.layout, None, EndReason::Failed);
-        return Err(StartError::Descriptor(e));
-    }
+    bundle.write(dir)?;
+    write_policy(&spec.layout, spec.policy.as_ref()).map_err(StartError::Policy)?;
+    LaunchDescriptor::microvm(&descriptor_payload(spec)).write(dir).map_err(StartError::Descriptor)
+}
+
+/// Claims the jail id and the cgroups, and starts the supervisor (`pooled`: with no identity).
+fn launch(spec: &StartSpec, pooled: bool) -> Result<Running, StartError> {
+    let dir = spec.layout.dir();
     let jail_id = match spec.jail.confinement {
         Confinement::Jail => match crate::jail::claim(spec.jail.ids, &spec.layout) {
             Ok(id) => Some(id),
@@ -212,6 +241,7 @@ pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
     } else {
         Vec::new()
     };
+    let session = spec.session.as_ref().filter(|_| !pooled);
     let args = SupervisorArgs {
         sandbox_id: spec.id.clone(),
         sandbox_dir: dir.to_owned(),
@@ -222,17 +252,24 @@ pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
         boot_timeout_ms: u64::try_from(spec.boot_timeout.as_millis()).unwrap_or(u64::MAX),
         stop_grace_ms: u32::try_from(vm_contract::stop::GRACE.as_millis()).unwrap_or(u32::MAX),
         qemu: None,
-        session_id: spec.session.as_ref().map(|s| s.id.clone()),
-        generation: spec.session.as_ref().map_or(Generation(0), |s| s.generation),
-        session_socket: spec.session.as_ref().map(|s| s.socket.clone()),
+        session_id: session.map(|s| s.id.clone()),
+        generation: session.map_or(Generation(0), |s| s.generation),
+        session_socket: session.map(|s| s.socket.clone()),
         cgroup: cgroup.clone(),
         confinement: spec.jail.confinement,
         jail_id,
         vmm_cgroups,
         parent_liveness_stdin: true,
+        pooled,
         backend: Backend::Microvm,
     };
-    match SupervisorProcess::spawn(&spec.supervisor, &args, &spec.telemetry) {
+    // A pooled VM learns its telemetry settings at its claim, never at spawn (but in the control).
+    let telemetry = if pooled && !crate::control(TestControl::PoolIdentityAtBoot) {
+        TelemetryConfig::default()
+    } else {
+        spec.telemetry.clone()
+    };
+    match SupervisorProcess::spawn(&spec.supervisor, &args, &telemetry) {
         Ok(sup) => Ok(Running {
             sup,
             layout: spec.layout.clone(),
@@ -281,6 +318,46 @@ fn write_policy(layout: &SandboxLayout, policy: Option<&SandboxPolicy>) -> std::
 }
 
 impl Running {
+    /// Hands this pooled VM (ready as pooled) to the sandbox `spec` describes, whose directory the pool slot's
+    /// has become: writes its start files, then the claim line. [`Self::ready`] then waits for the claimed
+    /// sandbox's verdict. On error the caller stops this generation, which takes the files back.
+    ///
+    /// # Errors
+    /// [`StartError`].
+    pub fn claim(&mut self, spec: &StartSpec) -> Result<(), StartError> {
+        self.layout = spec.layout.clone();
+        let session = spec.session.as_ref().ok_or(StartError::ClaimWithoutSession)?;
+        write_start_files(spec)?;
+        let telemetry = spec
+            .telemetry
+            .supervisor_env()
+            .into_iter()
+            .map(|(k, v)| v.into_string().map(|v| (k.to_owned(), v)))
+            .collect::<Result<_, _>>()
+            .map_err(|_| StartError::Claim(vm_contract::claim::ClaimError::Malformed))?;
+        let claim = vm_contract::claim::Claim {
+            sandbox_id: spec.id.clone(),
+            session_id: session.id.clone(),
+            generation: session.generation,
+            session_socket: session.socket.clone(),
+            telemetry,
+        };
+        let line = claim.to_line().map_err(StartError::Claim)?;
+        self.sup.claim(&line).map_err(StartError::ClaimWrite)?;
+        self.ready_by = tokio::time::Instant::now() + self.boot_timeout + READY_MARGIN;
+        Ok(())
+    }
+
+    /// Its directory was moved to `layout` (a claimed pool slot's, before [`Self::claim`]).
+    pub fn moved_to(&mut self, layout: SandboxLayout) {
+        self.layout = layout;
+    }
+
+    /// The supervisor's pid, while it runs.
+    pub fn supervisor_pid(&self) -> Option<u32> {
+        self.sup.pid()
+    }
+
     /// The sandbox's directory.
     pub fn layout(&self) -> &SandboxLayout {
         &self.layout

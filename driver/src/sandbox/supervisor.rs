@@ -89,6 +89,8 @@ pub struct Ready {
     pub fallback: Option<String>,
     /// The VMM, as it was when the supervisor reported ready.
     pub vmm: Option<ProcessRecord>,
+    /// A pooled supervisor's VM is booted and waits for its claim (`vm_contract::claim`).
+    pub pooled: bool,
 }
 
 /// How a stop ended.
@@ -193,10 +195,13 @@ impl SupervisorProcess {
             loop {
                 match self.status.recv().await {
                     Some(SupervisorStatus::Accelerator { accel, fallback }) => self.accel = (accel, fallback),
-                    Some(SupervisorStatus::Ready { vmm_pid, .. }) => {
+                    Some(
+                        status @ (SupervisorStatus::Ready { vmm_pid, .. } | SupervisorStatus::Pooled { vmm_pid, .. }),
+                    ) => {
                         let (accel, fallback) = self.accel.clone();
                         let vmm = i32::try_from(vmm_pid).ok().and_then(ProcessRecord::read);
-                        return Ok(Ready { accel, fallback, vmm });
+                        let pooled = matches!(status, SupervisorStatus::Pooled { .. });
+                        return Ok(Ready { accel, fallback, vmm, pooled });
                     }
                     Some(SupervisorStatus::Failed { error }) => return Err(SupervisorError::StartFailed(error)),
                     Some(SupervisorStatus::Stopping) => {}
@@ -208,6 +213,30 @@ impl SupervisorProcess {
             }
         };
         tokio::time::timeout_at(deadline, verdict).await.map_err(|_| SupervisorError::Timeout(timeout))?
+    }
+
+    /// Writes a pooled supervisor's claim line on its liveness pipe (far below the pipe's capacity, so this
+    /// does not block on a live supervisor).
+    ///
+    /// # Errors
+    /// The pipe is closed or the write failed.
+    pub fn claim(&self, line: &str) -> std::io::Result<()> {
+        let fd = self.liveness.as_ref().ok_or(std::io::ErrorKind::BrokenPipe)?;
+        let mut rest = line.as_bytes();
+        while !rest.is_empty() {
+            match rustix::io::write(fd, rest) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => rest = &rest[n..],
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// The supervisor's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
     }
 
     /// Stops the supervisor: SIGTERM, wait up to `timeout`, and only then close the liveness pipe; SIGKILL

@@ -21,6 +21,7 @@ use vm_contract::session::{Generation, SessionId};
 use vm_contract::tombstone::EndReason;
 use vm_protocol::driver_api::{Sandbox, SandboxState};
 
+use super::pool::ClaimedVm;
 use super::registry::{InsertError, Registry};
 use super::store::{self, StoredSpec};
 use crate::sandbox::supervisor::{describe, Ready, SupervisorError};
@@ -50,10 +51,12 @@ pub enum Command {
 }
 
 /// How a sandbox begins its life in this driver process.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Initial {
     /// Boot it now.
     Start,
+    /// Hand it this pooled VM, claimed for it (its directory is already the sandbox's).
+    Claimed(Box<ClaimedVm>),
     /// Known, stopped on purpose.
     Stopped,
     /// Known, failed (terminal until started), with why.
@@ -81,7 +84,7 @@ enum Happened {
 /// Registers the sandbox and starts its actor; with `admit`, only if it fits (see [`Registry::insert`]).
 ///
 /// # Errors
-/// [`InsertError`].
+/// [`InsertError`], with `initial` given back (a claimed VM is still the caller's to dispose of).
 pub fn spawn(
     reg: &Arc<Registry>,
     id: SandboxId,
@@ -89,22 +92,40 @@ pub fn spawn(
     spec: StoredSpec,
     initial: Initial,
     admit: bool,
-) -> Result<(), InsertError> {
+) -> Result<(), (InsertError, Initial)> {
     let (tx, rx) = mpsc::channel(16);
+    let starts = matches!(initial, Initial::Start | Initial::Claimed(_));
     let view = Sandbox {
         sandbox_id: id.to_string(),
-        state: if initial == Initial::Start { SandboxState::Provisioning } else { SandboxState::Stopped }.into(),
+        state: if starts { SandboxState::Provisioning } else { SandboxState::Stopped }.into(),
         spec: Some(spec.to_api()),
         generation: store::generation(&layout).0,
-        running_intent: initial == Initial::Start,
+        running_intent: starts,
         confinement: reg.ctx.jail.confinement.as_str().into(),
+        origin: match &initial {
+            Initial::Start => "cold",
+            Initial::Claimed(_) => "pool",
+            _ => "",
+        }
+        .into(),
+        detail: match &initial {
+            Initial::Start => cold_detail(reg).into(),
+            _ => String::new(),
+        },
         ..Sandbox::default()
     };
-    reg.insert(id.clone(), view.clone(), tx, admit)?;
+    let inserted = match &initial {
+        Initial::Claimed(claimed) => reg.insert_claimed(id.clone(), &claimed.slot, view.clone(), tx),
+        _ => reg.insert(id.clone(), view.clone(), tx, admit),
+    };
+    if let Err(e) = inserted {
+        return Err((e, initial));
+    }
     let mut actor = Actor { id, layout, spec, reg: Arc::clone(reg), view, running: None, ready: false, session: None };
     tokio::spawn(async move {
         match initial {
             Initial::Start => actor.start(),
+            Initial::Claimed(claimed) => actor.claim(claimed.running).await,
             Initial::Stopped => {}
             Initial::Failed(detail) => actor.set(SandboxState::Failed, detail),
         }
@@ -264,23 +285,48 @@ impl Actor {
 
     /// Boots a new generation.
     fn start(&mut self) {
-        let generation = store::generation(&self.layout).next();
-        self.view.generation = generation.0;
-        self.view.running_intent = true;
-        self.view.accelerator.clear();
-        (self.ready, self.session) = (false, None);
-        match self.start_generation(generation) {
+        let generation = self.next_generation("cold");
+        let started = self.start_spec(generation).and_then(|spec| sandbox::start(&spec).map_err(|e| text(&e)));
+        match started {
             Ok(running) => {
                 self.running = Some(running);
-                self.set(SandboxState::Provisioning, "booting".into());
+                self.set(SandboxState::Provisioning, cold_detail(&self.reg).into());
             }
             Err(e) => self.set(SandboxState::Failed, format!("cannot start: {e}")),
         }
     }
 
-    fn start_generation(&mut self, generation: Generation) -> Result<Running, String> {
+    /// Starts the first generation on a claimed pooled VM: its identity, credentials and policy go to the
+    /// waiting supervisor, which then reports ready like any start.
+    async fn claim(&mut self, mut running: Running) {
+        let generation = self.next_generation("pool");
+        let claimed = self.start_spec(generation).and_then(|spec| running.claim(&spec).map_err(|e| text(&e)));
+        match claimed {
+            Ok(()) => {
+                self.running = Some(running);
+                self.set(SandboxState::Provisioning, "claimed a pooled VM".into());
+            }
+            Err(e) => {
+                // Nothing of it is used again: the generation ends like a failed start.
+                running.stop(self.reg.ctx.stop_timeout).await.end(EndReason::Failed).await;
+                self.set(SandboxState::Failed, format!("cannot start: {e}"));
+            }
+        }
+    }
+
+    fn next_generation(&mut self, origin: &str) -> Generation {
+        let generation = store::generation(&self.layout).next();
+        self.view.generation = generation.0;
+        self.view.running_intent = true;
+        self.view.accelerator.clear();
+        self.view.origin = origin.into();
+        (self.ready, self.session) = (false, None);
+        generation
+    }
+
+    /// What a start of `generation` needs: its session is expected from here on.
+    fn start_spec(&mut self, generation: Generation) -> Result<StartSpec, String> {
         let ctx = &self.reg.ctx;
-        let text = |e: &dyn std::error::Error| vm_contract::logs::chain(e);
         store::set_generation(&self.layout, generation).map_err(|e| text(&e))?;
         // 256 bits: the session's only credential.
         let token = state::random_hex::<32>().map_err(|e| text(&e))?;
@@ -292,7 +338,7 @@ impl Actor {
             otlp_headers = rotated.headers.unwrap_or(otlp_headers);
             telemetry.otlp_ca = rotated.ca_path.map(PathBuf::from).or(telemetry.otlp_ca);
         }
-        let spec = StartSpec {
+        Ok(StartSpec {
             supervisor: ctx.supervisor.clone(),
             id: self.id.clone(),
             layout: self.layout.clone(),
@@ -305,8 +351,7 @@ impl Actor {
             session: Some(SessionSpec { socket: ctx.sessions_socket.clone(), generation, id, token }),
             jail: ctx.jail,
             policy: self.spec.policy.clone(),
-        };
-        sandbox::start(&spec).map_err(|e| text(&e))
+        })
     }
 
     /// Ends the running generation, if any: the orderly stop (up to `timeout`), then reap, sweep and
@@ -316,5 +361,18 @@ impl Actor {
             running.stop(timeout).await.end(reason).await;
         }
         (self.ready, self.session) = (false, None);
+    }
+}
+
+fn text(e: &dyn std::error::Error) -> String {
+    vm_contract::logs::chain(e)
+}
+
+/// What a cold start says while it boots: with a pool, that none of its VMs could serve it.
+fn cold_detail(reg: &Registry) -> &'static str {
+    if reg.ctx.pool {
+        "booting (cold boot: no free pooled VM of this shape and image)"
+    } else {
+        "booting"
     }
 }

@@ -103,6 +103,8 @@ pub struct Usage {
     pub vcpus: u64,
     /// Memory, MiB (guest plus overhead).
     pub memory_mib: u64,
+    /// Of `sandboxes`, the pooled VMs.
+    pub pooled: u32,
 }
 
 impl Usage {
@@ -122,7 +124,7 @@ fn cost_mib(shape: SandboxShape) -> u64 {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refused {
     /// Too many sandboxes.
-    #[error("admission: {limit} sandboxes already hold resources (--max-sandboxes)")]
+    #[error("admission: {limit} sandboxes and pooled VMs already hold resources (--max-sandboxes)")]
     Sandboxes {
         /// The limit.
         limit: u32,

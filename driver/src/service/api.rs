@@ -14,9 +14,10 @@ use vm_contract::shape::{SandboxShape, MAX_CPUS, MAX_MEMORY_MIB};
 use vm_protocol::driver_api::driver_server::Driver;
 use vm_protocol::driver_api::{
     watch_event, AdmissionLimits, AdmissionUsage, Capabilities, CreateSandboxRequest, DeleteSandboxResponse,
-    ExecRequest, GetCapabilitiesRequest, ListProcessesResponse, ListSandboxesRequest, ListSandboxesResponse,
-    ProcessInfo, ReadinessKind, RotateCredentialsRequest, RotateCredentialsResponse, Sandbox, SandboxRef,
-    UpdatePolicyRequest, UpdatePolicyResponse, ValidateCreateResponse, WatchEvent, WatchRequest,
+    ExecRequest, GetCapabilitiesRequest, ListPoolRequest, ListPoolResponse, ListProcessesResponse,
+    ListSandboxesRequest, ListSandboxesResponse, ProcessInfo, ReadinessKind, RotateCredentialsRequest,
+    RotateCredentialsResponse, Sandbox, SandboxRef, UpdatePolicyRequest, UpdatePolicyResponse, ValidateCreateResponse,
+    WatchEvent, WatchRequest,
 };
 use vm_protocol::identity::{IdSelector, RunAs};
 use vm_protocol::policy::{Operation, PolicyUpdate, UpdateOutcome};
@@ -24,6 +25,7 @@ use vm_protocol::{SignalName, ToGuest, ToHost};
 
 use super::actor::{self, Command, Initial};
 use super::exec::{self, ExecStream};
+use super::pool::{ClaimedVm, Pool};
 use super::registry::{InsertError, Registry};
 use super::store::{self, StoredSpec};
 use crate::state::StateError;
@@ -32,13 +34,55 @@ use crate::state::StateError;
 #[derive(Debug, Clone)]
 pub struct Api {
     reg: Arc<Registry>,
+    pool: Arc<Pool>,
     accelerator: (String, String),
 }
 
 impl Api {
-    /// A service over `reg`; `accelerator` is what `auto` resolves to here, and why.
-    pub fn new(reg: Arc<Registry>, accelerator: (String, String)) -> Self {
-        Self { reg, accelerator }
+    /// A service over `reg` and `pool`; `accelerator` is what `auto` resolves to here, and why.
+    pub fn new(reg: Arc<Registry>, pool: Arc<Pool>, accelerator: (String, String)) -> Self {
+        Self { reg, pool, accelerator }
+    }
+
+    /// Creates sandbox `id` on a claimed pooled VM: its slot's directory becomes the sandbox's, then the
+    /// actor hands the VM its identity. On any failure the VM is stopped, never returned to the pool.
+    async fn create_claimed(&self, id: SandboxId, spec: StoredSpec, mut claimed: ClaimedVm) -> Result<(), Status> {
+        let target = self.reg.ctx.state.layout(&id);
+        let layout = match crate::jail::move_sandbox(claimed.running.layout(), target.dir()) {
+            Ok(layout) => layout,
+            Err(e) => {
+                self.discard(claimed);
+                return Err(if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    Status::already_exists(format!("sandbox {id} exists"))
+                } else {
+                    Status::internal("cannot move the pooled VM's directory")
+                });
+            }
+        };
+        claimed.running.moved_to(layout.clone());
+        if store::save_spec(&layout, &spec).is_err() {
+            self.discard(claimed);
+            return Err(Status::internal("cannot record the spec"));
+        }
+        let initial = Initial::Claimed(Box::new(claimed));
+        match actor::spawn(&self.reg, id.clone(), layout.clone(), spec, initial, true) {
+            Ok(()) => Ok(()),
+            Err((e, initial)) => {
+                if let Initial::Claimed(claimed) = initial {
+                    self.discard(*claimed);
+                }
+                Err(match e {
+                    InsertError::Taken => Status::already_exists(format!("sandbox {id} exists")),
+                    _ => Status::unavailable("the driver is shutting down"),
+                })
+            }
+        }
+    }
+
+    /// Stops a claimed VM that no sandbox took, in the background.
+    fn discard(&self, claimed: ClaimedVm) {
+        let pool = Arc::clone(&self.pool);
+        tokio::spawn(async move { pool.discard(claimed).await });
     }
 }
 
@@ -114,6 +158,7 @@ impl Driver for Api {
                 vcpus: usage.vcpus,
                 memory_mib: usage.memory_mib,
                 exec_streams: self.reg.exec_streams.open(),
+                pooled: usage.pooled,
             }),
         }))
     }
@@ -145,6 +190,12 @@ impl Driver for Api {
         }
         let spec =
             StoredSpec::from_api(&req.spec.unwrap_or_default()).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let image = self.reg.ctx.images.resolve(&spec.image).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if let Some(claimed) = self.pool.claim(spec.shape, &image).await {
+            self.create_claimed(id.clone(), spec, claimed).await?;
+            self.reg.platform(&id, "provisioning", "accepted; claimed a pooled VM");
+            return self.reg.get(&id).map(Response::new).ok_or_else(|| Status::internal("the sandbox vanished"));
+        }
         let layout = self.reg.ctx.state.create_sandbox(&id).map_err(|e| match e {
             StateError::Exists(_) => exists(),
             _ => Status::internal("cannot create the sandbox directory"),
@@ -152,8 +203,8 @@ impl Driver for Api {
         store::save_spec(&layout, &spec).map_err(|_| Status::internal("cannot record the spec"))?;
         match actor::spawn(&self.reg, id.clone(), layout.clone(), spec, Initial::Start, true) {
             Ok(()) => {}
-            Err(InsertError::Taken) => return Err(exists()),
-            Err(e) => {
+            Err((InsertError::Taken, _)) => return Err(exists()),
+            Err((e, _)) => {
                 let _ = std::fs::remove_dir_all(layout.dir());
                 return Err(match e {
                     InsertError::Refused(why) => Status::resource_exhausted(why.to_string()),
@@ -175,6 +226,10 @@ impl Driver for Api {
         _: Request<ListSandboxesRequest>,
     ) -> Result<Response<ListSandboxesResponse>, Status> {
         Ok(Response::new(ListSandboxesResponse { sandboxes: self.reg.list() }))
+    }
+
+    async fn list_pool(&self, _: Request<ListPoolRequest>) -> Result<Response<ListPoolResponse>, Status> {
+        Ok(Response::new(self.pool.list()))
     }
 
     type WatchStream = WatchStream;

@@ -3,6 +3,7 @@
 //! - [`socket`]: the API socket and who may connect.
 //! - [`api`]: the gRPC service (`vmdriver.v1.Driver`, with server reflection).
 //! - [`registry`] and [`actor`]: the sandboxes and the task that runs each one.
+//! - [`pool`]: the warm pool, VMs booted ahead of demand and claimed by `CreateSandbox`.
 //! - [`sessions`]: supervisors' sessions, which gate readiness.
 //! - [`exec`]: process streams relayed to the sandboxes' attach sockets.
 //! - [`store`]: what a sandbox directory remembers across restarts.
@@ -18,6 +19,7 @@ mod api;
 pub mod client;
 mod credentials;
 mod exec;
+pub mod pool;
 mod registry;
 mod sessions;
 mod socket;
@@ -76,6 +78,8 @@ pub struct ServeConfig {
     pub retention: crate::gc::Retention,
     /// What may be admitted.
     pub admission: admission::AdmissionConfig,
+    /// The warm pool's targets; empty: no pool.
+    pub pool: Vec<pool::PoolTarget>,
 }
 
 /// Why `serve` could not start.
@@ -117,6 +121,9 @@ pub enum ServeError {
     /// The reflection service cannot be built.
     #[error("cannot build the reflection service")]
     Reflection(#[source] tonic_reflection::server::Error),
+    /// A pool target cannot be served.
+    #[error(transparent)]
+    Pool(#[from] pool::PoolError),
 }
 
 /// Runs the service until SIGTERM or SIGINT.
@@ -134,6 +141,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         }
     }
     crate::gc::collect(&state.sandboxes_dir(), config.retention);
+    clear_pool_dir(&state);
     let binary = supervisor::locate()?;
     let accelerator = probe_accelerator(&binary, config.accel).await;
     let jail = config.jail.resolve(&binary)?;
@@ -157,6 +165,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         boot_timeout: config.boot_timeout,
         stop_timeout: config.stop_timeout,
         limits: admission::Limits::of_this_host(&config.admission).ok_or(ServeError::HostMemory)?,
+        pool: !config.pool.is_empty(),
     }));
     let limits = reg.ctx.limits;
     eprintln!(
@@ -164,6 +173,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         limits.sandboxes, limits.vcpus, limits.memory_mib, limits.exec_streams, limits.exec_per_sandbox
     );
     restore(&reg, &state);
+    let pool = pool::Pool::start(Arc::clone(&reg), config.pool.clone())?;
 
     let (gate, gate_rx) = watch::channel(sessions::Gate::default());
     // Held until the end of `serve`: dropping it would end every session.
@@ -183,7 +193,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         .build_v1alpha()
         .map_err(ServeError::Reflection)?;
     let server = tonic::transport::Server::builder()
-        .add_service(DriverServer::new(api::Api::new(Arc::clone(&reg), accelerator)))
+        .add_service(DriverServer::new(api::Api::new(Arc::clone(&reg), Arc::clone(&pool), accelerator)))
         .add_service(reflection)
         .add_service(reflection_alpha)
         .serve_with_incoming(socket::incoming(api_listener, policy));
@@ -201,7 +211,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
             let _ = rx.await;
         }
     });
-    futures_util::future::join_all(stops).await;
+    futures_util::future::join(futures_util::future::join_all(stops), pool.close()).await;
     server.abort();
     drop(gate);
     let _ = std::fs::remove_file(&config.socket);
@@ -240,6 +250,21 @@ fn restore(reg: &Arc<Registry>, state: &StateDir) {
             Initial::Start
         };
         let _ = actor::spawn(reg, id, layout, spec, initial, false);
+    }
+}
+
+/// Pooled VMs of an earlier `serve` never outlive it (their liveness pipe closed): reap what is left of them
+/// and remove their slots. A slot whose supervisor still runs is left for the next start.
+fn clear_pool_dir(state: &StateDir) {
+    let dir = state.pool_dir();
+    reap::reap_all(&dir);
+    let Ok(entries) = std::fs::read_dir(&dir) else { return };
+    for entry in entries.flatten() {
+        let layout = SandboxLayout::new(entry.path());
+        let running = vm_contract::pids::SandboxPids::read(layout.dir()).is_some_and(|p| p.supervisor.is_alive());
+        if !running {
+            let _ = std::fs::remove_dir_all(layout.dir());
+        }
     }
 }
 

@@ -48,6 +48,8 @@ pub struct Context {
     pub stop_timeout: Duration,
     /// What may be admitted on this host.
     pub limits: Limits,
+    /// Whether a warm pool is configured (`serve --pool`).
+    pub pool: bool,
 }
 
 impl std::fmt::Debug for Context {
@@ -95,6 +97,9 @@ pub enum InsertError {
 /// The sandboxes.
 pub struct Registry {
     entries: Mutex<HashMap<SandboxId, Entry>>,
+    /// The pooled VMs' shares, by slot id: held from the slot's start until its VM is down, or until a
+    /// sandbox claims it and holds the share from then on. Locked after `entries`, never before.
+    pooled: Mutex<HashMap<SandboxId, vm_contract::shape::SandboxShape>>,
     /// Set (under the `entries` lock) once the driver is going down: no sandbox may be added after.
     closing: AtomicBool,
     events: broadcast::Sender<WatchEvent>,
@@ -115,6 +120,7 @@ impl Registry {
     pub fn new(ctx: Context) -> Self {
         Self {
             entries: Mutex::new(HashMap::new()),
+            pooled: Mutex::new(HashMap::new()),
             closing: AtomicBool::new(false),
             events: broadcast::channel(WATCH_BUFFER).0,
             exec_streams: ExecStreams::new(ctx.limits),
@@ -124,6 +130,66 @@ impl Registry {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, Entry>> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_pooled(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, vm_contract::shape::SandboxShape>> {
+        self.pooled.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What the sandboxes meant to run (but `except`) and the pooled VMs hold; called under the entries lock.
+    fn held(&self, entries: &HashMap<SandboxId, Entry>, except: Option<&SandboxId>) -> Usage {
+        let mut used = usage(entries, except);
+        for shape in self.lock_pooled().values() {
+            used.add(*shape);
+            used.pooled += 1;
+        }
+        used
+    }
+
+    /// Reserves a pooled VM's share for pool slot `slot`, if it fits beside everything held.
+    ///
+    /// # Errors
+    /// [`InsertError`]: the driver is closing, or it does not fit.
+    pub fn reserve_pooled(&self, slot: &SandboxId, shape: vm_contract::shape::SandboxShape) -> Result<(), InsertError> {
+        let entries = self.lock();
+        if self.is_closing() {
+            return Err(InsertError::Closing);
+        }
+        admission::admit(self.held(&entries, None), &self.ctx.limits, shape)?;
+        self.lock_pooled().insert(slot.clone(), shape);
+        Ok(())
+    }
+
+    /// Gives a pool slot's share back (its VM is down, unclaimed).
+    pub fn release_pooled(&self, slot: &SandboxId) {
+        let _entries = self.lock();
+        self.lock_pooled().remove(slot);
+    }
+
+    /// Adds a sandbox that claims pool slot `slot`: the slot's share becomes the sandbox's, in one step, so a
+    /// claim never needs room a cold boot would.
+    ///
+    /// # Errors
+    /// [`InsertError::Taken`] or [`InsertError::Closing`]; the slot keeps its share.
+    pub fn insert_claimed(
+        &self,
+        id: SandboxId,
+        slot: &SandboxId,
+        view: Sandbox,
+        inbox: mpsc::Sender<Command>,
+    ) -> Result<(), InsertError> {
+        let mut entries = self.lock();
+        if self.is_closing() {
+            return Err(InsertError::Closing);
+        }
+        if entries.contains_key(&id) {
+            return Err(InsertError::Taken);
+        }
+        self.lock_pooled().remove(slot);
+        entries.insert(id, Entry { view: view.clone(), inbox, session: None, rotated: None });
+        drop(entries);
+        self.broadcast(watch_event::Event::Changed(view));
+        Ok(())
     }
 
     /// Adds a sandbox; with `admit`, only if it fits beside the others that hold resources (a sandbox
@@ -146,7 +212,7 @@ impl Registry {
             return Err(InsertError::Taken);
         }
         if admit && view.running_intent {
-            admission::admit(usage(&entries, None), &self.ctx.limits, shape(&view))?;
+            admission::admit(self.held(&entries, None), &self.ctx.limits, shape(&view))?;
         }
         entries.insert(id, Entry { view: view.clone(), inbox, session: None, rotated: None });
         drop(entries);
@@ -160,7 +226,7 @@ impl Registry {
     /// [`Refused`] when it no longer fits.
     pub fn admit_start(&self, id: &SandboxId) -> Result<(), Refused> {
         let mut entries = self.lock();
-        let used = usage(&entries, Some(id));
+        let used = self.held(&entries, Some(id));
         if let Some(entry) = entries.get_mut(id) {
             if !entry.view.running_intent {
                 admission::admit(used, &self.ctx.limits, shape(&entry.view))?;
@@ -170,9 +236,9 @@ impl Registry {
         Ok(())
     }
 
-    /// What the sandboxes meant to run hold.
+    /// What the sandboxes meant to run and the pooled VMs hold.
     pub fn usage(&self) -> Usage {
-        usage(&self.lock(), None)
+        self.held(&self.lock(), None)
     }
 
     /// Whether the id is taken.

@@ -86,6 +86,10 @@ pub struct SupervisorArgs {
     /// Stdin is the driver's liveness pipe: EOF means the driver is gone.
     #[cfg_attr(feature = "clap", arg(long))]
     pub parent_liveness_stdin: bool,
+    /// Boot without an identity and wait for a claim on stdin ([`crate::claim`]); needs
+    /// `--parent-liveness-stdin`. The sandbox id is then the pool slot's until the claim.
+    #[cfg_attr(feature = "clap", arg(long, requires = "parent_liveness_stdin"))]
+    pub pooled: bool,
     /// The backend: picks the launch descriptor's decoder (never the descriptor itself).
     #[cfg_attr(feature = "clap", arg(long, value_enum, default_value_t = Backend::Microvm))]
     pub backend: Backend,
@@ -129,6 +133,9 @@ impl SupervisorArgs {
         }
         if self.parent_liveness_stdin {
             argv.push("--parent-liveness-stdin".into());
+        }
+        if self.pooled {
+            argv.push("--pooled".into());
         }
         argv.push("--backend".into());
         argv.push(self.backend.as_str().into());
@@ -193,6 +200,7 @@ mod tests {
             jail_id: Some(2_000_000_007),
             vmm_cgroups: vec!["/sys/fs/cgroup/memory/vm-driver/box-1-abcd-vmm".into(), "/p/vm-driver/b-vmm".into()],
             parent_liveness_stdin: true,
+            pooled: true,
             backend: Backend::Microvm,
         };
         let minimal = SupervisorArgs {
@@ -204,6 +212,7 @@ mod tests {
             jail_id: None,
             vmm_cgroups: Vec::new(),
             parent_liveness_stdin: false,
+            pooled: false,
             backend: Backend::Microvm,
             ..full.clone()
         };

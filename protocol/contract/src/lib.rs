@@ -10,6 +10,7 @@
 //! | exit statuses | [`exit::SupervisorExit`], [`exit::WatchdogExit`], [`exit::driver`] | child -> parent, driver -> user |
 //! | status lines on the supervisor's stdout | [`status::SupervisorStatus`] | supervisor -> driver |
 //! | secrets, in a 0600 file read once | [`auth::AuthBundle`] | driver -> supervisor |
+//! | a pooled VM's claim, on its liveness pipe | [`claim::Claim`] | driver -> supervisor |
 //! | the launch descriptor, admitted first | [`descriptor::LaunchDescriptor`], [`descriptor::Backend`] | driver -> supervisor |
 //! | processes for the reaper | [`pids::SandboxPids`], [`pids::ProcessRecord`] | supervisor -> driver |
 //! | how a generation ended | [`tombstone::Tombstone`], [`tombstone::EndReason`] | driver -> later drivers |
@@ -29,6 +30,7 @@ pub mod accel;
 pub mod args;
 pub mod attach;
 pub mod auth;
+pub mod claim;
 pub mod descriptor;
 pub mod env;
 pub mod exit;

@@ -26,6 +26,14 @@ pub enum SupervisorStatus {
         /// The agent's software string from its hello (made safe to print).
         agent: String,
     },
+    /// `--pooled`: the VM is booted as for [`SupervisorStatus::Ready`] and waits to be claimed
+    /// ([`crate::claim`]); nothing is served and no telemetry leaves it until then.
+    Pooled {
+        /// The VMM's pid.
+        vmm_pid: u32,
+        /// The agent's software string from its hello (made safe to print).
+        agent: String,
+    },
     /// Start-up failed; the supervisor exits after this line.
     Failed {
         /// The error and its causes, outermost first.

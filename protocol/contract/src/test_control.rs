@@ -44,6 +44,7 @@ controls! {
     ApiSocketWorldReachable = "api-socket-world-reachable": "driver: fault injection, the API socket and its directory reachable by all users.",
     NoVmmWatch = "no-vmm-watch": "driver: the VMM's exit is not watched, so a hung supervisor keeps its sandbox ready.",
     SessionGateSignals = "session-gate-signals": "driver: fault injection, SIGUSR1 drops every supervisor session and holds new ones, SIGUSR2 lets them in.",
+    PoolIdentityAtBoot = "pool-identity-at-boot": "driver and supervisor: a pooled VM gets the telemetry settings at spawn and reports its boot under its slot's id, before any claim (identity at claim dropped).",
     PulseWriteOnly = "pulse-write-only": "supervisor: a pulse that was written counts, echoed or not.",
     UnserializedPolicy = "unserialized-policy": "supervisor: a policy update is acknowledged on receipt and applied only after the next client message (the serialization with dispatch dropped).",
     DescriptorUnchecked = "descriptor-unchecked": "supervisor: the launch descriptor is not admitted (any sandbox, session or generation starts).",

@@ -38,7 +38,19 @@ impl TelemetrySettings {
     /// # Errors
     /// [`SettingsError`].
     pub fn load(otlp_headers: Vec<(String, String)>) -> Result<Self, SettingsError> {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        Self::from_lookup(|name| std::env::var(name).ok(), otlp_headers)
+    }
+
+    /// Reads the settings through `lookup` (a variable's value by its name: the environment, or a pooled VM's
+    /// claim); blank values count as unset.
+    ///
+    /// # Errors
+    /// [`SettingsError`].
+    pub fn from_lookup(
+        lookup: impl Fn(&str) -> Option<String>,
+        otlp_headers: Vec<(String, String)>,
+    ) -> Result<Self, SettingsError> {
+        let var = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
         let schema = SchemaVersion::parse(&var(env::SCHEMA_VERSION).unwrap_or_default())?;
         let json = match var(env::OCSF_JSON).as_deref() {
             None | Some("on") => true,

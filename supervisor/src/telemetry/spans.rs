@@ -155,6 +155,15 @@ impl Spans {
         }))
     }
 
+    /// Where the VM came from when it was not booted for this sandbox (`pool`: booted before, then claimed);
+    /// the boot span then covers the claim.
+    pub fn boot_origin(&mut self, origin: &'static str) {
+        let Some(inner) = &mut self.0 else { return };
+        if let Some(boot) = &mut inner.boot {
+            boot.set_attribute(KeyValue::new("openshell.boot.origin", origin));
+        }
+    }
+
     /// The agent's handshake completed (`ready`), or the boot failed.
     pub fn boot_ended(&mut self, ready: bool) {
         let Some(inner) = &mut self.0 else { return };

@@ -39,6 +39,8 @@ pub enum Command {
     Get(IdArgs),
     /// List the sandboxes.
     List(SocketArgs),
+    /// List the warm pool's VMs (`serve --pool`), apart from the sandboxes.
+    Pool(SocketArgs),
     /// Stop a sandbox (it stays, stopped, until started or removed).
     Stop(IdArgs),
     /// Start a stopped sandbox again.
@@ -281,6 +283,11 @@ pub struct ServeArgs {
     /// Most Exec streams open at once into one sandbox.
     #[arg(long, value_name = "N", default_value_t = AdmissionConfig::default().max_exec_per_sandbox)]
     pub max_exec_per_sandbox: u32,
+    /// Keep COUNT VMs booted ahead of demand, of CPUS vCPUs and MIB MiB (default 1:256) and image IMAGE
+    /// (default: the default image); a create of exactly that shape and image claims one instead of booting.
+    /// Repeatable. Pooled VMs count against the limits above.
+    #[arg(long = "pool", value_name = "COUNT[:CPUS:MIB[:IMAGE]]")]
+    pub pool: Vec<vm_driver::service::pool::PoolTarget>,
     /// Named guest images, one per subdirectory (vmlinuz + initramfs.cpio), that a sandbox may ask for
     /// (default: the directory holding the default image, so `default` is one of them).
     #[arg(long, value_name = "DIR")]

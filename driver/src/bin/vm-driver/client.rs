@@ -9,8 +9,8 @@ use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 use vm_protocol::driver_api::driver_client::DriverClient;
 use vm_protocol::driver_api::{
-    watch_event, CreateSandboxRequest, ListSandboxesRequest, Sandbox, SandboxRef, SandboxSpec, SandboxState,
-    UpdatePolicyRequest, WatchRequest,
+    watch_event, CreateSandboxRequest, ListPoolRequest, ListSandboxesRequest, Sandbox, SandboxRef, SandboxSpec,
+    SandboxState, UpdatePolicyRequest, WatchRequest,
 };
 use vm_protocol::identity::{IdSelector, RunAs};
 use vm_protocol::policy::Operation;
@@ -94,6 +94,34 @@ pub async fn show(socket: &Path, id: Option<&str>) -> Result<()> {
     println!("{:<24} {:<13} {:>4} {:<5} {:<7} {:<22} DETAIL", "SANDBOX", "STATE", "GEN", "ACCEL", "JAIL", "READINESS");
     for s in &sandboxes {
         println!("{}", line(s));
+    }
+    Ok(())
+}
+
+/// `vm-driver pool`: the warm pool's targets and VMs.
+///
+/// # Errors
+/// The request failed.
+pub async fn show_pool(socket: &Path) -> Result<()> {
+    let pool = connect(socket).await?.list_pool(ListPoolRequest {}).await?.into_inner();
+    if pool.targets.is_empty() {
+        println!("no warm pool (serve --pool COUNT[:CPUS:MIB[:IMAGE]])");
+        return Ok(());
+    }
+    for t in &pool.targets {
+        let image = if t.image.is_empty() { "default" } else { &t.image };
+        println!("target: {} x {} vCPU, {} MiB, image {image}", t.count, t.cpus, t.memory_mib);
+    }
+    println!(
+        "{:<24} {:<9} {:>4} {:>6} {:<10} {:>10} {:>8}",
+        "SLOT", "STATE", "CPUS", "MIB", "IMAGE", "SUPERVISOR", "VMM"
+    );
+    for vm in &pool.vms {
+        let image = if vm.image.is_empty() { "default" } else { &vm.image };
+        println!(
+            "{:<24} {:<9} {:>4} {:>6} {:<10} {:>10} {:>8}",
+            vm.slot_id, vm.state, vm.cpus, vm.memory_mib, image, vm.supervisor_pid, vm.vmm_pid
+        );
     }
     Ok(())
 }

@@ -112,6 +112,7 @@ async fn run(command: Command) -> Result<u8> {
                 stop_timeout: Duration::from_secs(args.vm.stop_timeout),
                 admission,
                 retention,
+                pool: args.pool,
             })
             .await?;
             Ok(0)
@@ -132,6 +133,7 @@ async fn run(command: Command) -> Result<u8> {
         }
         Command::Get(args) => client::show(&args.socket.path(), Some(args.id.as_str())).await.map(|()| 0),
         Command::List(args) => client::show(&args.path(), None).await.map(|()| 0),
+        Command::Pool(args) => client::show_pool(&args.path()).await.map(|()| 0),
         Command::Stop(args) => {
             client::lifecycle(&args.socket.path(), args.id.as_str(), Lifecycle::Stop).await.map(|()| 0)
         }

@@ -1,0 +1,303 @@
+//! The warm pool (`serve --pool`): VMs booted ahead of demand, each under its own supervisor, watchdog, jail
+//! and cgroups like any sandbox's, with no identity until `CreateSandbox` claims one.
+//!
+//! - **Slots.** Each pooled VM lives in `STATE/pool/<slot>/` under a random `pool-…` id that is never a
+//!   sandbox's. A claim moves the directory to `STATE/sandboxes/<id>/` ([`crate::jail::move_sandbox`]) and
+//!   hands the VM its identity ([`crate::sandbox::Running::claim`]); the slot is gone from then on. A
+//!   pooled VM serves one sandbox and is never returned: when the sandbox stops, its VM is shut down.
+//! - **Refill.** One slot boots at a time, in the background, and only within capacity: a slot reserves its
+//!   share ([`Registry::reserve_pooled`]) before it boots, so pooled VMs count against the same limits as
+//!   sandboxes, and a claim transfers the share instead of needing room. Boots that fail back off (2 s
+//!   doubling to a minute) instead of looping.
+//! - **Leash.** A slot's supervisor holds the liveness pipe and lease like any other; a slot whose VM or
+//!   supervisor ends on its own is cleaned up (reaped, swept, its share given back) and replaced.
+
+mod slot;
+pub mod target;
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+use vm_contract::ids::SandboxId;
+use vm_contract::layout::SandboxLayout;
+use vm_protocol::driver_api::{ListPoolResponse, PoolTarget as ApiTarget, PooledVm};
+
+pub use self::target::{PoolKey, PoolTarget};
+use super::registry::Registry;
+use crate::image::Image;
+use crate::sandbox::Running;
+
+/// How often the refill looks again when nothing woke it (capacity freed by a stop or delete).
+const RECHECK: Duration = Duration::from_secs(1);
+/// The first back-off after a failed pooled boot; it doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_secs(2);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// A pooled VM handed to a sandbox: its slot and its running generation, ready as pooled.
+#[derive(Debug)]
+pub struct ClaimedVm {
+    /// The slot it came from (its share is the sandbox's once the sandbox is registered).
+    pub slot: SandboxId,
+    /// The VM, still in the slot's directory.
+    pub running: Running,
+}
+
+/// One slot as the pool lists it.
+#[derive(Debug)]
+struct Slot {
+    id: SandboxId,
+    target: usize,
+    state: SlotState,
+    supervisor_pid: u32,
+    /// The slot's task takes a claim from here and answers with its VM.
+    claims: mpsc::Sender<oneshot::Sender<Running>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    Booting,
+    Ready { vmm_pid: u32 },
+    Claiming,
+}
+
+/// Per target: the resolved key, and the back-off after failed boots.
+#[derive(Debug)]
+struct Target {
+    config: PoolTarget,
+    key: PoolKey,
+    failures: u32,
+    retry_at: Option<tokio::time::Instant>,
+}
+
+#[derive(Debug)]
+struct State {
+    targets: Vec<Target>,
+    slots: Vec<Slot>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// The pool.
+#[derive(Debug)]
+pub struct Pool {
+    reg: Arc<Registry>,
+    state: Mutex<State>,
+    wake: Notify,
+    closing: watch::Sender<bool>,
+}
+
+/// A pool target whose image cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("--pool: {0}")]
+pub struct PoolError(#[from] crate::image::NamedImageError);
+
+impl Pool {
+    /// The pool for `targets` (empty: no pool), its refill started.
+    ///
+    /// # Errors
+    /// [`PoolError`] when a target's image cannot be resolved.
+    pub fn start(reg: Arc<Registry>, targets: Vec<PoolTarget>) -> Result<Arc<Self>, PoolError> {
+        let targets = targets
+            .into_iter()
+            .map(|config| {
+                let image = reg.ctx.images.resolve(&config.image)?;
+                let key = PoolKey { shape: config.shape, image };
+                Ok(Target { config, key, failures: 0, retry_at: None })
+            })
+            .collect::<Result<Vec<_>, PoolError>>()?;
+        let active = !targets.is_empty();
+        let pool = Arc::new(Self {
+            reg,
+            state: Mutex::new(State { targets, slots: Vec::new(), tasks: Vec::new() }),
+            wake: Notify::new(),
+            closing: watch::channel(false).0,
+        });
+        if active {
+            tokio::spawn(Arc::clone(&pool).refill());
+        }
+        Ok(pool)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether any target is configured.
+    pub fn is_configured(&self) -> bool {
+        !self.lock().targets.is_empty()
+    }
+
+    /// Claims a ready pooled VM of `shape` and `image`, if one is free.
+    pub async fn claim(&self, shape: vm_contract::shape::SandboxShape, image: &Image) -> Option<ClaimedVm> {
+        loop {
+            let (id, claims) = {
+                let mut state = self.lock();
+                let State { targets, slots, .. } = &mut *state;
+                let slot = slots.iter_mut().find(|s| {
+                    matches!(s.state, SlotState::Ready { .. })
+                        && targets[s.target].key.shape == shape
+                        && targets[s.target].key.image == *image
+                })?;
+                slot.state = SlotState::Claiming;
+                (slot.id.clone(), slot.claims.clone())
+            };
+            let (tx, rx) = oneshot::channel();
+            let handed = match claims.send(tx).await {
+                Ok(()) => rx.await.ok(),
+                Err(_) => None,
+            };
+            self.lock().slots.retain(|s| s.id != id);
+            self.wake.notify_one();
+            // `None`: the slot's VM ended in that instant (its task cleans up); try another.
+            if let Some(running) = handed {
+                return Some(ClaimedVm { slot: id, running });
+            }
+        }
+    }
+
+    /// Stops a claimed VM that no sandbox took (its id was taken meanwhile) and gives its share back.
+    pub async fn discard(&self, claimed: ClaimedVm) {
+        let layout = claimed.running.layout().clone();
+        slot::end(claimed.running, self.reg.ctx.stop_timeout).await;
+        let _ = std::fs::remove_dir_all(layout.dir());
+        self.reg.release_pooled(&claimed.slot);
+    }
+
+    /// The pool as `ListPool` shows it.
+    pub fn list(&self) -> ListPoolResponse {
+        let state = self.lock();
+        let vms = state
+            .slots
+            .iter()
+            .map(|s| {
+                let target = &state.targets[s.target].config;
+                let (label, vmm_pid) = match s.state {
+                    SlotState::Booting => ("booting", 0),
+                    SlotState::Ready { vmm_pid } => ("ready", vmm_pid),
+                    SlotState::Claiming => ("claiming", 0),
+                };
+                PooledVm {
+                    slot_id: s.id.to_string(),
+                    cpus: u32::from(target.shape.cpus()),
+                    memory_mib: target.shape.memory_mib(),
+                    image: target.image.clone(),
+                    state: label.into(),
+                    supervisor_pid: s.supervisor_pid,
+                    vmm_pid,
+                }
+            })
+            .collect();
+        let targets = state
+            .targets
+            .iter()
+            .map(|t| ApiTarget {
+                count: t.config.count,
+                cpus: u32::from(t.config.shape.cpus()),
+                memory_mib: t.config.shape.memory_mib(),
+                image: t.config.image.clone(),
+            })
+            .collect();
+        ListPoolResponse { vms, targets }
+    }
+
+    /// Stops every pooled VM (in order, in parallel) and the refill.
+    pub async fn close(&self) {
+        self.closing.send_replace(true);
+        let tasks = std::mem::take(&mut self.lock().tasks);
+        futures_util::future::join_all(tasks).await;
+    }
+
+    /// Keeps each target's count booted, one boot at a time, within capacity.
+    async fn refill(self: Arc<Self>) {
+        let mut closing = self.closing.subscribe();
+        loop {
+            if *closing.borrow() {
+                return;
+            }
+            if let Some(target) = self.next_target() {
+                self.start_slot(target);
+            }
+            tokio::select! {
+                () = self.wake.notified() => {}
+                () = tokio::time::sleep(RECHECK) => {}
+                _ = closing.changed() => {}
+            }
+        }
+    }
+
+    /// The first target short of its count, when no slot is booting and its back-off is over.
+    fn next_target(&self) -> Option<usize> {
+        let state = self.lock();
+        if state.slots.iter().any(|s| s.state == SlotState::Booting) {
+            return None;
+        }
+        let now = tokio::time::Instant::now();
+        state.targets.iter().enumerate().find_map(|(i, t)| {
+            let live = state.slots.iter().filter(|s| s.target == i).count();
+            (live < t.config.count as usize && t.retry_at.is_none_or(|at| at <= now)).then_some(i)
+        })
+    }
+
+    /// Starts one slot of `target`, if it fits.
+    fn start_slot(self: &Arc<Self>, target: usize) {
+        let Ok(id) = crate::state::random_id("pool") else { return };
+        let shape = self.lock().targets[target].key.shape;
+        // No room: the next look (a wake or the recheck) tries again.
+        if self.reg.reserve_pooled(&id, shape).is_err() {
+            return;
+        }
+        let layout = SandboxLayout::new(self.reg.ctx.state.pool_dir().join(id.as_str()));
+        let started = slot::boot(&self.reg.ctx, &id, &layout, &self.lock().targets[target].key);
+        let running = match started {
+            Ok(running) => running,
+            Err(e) => {
+                eprintln!("vm-driver: cannot start a pooled VM: {}", vm_contract::logs::chain(&e));
+                let _ = std::fs::remove_dir_all(layout.dir());
+                self.reg.release_pooled(&id);
+                self.boot_failed(target);
+                return;
+            }
+        };
+        let (claims_tx, claims_rx) = mpsc::channel(1);
+        let supervisor_pid = running.supervisor_pid().unwrap_or(0);
+        let task = tokio::spawn(slot::run(Arc::clone(self), id.clone(), running, claims_rx, self.closing.subscribe()));
+        let mut state = self.lock();
+        state.slots.push(Slot { id, target, state: SlotState::Booting, supervisor_pid, claims: claims_tx });
+        state.tasks.retain(|t| !t.is_finished());
+        state.tasks.push(task);
+    }
+
+    fn boot_failed(&self, target: usize) {
+        let mut state = self.lock();
+        let Some(t) = state.targets.get_mut(target) else { return };
+        let backoff = FIRST_BACKOFF.saturating_mul(1 << t.failures.min(5)).min(MAX_BACKOFF);
+        t.failures += 1;
+        t.retry_at = Some(tokio::time::Instant::now() + backoff);
+    }
+
+    /// The slot's VM is ready to be claimed.
+    fn slot_ready(&self, id: &SandboxId, vmm_pid: u32) {
+        let mut state = self.lock();
+        let State { targets, slots, .. } = &mut *state;
+        if let Some(slot) = slots.iter_mut().find(|s| s.id == *id) {
+            slot.state = SlotState::Ready { vmm_pid };
+            if let Some(t) = targets.get_mut(slot.target) {
+                (t.failures, t.retry_at) = (0, None);
+            }
+        }
+        drop(state);
+        self.wake.notify_one();
+    }
+
+    /// The slot ended unclaimed (its VM failed, died or was stopped); its share is already given back.
+    fn slot_gone(&self, id: &SandboxId, booted: bool) {
+        let mut state = self.lock();
+        let target = state.slots.iter().find(|s| s.id == *id).map(|s| s.target);
+        state.slots.retain(|s| s.id != *id);
+        drop(state);
+        if let (Some(target), false) = (target, booted) {
+            self.boot_failed(target);
+        }
+        self.wake.notify_one();
+    }
+}

@@ -1,0 +1,121 @@
+//! One pooled VM's task: boot it, keep it until it is claimed or ends, and replace nothing itself (the
+//! refill does, once this slot is gone).
+
+use std::os::unix::fs::DirBuilderExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+use vm_contract::ids::SandboxId;
+use vm_contract::layout::SandboxLayout;
+use vm_contract::tombstone::EndReason;
+
+use super::{Pool, PoolKey};
+use crate::sandbox::{self, Ended, Running, StartSpec, HUNG_STOP_TIMEOUT};
+use crate::service::registry::Context;
+
+/// Why a pooled VM could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum SlotError {
+    /// The slot's directory could not be made.
+    #[error("cannot create the pool slot's directory")]
+    Dir(#[source] std::io::Error),
+    /// The supervisor could not be started.
+    #[error(transparent)]
+    Start(#[from] sandbox::StartError),
+}
+
+/// Starts a pooled VM in a new slot directory. It has no identity: no telemetry settings, credentials,
+/// session or policy (`sandbox::start_pooled`).
+pub(super) fn boot(ctx: &Context, id: &SandboxId, layout: &SandboxLayout, key: &PoolKey) -> Result<Running, SlotError> {
+    std::fs::DirBuilder::new().mode(0o700).create(layout.dir()).map_err(SlotError::Dir)?;
+    let spec = StartSpec {
+        supervisor: ctx.supervisor.clone(),
+        id: id.clone(),
+        layout: layout.clone(),
+        image: key.image.clone(),
+        shape: key.shape,
+        accel: ctx.accel,
+        boot_timeout: ctx.boot_timeout,
+        // Dropped at spawn (`sandbox::start_pooled`); given only for the `pool-identity-at-boot` control.
+        telemetry: ctx.telemetry.clone(),
+        otlp_headers: Vec::new(),
+        session: None,
+        jail: ctx.jail,
+        policy: None,
+    };
+    Ok(sandbox::start_pooled(&spec)?)
+}
+
+/// Stops a pooled generation in order and ends it (reap, sweep, tombstone).
+pub(super) async fn end(running: Running, timeout: Duration) {
+    running.stop(timeout).await.end(EndReason::Failed).await;
+}
+
+/// The slot's life: booting, then waiting for a claim (answered with the VM), its own end, or the pool's.
+pub(super) async fn run(
+    pool: Arc<Pool>,
+    id: SandboxId,
+    mut running: Running,
+    mut claims: mpsc::Receiver<oneshot::Sender<Running>>,
+    mut closing: watch::Receiver<bool>,
+) {
+    let stop_timeout = pool.reg.ctx.stop_timeout;
+    let ready = tokio::select! {
+        ready = running.ready() => ready,
+        () = closed(&mut closing) => {
+            finish(&pool, &id, running, stop_timeout, true).await;
+            return;
+        }
+    };
+    match ready {
+        Ok(ready) if ready.pooled => {
+            pool.slot_ready(&id, ready.vmm.map_or(0, |v| v.pid.unsigned_abs()));
+        }
+        Ok(_) => {
+            eprintln!("vm-driver: pooled VM {id} reported ready as a sandbox; stopping it");
+            finish(&pool, &id, running, stop_timeout, false).await;
+            return;
+        }
+        Err(e) => {
+            eprintln!("vm-driver: pooled VM {id} did not boot: {}", vm_contract::logs::chain(&e));
+            finish(&pool, &id, running, stop_timeout, false).await;
+            return;
+        }
+    }
+    loop {
+        tokio::select! {
+            claim = claims.recv() => {
+                let Some(reply) = claim else { break };
+                match reply.send(running) {
+                    // The sandbox owns it now; the claimer removed the slot.
+                    Ok(()) => return,
+                    // The claimer gave up before taking it.
+                    Err(back) => running = back,
+                }
+            }
+            ended = running.ended() => {
+                let timeout = if matches!(ended, Ended::Hung) { HUNG_STOP_TIMEOUT } else { stop_timeout };
+                eprintln!("vm-driver: pooled VM {id} ended on its own; replacing it");
+                finish(&pool, &id, running, timeout, true).await;
+                return;
+            }
+            () = closed(&mut closing) => break,
+        }
+    }
+    finish(&pool, &id, running, stop_timeout, true).await;
+}
+
+/// Ends an unclaimed slot: its VM down, its directory removed, its share given back.
+async fn finish(pool: &Pool, id: &SandboxId, running: Running, timeout: Duration, booted: bool) {
+    let layout = running.layout().clone();
+    end(running, timeout).await;
+    let _ = std::fs::remove_dir_all(layout.dir());
+    pool.reg.release_pooled(id);
+    pool.slot_gone(id, booted);
+}
+
+/// Once the pool is closing.
+async fn closed(closing: &mut watch::Receiver<bool>) {
+    let _ = closing.wait_for(|c| *c).await;
+}

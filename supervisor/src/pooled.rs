@@ -1,0 +1,151 @@
+//! A pooled VM (`--pooled`): booted with no identity, idle until `vm-driver serve` claims it for a sandbox
+//! ([`vm_contract::claim`]), then the same sandbox as a cold start from the admission of its descriptor on
+//! ([`crate::run`]).
+//!
+//! Before the claim nothing is served and no telemetry exists: no event can leave under an identity that
+//! is not the sandbox's, and the boot's events are emitted after the claim, under the claimed one. The
+//! waiting VM is leashed like any other: the liveness pipe (EOF kills it), the lease with the watchdog, stop
+//! signals, and its own exit. A pooled VM serves one sandbox: there is no way back into the pool.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+use vm_contract::args::SupervisorArgs;
+use vm_contract::claim::{Claim, ClaimError};
+use vm_contract::layout::SandboxFile;
+use vm_contract::status::SupervisorStatus;
+use vm_contract::test_control::TestControl;
+use vm_ocsf::{AppInfo, Lifecycle, Status};
+
+use crate::boot::{self, Booted, StartError};
+use crate::diagnostics::{chain, tails};
+use crate::inbox::Inbox;
+use crate::run::{Claimed, Start};
+use crate::status;
+use crate::stop::{self, StopReason};
+use crate::telemetry::console::Console;
+use crate::telemetry::settings::TelemetrySettings;
+use crate::telemetry::Telemetry;
+
+/// How the wait for a claim ended without one.
+enum Unclaimed {
+    /// Stopped (signal, driver gone, lease lost, VMM exit).
+    Stopped(StopReason),
+    /// The driver wrote something that is not a claim.
+    BadClaim(ClaimError),
+}
+
+/// Boots the pooled VM, waits for its claim, and then runs the claimed sandbox.
+///
+/// # Errors
+/// A [`StartError`] if the VM never became ready, or its claim or the claimed sandbox's start failed.
+pub async fn run(mut args: SupervisorArgs, console: Console) -> Result<StopReason, StartError> {
+    let failed = |e: StartError, console: Console| {
+        status::report(&SupervisorStatus::Failed { error: chain(&e) });
+        console.shutdown(Instant::now() + Duration::from_secs(1));
+        Err(e)
+    };
+    if let Err(e) = std::env::set_current_dir(&args.sandbox_dir) {
+        return failed(StartError::SandboxDir(args.sandbox_dir.clone(), e), console);
+    }
+    let (senders, mut inbox) = crate::inbox::new();
+    stop::watch_signals(senders.clone());
+    let (claim_tx, claim_rx) = oneshot::channel();
+    if let Err(e) = crate::liveness::watch_stdin(senders.clone(), Some(claim_tx)) {
+        return failed(StartError::Liveness(e), console);
+    }
+    let mut booted = match boot::boot(&args, &senders, &mut inbox.stop).await {
+        Ok(booted) => booted,
+        Err(e) => {
+            let mut error = chain(&e);
+            if e.concerns_the_guest() {
+                error.push_str(&tails(&[SandboxFile::VmmLog.name(), SandboxFile::Console.name()]));
+            }
+            status::report(&SupervisorStatus::Failed { error });
+            console.shutdown(Instant::now() + Duration::from_secs(1));
+            return Err(e);
+        }
+    };
+    let agent = booted.link.hello.software_label();
+    status::report(&SupervisorStatus::Pooled { vmm_pid: booted.vmm_record.pid.unsigned_abs(), agent });
+    tracing::info!(slot = %args.sandbox_id, "pooled VM ready; waiting for a claim");
+    // Control: the naive pool, whose VM reports its boot under the slot's id before any claim.
+    let _early = crate::control(TestControl::PoolIdentityAtBoot).then(|| boot_event(&args, &console)).flatten();
+    let unclaimed = match wait_for_claim(&mut booted, &mut inbox, claim_rx).await {
+        Ok(claim) => {
+            args.sandbox_id = claim.sandbox_id.clone();
+            args.session_id = Some(claim.session_id.clone());
+            args.generation = claim.generation;
+            args.session_socket = Some(claim.session_socket.clone());
+            tracing::info!(sandbox = %args.sandbox_id, "claimed");
+            let claimed = Claimed { booted, senders, inbox, claim };
+            return crate::run::admit_and_serve(&args, console, Start::Claimed(Box::new(claimed))).await;
+        }
+        Err(unclaimed) => unclaimed,
+    };
+    let Booted { mut vmm, lease, .. } = booted;
+    vmm.kill().await;
+    let _ = lease.close().await;
+    match unclaimed {
+        Unclaimed::Stopped(reason) => {
+            tracing::info!(reason = %reason, "pooled VM stopped before a claim");
+            status::report(&SupervisorStatus::Stopped {
+                events: 0,
+                otlp_exported: 0,
+                otlp_dropped: 0,
+                limited: 0,
+                jsonl_dropped: 0,
+                console_dropped: 0,
+            });
+            console.shutdown(Instant::now() + Duration::from_secs(1));
+            Ok(reason)
+        }
+        Unclaimed::BadClaim(e) => failed(StartError::Claim(e), console),
+    }
+}
+
+/// The `pool-identity-at-boot` control's telemetry: started at boot from the environment, under the slot's id.
+fn boot_event(args: &SupervisorArgs, console: &Console) -> Option<Telemetry> {
+    let settings = TelemetrySettings::load(Vec::new()).ok()?;
+    let mut telemetry = Telemetry::start(console.handle(), args.sandbox_id.as_str(), &settings).ok()?;
+    let vm = AppInfo { name: "microvm".into(), version: env!("CARGO_PKG_VERSION").into() };
+    let event = telemetry.source().lifecycle(Lifecycle::Start, &vm, Status::Success, None);
+    telemetry.emit(event);
+    Some(telemetry)
+}
+
+/// Waits for the claim, keeping the lease, until a stop, the VMM's exit or a lease failure.
+async fn wait_for_claim(
+    booted: &mut Booted,
+    inbox: &mut Inbox,
+    mut claim: oneshot::Receiver<Result<Claim, ClaimError>>,
+) -> Result<Claim, Unclaimed> {
+    // Closed when the reader thread saw EOF first: its "driver gone" follows on `inbox.stop`.
+    let mut claim_open = true;
+    loop {
+        tokio::select! {
+            biased;
+            Ok(()) = inbox.stop.changed() => {
+                let requests = *inbox.stop.borrow_and_update();
+                if requests.driver_gone {
+                    return Err(Unclaimed::Stopped(StopReason::DriverGone));
+                }
+                if requests.terminate {
+                    return Err(Unclaimed::Stopped(StopReason::Terminated));
+                }
+            }
+            exit = booted.vmm.wait() => return Err(Unclaimed::Stopped(StopReason::VmmExited(exit.ok()))),
+            step = booted.lease.step() => {
+                if let Err(e) = step {
+                    tracing::error!(error = %e, "lease lost while pooled; stopping the VM");
+                    return Err(Unclaimed::Stopped(StopReason::LeaseLost(e)));
+                }
+            }
+            read = &mut claim, if claim_open => match read {
+                Ok(Ok(claim)) => return Ok(claim),
+                Ok(Err(e)) => return Err(Unclaimed::BadClaim(e)),
+                Err(_) => claim_open = false,
+            },
+        }
+    }
+}
