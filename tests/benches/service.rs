@@ -12,35 +12,14 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+use common::api::{create_ready, Client};
 use common::{channel_up_then_one_byte, median, BareVm, Report, CHANNEL_UP};
 use tokio_stream::StreamExt;
 use vm_e2e::serve::Serve;
 use vm_e2e::Scratch;
-use vm_protocol::driver_api::driver_client::DriverClient;
-use vm_protocol::driver_api::{
-    exec_request, exec_response, watch_event, CreateSandboxRequest, ExecRequest, ExecStart, SandboxRef, SandboxState,
-    StdinEof, WatchRequest,
-};
+use vm_protocol::driver_api::{exec_request, exec_response, ExecRequest, ExecStart, SandboxRef, StdinEof};
 
 const EXECS: usize = 100;
-
-type Client = DriverClient<tonic::transport::Channel>;
-
-/// CreateSandbox until Watch reports it ready.
-async fn create_ready(client: &mut Client, id: &str) -> Duration {
-    let mut events = client.watch(WatchRequest { sandbox_id: id.to_owned() }).await.unwrap().into_inner();
-    let start = Instant::now();
-    client.create_sandbox(CreateSandboxRequest { sandbox_id: id.to_owned(), spec: None }).await.unwrap();
-    while let Some(event) = events.next().await {
-        if let Some(watch_event::Event::Changed(s)) = event.unwrap().event {
-            assert_ne!(s.state, i32::from(SandboxState::Failed), "sandbox failed: {}", s.detail);
-            if s.state == i32::from(SandboxState::Ready) {
-                return start.elapsed();
-            }
-        }
-    }
-    panic!("watch ended before {id} was ready")
-}
 
 /// One Exec stream running `true`, from the request to the exit status.
 async fn exec_true(client: &mut Client, id: &str) -> Duration {
@@ -114,11 +93,11 @@ fn main() {
         report.sample("raw ping-pong (ms)", median(&ping_trips.iter().map(ms).collect::<Vec<_>>()));
         let id = format!("bench-{i}");
         open_rt.block_on(async {
-            report.sample("create -> ready, --confinement none (ms)", ms(&create_ready(&mut open_client, &id).await));
+            report.sample("create -> ready, --confinement none (ms)", ms(&create_ready(&mut open_client, &id).await.0));
             open_client.delete_sandbox(SandboxRef { sandbox_id: id.clone() }).await.unwrap();
         });
         rt.block_on(async {
-            report.sample("create -> ready (ms)", ms(&create_ready(&mut client, &id).await));
+            report.sample("create -> ready (ms)", ms(&create_ready(&mut client, &id).await.0));
             let mut execs = Vec::with_capacity(EXECS);
             for _ in 0..EXECS {
                 execs.push(ms(&exec_true(&mut client, &id).await));

@@ -189,7 +189,7 @@ fn a_pooled_vm_is_never_reused() {
 #[test]
 fn a_pooled_vm_whose_supervisor_or_vmm_dies_is_replaced() {
     let s = Scratch::new("pool-replace");
-    let serve = Serve::with(&s, &[], &["--pool", "1"]);
+    let mut serve = Serve::with(&s, &[], &["--pool", "1"]);
     let mut api = Api::new(&serve);
     let first = api.ready_vm(&[]);
     let vmm = ProcInfo::read(i32::try_from(first.vmm_pid).unwrap()).unwrap();
@@ -208,6 +208,13 @@ fn a_pooled_vm_whose_supervisor_or_vmm_dies_is_replaced() {
     wait_ready(&serve, "after");
     assert_eq!(ok(serve.cli("exec", &["after", "--", "echo", "fine"])), "fine\n");
     assert!(api.pool().iter().all(|v| v.slot_id != third.slot_id));
+    // An orderly stop of `serve` takes the pooled VMs down with the sandboxes, and their slots with them.
+    let seen = serve.vmms();
+    assert!(seen.len() >= 4, "{seen:?}");
+    serve.signal(Signal::SIGTERM);
+    assert!(wait_until(Duration::from_secs(30), || serve.child.try_wait().ok().flatten().is_some()));
+    assert!(seen.iter().all(|vmm| !vmm.is_alive()), "a VMM outlived serve");
+    assert_eq!(std::fs::read_dir(s.state().join("pool")).unwrap().count(), 0, "slots left behind");
 }
 
 #[test]
