@@ -271,3 +271,28 @@ fn a_create_the_pool_cannot_serve_cold_boots_and_says_so() {
     assert_eq!((none.origin.as_str(), none.detail.as_str()), ("cold", "booting"));
     assert!(api2.pool().is_empty());
 }
+
+#[test]
+fn a_killed_service_takes_its_pooled_vms_along_and_a_restart_clears_their_slots() {
+    let s = Scratch::new("pool-killed");
+    let mut serve = Serve::with(&s, &[], &["--pool", "2"]);
+    let mut api = Api::new(&serve);
+    let first = api.ready_vm(&[]);
+    let second = api.ready_vm(std::slice::from_ref(&first.slot_id));
+    let slots = [first.slot_id.clone(), second.slot_id.clone()];
+    let vmms: Vec<ProcInfo> =
+        [&first, &second].iter().map(|v| ProcInfo::read(i32::try_from(v.vmm_pid).unwrap()).unwrap()).collect();
+    serve.kill();
+    for vmm in &vmms {
+        assert!(gone_within(vmm, Duration::from_secs(5)), "a pooled VMM outlived a killed serve");
+    }
+    serve.restart();
+    let mut api = Api::new(&serve);
+    let fresh = api.ready_vm(&slots);
+    assert!(!slots.contains(&fresh.slot_id));
+    // Their supervisors exit after killing their VMs; the refill sweeps the slots once they have.
+    for slot in &slots {
+        let cleared = wait_until(Duration::from_secs(15), || !s.state().join("pool").join(slot).exists());
+        assert!(cleared, "{slot}: the dead slot was not cleared");
+    }
+}

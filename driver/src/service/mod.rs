@@ -141,7 +141,6 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         }
     }
     crate::gc::collect(&state.sandboxes_dir(), config.retention);
-    clear_pool_dir(&state);
     let binary = supervisor::locate()?;
     let accelerator = probe_accelerator(&binary, config.accel).await;
     let jail = config.jail.resolve(&binary)?;
@@ -250,21 +249,6 @@ fn restore(reg: &Arc<Registry>, state: &StateDir) {
             Initial::Start
         };
         let _ = actor::spawn(reg, id, layout, spec, initial, false);
-    }
-}
-
-/// Pooled VMs of an earlier `serve` never outlive it (their liveness pipe closed): reap what is left of them
-/// and remove their slots. A slot whose supervisor still runs is left for the next start.
-fn clear_pool_dir(state: &StateDir) {
-    let dir = state.pool_dir();
-    reap::reap_all(&dir);
-    let Ok(entries) = std::fs::read_dir(&dir) else { return };
-    for entry in entries.flatten() {
-        let layout = SandboxLayout::new(entry.path());
-        let running = vm_contract::pids::SandboxPids::read(layout.dir()).is_some_and(|p| p.supervisor.is_alive());
-        if !running {
-            let _ = std::fs::remove_dir_all(layout.dir());
-        }
     }
 }
 

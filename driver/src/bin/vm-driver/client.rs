@@ -41,14 +41,16 @@ fn line(s: &Sandbox) -> String {
     let readiness = if s.readiness_endpoint.is_empty() { "-" } else { &s.readiness_endpoint };
     let accel = if s.accelerator.is_empty() { "-" } else { &s.accelerator };
     let confinement = if s.confinement.is_empty() { "-" } else { &s.confinement };
+    let origin = if s.origin.is_empty() { "-" } else { &s.origin };
     format!(
-        "{:<24} {:<13} {:>4} {:<5} {:<7} {:<22} {}",
+        "{:<24} {:<13} {:>4} {:<5} {:<7} {:<22} {:<6} {}",
         s.sandbox_id,
         state_name(s.state),
         s.generation,
         accel,
         confinement,
         readiness,
+        origin,
         s.detail
     )
 }
@@ -91,7 +93,10 @@ pub async fn show(socket: &Path, id: Option<&str>) -> Result<()> {
         Some(id) => vec![client.get_sandbox(SandboxRef { sandbox_id: id.to_owned() }).await?.into_inner()],
         None => client.list_sandboxes(ListSandboxesRequest {}).await?.into_inner().sandboxes,
     };
-    println!("{:<24} {:<13} {:>4} {:<5} {:<7} {:<22} DETAIL", "SANDBOX", "STATE", "GEN", "ACCEL", "JAIL", "READINESS");
+    println!(
+        "{:<24} {:<13} {:>4} {:<5} {:<7} {:<22} {:<6} DETAIL",
+        "SANDBOX", "STATE", "GEN", "ACCEL", "JAIL", "READINESS", "ORIGIN"
+    );
     for s in &sandboxes {
         println!("{}", line(s));
     }

@@ -10,7 +10,9 @@
 //!   sandboxes, and a claim transfers the share instead of needing room. Boots that fail back off (2 s
 //!   doubling to a minute) instead of looping.
 //! - **Leash.** A slot's supervisor holds the liveness pipe and lease like any other; a slot whose VM or
-//!   supervisor ends on its own is cleaned up (reaped, swept, its share given back) and replaced.
+//!   supervisor ends on its own is cleaned up (reaped, swept, its share given back) and replaced. Slots of
+//!   an earlier `serve` (their VMs died with its liveness pipes) are reaped and removed once their
+//!   supervisors have exited.
 
 mod slot;
 pub mod target;
@@ -21,6 +23,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use vm_contract::ids::SandboxId;
 use vm_contract::layout::SandboxLayout;
+use vm_contract::pids::SandboxPids;
 use vm_protocol::driver_api::{ListPoolResponse, PoolTarget as ApiTarget, PooledVm};
 
 pub use self::target::{PoolKey, PoolTarget};
@@ -112,6 +115,7 @@ impl Pool {
             wake: Notify::new(),
             closing: watch::channel(false).0,
         });
+        pool.sweep_strays();
         if active {
             tokio::spawn(Arc::clone(&pool).refill());
         }
@@ -214,6 +218,7 @@ impl Pool {
             if *closing.borrow() {
                 return;
             }
+            self.sweep_strays();
             if let Some(target) = self.next_target() {
                 self.start_slot(target);
             }
@@ -221,6 +226,21 @@ impl Pool {
                 () = self.wake.notified() => {}
                 () = tokio::time::sleep(RECHECK) => {}
                 _ = closing.changed() => {}
+            }
+        }
+    }
+
+    /// Removes slot directories that are no slot of this pool (an earlier `serve`'s, whose VMs died with its
+    /// liveness pipes) once their supervisor is gone: reaped, swept, removed.
+    fn sweep_strays(&self) {
+        let Ok(entries) = std::fs::read_dir(self.reg.ctx.state.pool_dir()) else { return };
+        for entry in entries.flatten() {
+            let ours = self.lock().slots.iter().any(|s| entry.file_name().to_str() == Some(s.id.as_str()));
+            let layout = SandboxLayout::new(entry.path());
+            let running = SandboxPids::read(layout.dir()).is_some_and(|p| p.supervisor.is_alive());
+            if !ours && !running {
+                crate::reap::reap_one(&layout);
+                let _ = std::fs::remove_dir_all(layout.dir());
             }
         }
     }
