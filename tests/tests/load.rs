@@ -1,8 +1,9 @@
 //! The leash under load: a busy host never kills a healthy sandbox, and the true-fault bounds still hold.
 //!
-//! CPU hogs numbering twice the cores run for the whole test, beside one `vm-driver serve`: 24 sandboxes
-//! (128 MiB guests) are created in bursts of 8 and left idle for two minutes; every one must stay ready,
-//! with no lease lost. Then, under the same load, a frozen supervisor, a frozen watchdog and a killed
+//! CPU hogs numbering twice the cores run for the whole test, beside one `vm-driver serve` with a warm pool
+//! of two: 24 sandboxes (128 MiB guests, some claimed from the pool while it refills) are created in bursts
+//! of 8 and left idle for two minutes; every one must stay ready, with no lease lost, and the pooled VMs
+//! must stay pooled (none replaced). Then, under the same load, a frozen supervisor, a frozen watchdog and a killed
 //! service must still end their VMs within their bounds, and a sandbox whose VM died must stop being
 //! reported ready.
 #![allow(missing_docs)]
@@ -79,10 +80,21 @@ fn info(pid: i32) -> ProcInfo {
     ProcInfo::read(pid).expect("a live process")
 }
 
-/// Lease losses recorded in the sandboxes' logs.
+/// The warm pool's ready slots, from `vm-driver pool`.
+fn pooled_ready(serve: &Serve) -> Vec<String> {
+    let out = ok(&serve.cli("pool", &[]));
+    out.lines()
+        .filter(|l| l.contains(" ready "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(String::from)
+        .collect()
+}
+
+/// Lease losses recorded in the sandboxes' and pooled VMs' logs.
 fn lease_losses(serve: &Serve) -> Vec<String> {
     let mut found = Vec::new();
-    for entry in std::fs::read_dir(serve.state.join("sandboxes")).unwrap().flatten() {
+    let sandboxes = std::fs::read_dir(serve.state.join("sandboxes")).unwrap().flatten();
+    for entry in sandboxes.chain(std::fs::read_dir(serve.state.join("pool")).unwrap().flatten()) {
         let log = std::fs::read_to_string(entry.path().join(SandboxFile::SupervisorLog.name())).unwrap_or_default();
         found.extend(
             log.lines()
@@ -99,7 +111,7 @@ fn a_busy_host_keeps_every_idle_sandbox_and_the_fault_bounds() {
     let s = Scratch::with_deadline("load", Duration::from_secs(900));
     let hogs = Hogs::start(&s.dir, 2 * cores());
     eprintln!("e2e: {} CPU hogs on {} cores", hogs.0.len(), cores());
-    let serve = Serve::start(&s);
+    let serve = Serve::with(&s, &[], &["--pool", "2:1:128"]);
     let mut create_times = Vec::new();
     for burst in 0..SANDBOXES / BURST {
         s.waiting_for(&format!("burst {} of {BURST} creates", burst + 1));
@@ -122,6 +134,9 @@ fn a_busy_host_keeps_every_idle_sandbox_and_the_fault_bounds() {
         create_times.push(started.elapsed());
     }
     eprintln!("e2e: {SANDBOXES} sandboxes ready; bursts took {create_times:?}");
+    s.waiting_for("the pool to refill under load");
+    assert!(wait_until(Duration::from_secs(120), || pooled_ready(&serve).len() == 2), "the pool never refilled");
+    let pooled = pooled_ready(&serve);
     s.waiting_for("two idle minutes under load");
     let idle_start = Instant::now();
     let mut lowest = SANDBOXES;
@@ -133,6 +148,7 @@ fn a_busy_host_keeps_every_idle_sandbox_and_the_fault_bounds() {
     eprintln!("e2e: after {IDLE:?} idle under load: at least {lowest} of {SANDBOXES} ready throughout");
     assert!(losses.is_empty(), "lease losses on healthy sandboxes:\n{}", losses.join("\n"));
     assert_eq!(lowest, SANDBOXES, "every sandbox stays ready");
+    assert_eq!(pooled_ready(&serve), pooled, "the pooled VMs stayed pooled and ready (none replaced)");
 
     // The true faults, under the same load.
     s.waiting_for("a frozen supervisor's VM to be killed and noticed");
