@@ -22,7 +22,7 @@ use vm_contract::tombstone::EndReason;
 use vm_protocol::driver_api::{Sandbox, SandboxState};
 
 use super::pool::ClaimedVm;
-use super::registry::{InsertError, Registry};
+use super::registry::{InsertError, Registry, Share};
 use super::store::{self, StoredSpec};
 use crate::sandbox::supervisor::{describe, Ready, SupervisorError};
 use crate::sandbox::{self, Ended, Running, SessionSpec, StartSpec, HUNG_STOP_TIMEOUT};
@@ -114,10 +114,12 @@ pub fn spawn(
         },
         ..Sandbox::default()
     };
-    let inserted = match &initial {
-        Initial::Claimed(claimed) => reg.insert_claimed(id.clone(), &claimed.slot, view.clone(), tx),
-        _ => reg.insert(id.clone(), view.clone(), tx, admit),
+    let share = match (&initial, admit) {
+        (Initial::Claimed(claimed), _) => Share::FromSlot(&claimed.slot),
+        (_, true) => Share::Admit,
+        (_, false) => Share::Held,
     };
+    let inserted = reg.insert(id.clone(), view.clone(), tx, share);
     if let Err(e) = inserted {
         return Err((e, initial));
     }

@@ -80,6 +80,17 @@ struct Entry {
     rotated: Option<CredentialRotation>,
 }
 
+/// Where a new sandbox's share of the host comes from.
+#[derive(Debug, Clone, Copy)]
+pub enum Share<'a> {
+    /// Admitted now, if it fits beside everything held (a create).
+    Admit,
+    /// Held already (a sandbox restored at start-up was admitted before, and is not refused now).
+    Held,
+    /// A claimed pool slot's, taken over in the same step, so a claim never needs room a cold boot would.
+    FromSlot(&'a SandboxId),
+}
+
 /// Why a sandbox could not be added.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InsertError {
@@ -166,43 +177,16 @@ impl Registry {
         self.lock_pooled().remove(slot);
     }
 
-    /// Adds a sandbox that claims pool slot `slot`: the slot's share becomes the sandbox's, in one step, so a
-    /// claim never needs room a cold boot would.
+    /// Adds a sandbox, its share of the host coming from `share`.
     ///
     /// # Errors
-    /// [`InsertError::Taken`] or [`InsertError::Closing`]; the slot keeps its share.
-    pub fn insert_claimed(
-        &self,
-        id: SandboxId,
-        slot: &SandboxId,
-        view: Sandbox,
-        inbox: mpsc::Sender<Command>,
-    ) -> Result<(), InsertError> {
-        let mut entries = self.lock();
-        if self.is_closing() {
-            return Err(InsertError::Closing);
-        }
-        if entries.contains_key(&id) {
-            return Err(InsertError::Taken);
-        }
-        self.lock_pooled().remove(slot);
-        entries.insert(id, Entry { view: view.clone(), inbox, session: None, rotated: None });
-        drop(entries);
-        self.broadcast(watch_event::Event::Changed(view));
-        Ok(())
-    }
-
-    /// Adds a sandbox; with `admit`, only if it fits beside the others that hold resources (a sandbox
-    /// restored at start-up was admitted before, and is not refused now).
-    ///
-    /// # Errors
-    /// [`InsertError`].
+    /// [`InsertError`]; a slot's share stays the slot's.
     pub fn insert(
         &self,
         id: SandboxId,
         view: Sandbox,
         inbox: mpsc::Sender<Command>,
-        admit: bool,
+        share: Share<'_>,
     ) -> Result<(), InsertError> {
         let mut entries = self.lock();
         if self.is_closing() {
@@ -211,8 +195,14 @@ impl Registry {
         if entries.contains_key(&id) {
             return Err(InsertError::Taken);
         }
-        if admit && view.running_intent {
-            admission::admit(self.held(&entries, None), &self.ctx.limits, shape(&view))?;
+        match share {
+            Share::Admit if view.running_intent => {
+                admission::admit(self.held(&entries, None), &self.ctx.limits, shape(&view))?;
+            }
+            Share::FromSlot(slot) => {
+                self.lock_pooled().remove(slot);
+            }
+            Share::Admit | Share::Held => {}
         }
         entries.insert(id, Entry { view: view.clone(), inbox, session: None, rotated: None });
         drop(entries);
