@@ -163,6 +163,15 @@ fn a_pooled_vm_is_never_reused() {
     let mut api = Api::new(&serve);
     let first = api.ready_vm(&[]);
     let first_vmm = ProcInfo::read(i32::try_from(first.vmm_pid).unwrap()).unwrap();
+    // Jailed like any sandbox's VMM: under `jail`, its own uid, not ours.
+    let caps = api.rt.block_on(api.client.get_capabilities(GetCapabilitiesRequest {})).unwrap().into_inner();
+    let status = std::fs::read_to_string(format!("/proc/{}/status", first.vmm_pid)).unwrap();
+    let uid =
+        status.lines().find_map(|l| l.strip_prefix("Uid:")).unwrap().split_whitespace().next().unwrap().to_owned();
+    eprintln!("e2e: pooled VMM confinement {}, uid {uid}", caps.confinement);
+    if caps.confinement == "jail" {
+        assert_ne!(uid, rustix::process::getuid().as_raw().to_string(), "a jailed pooled VMM runs as its own uid");
+    }
     assert_eq!(api.create("a", 1, 256).unwrap().origin, "pool");
     wait_ready(&serve, "a");
     let boot_a =
