@@ -173,6 +173,15 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
     );
     restore(&reg, &state);
     let pool = pool::Pool::start(Arc::clone(&reg), config.pool.clone())?;
+    for t in &config.pool {
+        let image = if t.image.is_empty() { "default" } else { &t.image };
+        eprintln!(
+            "vm-driver: warm pool: {} VMs of {} vCPU, {} MiB, image {image}, booted ahead and counted in admission",
+            t.count,
+            t.shape.cpus(),
+            t.shape.memory_mib()
+        );
+    }
 
     let (gate, gate_rx) = watch::channel(sessions::Gate::default());
     // Held until the end of `serve`: dropping it would end every session.
