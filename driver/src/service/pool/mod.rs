@@ -71,6 +71,8 @@ struct Target {
     key: PoolKey,
     failures: u32,
     retry_at: Option<tokio::time::Instant>,
+    /// Said once while the host has no room for it, until it has again.
+    no_room: bool,
 }
 
 #[derive(Debug)]
@@ -105,7 +107,7 @@ impl Pool {
             .map(|config| {
                 let image = reg.ctx.images.resolve(&config.image)?;
                 let key = PoolKey { shape: config.shape, image };
-                Ok(Target { config, key, failures: 0, retry_at: None })
+                Ok(Target { config, key, failures: 0, retry_at: None, no_room: false })
             })
             .collect::<Result<Vec<_>, PoolError>>()?;
         let active = !targets.is_empty();
@@ -263,7 +265,12 @@ impl Pool {
         let Ok(id) = crate::state::random_id("pool") else { return };
         let shape = self.lock().targets[target].key.shape;
         // No room: the next look (a wake or the recheck) tries again.
-        if self.reg.reserve_pooled(&id, shape).is_err() {
+        let reserved = self.reg.reserve_pooled(&id, shape);
+        let said = std::mem::replace(&mut self.lock().targets[target].no_room, reserved.is_err());
+        if let Err(why) = reserved {
+            if !said {
+                eprintln!("vm-driver: warm pool: no room for another pooled VM ({why}); waiting");
+            }
             return;
         }
         let layout = SandboxLayout::new(self.reg.ctx.state.pool_dir().join(id.as_str()));
