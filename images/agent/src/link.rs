@@ -301,7 +301,8 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
         ToGuest::Reattach { .. }
         | ToGuest::ListProcesses
         | ToGuest::UpdatePolicy(_)
-        | ToGuest::RotateCredentials(_) => {
+        | ToGuest::RotateCredentials(_)
+        | ToGuest::Detach { .. } => {
             return Err(LinkError::Violation { what: "an attach-socket request reached the guest".into() })
         }
     }
