@@ -22,7 +22,8 @@ fn ok(out: Output) -> String {
 
 /// The sandbox's supervisor: the one process of the scratch directory that is one.
 fn supervisor(s: &Scratch) -> i32 {
-    let found: Vec<i32> = procs::inside(&s.dir).into_iter().filter(procs::ProcInfo::is_supervisor).map(|p| p.pid).collect();
+    let found: Vec<i32> =
+        procs::inside(&s.dir).into_iter().filter(procs::ProcInfo::is_supervisor).map(|p| p.pid).collect();
     assert_eq!(found.len(), 1, "one sandbox, one supervisor: {found:?}");
     found[0]
 }
