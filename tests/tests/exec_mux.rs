@@ -86,9 +86,11 @@ fn concurrent_exec_streams_share_one_attach_connection() {
 }
 
 /// Runs `vm-driver exec` into `id` with its stdout never read: a client that stops reading once its
-/// buffers (the pipe, the HTTP/2 window) are full. It writes 2 MB at once, then 4 KB pieces forever.
+/// buffers (the pipe, the HTTP/2 window of 2 MiB) are full. It writes 1.5 MB at once, then 1 KB pieces
+/// forever, one process each: small frames, so that its output window (256 KiB) holds many more of them
+/// than the stream's response queue (16) and, under the control, its one-frame queue.
 fn unread_exec(serve: &Serve, id: &str) -> Child {
-    let script = "head -c 2000000 /dev/zero; while :; do head -c 4000 /dev/zero; done";
+    let script = "head -c 1500000 /dev/zero; while :; do head -c 1000 /dev/zero; done";
     serve.cli_command("exec", &[id, "--", "sh", "-c", script]).stdout(Stdio::piped()).spawn().unwrap()
 }
 
@@ -114,7 +116,7 @@ fn stalled(controls: &[TestControl], name: &str) -> (Scratch, Serve, Child) {
     let serve = Serve::with_controls(&s, controls);
     ok(serve.cli("create", &["stall"]));
     let slow = unread_exec(&serve, "stall");
-    std::thread::sleep(Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(15));
     (s, serve, slow)
 }
 
