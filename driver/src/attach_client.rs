@@ -1,10 +1,13 @@
 //! The driver's connection to a supervisor's attach socket: connect (with a deadline), handshake, then
-//! frames both ways. What runs over it is [`crate::relay`]'s business.
+//! frames both ways. What runs over it is [`crate::relay`]'s business. `vm-driver launch` and the control
+//! requests (policy updates, credential rotations) use a connection of their own; the service's `Exec`
+//! streams share one per sandbox ([`crate::attach_mux`]).
 
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
 use tokio_util::codec::{FramedRead, FramedWrite};
 use vm_contract::layout::{SandboxFile, SandboxLayout};
 use vm_protocol::codec::{self, FrameCodec};
@@ -48,18 +51,28 @@ pub struct Attached {
 /// # Errors
 /// [`AttachError`].
 pub async fn connect(layout: &SandboxLayout) -> Result<Attached, AttachError> {
+    let (stream, capabilities) = handshaken(layout).await?;
+    let (read, write) = stream.into_split();
+    Ok(Attached {
+        frames: FramedRead::new(read, FrameCodec::new()),
+        sink: FramedWrite::new(write, FrameCodec::new()),
+        capabilities,
+    })
+}
+
+/// Connects to the sandbox's attach socket and completes the handshake, within [`CONNECT_TIMEOUT`]: the
+/// stream, and the sandbox's capabilities.
+///
+/// # Errors
+/// [`AttachError`].
+pub async fn handshaken(layout: &SandboxLayout) -> Result<(UnixStream, Capabilities), AttachError> {
     tokio::time::timeout(CONNECT_TIMEOUT, async {
         let mut stream =
             crate::unix::connect(layout.dir(), SandboxFile::Attach.name()).await.map_err(AttachError::Connect)?;
         let ours = Hello::ours(Capabilities::NONE, concat!("vm-driver ", env!("CARGO_PKG_VERSION")));
         let theirs =
             codec::host_handshake(&mut stream, ours, Capabilities::EXEC).await.map_err(AttachError::Handshake)?;
-        let (read, write) = stream.into_split();
-        Ok(Attached {
-            frames: FramedRead::new(read, FrameCodec::new()),
-            sink: FramedWrite::new(write, FrameCodec::new()),
-            capabilities: theirs.capabilities,
-        })
+        Ok((stream, theirs.capabilities))
     })
     .await
     .map_err(|_| AttachError::Timeout)?

@@ -2,7 +2,8 @@
 //!
 //! - [`sandbox`]: the one sandbox lifecycle (start, ready, stop, end of a generation), and the supervisor
 //!   process with its liveness pipe and stop ordering ([`sandbox::supervisor`]).
-//! - [`attach_client`] and [`relay`]: running a process through the supervisor's attach socket.
+//! - [`attach_client`] and [`relay`]: running a process through the supervisor's attach socket;
+//!   [`attach_mux`]: one such connection per sandbox, shared by the service's `Exec` streams.
 //! - [`reap`] (with `cgroup` and `procs`): nothing a supervisor leaves behind survives it.
 //! - [`jail`]: how QEMU is confined on this host, and each jailed VMM's uid.
 //! - [`state`], [`image`], [`telemetry`]: where sandboxes live, what they boot, where their events go.
@@ -16,6 +17,7 @@
 vm_contract::test_controls!();
 
 pub mod attach_client;
+pub mod attach_mux;
 mod cgroup;
 pub mod gc;
 pub mod image;

@@ -88,7 +88,8 @@ pub fn to_guest(ids: Range<u32>, commands: Vec<Vec<String>>) -> impl Strategy<Va
         3 => (id.clone(), amount()).prop_map(|(id, bytes)| ToGuest::Credit { id, bytes }),
         1 => any::<u64>().prop_map(|nonce| ToGuest::Ping { nonce }),
         1 => (0..2000u32).prop_map(|grace_ms| ToGuest::Shutdown { grace_ms }),
-        1 => (id, any::<u32>()).prop_map(|(id, pid)| ToGuest::Reattach { id, pid }),
+        1 => (id.clone(), any::<u32>()).prop_map(|(id, pid)| ToGuest::Reattach { id, pid }),
+        1 => id.prop_map(|id| ToGuest::Detach { id }),
         1 => Just(ToGuest::ListProcesses),
         1 => (any::<u64>(), prop::collection::vec(prop::sample::select(Operation::ALL.to_vec()), 0..7), run_as())
             .prop_map(|(revision, allow, run_as)| ToGuest::UpdatePolicy(PolicyUpdate { revision, allow, run_as })),

@@ -79,6 +79,13 @@ pub enum ToGuest {
     /// Attach socket only (the driver): new OTLP collector credentials (answered with `CredentialsAck`).
     /// The supervisor keeps it; it never reaches the guest.
     RotateCredentials(crate::credentials::CredentialRotation),
+    /// Attach socket only: this connection lets go of process `id`, which keeps running, detached, as if the
+    /// connection had closed (its uncredited output is kept for a `Reattach`). One connection can carry many
+    /// processes; each can be given up alone.
+    Detach {
+        /// The process, as this connection knows it.
+        id: ProcId,
+    },
 }
 
 /// Guest agent (or supervisor, on the attach socket) to host.

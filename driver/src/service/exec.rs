@@ -1,11 +1,15 @@
-//! `Exec`: one gRPC stream per process, relayed to the sandbox's attach socket.
+//! `Exec`: one gRPC stream per process, relayed over the sandbox's one shared attach connection.
 //!
-//! Output is credited back to the sandbox only once the gRPC transport has taken it from the stream's bounded
-//! queue ([`ExecStream`] counts it), so a slow client slows the process, and the supervisor keeps whatever was
-//! not taken. Stdin is sent within the guest's credit. When the client goes away the attach connection closes
-//! and the process keeps running, detached; `ExecAttach` with its pid picks it up again, with everything the
-//! transport never took replayed first. (What the transport took and the client never read, at most its send
-//! buffer, is beyond what the driver can see.)
+//! Every stream into a sandbox is a process on the same connection ([`crate::attach_mux`]): no connect or
+//! handshake per stream, and a stream whose client does not read holds only its own process's queue (bounded
+//! by its output window), never the connection. Output is credited back to the sandbox only once the gRPC
+//! transport has taken it from the stream's bounded queue ([`ExecStream`] counts it), so a slow client slows
+//! the process, and the supervisor keeps whatever was not taken. Stdin is sent within the guest's credit.
+//! When the client goes away the stream lets go of its process (`Detach`) and the process keeps running,
+//! detached; `ExecAttach` with its pid picks it up again, with everything the transport never took replayed
+//! first. (What the transport took and the client never read, at most its send buffer, is beyond what the
+//! driver can see.) When the connection breaks, every stream on it ends with `unavailable`; the next `Exec`
+//! connects again.
 
 use std::sync::Arc;
 
@@ -17,11 +21,12 @@ use tokio::sync::{mpsc, watch};
 use tonic::{Status, Streaming};
 use vm_contract::ids::SandboxId;
 use vm_protocol::driver_api::{exec_request, exec_response, ExecExited, ExecRequest, ExecResponse, ExecStarted};
+use vm_protocol::flow::MAX_WINDOW_BYTES;
 use vm_protocol::message::{EnvVar, Refusal};
 use vm_protocol::{Capabilities, ExitStatus, ProcId, PtySize, SignalName, Spawn, Stream, ToGuest, ToHost};
 
 use super::registry::Registry;
-use crate::attach_client::{self, Attached};
+use crate::attach_mux::{Conn, Lost, Process};
 use crate::relay::ProcessRelay;
 
 /// Responses queued towards a client before output stops being credited.
@@ -100,28 +105,67 @@ pub async fn exec(reg: Arc<Registry>, mut inbound: Streaming<ExecRequest>) -> Re
     let view = reg.serving(&id)?;
     // Held by the relay until the stream ends.
     let permit = reg.exec_streams.acquire(&id).map_err(|why| Status::resource_exhausted(why.to_string()))?;
-    let mut attached = attach_client::connect(&reg.ctx.state.layout(&id))
-        .await
-        .map_err(|_| Status::unavailable("the sandbox's supervisor is not reachable"))?;
+    let layout = reg.ctx.state.layout(&id);
+    let unreachable = |_| Status::unavailable("the sandbox's supervisor is not reachable");
+    let mut conn = reg.attach.get(&layout).await.map_err(unreachable)?;
     let opening = match opening {
-        Opening::Reattach(pid) => ToGuest::Reattach { id: ProcId(1), pid },
+        Opening::Reattach(pid) => Opened::Reattach(pid),
         Opening::Start(mut spawn, extra_env) => {
-            if spawn.pty.is_some() && !attached.capabilities.contains(Capabilities::PTY) {
+            if spawn.pty.is_some() && !conn.capabilities().contains(Capabilities::PTY) {
                 return Err(Status::failed_precondition("the sandbox's agent offers no terminals"));
             }
             let spec_env = view.spec.map(|s| s.env).unwrap_or_default();
             spawn.env = spec_env.into_iter().chain(extra_env).map(|(key, value)| EnvVar { key, value }).collect();
-            ToGuest::Spawn(spawn)
+            Opened::Spawn(spawn)
         }
     };
-    attached.send(opening).await.map_err(|_| Status::unavailable("the sandbox's supervisor is not reachable"))?;
+    // A connection that broke since it was last used is found out here: one new one is tried.
+    let process = match opening.open(&conn).await {
+        Ok(process) => process,
+        Err(_) => {
+            conn = reg.attach.get(&layout).await.map_err(unreachable)?;
+            opening.open(&conn).await.map_err(|_| Status::unavailable("the sandbox's supervisor is not reachable"))?
+        }
+    };
     let (tx, rx) = mpsc::channel(RESPONSE_QUEUE);
     let (taken, taken_rx) = watch::channel(0);
     tokio::spawn(async move {
-        relay(attached, inbound, Responses { tx, taken: taken_rx, accounted: 0, queued: 0 }, reattach).await;
+        let mut process = process;
+        let ended =
+            relay(&mut process, inbound, Responses { tx, taken: taken_rx, accounted: 0, queued: 0 }, reattach).await;
+        process.release(ended == Ended::Detach).await;
         drop(permit);
     });
     Ok(ExecStream { rx, taken })
+}
+
+/// The first message of a process on the connection, before it has an id there.
+enum Opened {
+    Spawn(Spawn),
+    Reattach(u32),
+}
+
+impl Opened {
+    async fn open(&self, conn: &Conn) -> Result<Process, Lost> {
+        match self {
+            Self::Spawn(spawn) => {
+                conn.open(spawn.output_window, |id| ToGuest::Spawn(Spawn { id, ..spawn.clone() })).await
+            }
+            // A re-attached process keeps the window it was started with.
+            Self::Reattach(pid) => conn.open(MAX_WINDOW_BYTES, |id| ToGuest::Reattach { id, pid: *pid }).await,
+        }
+    }
+}
+
+/// How a stream ended, for its process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// Its exit, and every byte of its output, were delivered: the supervisor already forgot it.
+    Delivered,
+    /// The process keeps running (or keeps its undelivered output) without the stream.
+    Detach,
+    /// The connection is gone; so is the supervisor's state for it.
+    Lost,
 }
 
 fn response(r: exec_response::Response) -> Result<ExecResponse, Status> {
@@ -154,15 +198,23 @@ impl Responses {
     }
 }
 
-async fn relay(mut attached: Attached, mut inbound: Streaming<ExecRequest>, mut out: Responses, reattached: bool) {
-    let mut relay = ProcessRelay::new(ProcId(1));
+async fn relay(
+    process: &mut Process,
+    mut inbound: Streaming<ExecRequest>,
+    mut out: Responses,
+    reattached: bool,
+) -> Ended {
+    let mut relay = ProcessRelay::new(process.id());
     let mut inbound_open = true;
     loop {
         tokio::select! {
-            frame = attached.recv() => {
-                let Some(Ok(msg)) = frame else {
-                    let _ = out.send(Err(Status::unavailable("the sandbox stopped before the process exited")), 0).await;
-                    return;
+            frame = process.recv() => {
+                let msg = match frame {
+                    Ok(msg) => msg,
+                    Err(lost) => {
+                        let _ = out.send(Err(lost_status(lost)), 0).await;
+                        return if lost == Lost::Overflow { Ended::Detach } else { Ended::Lost };
+                    }
                 };
                 match from_sandbox(&mut relay, msg, reattached) {
                     Reply::Send(response, bytes) => {
@@ -174,24 +226,23 @@ async fn relay(mut attached: Attached, mut inbound: Streaming<ExecRequest>, mut 
                         for response in responses {
                             let _ = out.send(response, 0).await;
                         }
-                        finish(&mut attached, &mut relay, &mut out).await;
-                        return;
+                        return finish(process, &mut relay, &mut out).await;
                     }
                     Reply::Nothing => {}
                 }
             }
             Ok(()) = out.taken.changed() => {
                 if let Some(credit) = relay.output_handed_on(out.newly_taken()) {
-                    if attached.send(credit).await.is_err() {
-                        return;
+                    if process.send(credit).await.is_err() {
+                        return Ended::Lost;
                     }
                 }
             }
             request = inbound.message(), if inbound_open && relay.wants_stdin() => match request {
                 Ok(Some(ExecRequest { request: Some(r) })) => {
-                    if let Err(status) = from_client(&mut attached, &mut relay, r).await {
+                    if let Err(status) = from_client(process, &mut relay, r).await {
                         let _ = out.send(Err(status), 0).await;
-                        return;
+                        return Ended::Detach;
                     }
                 }
                 Ok(Some(ExecRequest { request: None })) => {}
@@ -201,33 +252,51 @@ async fn relay(mut attached: Attached, mut inbound: Streaming<ExecRequest>, mut 
             () = out.tx.closed() => break,
         }
         while let Some(msg) = relay.next_stdin() {
-            if attached.send(msg).await.is_err() {
-                return;
+            if process.send(msg).await.is_err() {
+                return Ended::Lost;
             }
         }
     }
     // The client is gone: credit what the transport took; the sandbox keeps the rest for a re-attach.
     let _ = relay.output_handed_on(out.newly_taken());
     if let Some(credit) = relay.finish() {
-        let _ = attached.send(credit).await;
+        let _ = process.send(credit).await;
+    }
+    Ended::Detach
+}
+
+/// The client's status for a stream that ended under its process.
+fn lost_status(lost: Lost) -> Status {
+    match lost {
+        Lost::Connection => Status::unavailable("the sandbox stopped before the process exited"),
+        Lost::Overflow => Status::resource_exhausted(
+            "the process's output came in more pieces than the stream may queue while its client does not read; \
+             it keeps running, detached (ExecAttach with its pid replays what was not delivered)",
+        ),
     }
 }
 
 /// After the last response: waits until the transport took everything (or the client is gone), then credits
 /// it, so the supervisor knows the output was delivered and forgets the process.
-async fn finish(attached: &mut Attached, relay: &mut ProcessRelay, out: &mut Responses) {
+async fn finish(process: &Process, relay: &mut ProcessRelay, out: &mut Responses) -> Ended {
+    let mut ended = Ended::Delivered;
     while out.accounted < out.queued {
         tokio::select! {
             Ok(()) = out.taken.changed() => {
                 let _ = relay.output_handed_on(out.newly_taken());
             }
-            () = out.tx.closed() => break,
+            () = out.tx.closed() => {
+                // Not all delivered: the supervisor keeps the rest, detached, for a re-attach.
+                ended = Ended::Detach;
+                break;
+            }
         }
     }
     let _ = relay.output_handed_on(out.newly_taken());
     if let Some(credit) = relay.finish() {
-        let _ = attached.send(credit).await;
+        let _ = process.send(credit).await;
     }
+    ended
 }
 
 /// What a message from the sandbox means for the stream.
@@ -273,11 +342,7 @@ fn from_sandbox(relay: &mut ProcessRelay, msg: ToHost, reattached: bool) -> Repl
     }
 }
 
-async fn from_client(
-    attached: &mut Attached,
-    relay: &mut ProcessRelay,
-    r: exec_request::Request,
-) -> Result<(), Status> {
+async fn from_client(process: &Process, relay: &mut ProcessRelay, r: exec_request::Request) -> Result<(), Status> {
     let id = relay.id();
     let sent = match r {
         exec_request::Request::Stdin(bytes) => {
@@ -292,12 +357,12 @@ async fn from_client(
                 rows: u16::try_from(size.rows).unwrap_or(u16::MAX),
                 cols: u16::try_from(size.cols).unwrap_or(u16::MAX),
             };
-            attached.send(ToGuest::Resize { id, size }).await
+            process.send(ToGuest::Resize { id, size }).await
         }
         exec_request::Request::Signal(name) => {
             let signal = SignalName::parse(&name)
                 .ok_or_else(|| Status::invalid_argument("unknown signal name (see GetCapabilities.signals)"))?;
-            attached.send(ToGuest::Signal { id, signal }).await
+            process.send(ToGuest::Signal { id, signal }).await
         }
         exec_request::Request::Start(_) | exec_request::Request::Attach(_) => {
             return Err(Status::invalid_argument("start and attach only open a stream"));

@@ -116,6 +116,8 @@ pub struct Registry {
     events: broadcast::Sender<WatchEvent>,
     /// The Exec streams open.
     pub exec_streams: std::sync::Arc<ExecStreams>,
+    /// Each sandbox's attach connection, shared by its Exec streams.
+    pub attach: std::sync::Arc<crate::attach_mux::Connections>,
     /// Shared settings.
     pub ctx: Context,
 }
@@ -135,6 +137,7 @@ impl Registry {
             closing: AtomicBool::new(false),
             events: broadcast::channel(WATCH_BUFFER).0,
             exec_streams: ExecStreams::new(ctx.limits),
+            attach: crate::attach_mux::Connections::new(),
             ctx,
         }
     }

@@ -258,6 +258,10 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
             let mut table = shared.table();
             if let Lookup::Live(p) = known(&mut table, id)? {
                 p.stdin_window.consume(data.len()).map_err(|e| violation(id, &e.to_string()))?;
+                if p.stdin.is_none() {
+                    return Err(violation(id, "stdin after EOF"));
+                }
+                p.stdin_writer(shared, id);
                 let tx = p.stdin.as_ref().ok_or_else(|| violation(id, "stdin after EOF"))?;
                 // A closed receiver means the process is finishing; its stdin no longer matters.
                 let _ = tx.send(StdinCmd::Data(data.into_vec()));
@@ -267,7 +271,9 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
             let mut table = shared.table();
             if let Lookup::Live(p) = known(&mut table, id)? {
                 let tx = p.stdin.take().ok_or_else(|| violation(id, "second stdin EOF"))?;
-                let _ = tx.send(StdinCmd::Eof);
+                if !p.close_idle_stdin() {
+                    let _ = tx.send(StdinCmd::Eof);
+                }
             }
         }
         ToGuest::Signal { id, signal } => {
@@ -301,7 +307,8 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
         ToGuest::Reattach { .. }
         | ToGuest::ListProcesses
         | ToGuest::UpdatePolicy(_)
-        | ToGuest::RotateCredentials(_) => {
+        | ToGuest::RotateCredentials(_)
+        | ToGuest::Detach { .. } => {
             return Err(LinkError::Violation { what: "an attach-socket request reached the guest".into() })
         }
     }

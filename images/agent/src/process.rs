@@ -1,8 +1,8 @@
 //! The process table: spawning, output pumps, stdin writers, and the rule that `Exited` follows the last
 //! byte of output.
 //!
-//! A process leaves the table when it has been reaped *and* both output pumps reached EOF. Pumps send all
-//! their output before they count themselves closed, and `Exited` is sent after removal, so the order on
+//! A process leaves the table when it has been reaped *and* its output pump reached EOF on every stream.
+//! The pump sends all of a stream's output before it counts the stream closed, and `Exited` is sent after removal, so the order on
 //! the wire is always `Started`, `Output`..., `Exited`.
 
 use std::collections::HashMap;
@@ -50,6 +50,9 @@ pub(crate) struct Proc {
     pub(crate) credit: Arc<Credit>,
     /// `None` once the host sent `StdinEof`.
     pub(crate) stdin: Option<Sender<StdinCmd>>,
+    /// The stdin writer's pipe and queue until the first stdin bytes come: most processes get none (only
+    /// an EOF), and a thread per process costs more than the process itself under emulation.
+    stdin_idle: Option<(File, Receiver<StdinCmd>, bool)>,
     pub(crate) stdin_window: Window,
     /// The PTY's master side, for resizing; `None` for piped processes.
     pub(crate) terminal: Option<OwnedFd>,
@@ -182,6 +185,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
             pid,
             credit: Arc::clone(&output),
             stdin: Some(stdin_tx),
+            stdin_idle: Some((io.stdin, stdin_rx, req.pty.is_some())),
             stdin_window: Window::new(DEFAULT_WINDOW_BYTES),
             terminal: io.terminal,
             open_streams: u8::try_from(io.outputs.len()).unwrap_or(u8::MAX),
@@ -200,11 +204,28 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
         stdin_window: DEFAULT_WINDOW_BYTES,
         output_window: req.output_window,
     });
-    let (stdin, tty) = (io.stdin, req.pty.is_some());
-    start_thread(shared, "stdin", move |s| write_stdin(&s, id, stdin, tty, &stdin_rx));
-    for (stream, source) in io.outputs {
-        let credit = Arc::clone(&output);
-        start_thread(shared, "output", move |s| pump(&s, id, stream, source, &credit));
+    // One thread drains every output stream of the process.
+    let outputs = io.outputs;
+    start_thread(shared, "output", move |s| pump(&s, id, outputs, &output));
+}
+
+impl Proc {
+    /// Stdin bytes are coming: starts the process's stdin writer, once.
+    pub(crate) fn stdin_writer(&mut self, shared: &Arc<Shared>, id: ProcId) {
+        if let Some((pipe, rx, tty)) = self.stdin_idle.take() {
+            start_thread(shared, "stdin", move |s| write_stdin(&s, id, pipe, tty, &rx));
+        }
+    }
+
+    /// Stdin ends before any byte came: closes it here (a terminal gets its EOF character), no thread.
+    /// `false` when a writer runs, which must be told instead.
+    pub(crate) fn close_idle_stdin(&mut self) -> bool {
+        let Some((mut pipe, _, tty)) = self.stdin_idle.take() else { return false };
+        if tty {
+            // An empty terminal takes one byte without blocking.
+            let _ = pipe.write_all(&[0x04]);
+        }
+        true
     }
 }
 
@@ -292,35 +313,70 @@ fn start_thread(shared: &Arc<Shared>, role: &str, body: impl FnOnce(Arc<Shared>)
     }
 }
 
-/// Moves one output stream to the host. It waits for data first and for credit second, so a quiet stream
-/// never holds credit a busy one needs, and it takes only as many bytes as are waiting: the data stays in
-/// the pipe (bounded by the kernel) until it can be sent.
-fn pump(shared: &Shared, id: ProcId, stream: Stream, src: OwnedFd, credit: &Credit) {
-    // Best effort: the default size still works, only slower.
-    let _ = rustix::pipe::fcntl_setpipe_size(&src, PIPE_BYTES);
-    let src = File::from(src);
+/// Moves a process's output streams to the host, on one thread (a thread per stream cost a thread start
+/// per exec, and a wakeup per stream at the exit). It waits for data first and for credit second, so a
+/// quiet stream never holds credit a busy one needs, and it takes only as many bytes as are waiting: the
+/// data stays in the pipe (bounded by the kernel) until it can be sent.
+fn pump(shared: &Shared, id: ProcId, outputs: Vec<(Stream, OwnedFd)>, credit: &Credit) {
+    let mut open: Vec<(Stream, File)> = outputs
+        .into_iter()
+        .map(|(stream, src)| {
+            // Best effort: the default size still works, only slower.
+            let _ = rustix::pipe::fcntl_setpipe_size(&src, PIPE_BYTES);
+            (stream, File::from(src))
+        })
+        .collect();
     let mut frame = OutputFrame::default();
-    loop {
-        let mut fds = [PollFd::new(&src, PollFlags::IN)];
-        match poll(&mut fds, None) {
-            Ok(_) => {}
-            Err(Errno::INTR) => continue,
-            Err(_) => break,
-        }
-        // With the write end closed and nothing left, the pipe reports 0 bytes: EOF.
-        let waiting = match ioctl_fionread(&src) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => usize::try_from(n).unwrap_or(MAX_DATA_BYTES).min(MAX_DATA_BYTES),
+    while !open.is_empty() {
+        let ready: Vec<bool> = {
+            let mut fds: Vec<PollFd<'_>> = open.iter().map(|(_, f)| PollFd::new(f, PollFlags::IN)).collect();
+            match poll(&mut fds, None) {
+                Ok(_) => {}
+                Err(Errno::INTR) => continue,
+                Err(_) => break,
+            }
+            fds.iter().map(|f| !f.revents().is_empty()).collect()
         };
-        let Some(n) = credit.reserve(waiting) else { break };
-        if let Err(e) = shared.outbox.send_output(id, stream, &src, n, &mut frame) {
-            shared.log(&format!("process {id}: {stream:?} not delivered: {e}"));
-            break;
+        let mut at = 0;
+        for ready in ready {
+            let (stream, src) = &open[at];
+            if ready && !pump_once(shared, id, *stream, src, credit, &mut frame) {
+                open.remove(at);
+                // Everything this stream will ever send is on the wire; only now may `Exited` follow.
+                let exited = shared.table().stream_closed(id);
+                shared.finish(exited);
+            } else {
+                at += 1;
+            }
         }
     }
-    // Everything this pump will ever send is on the wire; only now may `Exited` follow.
-    let exited = shared.table().stream_closed(id);
-    shared.finish(exited);
+    // A failed poll: the streams left count as closed, so the process can still finish.
+    for _ in open {
+        let exited = shared.table().stream_closed(id);
+        shared.finish(exited);
+    }
+}
+
+/// Sends what waits in `src`, within credit; `false` at EOF (or when it cannot go on).
+fn pump_once(
+    shared: &Shared,
+    id: ProcId,
+    stream: Stream,
+    src: &File,
+    credit: &Credit,
+    frame: &mut OutputFrame,
+) -> bool {
+    // With the write end closed and nothing left, the pipe reports 0 bytes: EOF.
+    let waiting = match ioctl_fionread(src) {
+        Ok(0) | Err(_) => return false,
+        Ok(n) => usize::try_from(n).unwrap_or(MAX_DATA_BYTES).min(MAX_DATA_BYTES),
+    };
+    let Some(n) = credit.reserve(waiting) else { return false };
+    if let Err(e) = shared.outbox.send_output(id, stream, src, n, frame) {
+        shared.log(&format!("process {id}: {stream:?} not delivered: {e}"));
+        return false;
+    }
+    true
 }
 
 /// Writes stdin chunks into the process in arrival order and returns credit for each. After the process

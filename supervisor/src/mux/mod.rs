@@ -198,18 +198,34 @@ impl Mux {
     pub fn remove_client(&mut self, client: ClientId) {
         let Some(state) = self.clients.remove(&client) else { return };
         for guest_id in state.procs.into_values() {
-            let delivered = match self.routes.get_mut(&guest_id) {
-                Some(route) => {
-                    route.detached = true;
-                    route.delivered()
-                }
-                None => false,
-            };
-            if delivered {
-                self.routes.remove(&guest_id);
-            }
+            self.detach_route(guest_id);
         }
         self.forget_old_finished();
+    }
+
+    /// `Detach`: the client lets go of one process, as if it had disconnected (it keeps its other ones).
+    fn detach(&mut self, client: ClientId, id: ProcId) -> Result<Vec<Action>, ClientViolation> {
+        let Some((guest_id, _)) = self.client_route(client, id)? else { return Ok(Vec::new()) };
+        if let Some(state) = self.clients.get_mut(&client) {
+            state.procs.remove(&id);
+        }
+        self.detach_route(guest_id);
+        self.forget_old_finished();
+        Ok(Vec::new())
+    }
+
+    /// Leaves a process without a client; one whose output and exit were all delivered is forgotten.
+    fn detach_route(&mut self, guest_id: ProcId) {
+        let delivered = match self.routes.get_mut(&guest_id) {
+            Some(route) => {
+                route.detached = true;
+                route.delivered()
+            }
+            None => false,
+        };
+        if delivered {
+            self.routes.remove(&guest_id);
+        }
     }
 
     /// Handles one message from a client.
@@ -303,6 +319,7 @@ impl Mux {
             }
             // Kept by the supervisor: credentials never reach the guest.
             ToGuest::RotateCredentials(rotation) => Ok(vec![Action::RotateCredentials(client, rotation)]),
+            ToGuest::Detach { id } => self.detach(client, id),
             ToGuest::Shutdown { .. } => Err(ClientViolation::Unexpected("Shutdown")),
             ToGuest::Hello(_) => Err(ClientViolation::Unexpected("a second Hello")),
             ToGuest::Reserved => Err(ClientViolation::Unexpected("the reserved message")),

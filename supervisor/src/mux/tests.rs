@@ -360,3 +360,42 @@ fn the_process_cap_counts_what_has_not_exited() {
     mux.from_guest(ToHost::Exited { id: ProcId(1), status: ExitStatus::Code(0) }).unwrap();
     assert!(matches!(&mux.from_client(A, spawn(3, 8)).unwrap()[..], [Action::ToGuest(_)]), "room again");
 }
+
+#[test]
+fn a_detached_process_leaves_its_connection_and_the_others_stay() {
+    let mut mux = running();
+    mux.from_client(A, spawn(2, 8)).unwrap();
+    mux.from_guest(started(2, 78, 4)).unwrap();
+    mux.from_guest(out(1, b"held")).unwrap();
+    assert_eq!(mux.from_client(A, ToGuest::Detach { id: ProcId(1) }).unwrap(), []);
+    assert_eq!(mux.from_guest(out(1, b"more")).unwrap(), [], "held while detached");
+    let other = mux.from_guest(out(2, b"x")).unwrap();
+    assert!(matches!(&other[..], [Action::ToClient(A, ToHost::Output { id: ProcId(2), .. })]), "2 stays with A");
+    assert_eq!(mux.from_client(A, ToGuest::Credit { id: ProcId(1), bytes: 4 }).unwrap(), [], "A let go of 1");
+    assert_eq!(mux.from_client(A, ToGuest::Detach { id: ProcId(1) }).unwrap(), [], "twice is a no-op");
+    assert!(matches!(mux.from_client(A, ToGuest::Detach { id: ProcId(5) }), Err(ClientViolation::UnknownProcess(_))));
+    // The same connection takes it back under a new id, with everything it never credited.
+    let back = mux.from_client(A, ToGuest::Reattach { id: ProcId(3), pid: 77 }).unwrap();
+    let replayed: Vec<u8> = back[1..]
+        .iter()
+        .flat_map(|a| match a {
+            Action::ToClient(A, ToHost::Output { id: ProcId(3), data, .. }) => data.to_vec(),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(replayed, b"heldmore");
+}
+
+#[test]
+fn a_detached_process_whose_output_was_all_delivered_is_forgotten() {
+    let mut mux = running();
+    mux.from_guest(out(1, b"x")).unwrap();
+    mux.from_guest(ToHost::Exited { id: ProcId(1), status: ExitStatus::Code(0) }).unwrap();
+    assert_eq!(mux.known_processes(), 1, "its output is not credited yet");
+    mux.from_client(A, ToGuest::Detach { id: ProcId(1) }).unwrap();
+    assert_eq!(mux.known_processes(), 1, "kept for a re-attach");
+    let mut mux = running();
+    mux.from_guest(ToHost::Exited { id: ProcId(1), status: ExitStatus::Code(0) }).unwrap();
+    assert_eq!(mux.known_processes(), 0, "delivered at its exit");
+    assert_eq!(mux.from_client(A, ToGuest::Detach { id: ProcId(1) }).unwrap(), [], "a late detach is harmless");
+}
