@@ -28,7 +28,7 @@ use vm_protocol::{ExitStatus, ProcId, Spawn, Stream, ToHost, Window};
 
 use crate::credit::Credit;
 use crate::link::{Config, Shared};
-use crate::outbox::OutputFrame;
+use crate::outbox::{OutputFrame, Staging};
 
 /// Exit code for a command that was not found, as shells report it.
 pub(crate) const EXIT_NOT_FOUND: i32 = 127;
@@ -204,7 +204,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
     start_thread(shared, "stdin", move |s| write_stdin(&s, id, stdin, tty, &stdin_rx));
     for (stream, source) in io.outputs {
         let credit = Arc::clone(&output);
-        start_thread(shared, "output", move |s| pump(&s, id, stream, source, &credit));
+        start_thread(shared, "output", move |s| pump(&s, id, stream, source, !tty, &credit));
     }
 }
 
@@ -294,12 +294,15 @@ fn start_thread(shared: &Arc<Shared>, role: &str, body: impl FnOnce(Arc<Shared>)
 
 /// Moves one output stream to the host. It waits for data first and for credit second, so a quiet stream
 /// never holds credit a busy one needs, and it takes only as many bytes as are waiting: the data stays in
-/// the pipe (bounded by the kernel) until it can be sent.
-fn pump(shared: &Shared, id: ProcId, stream: Stream, src: OwnedFd, credit: &Credit) {
+/// the pipe (bounded by the kernel) until it can be sent. A pipe's bytes are spliced through a staging pipe
+/// (see [`crate::outbox`]); a PTY's are copied.
+fn pump(shared: &Shared, id: ProcId, stream: Stream, src: OwnedFd, piped: bool, credit: &Credit) {
     // Best effort: the default size still works, only slower.
     let _ = rustix::pipe::fcntl_setpipe_size(&src, PIPE_BYTES);
     let src = File::from(src);
     let mut frame = OutputFrame::default();
+    // Without a staging pipe (out of descriptors) the stream is copied.
+    let staging = piped.then(Staging::new).and_then(Result::ok);
     loop {
         let mut fds = [PollFd::new(&src, PollFlags::IN)];
         match poll(&mut fds, None) {
@@ -313,9 +316,20 @@ fn pump(shared: &Shared, id: ProcId, stream: Stream, src: OwnedFd, credit: &Cred
             Ok(n) => usize::try_from(n).unwrap_or(MAX_DATA_BYTES).min(MAX_DATA_BYTES),
         };
         let Some(n) = credit.reserve(waiting) else { break };
-        if let Err(e) = shared.outbox.send_output(id, stream, &src, n, &mut frame) {
-            shared.log(&format!("process {id}: {stream:?} not delivered: {e}"));
-            break;
+        let sent = match &staging {
+            Some(staging) if shared.outbox.splices() => {
+                shared.outbox.splice_output(id, stream, &src, n, staging, &mut frame)
+            }
+            _ => shared.outbox.send_output(id, stream, &src, n, &mut frame).map(|()| n),
+        };
+        match sent {
+            // What did not fit in the staging pipe stays in the process's pipe, and its credit with us.
+            Ok(sent) if sent < n => credit.give_back(n - sent),
+            Ok(_) => {}
+            Err(e) => {
+                shared.log(&format!("process {id}: {stream:?} not delivered: {e}"));
+                break;
+            }
         }
     }
     // Everything this pump will ever send is on the wire; only now may `Exited` follow.
