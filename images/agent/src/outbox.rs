@@ -6,15 +6,15 @@
 //! `virtio_console` hands the pages to the host as they are. Under emulation every guest copy is expensive,
 //! and this path has none; reading into a buffer and writing it makes two.
 //!
-//! `virtio_console`'s `splice_write` (guest kernel 6.1) has a trap, measured in `docs/benchmarks.md`
-//! ("splice into the port"): it sizes and terminates its scatterlist by the number of buffers in the source
-//! pipe, but fills only the entries for the bytes it takes. A splice that leaves anything in the pipe
-//! queues zero-length (and, with indirect descriptors, out-of-bounds) descriptors; QEMU then marks the device
-//! broken and nothing more arrives. So the staging pipe holds exactly one frame's data and nothing else, and
-//! every splice out of it asks for all of it. (The driver also drops the bytes when the queue lacks
-//! descriptors for them and returns 0; with indirect descriptors, which QEMU offers, one frame needs one
-//! descriptor and the driver waits for a free one first, so that takes a failed atomic allocation. A 0
-//! here is reported, never retried as if nothing had gone.)
+//! `virtio_console`'s `splice_write` (guest kernel 6.1) has a trap, shown by the experiment in
+//! `tests/experiments/splice-into-port`: it sizes and terminates its scatterlist by the number of buffers in
+//! the source pipe, but fills only the entries for the bytes it takes. A splice that leaves anything in the
+//! pipe queues zero-length (and, with indirect descriptors, out-of-bounds) descriptors; QEMU then marks the
+//! device broken and nothing more arrives. So the staging pipe holds exactly one frame's data and nothing
+//! else, and every splice out of it asks for all of it. (The driver also drops the bytes, and returns 0,
+//! when the queue lacks descriptors for them; with indirect descriptors, which QEMU offers, one frame needs
+//! one descriptor and the driver waits for a free one first, so that takes a failed atomic allocation. A 0
+//! here is reported as lost bytes, never retried as if nothing had gone.)
 //!
 //! PTY output, and a channel that cannot splice, go the copying way: read into a frame buffer behind its
 //! prefix, written with the prefix in one go.
