@@ -1,10 +1,10 @@
 //! The single writer of frames towards the host. Every thread that sends holds the lock for exactly one
 //! frame, so frames never interleave and the order of sends is the order on the wire.
 //!
-//! Output of piped processes is spliced: the pump moves the waiting bytes' pipe pages into a staging pipe of
-//! its own (`splice`, no copy), writes the frame prefix, and splices the staging pipe into the channel, where
-//! `virtio_console` hands the pages to the host as they are. Under emulation every guest copy is expensive,
-//! and this path has none; reading into a buffer and writing it makes two.
+//! Output of piped processes is spliced, from 32 KiB a chunk: the pump moves the waiting bytes' pipe pages
+//! into a staging pipe of its own (`splice`, no copy), writes the frame prefix, and splices the staging pipe
+//! into the channel, where `virtio_console` hands the pages to the host as they are. Under emulation every
+//! guest copy is expensive, and this path has none; reading into a buffer and writing it makes two.
 //!
 //! `virtio_console`'s `splice_write` (guest kernel 6.1) has a trap, shown by the experiment in
 //! `tests/experiments/splice-into-port`: it sizes and terminates its scatterlist by the number of buffers in

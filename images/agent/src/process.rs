@@ -39,6 +39,10 @@ pub(crate) const EXIT_CANNOT_RUN: i32 = 126;
 /// pump far less often, which under emulation costs more than the copies.
 const PIPE_BYTES: usize = 1024 * 1024;
 
+/// Smallest chunk a pipe's pump splices; a smaller one is copied, which costs no more than the splices
+/// and the prefix write would (one write into the port takes up to 32 KiB).
+const SPLICE_MIN_BYTES: usize = 32 * 1024;
+
 pub(crate) enum StdinCmd {
     Data(Vec<u8>),
     Eof,
@@ -301,8 +305,9 @@ fn pump(shared: &Shared, id: ProcId, stream: Stream, src: OwnedFd, piped: bool, 
     let _ = rustix::pipe::fcntl_setpipe_size(&src, PIPE_BYTES);
     let src = File::from(src);
     let mut frame = OutputFrame::default();
-    // Without a staging pipe (out of descriptors) the stream is copied.
-    let staging = piped.then(Staging::new).and_then(Result::ok);
+    // Made for the first chunk worth splicing, so a quiet stream costs no descriptors; without one (out of
+    // descriptors) the chunk is copied.
+    let mut staging: Option<Staging> = None;
     loop {
         let mut fds = [PollFd::new(&src, PollFlags::IN)];
         match poll(&mut fds, None) {
@@ -316,11 +321,13 @@ fn pump(shared: &Shared, id: ProcId, stream: Stream, src: OwnedFd, piped: bool, 
             Ok(n) => usize::try_from(n).unwrap_or(MAX_DATA_BYTES).min(MAX_DATA_BYTES),
         };
         let Some(n) = credit.reserve(waiting) else { break };
-        let sent = match &staging {
-            Some(staging) if shared.outbox.splices() => {
-                shared.outbox.splice_output(id, stream, &src, n, staging, &mut frame)
-            }
-            _ => shared.outbox.send_output(id, stream, &src, n, &mut frame).map(|()| n),
+        let splice = piped && n >= SPLICE_MIN_BYTES && shared.outbox.splices();
+        if splice && staging.is_none() {
+            staging = Staging::new().ok();
+        }
+        let sent = match staging.as_ref().filter(|_| splice) {
+            Some(staging) => shared.outbox.splice_output(id, stream, &src, n, staging, &mut frame),
+            None => shared.outbox.send_output(id, stream, &src, n, &mut frame).map(|()| n),
         };
         match sent {
             // What did not fit in the staging pipe stays in the process's pipe, and its credit with us.
