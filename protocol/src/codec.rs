@@ -6,10 +6,10 @@ use std::marker::PhantomData;
 use bytes::{Buf, BufMut, BytesMut};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio_util::codec::{Decoder, Encoder};
 
-use crate::frame::{self, FrameError, HEADER_BYTES};
+use crate::frame::{self, FrameError, HEADER_BYTES, OUTPUT_ENVELOPE_BYTES};
 use crate::handshake::{self, FirstFrameError};
 use crate::{Capabilities, Hello, ToGuest, ToHost};
 
@@ -135,6 +135,73 @@ impl<In, Out: Serialize> Encoder<Out> for FrameCodec<In, Out> {
         let len = frame::body_size(&item)?;
         dst.reserve(HEADER_BYTES + len as usize);
         frame::encode_to(&item, dst.writer())
+    }
+}
+
+/// Bytes a [`HostFrameReader`] buffers for small frames and prefixes.
+const READ_BUFFER_BYTES: usize = 64 * 1024;
+
+/// A body buffer larger than this is dropped after its frame, so one large control frame is not kept.
+const KEPT_SCRATCH_BYTES: usize = 64 * 1024;
+
+/// Reads the guest's frames from a stream: the messages and errors [`FrameCodec`] would give over
+/// `FramedRead`, without its growing read buffer. An `Output` frame's data is read straight into the buffer
+/// the message keeps (one allocation of exactly its size, no copy); other bodies go through a small scratch
+/// buffer and the decoder. Memory: the read buffer, the scratch, and the message being read, whose size the
+/// header bounds by [`frame::MAX_FRAME_BYTES`] before anything is allocated.
+///
+/// Not cancel-safe: a frame read half way is lost if `next` is dropped.
+#[derive(Debug)]
+pub struct HostFrameReader<R> {
+    reader: BufReader<R>,
+    scratch: Vec<u8>,
+}
+
+impl<R: AsyncRead + Unpin> HostFrameReader<R> {
+    /// A reader of `reader`'s frames.
+    pub fn new(reader: R) -> Self {
+        Self { reader: BufReader::with_capacity(READ_BUFFER_BYTES, reader), scratch: Vec::new() }
+    }
+
+    /// The next message; `None` at a clean end of stream (on a frame boundary).
+    ///
+    /// # Errors
+    /// As [`FrameCodec`]: [`FrameError::Truncated`] for an end inside a frame, a header or body error, or
+    /// an I/O error. The stream is unusable after one.
+    pub async fn next(&mut self) -> Option<Result<ToHost, FrameError>> {
+        self.read_frame().await.transpose()
+    }
+
+    async fn read_frame(&mut self) -> Result<Option<ToHost>, FrameError> {
+        let mut header = [0u8; HEADER_BYTES];
+        let mut filled = 0;
+        while filled < HEADER_BYTES {
+            match self.reader.read(&mut header[filled..]).await? {
+                0 if filled == 0 => return Ok(None),
+                0 => return Err(FrameError::Truncated),
+                n => filled += n,
+            }
+        }
+        let len = frame::body_len(header)?;
+        self.scratch.clear();
+        if len >= OUTPUT_ENVELOPE_BYTES {
+            let mut envelope = [0u8; OUTPUT_ENVELOPE_BYTES];
+            self.reader.read_exact(&mut envelope).await.map_err(eof_is_truncation)?;
+            if let Some((id, stream, data_len)) = frame::output_envelope(&envelope, len) {
+                let mut data = vec![0u8; data_len];
+                self.reader.read_exact(&mut data).await.map_err(eof_is_truncation)?;
+                return Ok(Some(ToHost::Output { id, stream, data: data.into() }));
+            }
+            self.scratch.extend_from_slice(&envelope);
+        }
+        let start = self.scratch.len();
+        self.scratch.resize(len, 0);
+        self.reader.read_exact(&mut self.scratch[start..]).await.map_err(eof_is_truncation)?;
+        let msg = frame::decode_body(&self.scratch);
+        if self.scratch.capacity() > KEPT_SCRATCH_BYTES {
+            self.scratch = Vec::new();
+        }
+        msg.map(Some)
     }
 }
 

@@ -36,11 +36,13 @@ pub const MAX_DATA_BYTES: usize = 1024 * 1024;
 /// stream tag (4), data length (8).
 pub const OUTPUT_PREFIX_BYTES: usize = 24;
 
+/// The message tag of `ToHost::Output`.
+const OUTPUT_TAG: u32 = 3;
+
 /// The first [`OUTPUT_PREFIX_BYTES`] of the frame `ToHost::Output { id, stream, data }` for `data_len`
 /// bytes of data, so a sender can move the data itself without copying it through the encoder (the
 /// guest agent splices pipe pages straight into the channel). `frame::tests` holds it to the encoder.
 pub fn output_prefix(id: ProcId, stream: Stream, data_len: usize) -> [u8; OUTPUT_PREFIX_BYTES] {
-    const OUTPUT_TAG: u32 = 3;
     let body_len = OUTPUT_PREFIX_BYTES - HEADER_BYTES + data_len;
     let mut prefix = [0u8; OUTPUT_PREFIX_BYTES];
     prefix[0..4].copy_from_slice(&u32::try_from(body_len).unwrap_or(u32::MAX).to_le_bytes());
@@ -53,6 +55,31 @@ pub fn output_prefix(id: ProcId, stream: Stream, data_len: usize) -> [u8; OUTPUT
     prefix[12..16].copy_from_slice(&stream_tag.to_le_bytes());
     prefix[16..24].copy_from_slice(&(data_len as u64).to_le_bytes());
     prefix
+}
+
+/// The part of [`OUTPUT_PREFIX_BYTES`] after the length: message tag, process id, stream tag, data length.
+pub const OUTPUT_ENVELOPE_BYTES: usize = OUTPUT_PREFIX_BYTES - HEADER_BYTES;
+
+/// Reads the first [`OUTPUT_ENVELOPE_BYTES`] of a frame body of `body_len` bytes as the envelope of an
+/// `Output` message: its process, stream and data length. `Some` only where the body can be nothing but
+/// that message, with exactly the rest of the body as its data, so a reader can put the data straight into
+/// the message's own buffer; for anything else (another message, a bad stream tag, a data length that
+/// disagrees with the body) it is `None`, and the whole body goes through [`decode_body`], which decides.
+/// `frame::tests` holds it to the decoder.
+pub fn output_envelope(envelope: &[u8; OUTPUT_ENVELOPE_BYTES], body_len: usize) -> Option<(ProcId, Stream, usize)> {
+    let word = |at: usize| u32::from_le_bytes([envelope[at], envelope[at + 1], envelope[at + 2], envelope[at + 3]]);
+    if word(0) != OUTPUT_TAG {
+        return None;
+    }
+    let stream = match word(8) {
+        0 => Stream::Stdout,
+        1 => Stream::Stderr,
+        _ => return None,
+    };
+    let mut len = [0u8; 8];
+    len.copy_from_slice(&envelope[12..20]);
+    let data_len = usize::try_from(u64::from_le_bytes(len)).ok()?;
+    (body_len.checked_sub(OUTPUT_ENVELOPE_BYTES) == Some(data_len)).then_some((ProcId(word(4)), stream, data_len))
 }
 
 /// Why a frame could not be read, decoded or encoded.
@@ -253,6 +280,38 @@ mod tests {
             let mut manual = output_prefix(ProcId(0x0102_0304), stream, len).to_vec();
             manual.extend_from_slice(&data);
             assert_eq!(manual, wire);
+        }
+    }
+
+    #[test]
+    fn output_envelope_agrees_with_the_decoder() {
+        let body = |prefix: [u8; OUTPUT_PREFIX_BYTES], data_len: usize| {
+            let mut body = prefix[HEADER_BYTES..].to_vec();
+            body.resize(OUTPUT_ENVELOPE_BYTES + data_len, 0x5A);
+            body
+        };
+        let envelope =
+            |body: &[u8]| -> [u8; OUTPUT_ENVELOPE_BYTES] { body[..OUTPUT_ENVELOPE_BYTES].try_into().unwrap() };
+        for (stream, len) in [(Stream::Stdout, 0), (Stream::Stderr, 7), (Stream::Stdout, MAX_DATA_BYTES)] {
+            let b = body(output_prefix(ProcId(9), stream, len), len);
+            assert_eq!(output_envelope(&envelope(&b), b.len()), Some((ProcId(9), stream, len)));
+            let Ok(ToHost::Output { id, stream: s, data }) = decode_body::<ToHost>(&b) else { panic!("not output") };
+            assert_eq!((id, s, data.len()), (ProcId(9), stream, len));
+        }
+        // A data length that disagrees with the body, a bad stream tag, another message: left to the decoder,
+        // which refuses the first two.
+        let mut b = body(output_prefix(ProcId(1), Stream::Stdout, 5), 4);
+        assert_eq!(output_envelope(&envelope(&b), b.len()), None);
+        assert!(decode_body::<ToHost>(&b).is_err());
+        b = body(output_prefix(ProcId(1), Stream::Stdout, 4), 4);
+        b[8] = 2;
+        assert_eq!(output_envelope(&envelope(&b), b.len()), None);
+        assert!(decode_body::<ToHost>(&b).is_err());
+        let mut wire = Vec::new();
+        encode(&ToHost::Pong { nonce: 1 << 40 }, &mut wire).unwrap();
+        if wire.len() >= OUTPUT_PREFIX_BYTES {
+            let b = &wire[HEADER_BYTES..];
+            assert_eq!(output_envelope(&envelope(b), b.len()), None);
         }
     }
 

@@ -10,7 +10,7 @@ use std::cell::Cell;
 use bytes::BytesMut;
 use proptest::prelude::*;
 use tokio_util::codec::Decoder;
-use vm_protocol::codec::FrameCodec;
+use vm_protocol::codec::{FrameCodec, HostFrameReader};
 use vm_protocol::frame::{self, FrameError, HEADER_BYTES, MAX_FRAME_BYTES};
 use vm_protocol::{arbitrary, ToGuest, ToHost};
 
@@ -70,6 +70,46 @@ fn decode_everything(bytes: &[u8]) {
     let mut buf = BytesMut::from(bytes);
     while let Ok(Some(_)) = codec.decode(&mut buf) {}
     let _ = codec.decode_eof(&mut buf);
+}
+
+/// How a stream of `ToHost` frames read: the messages, then a clean end (`None`) or the error's violation
+/// (`Some(None)` for a truncation or I/O error).
+type Reading = (Vec<ToHost>, Option<Option<frame::FrameViolation>>);
+
+fn read_with_codec(bytes: &[u8]) -> Reading {
+    let mut codec = FrameCodec::<ToHost, ToGuest>::new();
+    let mut buf = BytesMut::from(bytes);
+    let mut msgs = Vec::new();
+    loop {
+        match codec.decode(&mut buf) {
+            Ok(Some(m)) => msgs.push(m),
+            Ok(None) => break,
+            Err(e) => return (msgs, Some(e.violation())),
+        }
+    }
+    match codec.decode_eof(&mut buf) {
+        Ok(Some(m)) => {
+            msgs.push(m);
+            (msgs, None)
+        }
+        Ok(None) => (msgs, None),
+        Err(e) => (msgs, Some(e.violation())),
+    }
+}
+
+fn read_with_host_reader(bytes: &[u8]) -> Reading {
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    runtime.block_on(async {
+        let mut reader = HostFrameReader::new(bytes);
+        let mut msgs = Vec::new();
+        loop {
+            match reader.next().await {
+                Some(Ok(m)) => msgs.push(m),
+                Some(Err(e)) => return (msgs, Some(e.violation())),
+                None => return (msgs, None),
+            }
+        }
+    })
 }
 
 fn encoded(msg: &impl serde::Serialize) -> Vec<u8> {
@@ -191,6 +231,38 @@ proptest! {
             let largest = largest_allocation(|| decode_everything(&wire));
             prop_assert!(largest <= MAX_FRAME_BYTES, "largest allocation {largest}");
         }
+    }
+
+    #[test]
+    fn the_host_reader_reads_what_the_codec_reads(
+        msgs in prop::collection::vec(to_host(), 1..4),
+        mutations in prop::collection::vec(mutation(), 0..3),
+        cut in any::<prop::sample::Index>(),
+        whole in any::<bool>(),
+    ) {
+        let mut wire = Vec::new();
+        for (i, msg) in msgs.iter().enumerate() {
+            let mut one = encoded(msg);
+            if i == msgs.len() - 1 {
+                for m in &mutations {
+                    mutate(&mut one, m);
+                }
+            }
+            wire.extend_from_slice(&one);
+        }
+        if !whole {
+            wire.truncate(cut.index(wire.len() + 1));
+        }
+        let largest = largest_allocation(|| {
+            let _ = read_with_host_reader(&wire);
+        });
+        prop_assert!(largest <= MAX_FRAME_BYTES + 64 * 1024, "largest allocation {largest}");
+        prop_assert_eq!(read_with_host_reader(&wire), read_with_codec(&wire));
+    }
+
+    #[test]
+    fn the_host_reader_reads_random_bytes_as_the_codec_does(bytes in prop::collection::vec(any::<u8>(), 0..4096)) {
+        prop_assert_eq!(read_with_host_reader(&bytes), read_with_codec(&bytes));
     }
 
     #[test]

@@ -3,13 +3,11 @@
 
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
-use tokio_util::codec::FramedRead;
-use vm_protocol::codec::{self, FrameCodec};
+use vm_protocol::codec::{self, HostFrameReader};
 use vm_protocol::handshake::FirstFrameError;
-use vm_protocol::{Capabilities, Hello, ToGuest, ToHost};
+use vm_protocol::{Capabilities, Hello, ToGuest};
 
 use crate::inbox::Senders;
 
@@ -64,7 +62,8 @@ fn pump(stream: UnixStream, senders: Senders) -> mpsc::Sender<ToGuest> {
     let (tx, rx) = mpsc::channel::<ToGuest>(TO_GUEST_ITEMS);
     tokio::spawn(crate::framed::drain_into(write, rx));
     tokio::spawn(async move {
-        let mut frames = FramedRead::new(read, FrameCodec::<ToHost, ToGuest>::new());
+        // Output data goes from the socket straight into the message's buffer; nothing else is copied.
+        let mut frames = HostFrameReader::new(read);
         let end = loop {
             match frames.next().await {
                 Some(Ok(msg)) => {

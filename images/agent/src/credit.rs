@@ -48,6 +48,14 @@ impl Credit {
         Ok(())
     }
 
+    /// Returns credit reserved and not used.
+    pub(crate) fn give_back(&self, bytes: usize) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        // Within what was reserved by construction, so within the capacity.
+        let _ = state.window.grant(u32::try_from(bytes).unwrap_or(u32::MAX));
+        self.changed.notify_all();
+    }
+
     /// Wakes every blocked pump and makes it stop: used when the VM is going down.
     pub(crate) fn close(&self) {
         self.state.lock().unwrap_or_else(PoisonError::into_inner).closed = true;

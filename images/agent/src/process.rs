@@ -28,7 +28,7 @@ use vm_protocol::{ExitStatus, ProcId, Spawn, Stream, ToHost, Window};
 
 use crate::credit::Credit;
 use crate::link::{Config, Shared};
-use crate::outbox::OutputFrame;
+use crate::outbox::{OutputFrame, Staging};
 
 /// Exit code for a command that was not found, as shells report it.
 pub(crate) const EXIT_NOT_FOUND: i32 = 127;
@@ -38,6 +38,10 @@ pub(crate) const EXIT_CANNOT_RUN: i32 = 126;
 /// Capacity asked for each output pipe. A writer that can run ahead by a megabyte trades the CPU with the
 /// pump far less often, which under emulation costs more than the copies.
 const PIPE_BYTES: usize = 1024 * 1024;
+
+/// Smallest chunk a pipe's pump splices; a smaller one is copied, which costs no more than the splices
+/// and the prefix write would (one write into the port takes up to 32 KiB).
+const SPLICE_MIN_BYTES: usize = 32 * 1024;
 
 pub(crate) enum StdinCmd {
     Data(Vec<u8>),
@@ -205,8 +209,8 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
         output_window: req.output_window,
     });
     // One thread drains every output stream of the process.
-    let outputs = io.outputs;
-    start_thread(shared, "output", move |s| pump(&s, id, outputs, &output));
+    let (outputs, piped) = (io.outputs, req.pty.is_none());
+    start_thread(shared, "output", move |s| pump(&s, id, outputs, piped, &output));
 }
 
 impl Proc {
@@ -313,23 +317,33 @@ fn start_thread(shared: &Arc<Shared>, role: &str, body: impl FnOnce(Arc<Shared>)
     }
 }
 
+/// One output stream as its pump holds it.
+struct Output {
+    stream: Stream,
+    src: File,
+    /// Made for the first chunk worth splicing, so a quiet stream costs no descriptors; without one (out of
+    /// descriptors) the chunk is copied.
+    staging: Option<Staging>,
+}
+
 /// Moves a process's output streams to the host, on one thread (a thread per stream cost a thread start
 /// per exec, and a wakeup per stream at the exit). It waits for data first and for credit second, so a
 /// quiet stream never holds credit a busy one needs, and it takes only as many bytes as are waiting: the
-/// data stays in the pipe (bounded by the kernel) until it can be sent.
-fn pump(shared: &Shared, id: ProcId, outputs: Vec<(Stream, OwnedFd)>, credit: &Credit) {
-    let mut open: Vec<(Stream, File)> = outputs
+/// data stays in the pipe (bounded by the kernel) until it can be sent. A pipe's bytes are spliced through
+/// a staging pipe (see [`crate::outbox`]); a PTY's (`piped` false) are copied.
+fn pump(shared: &Shared, id: ProcId, outputs: Vec<(Stream, OwnedFd)>, piped: bool, credit: &Credit) {
+    let mut open: Vec<Output> = outputs
         .into_iter()
         .map(|(stream, src)| {
             // Best effort: the default size still works, only slower.
             let _ = rustix::pipe::fcntl_setpipe_size(&src, PIPE_BYTES);
-            (stream, File::from(src))
+            Output { stream, src: File::from(src), staging: None }
         })
         .collect();
     let mut frame = OutputFrame::default();
     while !open.is_empty() {
         let ready: Vec<bool> = {
-            let mut fds: Vec<PollFd<'_>> = open.iter().map(|(_, f)| PollFd::new(f, PollFlags::IN)).collect();
+            let mut fds: Vec<PollFd<'_>> = open.iter().map(|o| PollFd::new(&o.src, PollFlags::IN)).collect();
             match poll(&mut fds, None) {
                 Ok(_) => {}
                 Err(Errno::INTR) => continue,
@@ -339,8 +353,7 @@ fn pump(shared: &Shared, id: ProcId, outputs: Vec<(Stream, OwnedFd)>, credit: &C
         };
         let mut at = 0;
         for ready in ready {
-            let (stream, src) = &open[at];
-            if ready && !pump_once(shared, id, *stream, src, credit, &mut frame) {
+            if ready && !pump_once(shared, id, &mut open[at], piped, credit, &mut frame) {
                 open.remove(at);
                 // Everything this stream will ever send is on the wire; only now may `Exited` follow.
                 let exited = shared.table().stream_closed(id);
@@ -357,24 +370,38 @@ fn pump(shared: &Shared, id: ProcId, outputs: Vec<(Stream, OwnedFd)>, credit: &C
     }
 }
 
-/// Sends what waits in `src`, within credit; `false` at EOF (or when it cannot go on).
+/// Sends what waits in the stream, within credit; `false` at EOF (or when it cannot go on).
 fn pump_once(
     shared: &Shared,
     id: ProcId,
-    stream: Stream,
-    src: &File,
+    out: &mut Output,
+    piped: bool,
     credit: &Credit,
     frame: &mut OutputFrame,
 ) -> bool {
     // With the write end closed and nothing left, the pipe reports 0 bytes: EOF.
-    let waiting = match ioctl_fionread(src) {
+    let waiting = match ioctl_fionread(&out.src) {
         Ok(0) | Err(_) => return false,
         Ok(n) => usize::try_from(n).unwrap_or(MAX_DATA_BYTES).min(MAX_DATA_BYTES),
     };
     let Some(n) = credit.reserve(waiting) else { return false };
-    if let Err(e) = shared.outbox.send_output(id, stream, src, n, frame) {
-        shared.log(&format!("process {id}: {stream:?} not delivered: {e}"));
-        return false;
+    let splice = piped && n >= SPLICE_MIN_BYTES && shared.outbox.splices();
+    if splice && out.staging.is_none() {
+        out.staging = Staging::new().ok();
+    }
+    let (stream, src) = (out.stream, &out.src);
+    let sent = match out.staging.as_ref().filter(|_| splice) {
+        Some(staging) => shared.outbox.splice_output(id, stream, src, n, staging, frame),
+        None => shared.outbox.send_output(id, stream, src, n, frame).map(|()| n),
+    };
+    match sent {
+        // What did not fit in the staging pipe stays in the process's pipe, and its credit with us.
+        Ok(sent) if sent < n => credit.give_back(n - sent),
+        Ok(_) => {}
+        Err(e) => {
+            shared.log(&format!("process {id}: {stream:?} not delivered: {e}"));
+            return false;
+        }
     }
     true
 }

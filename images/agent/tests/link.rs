@@ -280,6 +280,22 @@ fn every_output_byte_arrives_before_exited() {
     assert_eq!(run.status, Some(ExitStatus::Code(3)));
 }
 
+#[test]
+fn spliced_output_keeps_every_byte_in_order_at_odd_windows() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // A window that is no multiple of a page cuts frames inside pipe pages, so the staging pipe gets parts
+    // of pages the process's pipe still holds the rest of; `cat` writes large chunks, which are spliced.
+    let file = std::env::temp_dir().join(format!("agent-seq-{}", std::process::id()));
+    let script = format!("seq 1 400000 > {0}; cat {0}; rm {0}", file.display());
+    let mut host = Host::start();
+    host.spawn(1, &["sh", "-c", &script], 100_003);
+    let run = host.collect(1);
+    let expected: String = (1..=400_000).map(|i| format!("{i}\n")).collect();
+    assert!(run.stdout == expected.as_bytes(), "output differs from `seq` ({} bytes)", run.stdout.len());
+    assert_eq!(run.status, Some(ExitStatus::Code(0)));
+    host.finish().unwrap();
+}
+
 /// Waits until a process named `comm` runs in process group `pgid`.
 fn wait_for_group_member(pgid: u32, comm: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
