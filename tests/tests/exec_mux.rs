@@ -88,9 +88,11 @@ fn concurrent_exec_streams_share_one_attach_connection() {
 /// Runs `vm-driver exec` into `id` with its stdout never read: a client that stops reading once its
 /// buffers (the pipe, the HTTP/2 window of 2 MiB) are full. It writes 1.5 MB at once, then 1 KB pieces
 /// forever, one process each: small frames, so that its output window (256 KiB) holds many more of them
-/// than the stream's response queue (16) and, under the control, its one-frame queue.
+/// than the stream's response queue (16) and, under the control, its one-frame queue. It counts its pieces
+/// in `/tmp/pieces`, so a test can see when it is held back.
 fn unread_exec(serve: &Serve, id: &str) -> Child {
-    let script = "head -c 1500000 /dev/zero; while :; do head -c 1000 /dev/zero; done";
+    let script =
+        "head -c 1500000 /dev/zero; i=0; while :; do head -c 1000 /dev/zero; i=$((i+1)); echo $i > /tmp/pieces; done";
     serve.cli_command("exec", &[id, "--", "sh", "-c", script]).stdout(Stdio::piped()).spawn().unwrap()
 }
 
@@ -110,19 +112,29 @@ fn quick_exec_within(serve: &Serve, id: &str, limit: Duration) -> bool {
     done
 }
 
-/// A sandbox with one exec whose client does not read, given time to fill every buffer on its way.
+/// A sandbox with one exec whose client does not read.
 fn stalled(controls: &[TestControl], name: &str) -> (Scratch, Serve, Child) {
     let s = Scratch::new(name);
     let serve = Serve::with_controls(&s, controls);
     ok(serve.cli("create", &["stall"]));
     let slow = unread_exec(&serve, "stall");
-    std::thread::sleep(Duration::from_secs(15));
     (s, serve, slow)
 }
 
 #[test]
 fn a_stream_whose_client_does_not_read_stalls_only_its_own_process() {
     let (_s, serve, mut slow) = stalled(&[], "mux-stall");
+    // Held back: its piece count stops moving once every buffer on its way is full (however slow the host).
+    let pieces = || ok(serve.cli("exec", &["stall", "--", "sh", "-c", "cat /tmp/pieces 2>/dev/null || echo 0"]));
+    let mut last = String::new();
+    let held = wait_until(Duration::from_secs(120), || {
+        std::thread::sleep(Duration::from_secs(3));
+        let now = pieces();
+        let unchanged = now == last && now.trim() != "0";
+        last = now;
+        unchanged
+    });
+    assert!(held, "the unread stream was never held back (pieces: {last})");
     assert!(quick_exec_within(&serve, "stall", Duration::from_secs(20)), "the unread stream stalled another");
     assert!(slow.try_wait().unwrap().is_none(), "the unread stream is still open, its process held back");
     let _ = slow.kill();
@@ -131,7 +143,10 @@ fn a_stream_whose_client_does_not_read_stalls_only_its_own_process() {
 #[test]
 fn control_without_per_process_queues_one_unread_stream_stalls_the_sandbox() {
     let (_s, serve, mut slow) = stalled(&[TestControl::ExecMuxHeadOfLine], "mux-stall-ctl");
-    assert!(!quick_exec_within(&serve, "stall", Duration::from_secs(20)), "the control should stall the quick exec");
+    // Once the unread stream's buffers are full, a quick exec beside it stalls; on a slow host that takes
+    // longer, so it is tried until it stalls.
+    let stalls = wait_until(Duration::from_secs(120), || !quick_exec_within(&serve, "stall", Duration::from_secs(15)));
+    assert!(stalls, "the control should stall the quick exec");
     let _ = slow.kill();
     eprintln!("e2e: control: with the reader waiting on one process's queue, a quick exec beside it stalls");
 }
