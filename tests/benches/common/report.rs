@@ -65,8 +65,10 @@ impl Report {
     /// A row comparing `ours` against `baseline`, both measures of this report.
     pub fn compare(&mut self, label: &str, ours: &str, baseline: &str, digits: usize, goal: &str) {
         let ratio = self.median(ours) / self.median(baseline);
+        // A small ratio keeps its first significant digit.
+        let ratio = if ratio < 0.1 { format!("{ratio:.3}") } else { format!("{ratio:.2}") };
         let row = format!(
-            "| {label} | {} | {} | {ratio:.2} | {goal} |",
+            "| {label} | {} | {} | {ratio} | {goal} |",
             cell(self.samples_of(ours), digits),
             cell(self.samples_of(baseline), digits)
         );
