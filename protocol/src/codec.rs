@@ -146,8 +146,8 @@ const KEPT_SCRATCH_BYTES: usize = 64 * 1024;
 
 /// Reads the guest's frames from a stream: the messages and errors [`FrameCodec`] would give over
 /// `FramedRead`, without its growing read buffer. An `Output` frame's data is read straight into the buffer
-/// the message keeps (one allocation of exactly its size, no copy); other bodies go through a small scratch
-/// buffer and the decoder. Memory: the read buffer, the scratch, and the message being read, whose size the
+/// the message keeps (one allocation of exactly its size; only what the read buffer already held is
+/// copied); other bodies go through a small scratch buffer and the decoder. Memory: the read buffer, the scratch, and the message being read, whose size the
 /// header bounds by [`frame::MAX_FRAME_BYTES`] before anything is allocated.
 ///
 /// Not cancel-safe: a frame read half way is lost if `next` is dropped.

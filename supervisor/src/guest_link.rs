@@ -62,7 +62,8 @@ fn pump(stream: UnixStream, senders: Senders) -> mpsc::Sender<ToGuest> {
     let (tx, rx) = mpsc::channel::<ToGuest>(TO_GUEST_ITEMS);
     tokio::spawn(crate::framed::drain_into(write, rx));
     tokio::spawn(async move {
-        // Output data goes from the socket straight into the message's buffer; nothing else is copied.
+        // Output data goes into the message's own buffer, mostly straight from the socket (at most one read
+        // buffer's worth is copied).
         let mut frames = HostFrameReader::new(read);
         let end = loop {
             match frames.next().await {

@@ -319,13 +319,12 @@ fn write_policy(layout: &SandboxLayout, policy: Option<&SandboxPolicy>) -> std::
 
 impl Running {
     /// Hands this pooled VM (ready as pooled) to the sandbox `spec` describes, whose directory the pool slot's
-    /// has become: writes its start files, then the claim line. [`Self::ready`] then waits for the claimed
+    /// has become ([`Self::moved_to`] first): writes its start files, then the claim line. [`Self::ready`] then waits for the claimed
     /// sandbox's verdict. On error the caller stops this generation, which takes the files back.
     ///
     /// # Errors
     /// [`StartError`].
     pub fn claim(&mut self, spec: &StartSpec) -> Result<(), StartError> {
-        self.layout = spec.layout.clone();
         let session = spec.session.as_ref().ok_or(StartError::ClaimWithoutSession)?;
         write_start_files(spec)?;
         let telemetry = spec

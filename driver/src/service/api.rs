@@ -10,6 +10,7 @@ use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 use vm_contract::ids::SandboxId;
+use vm_contract::layout::SandboxFile;
 use vm_contract::shape::{SandboxShape, MAX_CPUS, MAX_MEMORY_MIB};
 use vm_protocol::driver_api::driver_server::Driver;
 use vm_protocol::driver_api::{
@@ -68,6 +69,8 @@ impl Api {
         match actor::spawn(&self.reg, id.clone(), layout.clone(), spec, initial, true) {
             Ok(()) => Ok(()),
             Err((e, initial)) => {
+                // Before the answer: a driver going down must not restore a sandbox it refused.
+                let _ = std::fs::remove_file(layout.path(SandboxFile::Spec));
                 if let Initial::Claimed(claimed) = initial {
                     self.discard(*claimed);
                 }
@@ -191,11 +194,23 @@ impl Driver for Api {
         let spec =
             StoredSpec::from_api(&req.spec.unwrap_or_default()).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let image = self.reg.ctx.images.resolve(&spec.image).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        if let Some(claimed) = self.pool.claim(spec.shape, &image).await {
-            self.create_claimed(id.clone(), spec, claimed).await?;
-            self.reg.platform(&id, "provisioning", "accepted; claimed a pooled VM");
-            return self.reg.get(&id).map(Response::new).ok_or_else(|| Status::internal("the sandbox vanished"));
-        }
+        // In a task of its own: a client that goes away mid-claim must not drop a VM in hand.
+        let api = self.clone();
+        let claim_id = id.clone();
+        let attempt = tokio::spawn(async move {
+            match api.pool.claim(spec.shape, &image).await {
+                Some(claimed) => Ok(api.create_claimed(claim_id, spec, claimed).await),
+                None => Err(spec),
+            }
+        });
+        let spec = match attempt.await.map_err(|_| Status::internal("the claim failed"))? {
+            Ok(created) => {
+                created?;
+                self.reg.platform(&id, "provisioning", "accepted; claimed a pooled VM");
+                return self.reg.get(&id).map(Response::new).ok_or_else(|| Status::internal("the sandbox vanished"));
+            }
+            Err(spec) => spec,
+        };
         let layout = self.reg.ctx.state.create_sandbox(&id).map_err(|e| match e {
             StateError::Exists(_) => exists(),
             _ => Status::internal("cannot create the sandbox directory"),

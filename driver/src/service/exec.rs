@@ -151,7 +151,8 @@ impl Opened {
             Self::Spawn(spawn) => {
                 conn.open(spawn.output_window, |id| ToGuest::Spawn(Spawn { id, ..spawn.clone() })).await
             }
-            // A re-attached process keeps the window it was started with.
+            // A re-attached process keeps the window it was started with, which the supervisor enforces; the
+            // driver's queue for it is bounded by the largest window any process may have.
             Self::Reattach(pid) => conn.open(MAX_WINDOW_BYTES, |id| ToGuest::Reattach { id, pid: *pid }).await,
         }
     }

@@ -258,9 +258,7 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
             let mut table = shared.table();
             if let Lookup::Live(p) = known(&mut table, id)? {
                 p.stdin_window.consume(data.len()).map_err(|e| violation(id, &e.to_string()))?;
-                if p.stdin.is_none() {
-                    return Err(violation(id, "stdin after EOF"));
-                }
+                // After EOF there is no idle stdin left to start a writer for; the next line refuses it.
                 p.stdin_writer(shared, id);
                 let tx = p.stdin.as_ref().ok_or_else(|| violation(id, "stdin after EOF"))?;
                 // A closed receiver means the process is finishing; its stdin no longer matters.

@@ -137,17 +137,41 @@ impl Outbox {
         writer.write_all(&frame::output_prefix(id, stream, staged))?;
         // Every splice asks for everything staged (see the module's note on `virtio_console`).
         let mut left = staged;
-        while left > 0 {
-            match splice(&staging.read, None, &*writer, None, left, SpliceFlags::empty()) {
+        let sent = self.splice_staged(&mut writer, staging, staged, &mut left, frame);
+        if sent.is_err() && left > 0 {
+            // The prefix announced `staged` bytes: zeros stand in for the ones that did not go, so the frames
+            // after this one stay in step. The stream ends on the error and the guest log says why.
+            if frame.0.len() < left {
+                frame.0.resize(left, 0);
+            }
+            frame.0[..left].fill(0);
+            writer.write_all(&frame.0[..left])?;
+        }
+        sent?;
+        Ok(staged)
+    }
+
+    /// Splices the staging pipe's `staged` bytes into the channel, counting down `left`.
+    fn splice_staged(
+        &self,
+        writer: &mut File,
+        staging: &Staging,
+        staged: usize,
+        left: &mut usize,
+        frame: &mut OutputFrame,
+    ) -> io::Result<()> {
+        while *left > 0 {
+            match splice(&staging.read, None, &*writer, None, *left, SpliceFlags::empty()) {
                 Ok(0) => {
                     let kept = ioctl_fionread(&staging.read).unwrap_or(0);
                     return Err(io::Error::other(format!(
-                        "the channel took {left} spliced bytes and sent none ({kept} still staged)"
+                        "the channel took {} spliced bytes and sent none ({kept} still staged)",
+                        *left
                     )));
                 }
-                Ok(n) => left -= n,
+                Ok(n) => *left -= n,
                 Err(Errno::INTR) => {}
-                Err(Errno::INVAL) if left == staged => {
+                Err(Errno::INVAL) if *left == staged => {
                     // This channel cannot splice: copy this frame's data out of the staging pipe, and copy
                     // from now on.
                     self.splices.store(false, Ordering::Relaxed);
@@ -156,11 +180,11 @@ impl Outbox {
                     }
                     (&File::from(staging.read.try_clone()?)).read_exact(&mut frame.0[..staged])?;
                     writer.write_all(&frame.0[..staged])?;
-                    left = 0;
+                    *left = 0;
                 }
                 Err(e) => return Err(e.into()),
             }
         }
-        Ok(staged)
+        Ok(())
     }
 }

@@ -117,10 +117,7 @@ impl Pool {
             wake: Notify::new(),
             closing: watch::channel(false).0,
         });
-        pool.sweep_strays();
-        if active {
-            tokio::spawn(Arc::clone(&pool).refill());
-        }
+        tokio::spawn(Arc::clone(&pool).refill(active));
         Ok(pool)
     }
 
@@ -128,12 +125,8 @@ impl Pool {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether any target is configured.
-    pub fn is_configured(&self) -> bool {
-        !self.lock().targets.is_empty()
-    }
-
-    /// Claims a ready pooled VM of `shape` and `image`, if one is free.
+    /// Claims a ready pooled VM of `shape` and `image`, if one is free. Not cancel-safe (a VM handed over
+    /// to a dropped claim would be lost with its slot): run it to the end, in a task of its own.
     pub async fn claim(&self, shape: vm_contract::shape::SandboxShape, image: &Image) -> Option<ClaimedVm> {
         loop {
             let (id, claims) = {
@@ -152,10 +145,10 @@ impl Pool {
                 Ok(()) => rx.await.ok(),
                 Err(_) => None,
             };
-            self.lock().slots.retain(|s| s.id != id);
-            self.wake.notify_one();
-            // `None`: the slot's VM ended in that instant (its task cleans up); try another.
+            // `None`: the slot's VM ended in that instant; its task cleans up and removes it. Try another.
             if let Some(running) = handed {
+                self.lock().slots.retain(|s| s.id != id);
+                self.wake.notify_one();
                 return Some(ClaimedVm { slot: id, running });
             }
         }
@@ -209,18 +202,27 @@ impl Pool {
     /// Stops every pooled VM (in order, in parallel) and the refill.
     pub async fn close(&self) {
         self.closing.send_replace(true);
-        let tasks = std::mem::take(&mut self.lock().tasks);
-        futures_util::future::join_all(tasks).await;
+        // Until none is left: a slot started in the same instant pushes its task after the first take.
+        loop {
+            let tasks = std::mem::take(&mut self.lock().tasks);
+            if tasks.is_empty() {
+                return;
+            }
+            futures_util::future::join_all(tasks).await;
+        }
     }
 
-    /// Keeps each target's count booted, one boot at a time, within capacity.
-    async fn refill(self: Arc<Self>) {
+    /// Keeps each target's count booted, one boot at a time, within capacity, and sweeps an earlier
+    /// `serve`'s slots; without targets (`active` false) it ends once none is left.
+    async fn refill(self: Arc<Self>, active: bool) {
         let mut closing = self.closing.subscribe();
         loop {
             if *closing.borrow() {
                 return;
             }
-            self.sweep_strays();
+            if !self.sweep_strays() && !active {
+                return;
+            }
             if let Some(target) = self.next_target() {
                 self.start_slot(target);
             }
@@ -234,8 +236,10 @@ impl Pool {
 
     /// Removes slot directories that are no slot of this pool (an earlier `serve`'s, whose VMs died with its
     /// liveness pipes) once their supervisor is gone: reaped, swept, removed.
-    fn sweep_strays(&self) {
-        let Ok(entries) = std::fs::read_dir(self.reg.ctx.state.pool_dir()) else { return };
+    /// Whether any is left (its supervisor still exiting).
+    fn sweep_strays(&self) -> bool {
+        let mut left = false;
+        let Ok(entries) = std::fs::read_dir(self.reg.ctx.state.pool_dir()) else { return false };
         for entry in entries.flatten() {
             let ours = self.lock().slots.iter().any(|s| entry.file_name().to_str() == Some(s.id.as_str()));
             let layout = SandboxLayout::new(entry.path());
@@ -244,7 +248,9 @@ impl Pool {
                 crate::reap::reap_one(&layout);
                 let _ = std::fs::remove_dir_all(layout.dir());
             }
+            left |= !ours && running;
         }
+        left
     }
 
     /// The first target short of its count, when no slot is booting and its back-off is over.
@@ -274,7 +280,8 @@ impl Pool {
             return;
         }
         let layout = SandboxLayout::new(self.reg.ctx.state.pool_dir().join(id.as_str()));
-        let started = slot::boot(&self.reg.ctx, &id, &layout, &self.lock().targets[target].key);
+        let key = self.lock().targets[target].key.clone();
+        let started = slot::boot(&self.reg.ctx, &id, &layout, &key);
         let running = match started {
             Ok(running) => running,
             Err(e) => {

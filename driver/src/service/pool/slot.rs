@@ -68,9 +68,11 @@ pub(super) async fn run(
             return;
         }
     };
-    match ready {
+    let vmm_pid = match ready {
         Ok(ready) if ready.pooled => {
-            pool.slot_ready(&id, ready.vmm.map_or(0, |v| v.pid.unsigned_abs()));
+            let vmm_pid = ready.vmm.map_or(0, |v| v.pid.unsigned_abs());
+            pool.slot_ready(&id, vmm_pid);
+            vmm_pid
         }
         Ok(_) => {
             eprintln!("vm-driver: pooled VM {id} reported ready as a sandbox; stopping it");
@@ -82,7 +84,7 @@ pub(super) async fn run(
             finish(&pool, &id, running, stop_timeout, false).await;
             return;
         }
-    }
+    };
     loop {
         tokio::select! {
             claim = claims.recv() => {
@@ -90,8 +92,11 @@ pub(super) async fn run(
                 match reply.send(running) {
                     // The sandbox owns it now; the claimer removed the slot.
                     Ok(()) => return,
-                    // The claimer gave up before taking it.
-                    Err(back) => running = back,
+                    // The claimer gave up before taking it: claimable again.
+                    Err(back) => {
+                        running = back;
+                        pool.slot_ready(&id, vmm_pid);
+                    }
                 }
             }
             ended = running.ended() => {
