@@ -85,15 +85,17 @@ fn concurrent_exec_streams_share_one_attach_connection() {
     eprintln!("e2e: {STREAMS} concurrent exec streams, {idle} supervisor sockets before and during");
 }
 
-/// Runs `vm-driver exec` into `id` with its stdout never read: a client that stops reading once its
-/// buffers (the pipe, the HTTP/2 window of 2 MiB) are full. It writes 1.5 MB at once, then 1 KB pieces
-/// forever, one process each: small frames, so that its output window (256 KiB) holds many more of them
-/// than the stream's response queue (16) and, under the control, its one-frame queue. It counts its pieces
-/// in `/tmp/pieces`, so a test can see when it is held back.
+/// Runs `vm-driver exec -t` into `id` with its stdout never read: a client that stops reading once its
+/// buffers (the pipe, the HTTP/2 window) are full. Its process writes 1 KB pieces forever and counts them in
+/// `/tmp/pieces`, so a test can see when it is held back. On a pseudo-terminal, whose line discipline hands
+/// the agent at most 4 KiB a read, its output leaves the guest as small frames however the host keeps pace:
+/// its output window (256 KiB) holds many more of them than the stream's response queue (16) and, under the
+/// control, its one-frame queue. (From a pipe, output that waited for credit leaves as a few large frames,
+/// which even the control's queues hold without a stall: the control once failed so in CI.)
 fn unread_exec(serve: &Serve, id: &str) -> Child {
-    let script =
-        "head -c 1500000 /dev/zero; i=0; while :; do head -c 1000 /dev/zero; i=$((i+1)); echo $i > /tmp/pieces; done";
-    serve.cli_command("exec", &[id, "--", "sh", "-c", script]).stdout(Stdio::piped()).spawn().unwrap()
+    let script = "s=$(head -c 1000 /dev/zero | tr '\\0' x); i=0; \
+                  while :; do printf %s \"$s\"; i=$((i+1)); echo $i > /tmp/pieces; done";
+    serve.cli_command("exec", &["-t", id, "--", "sh", "-c", script]).stdout(Stdio::piped()).spawn().unwrap()
 }
 
 /// Whether `vm-driver exec ID -- echo quick` finishes within `limit`.

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use vm_contract::layout::SandboxFile;
+use vm_contract::pids::SandboxPids;
 use vm_e2e::otlp_receiver::{Behavior, Receiver};
-use vm_e2e::procs::ProcInfo;
+use vm_e2e::procs::{exit_after, signal, ProcInfo};
 use vm_e2e::serve::Serve;
 use vm_e2e::{gone_within, wait_until, Scratch, TestControl};
 use vm_protocol::driver_api::{
@@ -202,14 +203,14 @@ fn a_pooled_vm_whose_supervisor_or_vmm_dies_is_replaced() {
     let mut api = Api::new(&serve);
     let first = api.ready_vm(&[]);
     let vmm = ProcInfo::read(i32::try_from(first.vmm_pid).unwrap()).unwrap();
-    vm_e2e::procs::signal(i32::try_from(first.supervisor_pid).unwrap(), Signal::SIGKILL);
+    signal(i32::try_from(first.supervisor_pid).unwrap(), Signal::SIGKILL);
     // The leash holds for pooled VMs too: no VM outlives its supervisor.
     assert!(gone_within(&vmm, Duration::from_secs(5)), "the pooled VMM outlived its supervisor");
     let second = api.ready_vm(std::slice::from_ref(&first.slot_id));
     assert!(!s.state().join("pool").join(&first.slot_id).exists(), "the dead slot's directory was removed");
     // And when the VMM dies under a live supervisor.
     let vmm = ProcInfo::read(i32::try_from(second.vmm_pid).unwrap()).unwrap();
-    vm_e2e::procs::signal(vmm.pid, Signal::SIGKILL);
+    signal(vmm.pid, Signal::SIGKILL);
     let third = api.ready_vm(&[first.slot_id.clone(), second.slot_id.clone()]);
     assert!(ProcInfo::read(i32::try_from(second.supervisor_pid).unwrap()).is_none(), "its supervisor exited");
     assert_eq!(api.pool().len(), 1, "replaced, not added: {:?}", api.pool());
@@ -224,6 +225,46 @@ fn a_pooled_vm_whose_supervisor_or_vmm_dies_is_replaced() {
     assert!(wait_until(Duration::from_secs(30), || serve.child.try_wait().ok().flatten().is_some()));
     assert!(seen.iter().all(|vmm| !vmm.is_alive()), "a VMM outlived serve");
     assert_eq!(std::fs::read_dir(s.state().join("pool")).unwrap().count(), 0, "slots left behind");
+}
+
+/// A claimed VM's processes, from the pids file that moved with it into its sandbox's directory.
+fn claimed_pids(s: &Scratch, id: &str) -> (ProcInfo, ProcInfo, ProcInfo) {
+    let pids = SandboxPids::read(&s.state().join("sandboxes").join(id)).expect("a pids file");
+    let read = |pid: i32| ProcInfo::read(pid).expect("a live process");
+    (read(pids.supervisor.pid), read(pids.watchdog.expect("a watchdog").pid), read(pids.vmm.expect("a VMM").pid))
+}
+
+#[test]
+fn a_claimed_vm_keeps_the_leash_of_a_cold_one() {
+    let s = Scratch::new("pool-leash");
+    let serve = Serve::with(&s, &[], &["--pool", "2"]);
+    let mut api = Api::new(&serve);
+    let first = api.ready_vm(&[]);
+    api.ready_vm(std::slice::from_ref(&first.slot_id));
+    for id in ["frozen-sup", "frozen-dog"] {
+        assert_eq!(api.create(id, 1, 256).unwrap().origin, "pool");
+        wait_ready(&serve, id);
+    }
+    // The bounds of load.rs's cold sandboxes: a frozen supervisor loses its VM to the lease (3 s), the
+    // sandbox leaves ready, and the hung supervisor is killed.
+    let (supervisor, _, vmm) = claimed_pids(&s, "frozen-sup");
+    let gone = exit_after(&vmm, Duration::from_secs(3), || signal(supervisor.pid, Signal::SIGSTOP));
+    let gone = gone.expect("a claimed VM outlived its frozen supervisor by 3 s");
+    let left_ready = wait_until(Duration::from_secs(5), || {
+        !String::from_utf8_lossy(&serve.cli("get", &["frozen-sup"]).stdout).contains(" ready ")
+    });
+    let killed = gone_within(&supervisor, Duration::from_secs(5));
+    if !killed {
+        signal(supervisor.pid, Signal::SIGCONT);
+    }
+    assert!(left_ready, "the claimed sandbox is still ready 5 s after its VM died");
+    assert!(killed, "the claimed VM's hung supervisor was not killed");
+    // A frozen watchdog stops its VM (2 s).
+    let (_, watchdog, vmm) = claimed_pids(&s, "frozen-dog");
+    let dog_gone = exit_after(&vmm, Duration::from_secs(2), || signal(watchdog.pid, Signal::SIGSTOP));
+    signal(watchdog.pid, Signal::SIGCONT);
+    let dog_gone = dog_gone.expect("a claimed VM outlived its frozen watchdog by 2 s");
+    eprintln!("e2e: claimed VMs: supervisor SIGSTOP -> VMM gone in {gone:?}; watchdog SIGSTOP -> {dog_gone:?}");
 }
 
 #[test]
