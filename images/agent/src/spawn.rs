@@ -7,7 +7,9 @@
 //! own, as `posix_spawn` does it: it shares the agent's memory until it calls `execve`, and the calling
 //! thread waits meanwhile. So the child may only make raw system calls on memory prepared before the clone:
 //! no allocation (another agent thread may hold the allocator's lock), no libc wrapper that keeps
-//! process-wide state (glibc's `setuid` signals every thread of the agent), no panic.
+//! process-wide state (glibc's `setuid` signals every thread of the agent), no panic. Once the child took the
+//! workload's ids, the kernel marks the shared memory not dumpable, so no process of the workload user can
+//! read it (ptrace, `/proc/PID/mem`) before `execve` replaces it.
 
 #![allow(unsafe_code)]
 
