@@ -7,7 +7,7 @@
 //!
 //! The link logic is independent of PID 1 and of virtio, so `tests/link.rs` drives it over a socket pair on
 //! the host.
-// Unsafe code is denied everywhere but `sys`, which holds the one `pre_exec` a PTY needs.
+// Unsafe code is denied everywhere but `spawn`, which starts a process without forking the agent.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -21,4 +21,4 @@ mod outbox;
 mod process;
 mod pty;
 mod reaper;
-mod sys;
+mod spawn;

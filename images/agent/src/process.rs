@@ -11,9 +11,7 @@ use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 
 use crate::pty::Pty;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread;
@@ -21,14 +19,16 @@ use std::thread;
 use nix::unistd::Pid;
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::io::{ioctl_fionread, Errno};
+use rustix::pipe::PipeFlags;
 use vm_protocol::flow::DEFAULT_WINDOW_BYTES;
 use vm_protocol::frame::MAX_DATA_BYTES;
 use vm_protocol::message::{Refusal, MAX_FAILURE_MESSAGE_BYTES};
-use vm_protocol::{ExitStatus, ProcId, Spawn, Stream, ToHost, Window};
+use vm_protocol::{ExitStatus, ProcId, PtySize, Spawn, Stream, ToHost, Window};
 
 use crate::credit::Credit;
 use crate::link::{Config, Shared};
 use crate::outbox::{OutputFrame, Staging};
+use crate::spawn;
 
 /// Exit code for a command that was not found, as shells report it.
 pub(crate) const EXIT_NOT_FOUND: i32 = 127;
@@ -139,29 +139,29 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
         return fail_early(shared, id, &msg, EXIT_CANNOT_RUN);
     }
 
-    let mut cmd = Command::new(&req.argv[0]);
-    cmd.args(&req.argv[1..])
-        .env_clear()
-        .envs(config.default_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .envs(req.env.iter().map(|e| (e.key.as_str(), e.value.as_str())))
-        .current_dir(req.cwd.as_deref().unwrap_or(&config.default_cwd));
-    if let Some(who) = config.run_as {
-        // std drops the supplementary groups too (setgroups to none) when it changes ids as root.
-        cmd.uid(who.uid).gid(who.gid);
-    }
-    let pty = match req.pty.map(Pty::open).transpose().and_then(|pty| attach_stdio(&mut cmd, &req, pty)) {
-        Ok(pty) => pty,
+    let stdio = match ChildStdio::open(req.pty) {
+        Ok(stdio) => stdio,
         Err(e) => return fail_early(shared, id, &format!("vm-agent: cannot set up stdio ({e})"), EXIT_CANNOT_RUN),
+    };
+    let mut env: Vec<(&str, &str)> = config.default_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    if req.pty.is_some() && !req.env.iter().any(|e| e.key == "TERM") {
+        env.push(("TERM", "xterm-256color"));
+    }
+    env.extend(req.env.iter().map(|e| (e.key.as_str(), e.value.as_str())));
+    let plan = spawn::Plan {
+        argv: &req.argv,
+        env,
+        cwd: req.cwd.as_deref().unwrap_or(&config.default_cwd),
+        run_as: config.run_as,
+        stdio: stdio.child_side(),
     };
 
     // The table lock is held across spawn and insert: the reaper takes it before reaping, so it cannot
     // reap this child before the child is registered.
     let mut table = shared.table();
-    let spawned = cmd.spawn();
-    // Our copies of the PTY's slave side live in `cmd`; only the child may keep the terminal open.
-    drop(cmd);
-    let mut child = match spawned {
-        Ok(child) => child,
+    let spawned = spawn::spawn(&plan);
+    let pid = match spawned {
+        Ok(pid) => pid,
         Err(e) => {
             drop(table);
             let (code, msg) = match e.kind() {
@@ -174,14 +174,15 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
             return fail_early(shared, id, &msg, code);
         }
     };
-    let Some(io) = ProcessIo::take(&mut child, pty) else {
-        // Unreachable with piped stdio; refuse rather than run a process we cannot serve.
-        let _ = child.kill();
+    let io = stdio.agent_side();
+    let Ok(io) = io else {
+        // Out of descriptors for the terminal's copies: refuse rather than run a process we cannot serve.
+        // (The reaper reports nothing for it: it is in no table.)
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
         drop(table);
         shared.send(&ToHost::Refused { id, reason: Refusal::Invalid });
         return;
     };
-    let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
     let (stdin_tx, stdin_rx) = mpsc::channel();
     table.live.insert(
         id,
@@ -204,7 +205,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
     // `Started` goes out before any pump exists, so it precedes all output.
     shared.send(&ToHost::Started {
         id,
-        pid: child.id(),
+        pid: pid.as_raw().unsigned_abs(),
         stdin_window: DEFAULT_WINDOW_BYTES,
         output_window: req.output_window,
     });
@@ -233,23 +234,46 @@ impl Proc {
     }
 }
 
-/// Pipes, or the PTY's slave side as stdin, stdout and stderr of a new session whose controlling terminal
-/// it is.
-fn attach_stdio(cmd: &mut Command, req: &Spawn, pty: Option<Pty>) -> io::Result<Option<Pty>> {
-    match &pty {
-        None => {
-            // Its own group, so signals reach the whole job, as a terminal's would.
-            cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
-        }
-        Some(pty) => {
-            cmd.stdin(pty.slave_file()?).stdout(pty.slave_file()?).stderr(pty.slave_file()?);
-            if !req.env.iter().any(|e| e.key == "TERM") {
-                cmd.env("TERM", "xterm-256color");
-            }
-            crate::sys::controlling_terminal(cmd);
+/// The stdio made for a process: a terminal, or three pipes (each `(read end, write end)`, close-on-exec:
+/// the child's ends become its stdio in the child only).
+enum ChildStdio {
+    Terminal(Pty),
+    Pipes { stdin: (OwnedFd, OwnedFd), stdout: (OwnedFd, OwnedFd), stderr: (OwnedFd, OwnedFd) },
+}
+
+impl ChildStdio {
+    fn open(pty: Option<PtySize>) -> io::Result<Self> {
+        let pipe = || rustix::pipe::pipe_with(PipeFlags::CLOEXEC).map_err(io::Error::from);
+        Ok(match pty {
+            Some(size) => Self::Terminal(Pty::open(size)?),
+            None => Self::Pipes { stdin: pipe()?, stdout: pipe()?, stderr: pipe()? },
+        })
+    }
+
+    /// The child's ends.
+    fn child_side(&self) -> spawn::Stdio<'_> {
+        match self {
+            Self::Terminal(pty) => spawn::Stdio::Terminal(&pty.slave),
+            Self::Pipes { stdin, stdout, stderr } => spawn::Stdio::Pipes([&stdin.0, &stdout.1, &stderr.1]),
         }
     }
-    Ok(pty)
+
+    /// The agent's ends, once the child runs; the child's ends close here (only the child may keep them,
+    /// and a terminal's slave side, open).
+    fn agent_side(self) -> io::Result<ProcessIo> {
+        match self {
+            Self::Terminal(Pty { master, slave: _ }) => Ok(ProcessIo {
+                stdin: File::from(master.try_clone()?),
+                outputs: vec![(Stream::Stdout, master.try_clone()?)],
+                terminal: Some(master),
+            }),
+            Self::Pipes { stdin, stdout, stderr } => Ok(ProcessIo {
+                stdin: File::from(stdin.1),
+                outputs: vec![(Stream::Stdout, stdout.0), (Stream::Stderr, stderr.0)],
+                terminal: None,
+            }),
+        }
+    }
 }
 
 /// The agent's ends of a process's stdio.
@@ -257,29 +281,6 @@ struct ProcessIo {
     stdin: File,
     outputs: Vec<(Stream, OwnedFd)>,
     terminal: Option<OwnedFd>,
-}
-
-impl ProcessIo {
-    fn take(child: &mut std::process::Child, pty: Option<Pty>) -> Option<Self> {
-        match pty {
-            None => Some(Self {
-                stdin: File::from(OwnedFd::from(child.stdin.take()?)),
-                outputs: vec![
-                    (Stream::Stdout, child.stdout.take()?.into()),
-                    (Stream::Stderr, child.stderr.take()?.into()),
-                ],
-                terminal: None,
-            }),
-            Some(Pty { master, slave }) => {
-                drop(slave);
-                Some(Self {
-                    stdin: File::from(master.try_clone().ok()?),
-                    outputs: vec![(Stream::Stdout, master.try_clone().ok()?)],
-                    terminal: Some(master),
-                })
-            }
-        }
-    }
 }
 
 fn admit(shared: &Shared, config: &Config, req: &Spawn) -> Result<(), Refusal> {

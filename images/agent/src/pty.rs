@@ -1,6 +1,5 @@
 //! Pseudo-terminals for processes that ask for one.
 
-use std::fs::File;
 use std::io;
 use std::os::fd::OwnedFd;
 
@@ -26,11 +25,6 @@ impl Pty {
         let slave = rustix::fs::open(name.as_c_str(), OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC, Mode::empty())?;
         resize(&master, size)?;
         Ok(Self { master, slave })
-    }
-
-    /// The slave side as a `File`, once per stdio stream.
-    pub(crate) fn slave_file(&self) -> io::Result<File> {
-        Ok(File::from(self.slave.try_clone()?))
     }
 }
 

@@ -1,8 +1,8 @@
 //! Reaps every child, including orphans re-parented to PID 1, and routes exit statuses to the table.
 //!
-//! It peeks with `waitid(WNOWAIT)` and reaps only while holding the table lock. `spawn` holds that lock
-//! across `Command::spawn` (which itself reaps a child whose `exec` failed), so a status is never taken
-//! from under `std` and never lost for a child not yet registered.
+//! It peeks with `waitid(WNOWAIT)` and reaps only while holding the table lock. `process::spawn` holds that
+//! lock across `spawn::spawn` (which itself reaps a child whose `exec` failed), so a status is never taken
+//! from under it and never lost for a child not yet registered.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -30,7 +30,7 @@ pub(crate) fn run(shared: &Arc<Shared>) {
                 let status = match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
                     Ok(WaitStatus::Exited(_, code)) => ExitStatus::Code(code),
                     Ok(WaitStatus::Signaled(_, signal, _)) => ExitStatus::Signaled(signal as i32),
-                    // Already reaped by `std` (failed exec) or not finished after all.
+                    // Already reaped by `spawn::spawn` (failed exec) or not finished after all.
                     _ => continue,
                 };
                 let exited = table.reaped(pid, status);
