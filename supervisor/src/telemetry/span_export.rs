@@ -249,7 +249,7 @@ async fn export_loop<E: SpanExporter, F: FnMut() -> Option<E>>(
         if deadline.is_some() && !flushing {
             // The flush tries at once: a backoff earned before the stop would eat its budget.
             flushing = true;
-            resume_at = None;
+            (resume_at, backoff) = (None, BACKOFF_MIN);
         }
         if resume_at.is_none_or(|t| Instant::now() >= t) {
             resume_at = None;

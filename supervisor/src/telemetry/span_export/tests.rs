@@ -117,3 +117,19 @@ fn traces_go_beside_the_logs() {
     assert_eq!(http_traces_url("http://c:4318/ingest"), "http://c:4318/v1/traces");
     assert_eq!(http_traces_url("http://c:4318/blogs"), "http://c:4318/v1/traces");
 }
+
+#[tokio::test]
+async fn the_flush_does_not_wait_a_backoff_earned_before_the_stop() {
+    // Five failures before the stop earn a 2 s backoff; the flush's first try fails too. It must retry
+    // within its 1 s budget, not after the earned backoff.
+    let collector = Arc::new(Collector { fail: 6, ..Collector::default() });
+    let queue = queue_of(10);
+    let export = SpanExport::start(To(Arc::clone(&collector)), || None, Arc::clone(&queue));
+    let until = Instant::now() + Duration::from_secs(10);
+    while collector.calls.load(Ordering::Relaxed) < 5 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let report = export.shutdown(Duration::from_secs(1)).await;
+    assert_eq!((report.exported, report.dropped), (10, 0), "{report:?}");
+    assert_eq!(collector.accepted.lock().unwrap().len(), 10);
+}
