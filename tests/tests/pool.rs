@@ -218,6 +218,8 @@ fn a_pooled_vm_whose_supervisor_or_vmm_dies_is_replaced() {
     wait_ready(&serve, "after");
     assert_eq!(ok(serve.cli("exec", &["after", "--", "echo", "fine"])), "fine\n");
     assert!(api.pool().iter().all(|v| v.slot_id != third.slot_id));
+    // The refill behind the claim is up (its VMM started), so the stop below has a pooled VM to take down.
+    api.ready_vm(std::slice::from_ref(&third.slot_id));
     // An orderly stop of `serve` takes the pooled VMs down with the sandboxes, and their slots with them.
     let seen = serve.vmms();
     assert!(seen.len() >= 4, "{seen:?}");
