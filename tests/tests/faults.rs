@@ -231,6 +231,9 @@ fn the_shipped_build_has_no_test_controls_and_the_controls_build_says_so() {
     for binary in ["vm-supervisor", "vm-watchdog"] {
         assert!(log.contains(&format!("{binary}: WARNING: built with test controls")), "{binary}: {log}");
     }
+    // The jailer's stderr is QEMU's: vmm.log.
+    let vmm_log = std::fs::read_to_string(dir.join(SandboxFile::VmmLog.name())).unwrap();
+    assert!(vmm_log.contains("vm-jailer: WARNING: built with test controls"), "vm-jailer: {vmm_log}");
     let config = events(&dir).into_iter().find(|e| e["class_uid"] == 5019 && announces(e));
     assert!(config.is_some(), "no OCSF configuration event announces the controls build");
 }

@@ -1,7 +1,7 @@
 //! QEMU's confinement (`vm-jailer`), on real VMs: the VMM's credentials, root and limits as `/proc` shows
 //! them, and a simulated escape (a process with the VMM's uid, gid, namespaces and root, entered with
 //! `nsenter`) that is refused everything it tries, where with `--confinement none` (the control) it gets
-//! everything.
+//! everything. QEMU dies with its jailer by its own parent-death signal (with a control that drops it).
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 #![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
@@ -11,11 +11,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use nix::sys::signal::Signal;
 use vm_contract::layout::SandboxFile;
 use vm_contract::pids::SandboxPids;
-use vm_e2e::procs::ProcInfo;
+use vm_e2e::procs::{exit_after, signal, ProcInfo};
 use vm_e2e::serve::Serve;
-use vm_e2e::{Launch, Running, Scratch};
+use vm_e2e::{gone_within, Launch, Running, Scratch, TestControl};
 
 /// `/proc/<pid>/status` fields.
 fn status(pid: i32) -> Vec<(String, String)> {
@@ -113,6 +114,41 @@ fn a_launched_vmm_runs_jailed() {
     let gone = vm_e2e::procs::exit_after(&p.vmm, Duration::from_secs(10), kill);
     eprintln!("e2e: jailer SIGKILLed -> QEMU gone after {gone:?}");
     assert!(gone.is_some(), "QEMU outlived its jailer");
+}
+
+/// Kills the jailer of a launched VM while its supervisor is frozen (so the supervisor cannot stop QEMU on
+/// its jailer's exit): how long QEMU outlives it, within `limit`. The supervisor is let go again after.
+fn qemu_after_its_jailer(name: &str, controls: &[TestControl], limit: Duration) -> Option<Duration> {
+    let s = Scratch::new(name);
+    let mut launch = Launch::new(&s, &["/bin/sh", "-c", "echo up; exec sleep 1000"]);
+    for c in controls {
+        launch = launch.control(*c);
+    }
+    let running = Running::start(launch, &[], "up");
+    let p = running.procs();
+    let jailer = parent_of(p.vmm.pid);
+    assert!(ProcInfo::read(jailer).unwrap().cmdline[0].ends_with("vm-jailer"));
+    signal(p.supervisor.pid, Signal::SIGSTOP);
+    let gone = exit_after(&p.vmm, limit, || signal(jailer, Signal::SIGKILL));
+    signal(p.supervisor.pid, Signal::SIGCONT);
+    // Either way the lease ends it: the watchdog heard no pulse while the supervisor was frozen.
+    assert!(gone_within(&p.vmm, Duration::from_secs(10)), "QEMU outlived its jailer and its lease");
+    gone
+}
+
+#[test]
+fn a_killed_jailer_takes_qemu_with_it_even_while_the_supervisor_is_frozen() {
+    let gone = qemu_after_its_jailer("jail-pdeath", &[], Duration::from_millis(500));
+    eprintln!("e2e: supervisor frozen, jailer SIGKILLed -> QEMU gone after {gone:?}");
+    assert!(gone.is_some(), "QEMU outlived its jailer by 500 ms: its parent-death signal did not fire");
+}
+
+#[test]
+fn control_without_the_parent_death_signal_qemu_outlives_its_jailer() {
+    let gone =
+        qemu_after_its_jailer("jail-pdeath-ctl", &[TestControl::JailerNoDeathSignal], Duration::from_millis(500));
+    assert!(gone.is_none(), "control: QEMU died {gone:?} after its jailer without a parent-death signal");
+    eprintln!("e2e: control: without the parent-death signal, QEMU outlived its killed jailer by 500 ms");
 }
 
 /// A VMM's limits, as the cgroups it is in show them (v1 per controller, or v2).

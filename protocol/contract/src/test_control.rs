@@ -57,6 +57,7 @@ controls! {
     SupervisorExitsAtStart = "supervisor-exits-at-start": "supervisor: fault injection, exit before reading the auth bundle.",
     WatchdogEofOnly = "watchdog-eof-only": "watchdog: silence does not kill, only EOF does.",
     WatchdogNeverReady = "watchdog-never-ready": "watchdog: fault injection, never send the ready byte.",
+    JailerNoDeathSignal = "jailer-no-death-signal": "jailer: QEMU is not armed to die with the jailer (its parent-death SIGKILL dropped).",
 }
 
 impl TestControl {

@@ -12,6 +12,8 @@
 //! comes last, so QEMU's parent is as confined as QEMU.
 #![deny(unsafe_code)]
 
+vm_contract::test_controls!();
+
 mod creds;
 mod fds;
 mod pidns;
@@ -66,6 +68,8 @@ fn main() -> ExitCode {
         return probe_userns();
     }
     let args = JailerArgs::parse();
+    #[cfg(feature = "test-controls")]
+    eprintln!("{}", vm_contract::test_control::announcement("vm-jailer"));
     let Err(e) = confine_and_exec(&args);
     // QEMU's stderr is the supervisor's vmm.log pipe: the reason lands there and in the boot error.
     let mut message = format!("vm-jailer: {e}");

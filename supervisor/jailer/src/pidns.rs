@@ -56,8 +56,10 @@ pub fn split(inherited: &[RawFd]) -> Result<(), JailError> {
 
 /// The child: dies with its parent, and keeps no pipe to the supervisor on its stdout.
 fn become_vmm(alive: OwnedFd) -> Result<(), JailError> {
-    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
-        .map_err(|e| JailError::step("arm the parent-death signal")(e.into()))?;
+    if !crate::control(vm_contract::test_control::TestControl::JailerNoDeathSignal) {
+        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+            .map_err(|e| JailError::step("arm the parent-death signal")(e.into()))?;
+    }
     // The parent may have died before the signal was armed; then its end of the pipe is closed.
     match std::fs::File::from(alive).read(&mut [0]) {
         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
