@@ -404,8 +404,9 @@ async fn vmm_exit_within_grace(vmm: &mut VmmProcess) -> Option<StartError> {
     Some(StartError::VmmExitedDuringBoot { status: exit.to_string() })
 }
 
-/// The environment of the supervisor's children: nothing, except test switches in test builds.
-fn child_env() -> Vec<(&'static str, String)> {
+/// The environment of the supervisor's children (the watchdog, the jailer; QEMU gets none at all): nothing,
+/// except test switches in test builds.
+pub(crate) fn child_env() -> Vec<(&'static str, String)> {
     #[cfg(feature = "test-controls")]
     if let Ok(value) = std::env::var(vm_contract::test_control::VAR) {
         return vec![(vm_contract::test_control::VAR, value)];

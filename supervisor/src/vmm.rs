@@ -127,7 +127,8 @@ impl VmmConfig {
         }
     }
 
-    /// Starts QEMU through the jailer, with a cleared environment, stdin from /dev/null, stdout on a pipe (the
+    /// Starts QEMU through the jailer, with a cleared environment (the jailer's holds only a test build's
+    /// switches, and it execs QEMU with none), stdin from /dev/null, stdout on a pipe (the
     /// jailer reports QEMU's pid there, then points it at /dev/null) and stderr on a pipe (the caller copies
     /// it into `vmm.log`; the jailer's own failure lands there too).
     ///
@@ -142,6 +143,7 @@ impl VmmConfig {
         Command::new(&self.jailer)
             .args(self.jailer_args().to_argv())
             .env_clear()
+            .envs(crate::boot::child_env())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
