@@ -110,8 +110,7 @@ fn a_launched_vmm_runs_jailed() {
     let jailer = parent_of(p.vmm.pid);
     assert_ne!(jailer, p.supervisor.pid, "QEMU is the jailer's child, not the supervisor's");
     assert!(ProcInfo::read(jailer).unwrap().cmdline[0].ends_with("vm-jailer"));
-    let kill = || nix::sys::signal::kill(nix::unistd::Pid::from_raw(jailer), nix::sys::signal::SIGKILL).unwrap();
-    let gone = exit_after(&p.vmm, Duration::from_secs(10), kill);
+    let gone = exit_after(&p.vmm, Duration::from_secs(10), || signal(jailer, Signal::SIGKILL));
     eprintln!("e2e: jailer SIGKILLed -> QEMU gone after {gone:?}");
     assert!(gone.is_some(), "QEMU outlived its jailer");
 }

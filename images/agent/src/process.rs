@@ -174,8 +174,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
             return fail_early(shared, id, &msg, code);
         }
     };
-    let io = stdio.agent_side();
-    let Ok(io) = io else {
+    let Ok(io) = stdio.agent_side() else {
         // Out of descriptors for the terminal's copies: refuse rather than run a process we cannot serve.
         // (The reaper reports nothing for it: it is in no table.)
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
