@@ -165,24 +165,27 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
     // SAFETY: `arg` is the `Prepared` that `spawn` passed, alive and unchanged until this child execs or
     // exits (the parent waits, CLONE_VFORK).
     let p = unsafe { &*arg.cast::<Prepared>() };
-    let errno = setup(p).err().unwrap_or(0);
-    let errno = if errno == 0 { exec(p) } else { errno };
+    let errno = match setup(p) {
+        Ok(()) => exec(p),
+        Err(errno) => errno,
+    };
+    // Never 0 here, which would tell the parent the program runs.
     p.failed.store(if errno == 0 { libc::EINVAL } else { errno }, Ordering::Release);
     // SAFETY: a raw exit of this process (not the agent: the child has its own thread group).
-    unsafe {
-        libc::syscall(libc::SYS_exit_group, c_long::from(EXIT_FAILED));
-    }
+    let _ = unsafe { raw(libc::SYS_exit_group, [c_long::from(EXIT_FAILED), 0, 0, 0]) };
     EXIT_FAILED
 }
 
-/// One raw system call; `Err(errno)` on failure. Raw calls act on this process only and keep no libc state
-/// (the errno they leave in the shared thread-local slot belongs to a thread that is waiting for us).
+/// One raw system call with up to four arguments (the kernel ignores those `nr` does not take);
+/// `Err(errno)` on failure. Raw calls act on this process only and keep no libc state (the errno they leave in
+/// the shared thread-local slot belongs to a thread that is waiting for us).
 ///
 /// # Safety
-/// `args` must be what the kernel expects for `nr`.
-unsafe fn raw(nr: c_long, args: [c_long; 3]) -> Result<c_long, c_int> {
+/// `args` must be what the kernel expects for `nr`, pointers among them valid for the call.
+// SAFETY: an `unsafe fn` for its callers' pointers; its body is the one call its contract describes.
+unsafe fn raw(nr: c_long, args: [c_long; 4]) -> Result<c_long, c_int> {
     // SAFETY: the caller passes the arguments `nr` takes.
-    let r = unsafe { libc::syscall(nr, args[0], args[1], args[2]) };
+    let r = unsafe { libc::syscall(nr, args[0], args[1], args[2], args[3]) };
     if r == -1 {
         Err(nix::errno::Errno::last_raw())
     } else {
@@ -198,47 +201,32 @@ fn setup(p: &Prepared) -> Result<(), c_int> {
         for (target, fd) in (0..).zip(p.stdio) {
             if fd == target {
                 // Already in place; only its close-on-exec flag must go.
-                raw(libc::SYS_fcntl, [fd.into(), libc::F_SETFD.into(), 0])?;
+                raw(libc::SYS_fcntl, [fd.into(), libc::F_SETFD.into(), 0, 0])?;
             } else {
-                raw(libc::SYS_dup2, [fd.into(), target.into(), 0])?;
+                raw(libc::SYS_dup2, [fd.into(), target.into(), 0, 0])?;
             }
         }
         if let Some((uid, gid)) = p.ids {
-            raw(libc::SYS_setgroups, [0, 0, 0])?;
-            raw(libc::SYS_setgid, [gid.into(), 0, 0])?;
-            raw(libc::SYS_setuid, [uid.into(), 0, 0])?;
+            raw(libc::SYS_setgroups, [0; 4])?;
+            raw(libc::SYS_setgid, [gid.into(), 0, 0, 0])?;
+            raw(libc::SYS_setuid, [uid.into(), 0, 0, 0])?;
         }
-        raw(libc::SYS_chdir, [p.cwd.as_ptr() as c_long, 0, 0])?;
+        raw(libc::SYS_chdir, [p.cwd.as_ptr() as c_long, 0, 0, 0])?;
         if p.terminal {
-            raw(libc::SYS_setsid, [0, 0, 0])?;
-            raw(libc::SYS_ioctl, [0, libc::TIOCSCTTY as c_long, 0])?;
+            raw(libc::SYS_setsid, [0; 4])?;
+            raw(libc::SYS_ioctl, [0, libc::TIOCSCTTY as c_long, 0, 0])?;
         } else {
-            raw(libc::SYS_setpgid, [0, 0, 0])?;
+            raw(libc::SYS_setpgid, [0; 4])?;
         }
         // The agent ignores SIGPIPE (Rust's runtime does); the workload gets the default, and no blocked
         // signal. The kernel's sigaction for SIG_DFL: handler, flags, restorer and mask all zero.
         let default = [0_u64; 4];
-        let action = [libc::SIGPIPE.into(), default.as_ptr() as c_long, 0];
-        raw_4(libc::SYS_rt_sigaction, action, SIGSET_BYTES)?;
+        raw(libc::SYS_rt_sigaction, [libc::SIGPIPE.into(), default.as_ptr() as c_long, 0, SIGSET_BYTES])?;
         let empty = 0_u64;
-        let mask = [libc::SIG_SETMASK.into(), std::ptr::from_ref(&empty) as c_long, 0];
-        raw_4(libc::SYS_rt_sigprocmask, mask, SIGSET_BYTES)?;
+        let mask = std::ptr::from_ref(&empty) as c_long;
+        raw(libc::SYS_rt_sigprocmask, [libc::SIG_SETMASK.into(), mask, 0, SIGSET_BYTES])?;
     }
     Ok(())
-}
-
-/// The signal calls take a fourth argument, the size of the kernel's signal set.
-///
-/// # Safety
-/// As [`raw`].
-unsafe fn raw_4(nr: c_long, args: [c_long; 3], fourth: c_long) -> Result<c_long, c_int> {
-    // SAFETY: the caller passes the arguments `nr` takes.
-    let r = unsafe { libc::syscall(nr, args[0], args[1], args[2], fourth) };
-    if r == -1 {
-        Err(nix::errno::Errno::last_raw())
-    } else {
-        Ok(r)
-    }
 }
 
 /// Tries each candidate as `execvp` does: past a missing file (and past one it may not run, remembering
@@ -246,20 +234,15 @@ unsafe fn raw_4(nr: c_long, args: [c_long; 3], fourth: c_long) -> Result<c_long,
 fn exec(p: &Prepared) -> c_int {
     let mut denied = false;
     for (path, shell_argv) in p.candidates.iter().zip(&p.shell_argvs) {
+        let args = [path.as_ptr() as c_long, p.argv_ptrs.as_ptr() as c_long, p.envp_ptrs.as_ptr() as c_long, 0];
         // SAFETY: the path, argv and envp are null-terminated arrays of C strings owned by `p`.
-        let errno = unsafe {
-            libc::syscall(libc::SYS_execve, path.as_ptr(), p.argv_ptrs.as_ptr(), p.envp_ptrs.as_ptr());
-            nix::errno::Errno::last_raw()
-        };
-        match errno {
+        match unsafe { raw(libc::SYS_execve, args) }.err().unwrap_or(libc::EINVAL) {
             libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
             libc::EACCES => denied = true,
             libc::ENOEXEC => {
+                let args = [SHELL.as_ptr() as c_long, shell_argv.as_ptr() as c_long, args[2], 0];
                 // SAFETY: as above, with this candidate's shell arguments.
-                return unsafe {
-                    libc::syscall(libc::SYS_execve, SHELL.as_ptr(), shell_argv.as_ptr(), p.envp_ptrs.as_ptr());
-                    nix::errno::Errno::last_raw()
-                };
+                return unsafe { raw(libc::SYS_execve, args) }.err().unwrap_or(libc::EINVAL);
             }
             other => return other,
         }
