@@ -93,6 +93,8 @@ pub(crate) fn spawn(plan: &Plan<'_>) -> io::Result<Pid> {
 struct Prepared {
     /// Each place the program may be, in search order.
     candidates: Vec<CString>,
+    /// Whether they came from the PATH (a missing one is then passed over), not from a name with a `/`.
+    searched: bool,
     argv_ptrs: Vec<*const libc::c_char>,
     /// Per candidate: `/bin/sh`, its path, then the arguments after `argv[0]`.
     shell_argvs: Vec<Vec<*const libc::c_char>>,
@@ -113,7 +115,11 @@ impl Prepared {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "no program"));
         };
         let env: BTreeMap<&str, &str> = plan.env.iter().copied().collect();
-        let candidates = if program.contains('/') {
+        let searched = !program.contains('/');
+        let candidates = if program.is_empty() {
+            // Nothing to run: not found, as `execvp("")` says.
+            Vec::new()
+        } else if !searched {
             vec![c_string(program)?]
         } else {
             let path = env.get("PATH").copied().unwrap_or(DEFAULT_PATH);
@@ -137,6 +143,7 @@ impl Prepared {
         };
         Ok(Self {
             candidates,
+            searched,
             argv_ptrs,
             shell_argvs,
             envp_ptrs,
@@ -203,7 +210,7 @@ fn setup(p: &Prepared) -> Result<(), c_int> {
                 // Already in place; only its close-on-exec flag must go.
                 raw(libc::SYS_fcntl, [fd.into(), libc::F_SETFD.into(), 0, 0])?;
             } else {
-                raw(libc::SYS_dup2, [fd.into(), target.into(), 0, 0])?;
+                raw(libc::SYS_dup3, [fd.into(), target.into(), 0, 0])?;
             }
         }
         if let Some((uid, gid)) = p.ids {
@@ -229,15 +236,15 @@ fn setup(p: &Prepared) -> Result<(), c_int> {
     Ok(())
 }
 
-/// Tries each candidate as `execvp` does: past a missing file (and past one it may not run, remembering
-/// that), and through `/bin/sh` for a file with no `#!` line. Returns the errno to report.
+/// Tries each candidate as `execvp` does: along the PATH past a missing file (and past one it may not run,
+/// remembering that), and through `/bin/sh` for a file with no `#!` line. Returns the errno to report.
 fn exec(p: &Prepared) -> c_int {
     let mut denied = false;
     for (path, shell_argv) in p.candidates.iter().zip(&p.shell_argvs) {
         let args = [path.as_ptr() as c_long, p.argv_ptrs.as_ptr() as c_long, p.envp_ptrs.as_ptr() as c_long, 0];
         // SAFETY: the path, argv and envp are null-terminated arrays of C strings owned by `p`.
         match unsafe { raw(libc::SYS_execve, args) }.err().unwrap_or(libc::EINVAL) {
-            libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
+            libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT if p.searched => {}
             libc::EACCES => denied = true,
             libc::ENOEXEC => {
                 let args = [SHELL.as_ptr() as c_long, shell_argv.as_ptr() as c_long, args[2], 0];
@@ -311,9 +318,12 @@ mod tests {
         assert_eq!(denied.kind(), io::ErrorKind::PermissionDenied, "{denied}");
         let missing = run(&["prog"], &a.display().to_string()).unwrap_err();
         assert_eq!(missing.kind(), io::ErrorKind::NotFound, "{missing}");
-        // A name with a slash is not searched.
+        assert_eq!(run(&[""], &path).unwrap_err().kind(), io::ErrorKind::NotFound, "an empty name");
+        // A name with a slash is not searched, and its own error is reported.
         let direct = c.join("prog").display().to_string();
         assert_eq!(run(&[&direct, "y"], "").unwrap(), ("from-c y\n".into(), 3));
+        let through_a_file = c.join("prog/x").display().to_string();
+        assert_eq!(run(&[&through_a_file], "").unwrap_err().raw_os_error(), Some(libc::ENOTDIR));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
