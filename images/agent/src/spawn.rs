@@ -280,7 +280,19 @@ mod tests {
         let (out_r, out_w) = pipe_with(PipeFlags::CLOEXEC).unwrap();
         let stdio = Stdio::Pipes([&stdin, &out_w, &out_w]);
         let plan = Plan { argv: &argv, env: vec![("PATH", path)], cwd: "/", run_as: None, stdio };
-        let pid = spawn(&plan)?;
+        // A test beside this one may be writing its script while we clone: our child then holds that file
+        // open for writing until it execs, and the other test's exec meets ETXTBSY. Retry, as Go does.
+        let mut spawned = spawn(&plan);
+        for _ in 0..50 {
+            match spawned {
+                Err(ref e) if e.kind() == io::ErrorKind::ExecutableFileBusy => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    spawned = spawn(&plan);
+                }
+                _ => break,
+            }
+        }
+        let pid = spawned?;
         drop(out_w);
         let mut out = String::new();
         std::fs::File::from(out_r).read_to_string(&mut out).unwrap();
