@@ -46,9 +46,11 @@ fn rogue<'a>(s: &'a Scratch, mode: &str, workload: &[&str]) -> Launch<'a> {
         .flag("60")
 }
 
+/// The events recorded so far: whole lines only, since the supervisor's writer thread may be mid-line.
 fn events(sandbox_dir: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(sandbox_dir.join(SandboxFile::Events.name())).unwrap_or_default();
-    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+    whole.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
 fn findings(events: &[Value]) -> Vec<&str> {
@@ -322,7 +324,12 @@ fn stop_with_a_slow_collector(s: &Scratch, driver_flags: &[&str]) -> (usize, usi
     s.waiting_for("5,000 processes (10,000 events)");
     let statuses = AttachClient::connect(&run.sandbox_dir).run_many(&["polite"], 5000, 64);
     assert!(statuses.iter().all(|st| *st == ExitStatus::Code(0)));
-    let queued = events(&run.sandbox_dir).len();
+    // The file is written on the supervisor's own thread, which may still be behind the last exit status.
+    let mut queued = 0;
+    wait_until(Duration::from_secs(30), || {
+        queued = events(&run.sandbox_dir).len();
+        queued >= 10_000
+    });
     assert!(queued >= 10_000, "{queued} events recorded");
     assert!(receiver.records().is_empty(), "the collector accepted nothing yet");
     receiver.set_behavior(Behavior::Slow(Duration::from_secs(1)));
