@@ -77,6 +77,12 @@ impl StateDir {
         self.root.join("pool")
     }
 
+    /// The warm pool's snapshots (`serve --pool-snapshots`), one directory each
+    /// ([`vm_contract::snapshot`]); made anew by every `serve`.
+    pub fn snapshots_dir(&self) -> PathBuf {
+        self.root.join("snapshots")
+    }
+
     /// The directory holding every sandbox's directory.
     pub fn sandboxes_dir(&self) -> PathBuf {
         self.root.join("sandboxes")

@@ -17,7 +17,7 @@ use crate::{Capabilities, Hello, ToGuest, ToHost};
 ///
 /// # Errors
 /// [`FrameError::Truncated`] on EOF, or a header or I/O error.
-async fn read_body<R: AsyncRead + Unpin>(reader: &mut R) -> Result<Vec<u8>, FrameError> {
+pub async fn read_body<R: AsyncRead + Unpin>(reader: &mut R) -> Result<Vec<u8>, FrameError> {
     let mut header = [0u8; HEADER_BYTES];
     reader.read_exact(&mut header).await.map_err(eof_is_truncation)?;
     let mut body = vec![0u8; frame::body_len(header)?];
@@ -29,7 +29,7 @@ async fn read_body<R: AsyncRead + Unpin>(reader: &mut R) -> Result<Vec<u8>, Fram
 ///
 /// # Errors
 /// [`FrameError::Encode`] or [`FrameError::Io`].
-async fn write_frame<W: AsyncWrite + Unpin, M: Serialize>(writer: &mut W, msg: &M) -> Result<(), FrameError> {
+pub async fn write_frame<W: AsyncWrite + Unpin, M: Serialize>(writer: &mut W, msg: &M) -> Result<(), FrameError> {
     let mut buf = Vec::new();
     frame::encode(msg, &mut buf)?;
     writer.write_all(&buf).await?;

@@ -86,7 +86,31 @@ pub enum ToGuest {
         /// The process, as this connection knows it.
         id: ProcId,
     },
+    /// Sent by the supervisor right after every hello, before any process: fresh host entropy and the host's
+    /// wall clock. The agent adds the bytes to the kernel's pool, forces the kernel RNG to reseed from it,
+    /// and sets the clock. A VM restored from a snapshot would otherwise serve every clone the RNG state and
+    /// the stale time it was saved with. Never from an attach client.
+    Reseed {
+        /// [`RESEED_BYTES`] bytes from the host's RNG (more or fewer is a violation).
+        entropy: HostEntropy,
+        /// The host's wall clock: nanoseconds since the Unix epoch.
+        unix_nanos: u64,
+    },
 }
+
+/// Seed material: its `Debug` shows the length only, so no log line can carry it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostEntropy(pub ByteBuf);
+
+impl std::fmt::Debug for HostEntropy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostEntropy({} bytes)", self.0.len())
+    }
+}
+
+/// Bytes of host entropy in a [`ToGuest::Reseed`]: 512 bits, twice what the kernel needs to call its RNG
+/// initialized.
+pub const RESEED_BYTES: usize = 64;
 
 /// Guest agent (or supervisor, on the attach socket) to host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

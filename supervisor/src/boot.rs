@@ -19,6 +19,7 @@ use vm_contract::args::SupervisorArgs;
 use vm_contract::jail::{parse_vmm_pid_line, Confinement, JailIds};
 use vm_contract::layout::SandboxFile;
 use vm_contract::pids::{ProcessRecord, SandboxPids};
+use vm_contract::snapshot::SnapshotFile;
 use vm_contract::status::SupervisorStatus;
 use vm_protocol::handshake::FirstFrameError;
 
@@ -118,6 +119,18 @@ pub enum StartError {
     /// A telemetry sink could not start.
     #[error("cannot start telemetry")]
     TelemetrySinks(#[source] crate::telemetry::TelemetryError),
+    /// The snapshot to restore from is unreadable.
+    #[error("cannot read the snapshot to restore")]
+    Snapshot(#[source] std::io::Error),
+    /// QEMU did not connect its monitor (a VM to be saved needs it).
+    #[error("the VMM did not connect its monitor")]
+    Monitor(#[source] std::io::Error),
+    /// `--save-snapshot`: the save failed.
+    #[error("cannot save the VM")]
+    Save(#[source] crate::snapshot::SaveError),
+    /// `--save-snapshot`: the VM stopped before it was saved.
+    #[error("the VM stopped before it was saved ({0})")]
+    StoppedBeforeSave(crate::stop::StopReason),
     /// A pooled VM's claim line could not be used.
     #[error("the claim was refused")]
     Claim(#[source] vm_contract::claim::ClaimError),
@@ -145,6 +158,8 @@ pub(crate) struct Booted {
     pub(crate) link: GuestLink,
     pub(crate) attach: UnixListener,
     pub(crate) logs: GuestLogs,
+    /// `--save-snapshot`: QEMU's monitor and the socket its migration stream will come to.
+    pub(crate) save: Option<crate::snapshot::SaveLine>,
 }
 
 /// What the guest's logs dropped past their caps.
@@ -192,6 +207,13 @@ pub(crate) async fn boot(
     let root = vmm_root(&args.sandbox_dir)?;
     let channel = bind(SandboxFile::Channel, ids)?;
     let console = bind(SandboxFile::ConsoleSocket, ids)?;
+    let saving = args.save_snapshot.is_some();
+    let monitor = if saving { Some(bind(SandboxFile::Monitor, ids)?) } else { None };
+    let migration = if saving { Some(bind(SandboxFile::Migration, ids)?) } else { None };
+    let restored = match &args.restore_snapshot {
+        Some(dir) => Some(crate::snapshot::saved_hello(dir).map_err(StartError::Snapshot)?),
+        None => None,
+    };
     let config = VmmConfig {
         qemu,
         jailer: sibling_binary("vm-jailer")?,
@@ -203,19 +225,30 @@ pub(crate) async fn boot(
         initrd: args.initrd.clone(),
         shape: args.shape,
         accel,
+        monitor: saving,
+        incoming: args.restore_snapshot.as_deref().map(|dir| SnapshotFile::State.path(dir)),
     };
     // Until QEMU's pid is known, the switch kills the jailer, and QEMU with it (its parent-death signal).
     let mut vmm = VmmProcess::new(config.spawn().map_err(StartError::SpawnVmm)?, senders.vmm_kill.clone());
     let booted = async {
         let logs = guest_logs(&mut vmm, &console, senders).await?;
+        let save = match (monitor, migration) {
+            (Some(monitor), Some(migration)) => {
+                Some(crate::snapshot::SaveLine { monitor: accept_monitor(&mut vmm, &monitor).await?, migration })
+            }
+            _ => None,
+        };
         let vmm_record = qemu_process(&mut vmm).await?;
         vmm.arm(vmm_record);
-        let (lease, link, attach) =
-            lease_and_link(args, &mut vmm, vmm_record, &channel, &watchdog, senders, stop).await?;
-        Ok::<_, StartError>((vmm_record, lease, link, attach, logs))
+        let how = guest_link::LinkStart { saved_hello: restored.as_deref(), settle: saving || restored.is_some() };
+        let link = Link { channel: &channel, how };
+        let (lease, link, attach) = lease_and_link(args, &mut vmm, vmm_record, link, &watchdog, senders, stop).await?;
+        Ok::<_, StartError>((vmm_record, lease, link, attach, logs, save))
     };
     match booted.await {
-        Ok((vmm_record, lease, link, attach, logs)) => Ok(Booted { vmm, vmm_record, lease, link, attach, logs }),
+        Ok((vmm_record, lease, link, attach, logs, save)) => {
+            Ok(Booted { vmm, vmm_record, lease, link, attach, logs, save })
+        }
         Err(e) => {
             vmm.kill().await;
             Err(e)
@@ -248,6 +281,26 @@ async fn guest_logs(vmm: &mut VmmProcess, console: &UnixListener, senders: &Send
         .map_err(|e| broken(SandboxFile::ConsoleSocket, e))?;
     let console_dropped = copy(Box::new(stream), SandboxFile::Console, guest_logs::CONSOLE_CAP_BYTES)?;
     Ok(GuestLogs { console: console_dropped, vmm: vmm_dropped })
+}
+
+/// QEMU's monitor connection (it connects at start, as it does its console).
+async fn accept_monitor(vmm: &mut VmmProcess, monitor: &UnixListener) -> Result<tokio::net::UnixStream, StartError> {
+    let accepted = tokio::select! {
+        accepted = tokio::time::timeout(Duration::from_millis(CONSOLE_CONNECT_MS), monitor.accept()) => accepted,
+        exit = vmm.wait() => {
+            return Err(StartError::VmmExitedDuringBoot { status: exit.map_or_else(|e| e.to_string(), |s| s.to_string()) });
+        }
+    };
+    let (stream, _) =
+        accepted.map_err(|_| StartError::Monitor(std::io::ErrorKind::TimedOut.into()))?.map_err(StartError::Monitor)?;
+    Ok(stream)
+}
+
+/// The boundary channel's listener, and how the link starts on it.
+#[derive(Clone, Copy)]
+struct Link<'a> {
+    channel: &'a UnixListener,
+    how: guest_link::LinkStart<'a>,
 }
 
 /// QEMU's own process: the pid the jailer reports ([`vm_contract::jail::vmm_pid_line`]), taken only if it is
@@ -321,7 +374,7 @@ async fn lease_and_link(
     args: &SupervisorArgs,
     vmm: &mut VmmProcess,
     vmm_record: ProcessRecord,
-    channel: &UnixListener,
+    link: Link<'_>,
     watchdog: &Path,
     senders: &Senders,
     stop: &mut watch::Receiver<StopRequests>,
@@ -340,7 +393,7 @@ async fn lease_and_link(
     };
     recorded.watchdog = lease.record;
     let linked = match recorded.write(here) {
-        Ok(()) => handshake(args, vmm, channel, &mut lease, senders, stop).await,
+        Ok(()) => handshake(args, vmm, link, &mut lease, senders, stop).await,
         Err(e) => Err(StartError::Pids(e)),
     };
     match linked.and_then(|link| Ok((link, bind(SandboxFile::Attach, None)?))) {
@@ -355,13 +408,13 @@ async fn lease_and_link(
 async fn handshake(
     args: &SupervisorArgs,
     vmm: &mut VmmProcess,
-    channel: &UnixListener,
+    link: Link<'_>,
     lease: &mut Lease,
     senders: &Senders,
     stop: &mut watch::Receiver<StopRequests>,
 ) -> Result<GuestLink, StartError> {
     let timeout = Duration::from_millis(args.boot_timeout_ms);
-    let link = guest_link::connect(channel, timeout, senders.clone());
+    let link = guest_link::connect(link.channel, timeout, senders.clone(), link.how);
     tokio::pin!(link);
     loop {
         tokio::select! {

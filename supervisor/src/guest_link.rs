@@ -6,8 +6,11 @@ use std::time::Duration;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use vm_protocol::codec::{self, HostFrameReader};
-use vm_protocol::handshake::FirstFrameError;
-use vm_protocol::{Capabilities, Hello, ToGuest};
+use vm_protocol::handshake::{self, FirstFrameError};
+use vm_protocol::message::{HostEntropy, RESEED_BYTES};
+use vm_protocol::{frame, Capabilities, Hello, ToGuest, ToHost};
+
+use vm_contract::test_control::TestControl;
 
 use crate::inbox::Senders;
 
@@ -29,6 +32,15 @@ pub enum LinkError {
     /// The agent's hello was wrong.
     #[error("the guest agent's handshake failed")]
     Handshake(#[source] FirstFrameError),
+    /// The host's RNG did not give the guest's seed.
+    #[error("cannot read the host's RNG")]
+    Entropy(#[source] std::io::Error),
+    /// The first requests or the agent's answer to them failed.
+    #[error("the guest agent did not take its first requests")]
+    Settle(#[source] vm_protocol::FrameError),
+    /// The agent answered its first requests with something other than the pong.
+    #[error("the guest agent answered its first requests out of turn")]
+    Unsettled,
 }
 
 /// A connected, handshaken guest.
@@ -40,21 +52,87 @@ pub struct GuestLink {
     pub tx: mpsc::Sender<ToGuest>,
 }
 
-/// Accepts the VMM's connection and completes the handshake within `timeout`, then starts the reader and
-/// writer tasks. Guest messages go to the loop's bounded guest queue: when it is full the reader waits, and
-/// the guest with it.
+/// How the link starts.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LinkStart<'a> {
+    /// A guest restored from a snapshot finished its handshake with the supervisor that saved it and waits
+    /// for requests: this is its hello's frame body, checked in place of a fresh exchange.
+    pub saved_hello: Option<&'a [u8]>,
+    /// Wait until the agent has handled the `Reseed` (a ping, answered in order) before the link counts as
+    /// up: a restored guest proves it runs, and a guest to be saved is saved reseeded.
+    pub settle: bool,
+}
+
+/// Accepts the VMM's connection and completes the handshake within `timeout`, queues the [`ToGuest::Reseed`]
+/// first of all, then starts the reader and writer tasks. Guest messages go to the loop's bounded guest
+/// queue: when it is full the reader waits, and the guest with it.
 ///
 /// # Errors
 /// A [`LinkError`].
-pub async fn connect(listener: &UnixListener, timeout: Duration, senders: Senders) -> Result<GuestLink, LinkError> {
-    let start = tokio::time::Instant::now();
+pub async fn connect(
+    listener: &UnixListener,
+    timeout: Duration,
+    senders: Senders,
+    how: LinkStart<'_>,
+) -> Result<GuestLink, LinkError> {
+    let deadline = tokio::time::Instant::now() + timeout;
     let (mut stream, _) = listener.accept().await.map_err(LinkError::Accept)?;
     let ours = Hello::ours(Capabilities::NONE, concat!("vm-supervisor ", env!("CARGO_PKG_VERSION")));
-    let hello = tokio::time::timeout_at(start + timeout, codec::host_handshake(&mut stream, ours, REQUIRED))
+    let handshake = async {
+        match how.saved_hello {
+            Some(body) => handshake::accept_first(body, REQUIRED, |m| match m {
+                ToHost::Hello(h) => Some(h),
+                _ => None,
+            }),
+            None => codec::host_handshake(&mut stream, ours, REQUIRED).await,
+        }
+    };
+    let hello = tokio::time::timeout_at(deadline, handshake)
         .await
         .map_err(|_| LinkError::Timeout(timeout))?
         .map_err(LinkError::Handshake)?;
-    Ok(GuestLink { hello, tx: pump(stream, senders) })
+    let mut first = Vec::new();
+    if how.saved_hello.is_none() || !crate::control(TestControl::NoReseedAtRestore) {
+        first.push(reseed().map_err(LinkError::Entropy)?);
+    }
+    if how.settle {
+        tokio::time::timeout_at(deadline, settle(&mut stream, first.drain(..)))
+            .await
+            .map_err(|_| LinkError::Timeout(timeout))??;
+    }
+    let tx = pump(stream, senders);
+    // Before anything else is queued: the guest reseeds before any process runs. The queue is new and
+    // empty, so this cannot fail.
+    for msg in first {
+        let _ = tx.try_send(msg);
+    }
+    Ok(GuestLink { hello, tx })
+}
+
+/// Sends `first` and a ping, and waits for the pong. Nothing runs in the guest yet, so any other answer
+/// breaks the protocol.
+async fn settle(stream: &mut UnixStream, first: impl Iterator<Item = ToGuest>) -> Result<(), LinkError> {
+    const NONCE: u64 = 0x05E7_71ED;
+    for msg in first.chain([ToGuest::Ping { nonce: NONCE }]) {
+        codec::write_frame(stream, &msg).await.map_err(LinkError::Settle)?;
+    }
+    let body = codec::read_body(stream).await.map_err(LinkError::Settle)?;
+    match frame::decode_body::<ToHost>(&body) {
+        Ok(ToHost::Pong { nonce: NONCE }) => Ok(()),
+        _ => Err(LinkError::Unsettled),
+    }
+}
+
+/// Fresh host entropy and the wall clock for the guest ([`ToGuest::Reseed`]).
+fn reseed() -> std::io::Result<ToGuest> {
+    let mut entropy = vec![0u8; RESEED_BYTES];
+    let n = rustix::rand::getrandom(&mut entropy, rustix::rand::GetRandomFlags::empty())?;
+    if n != RESEED_BYTES {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let unix_nanos = u64::try_from(since_epoch.as_nanos()).unwrap_or(u64::MAX);
+    Ok(ToGuest::Reseed { entropy: HostEntropy(entropy.into()), unix_nanos })
 }
 
 fn pump(stream: UnixStream, senders: Senders) -> mpsc::Sender<ToGuest> {

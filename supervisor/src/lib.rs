@@ -35,6 +35,7 @@ pub mod pooled;
 pub mod run;
 mod serve;
 pub mod session;
+pub mod snapshot;
 pub mod status;
 pub mod stop;
 pub mod telemetry;

@@ -40,11 +40,6 @@ enum Unclaimed {
 /// # Errors
 /// A [`StartError`] if the VM never became ready, or its claim or the claimed sandbox's start failed.
 pub async fn run(mut args: SupervisorArgs, console: Console) -> Result<StopReason, StartError> {
-    let failed = |e: StartError, console: Console| {
-        status::report(&SupervisorStatus::Failed { error: chain(&e) });
-        console.shutdown(Instant::now() + Duration::from_secs(1));
-        Err(e)
-    };
     if let Err(e) = std::env::set_current_dir(&args.sandbox_dir) {
         return failed(StartError::SandboxDir(args.sandbox_dir.clone(), e), console);
     }
@@ -66,6 +61,9 @@ pub async fn run(mut args: SupervisorArgs, console: Console) -> Result<StopReaso
             return Err(e);
         }
     };
+    if let Some(dir) = args.save_snapshot.clone() {
+        return save_and_stop(booted, inbox, &dir, &args, console).await;
+    }
     let agent = booted.link.hello.software_label();
     status::report(&SupervisorStatus::Pooled { vmm_pid: booted.vmm_record.pid.unsigned_abs(), agent });
     tracing::info!(slot = %args.sandbox_id, "pooled VM ready; waiting for a claim");
@@ -89,19 +87,80 @@ pub async fn run(mut args: SupervisorArgs, console: Console) -> Result<StopReaso
     match unclaimed {
         Unclaimed::Stopped(reason) => {
             tracing::info!(reason = %reason, "pooled VM stopped before a claim");
-            status::report(&SupervisorStatus::Stopped {
-                events: 0,
-                otlp_exported: 0,
-                otlp_dropped: 0,
-                limited: 0,
-                jsonl_dropped: 0,
-                console_dropped: 0,
-            });
+            status::report(&stopped_unclaimed());
             console.shutdown(Instant::now() + Duration::from_secs(1));
             Ok(reason)
         }
         Unclaimed::BadClaim(e) => failed(StartError::Claim(e), console),
     }
+}
+
+/// `--save-snapshot`: saves the booted VM, keeping its lease meanwhile, then stops it. Saved or not, the VM
+/// serves nothing and the supervisor exits.
+async fn save_and_stop(
+    mut booted: Booted,
+    mut inbox: Inbox,
+    dir: &std::path::Path,
+    args: &SupervisorArgs,
+    console: Console,
+) -> Result<StopReason, StartError> {
+    let saved = match booted.save.take() {
+        Some(line) => {
+            let save = crate::snapshot::save(line, &booted.link, dir, args.shape);
+            tokio::pin!(save);
+            loop {
+                tokio::select! {
+                    saved = &mut save => break saved.map_err(StartError::Save),
+                    Ok(()) = inbox.stop.changed() => {
+                        let requests = *inbox.stop.borrow_and_update();
+                        if requests.driver_gone {
+                            break Err(StartError::StoppedBeforeSave(StopReason::DriverGone));
+                        }
+                        if requests.terminate {
+                            break Err(StartError::StoppedBeforeSave(StopReason::Terminated));
+                        }
+                    }
+                    exit = booted.vmm.wait() => break Err(StartError::StoppedBeforeSave(StopReason::VmmExited(exit.ok()))),
+                    step = booted.lease.step() => if let Err(e) = step {
+                        break Err(StartError::StoppedBeforeSave(StopReason::LeaseLost(e)));
+                    },
+                }
+            }
+        }
+        None => Err(StartError::Save(crate::snapshot::SaveError::Monitor("start"))),
+    };
+    let Booted { mut vmm, lease, .. } = booted;
+    vmm.kill().await;
+    let _ = lease.close().await;
+    match saved {
+        Ok(bytes) => {
+            tracing::info!(bytes, "VM saved");
+            status::report(&SupervisorStatus::Saved { bytes });
+            status::report(&stopped_unclaimed());
+            console.shutdown(Instant::now() + Duration::from_secs(1));
+            Ok(StopReason::Terminated)
+        }
+        Err(e) => failed(e, console),
+    }
+}
+
+/// The final report of a VM that served nothing.
+fn stopped_unclaimed() -> SupervisorStatus {
+    SupervisorStatus::Stopped {
+        events: 0,
+        otlp_exported: 0,
+        otlp_dropped: 0,
+        limited: 0,
+        jsonl_dropped: 0,
+        console_dropped: 0,
+    }
+}
+
+/// Reports a failed start and ends the console.
+fn failed(e: StartError, console: Console) -> Result<StopReason, StartError> {
+    status::report(&SupervisorStatus::Failed { error: chain(&e) });
+    console.shutdown(Instant::now() + Duration::from_secs(1));
+    Err(e)
 }
 
 /// The `pool-identity-at-boot` control's telemetry: started at boot from the environment, under the slot's id.

@@ -239,7 +239,7 @@ async fn supervise(
             (booted, senders, inbox)
         }
     };
-    let (Booted { mut vmm, vmm_record, mut lease, link, attach, logs }, senders, mut inbox) = booted;
+    let (Booted { mut vmm, vmm_record, mut lease, link, attach, logs, .. }, senders, mut inbox) = booted;
     telemetry.spans().boot_ended(true);
     let vm = AppInfo { name: "microvm".into(), version: link.hello.software_label() };
     crate::attach_server::serve(attach, link.hello.capabilities, senders.clone());

@@ -69,6 +69,10 @@ pub struct VmmConfig {
     pub shape: SandboxShape,
     /// Accelerator.
     pub accel: Accelerator,
+    /// Connect QEMU's monitor to [`SandboxFile::Monitor`]: only a VM that is to be saved has one.
+    pub monitor: bool,
+    /// Start from this migration stream instead of booting.
+    pub incoming: Option<PathBuf>,
 }
 
 impl VmmConfig {
@@ -99,6 +103,12 @@ impl VmmConfig {
         push(&["-device", "virtio-serial-device"]);
         push(&["-chardev", &format!("socket,id=boundary,path={},server=off", SandboxFile::Channel.name())]);
         push(&["-device", &format!("virtserialport,chardev=boundary,name={CHANNEL_PORT_NAME}")]);
+        if self.monitor {
+            push(&["-chardev", &format!("socket,id=monitor,path={},server=off", SandboxFile::Monitor.name())]);
+            push(&["-mon", "chardev=monitor,mode=control"]);
+            // The stream then leaves out the run state (the VM is saved stopped), and a restore runs at once.
+            push(&["-global", "migration.store-global-state=off"]);
+        }
         push(&["-append", &kernel_args]);
         let (kernel, initrd) = if self.confinement.has_jail_root() {
             (JAIL_KERNEL.into(), JAIL_INITRD.into())
@@ -123,6 +133,7 @@ impl VmmConfig {
             kvm: self.accel == Accelerator::Kvm,
             nice: VMM_NICE,
             cgroups: self.cgroups.clone(),
+            incoming: self.incoming.clone(),
             exec,
         }
     }
@@ -174,6 +185,8 @@ mod tests {
             initrd: "/img/initramfs.cpio".into(),
             shape: SandboxShape::new(2, 512).unwrap(),
             accel,
+            monitor: false,
+            incoming: None,
         }
     }
 

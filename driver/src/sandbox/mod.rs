@@ -180,17 +180,29 @@ pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
         reap::end_generation(&spec.layout, None, EndReason::Failed);
         return Err(e);
     }
-    launch(spec, false)
+    launch(spec, None)
 }
 
-/// Starts a pooled VM in the pool slot `spec` names: booted with no identity, waiting for
-/// [`Running::claim`]. No credential, policy, descriptor, session or telemetry setting of `spec` reaches it.
+/// How a pooled VM comes up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PooledStart {
+    /// Booted.
+    Boot,
+    /// Booted, then saved into this snapshot directory; it serves nothing ([`Ready::saved`]).
+    Save(PathBuf),
+    /// Restored from the snapshot in this directory.
+    Restore(PathBuf),
+}
+
+/// Starts a pooled VM in the pool slot `spec` names: with no identity, waiting for [`Running::claim`]
+/// (or, [`PooledStart::Save`], saved and gone). No credential, policy, descriptor, session or telemetry
+/// setting of `spec` reaches it.
 ///
 /// # Errors
 /// [`StartError`]; nothing is left, as for [`start`].
-pub fn start_pooled(spec: &StartSpec) -> Result<Running, StartError> {
+pub fn start_pooled(spec: &StartSpec, how: &PooledStart) -> Result<Running, StartError> {
     clear_last_generation(&spec.layout);
-    launch(spec, true)
+    launch(spec, Some(how))
 }
 
 /// The last generation's pids go before its tombstone: a reaper must never see dead pids and no tombstone,
@@ -215,7 +227,8 @@ fn write_start_files(spec: &StartSpec) -> Result<(), StartError> {
 }
 
 /// Claims the jail id and the cgroups, and starts the supervisor (`pooled`: with no identity).
-fn launch(spec: &StartSpec, pooled: bool) -> Result<Running, StartError> {
+fn launch(spec: &StartSpec, pooled_start: Option<&PooledStart>) -> Result<Running, StartError> {
+    let pooled = pooled_start.is_some();
     let dir = spec.layout.dir();
     let jail_id = match spec.jail.confinement {
         Confinement::Jail => match crate::jail::claim(spec.jail.ids, &spec.layout) {
@@ -261,6 +274,14 @@ fn launch(spec: &StartSpec, pooled: bool) -> Result<Running, StartError> {
         vmm_cgroups,
         parent_liveness_stdin: true,
         pooled,
+        save_snapshot: match pooled_start {
+            Some(PooledStart::Save(dir)) => Some(dir.clone()),
+            _ => None,
+        },
+        restore_snapshot: match pooled_start {
+            Some(PooledStart::Restore(dir)) => Some(dir.clone()),
+            _ => None,
+        },
         backend: Backend::Microvm,
     };
     // A pooled VM learns its telemetry settings at its claim, never at spawn (but in the control).

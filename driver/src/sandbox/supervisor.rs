@@ -91,6 +91,8 @@ pub struct Ready {
     pub vmm: Option<ProcessRecord>,
     /// A pooled supervisor's VM is booted and waits for its claim (`vm_contract::claim`).
     pub pooled: bool,
+    /// A supervisor that saved its VM (`--save-snapshot`): the stream's bytes. It serves nothing, and exits.
+    pub saved: Option<u64>,
 }
 
 /// How a stop ended.
@@ -201,7 +203,11 @@ impl SupervisorProcess {
                         let (accel, fallback) = self.accel.clone();
                         let vmm = i32::try_from(vmm_pid).ok().and_then(ProcessRecord::read);
                         let pooled = matches!(status, SupervisorStatus::Pooled { .. });
-                        return Ok(Ready { accel, fallback, vmm, pooled });
+                        return Ok(Ready { accel, fallback, vmm, pooled, saved: None });
+                    }
+                    Some(SupervisorStatus::Saved { bytes }) => {
+                        let (accel, fallback) = self.accel.clone();
+                        return Ok(Ready { accel, fallback, vmm: None, pooled: true, saved: Some(bytes) });
                     }
                     Some(SupervisorStatus::Failed { error }) => return Err(SupervisorError::StartFailed(error)),
                     Some(SupervisorStatus::Stopping) => {}

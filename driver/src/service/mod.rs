@@ -80,6 +80,8 @@ pub struct ServeConfig {
     pub admission: admission::AdmissionConfig,
     /// The warm pool's targets; empty: no pool.
     pub pool: Vec<pool::PoolTarget>,
+    /// Pooled VMs are restored from a snapshot saved at start (`--pool-snapshots`).
+    pub pool_snapshots: bool,
 }
 
 /// Why `serve` could not start.
@@ -172,11 +174,12 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         limits.sandboxes, limits.vcpus, limits.memory_mib, limits.exec_streams, limits.exec_per_sandbox
     );
     restore(&reg, &state);
-    let pool = pool::Pool::start(Arc::clone(&reg), config.pool.clone())?;
+    let pool = pool::Pool::start(Arc::clone(&reg), config.pool.clone(), config.pool_snapshots)?;
+    let how = if config.pool_snapshots { "restored from a snapshot" } else { "booted" };
     for t in &config.pool {
         let image = if t.image.is_empty() { "default" } else { &t.image };
         eprintln!(
-            "vm-driver: warm pool: {} VMs of {} vCPU, {} MiB, image {image}, booted ahead and counted in admission",
+            "vm-driver: warm pool: {} VMs of {} vCPU, {} MiB, image {image}, {how} ahead and counted in admission",
             t.count,
             t.shape.cpus(),
             t.shape.memory_mib()

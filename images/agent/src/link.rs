@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{killpg, Signal};
 use vm_protocol::handshake::{self, FirstFrameError};
 use vm_protocol::identity::{WorkloadIdentity, WORKLOAD};
+use vm_protocol::message::RESEED_BYTES;
 use vm_protocol::{frame, Capabilities, FrameError, Hello, ProcId, SignalName, ToGuest, ToHost};
 
 use crate::outbox::Outbox;
@@ -53,6 +54,9 @@ pub struct Config {
     /// Who every process runs as: the fixed workload identity; `None` keeps the agent's own ids (tests on a
     /// host).
     pub run_as: Option<WorkloadIdentity>,
+    /// Whether this agent is PID 1 of its own guest, and so feeds `Reseed` to the kernel (its RNG and
+    /// clock). Off by default: tests drive the link on a host, whose kernel it must never touch.
+    pub own_kernel: bool,
 }
 
 impl Default for Config {
@@ -67,6 +71,7 @@ impl Default for Config {
             default_cwd: "/".into(),
             max_processes: 1024,
             run_as: Some(WORKLOAD),
+            own_kernel: false,
         }
     }
 }
@@ -297,6 +302,16 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
                 }
             }
         }
+        ToGuest::Reseed { entropy, .. } if entropy.0.len() != RESEED_BYTES => {
+            return Err(LinkError::Violation { what: "reseed without 64 bytes of entropy".into() })
+        }
+        ToGuest::Reseed { entropy, unix_nanos } if config.own_kernel => {
+            // The guest's own loss: a workload gets a weaker RNG or a stale clock, and the console says so.
+            if let Err(e) = crate::entropy::reseed(&entropy.0, unix_nanos) {
+                eprintln!("vm-agent: reseed failed: {e}");
+            }
+        }
+        ToGuest::Reseed { .. } => {}
         ToGuest::Ping { nonce } => shared.send(&ToHost::Pong { nonce }),
         ToGuest::Shutdown { grace_ms } => return Ok(Some(Duration::from_millis(u64::from(grace_ms)))),
         ToGuest::Hello(_) | ToGuest::Reserved => {

@@ -27,7 +27,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     init::boot()?;
     let port = port::open(CHANNEL_PORT_NAME, Duration::from_millis(PORT_TIMEOUT_MS))?;
     let writer = port.try_clone()?;
-    let end = link::serve(port, writer, &link::Config::default())?;
+    let end = link::serve(port, writer, &link::Config { own_kernel: true, ..link::Config::default() })?;
     eprintln!("vm-agent: the link ended ({end:?}); powering off");
     Ok(())
 }

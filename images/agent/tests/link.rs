@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use vm_agent::link::{self, End, LinkError};
 use vm_protocol::handshake::{FirstFrameError, HandshakeError};
-use vm_protocol::message::{EnvVar, Refusal};
+use vm_protocol::message::{EnvVar, HostEntropy, Refusal, RESEED_BYTES};
 use vm_protocol::{
     frame, Capabilities, ExitStatus, Hello, ProcId, PtySize, SignalName, Spawn, Stream, ToGuest, ToHost,
 };
@@ -524,5 +524,24 @@ fn the_host_breaking_the_rules_ends_the_link() {
         host.send(&msg);
         let result = host.agent.take().unwrap().join().unwrap();
         assert!(matches!(result, Err(LinkError::Violation { .. })), "{msg:?}: {result:?}");
+    }
+}
+
+#[test]
+fn a_reseed_is_taken_in_turn_and_one_without_64_bytes_ends_the_link() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // On a host the link leaves the kernel alone (`own_kernel` off): the message is checked and answered in
+    // order, nothing more.
+    let mut host = Host::start();
+    let entropy = |n: usize| HostEntropy(vec![7u8; n].into());
+    host.send(&ToGuest::Reseed { entropy: entropy(RESEED_BYTES), unix_nanos: 1 });
+    host.send(&ToGuest::Ping { nonce: 9 });
+    assert_eq!(host.recv(), Some(ToHost::Pong { nonce: 9 }));
+    host.finish().unwrap();
+    for size in [0, RESEED_BYTES - 1, RESEED_BYTES + 1] {
+        let mut host = Host::start();
+        host.send(&ToGuest::Reseed { entropy: entropy(size), unix_nanos: 1 });
+        let result = host.agent.take().unwrap().join().unwrap();
+        assert!(matches!(result, Err(LinkError::Violation { .. })), "{size} bytes: {result:?}");
     }
 }

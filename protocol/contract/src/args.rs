@@ -90,6 +90,13 @@ pub struct SupervisorArgs {
     /// `--parent-liveness-stdin`. The sandbox id is then the pool slot's until the claim.
     #[cfg_attr(feature = "clap", arg(long, requires = "parent_liveness_stdin"))]
     pub pooled: bool,
+    /// Boot (as `--pooled`, with no identity), save the idle VM into this directory ([`crate::snapshot`]) and
+    /// exit, saying [`crate::status::SupervisorStatus::Saved`]; the VM serves nothing.
+    #[cfg_attr(feature = "clap", arg(long, requires = "pooled", conflicts_with = "restore_snapshot"))]
+    pub save_snapshot: Option<PathBuf>,
+    /// Start the VM from the snapshot in this directory instead of booting it.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub restore_snapshot: Option<PathBuf>,
     /// The backend: picks the launch descriptor's decoder (never the descriptor itself).
     #[cfg_attr(feature = "clap", arg(long, value_enum, default_value_t = Backend::Microvm))]
     pub backend: Backend,
@@ -136,6 +143,12 @@ impl SupervisorArgs {
         }
         if self.pooled {
             argv.push("--pooled".into());
+        }
+        for (name, dir) in [("--save-snapshot", &self.save_snapshot), ("--restore-snapshot", &self.restore_snapshot)] {
+            if let Some(dir) = dir {
+                argv.push(name.into());
+                argv.push(dir.clone().into());
+            }
         }
         argv.push("--backend".into());
         argv.push(self.backend.as_str().into());
@@ -201,7 +214,14 @@ mod tests {
             vmm_cgroups: vec!["/sys/fs/cgroup/memory/vm-driver/box-1-abcd-vmm".into(), "/p/vm-driver/b-vmm".into()],
             parent_liveness_stdin: true,
             pooled: true,
+            save_snapshot: None,
+            restore_snapshot: Some("/run/vm-driver/snapshots/k".into()),
             backend: Backend::Microvm,
+        };
+        let saving = SupervisorArgs {
+            save_snapshot: Some("/run/vm-driver/snapshots/k.tmp".into()),
+            restore_snapshot: None,
+            ..full.clone()
         };
         let minimal = SupervisorArgs {
             qemu: None,
@@ -213,10 +233,11 @@ mod tests {
             vmm_cgroups: Vec::new(),
             parent_liveness_stdin: false,
             pooled: false,
+            restore_snapshot: None,
             backend: Backend::Microvm,
             ..full.clone()
         };
-        for args in [full, minimal] {
+        for args in [full, saving, minimal] {
             let argv = std::iter::once(OsString::from("vm-supervisor")).chain(args.to_argv());
             assert_eq!(SupervisorArgs::try_parse_from(argv).unwrap(), args);
         }

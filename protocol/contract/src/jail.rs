@@ -174,6 +174,11 @@ pub struct JailerArgs {
     /// Cgroups to join before anything else (repeatable): the VMM's limits.
     #[cfg_attr(feature = "clap", arg(long = "cgroup"))]
     pub cgroups: Vec<PathBuf>,
+    /// A migration stream to start QEMU from ([`crate::snapshot::SnapshotFile::State`]): the jailer opens
+    /// it before it confines itself and hands it to QEMU as `-incoming fd:N` (QEMU's seccomp policy allows
+    /// no other way in, and the jail has no such file).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub incoming: Option<PathBuf>,
     /// QEMU's program and arguments.
     #[cfg_attr(feature = "clap", arg(last = true, required = true))]
     pub exec: Vec<OsString>,
@@ -204,6 +209,9 @@ impl JailerArgs {
         flag("--nice", self.nice.to_string().into());
         for cgroup in &self.cgroups {
             flag("--cgroup", cgroup.clone().into());
+        }
+        if let Some(incoming) = &self.incoming {
+            flag("--incoming", incoming.clone().into());
         }
         if self.kvm {
             argv.push("--kvm".into());
@@ -258,6 +266,7 @@ mod tests {
             kvm: true,
             nice: 10,
             cgroups: vec!["/sys/fs/cgroup/vm-driver/a-1234-vmm".into()],
+            incoming: Some("/run/vm-driver/snapshots/k/state".into()),
             exec: vec!["/usr/bin/qemu-system-x86_64".into(), "-m".into(), "256M".into(), "--".into()],
         };
         let minimal = JailerArgs {
@@ -266,6 +275,7 @@ mod tests {
             gid: None,
             kvm: false,
             cgroups: Vec::new(),
+            incoming: None,
             ..full.clone()
         };
         for args in [full, minimal] {

@@ -15,6 +15,10 @@ pub enum SandboxFile {
     JailId,
     /// The boundary channel's socket: the supervisor listens, QEMU's virtio-serial port connects.
     Channel,
+    /// QEMU's monitor (QMP), connected to the supervisor only in a VM that is to be saved.
+    Monitor,
+    /// A saved VM's migration stream: QEMU connects here to send it, the supervisor writes it to the snapshot.
+    Migration,
     /// The supervisor's attach socket (0600): the driver runs processes through it.
     Attach,
     /// The guest's serial console: QEMU connects its serial port here; the supervisor writes it to
@@ -52,11 +56,13 @@ pub enum SandboxFile {
 
 impl SandboxFile {
     /// Every file, for listings and tests.
-    pub const ALL: [Self; 19] = [
+    pub const ALL: [Self; 21] = [
         Self::VmmRoot,
         Self::JailId,
         Self::Channel,
         Self::ConsoleSocket,
+        Self::Monitor,
+        Self::Migration,
         Self::Attach,
         Self::Console,
         Self::VmmLog,
@@ -80,6 +86,8 @@ impl SandboxFile {
             Self::VmmRoot => "vmm",
             Self::JailId => "jail-id",
             Self::Channel => "chan.sock",
+            Self::Monitor => "qmp.sock",
+            Self::Migration => "migrate.sock",
             Self::Attach => "attach.sock",
             Self::ConsoleSocket => "console.sock",
             Self::Console => "console.log",
@@ -101,7 +109,7 @@ impl SandboxFile {
 
     /// Whether the file lives in [`SandboxFile::VmmRoot`] (QEMU's sockets), not in the sandbox directory.
     pub const fn in_vmm_root(self) -> bool {
-        matches!(self, Self::Channel | Self::ConsoleSocket)
+        matches!(self, Self::Channel | Self::ConsoleSocket | Self::Monitor | Self::Migration)
     }
 
     /// Its path relative to the sandbox directory.

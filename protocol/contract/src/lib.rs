@@ -41,6 +41,7 @@ pub mod logs;
 pub mod pids;
 pub mod session;
 pub mod shape;
+pub mod snapshot;
 pub mod status;
 pub mod stop;
 pub mod test_control;

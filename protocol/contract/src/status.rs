@@ -34,6 +34,12 @@ pub enum SupervisorStatus {
         /// The agent's software string from its hello (made safe to print).
         agent: String,
     },
+    /// `--save-snapshot`: the booted VM was saved; the supervisor stops it and exits after
+    /// [`SupervisorStatus::Stopped`].
+    Saved {
+        /// Bytes of the migration stream.
+        bytes: u64,
+    },
     /// Start-up failed; the supervisor exits after this line.
     Failed {
         /// The error and its causes, outermost first.

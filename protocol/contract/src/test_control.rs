@@ -55,6 +55,7 @@ controls! {
     NoLogCaps = "no-log-caps": "supervisor: console.log and vmm.log grow without a cap.",
     VerboseFailureLogs = "verbose-failure-logs": "supervisor: failures are logged with their error text and library logs are not silenced.",
     SupervisorExitsAtStart = "supervisor-exits-at-start": "supervisor: fault injection, exit before reading the auth bundle.",
+    NoReseedAtRestore = "no-reseed-at-restore": "supervisor: a VM restored from a snapshot is not reseeded (the saved VM still was), so its clones keep the RNG state and clock they were saved with.",
     WatchdogEofOnly = "watchdog-eof-only": "watchdog: silence does not kill, only EOF does.",
     WatchdogNeverReady = "watchdog-never-ready": "watchdog: fault injection, never send the ready byte.",
     JailerNoDeathSignal = "jailer-no-death-signal": "jailer: QEMU is not armed to die with the jailer (its parent-death SIGKILL dropped).",

@@ -1,6 +1,8 @@
-//! Inherited file descriptors: QEMU keeps stdin, stdout and stderr, and nothing else.
+//! File descriptors: QEMU keeps stdin, stdout and stderr, and of the rest only the snapshot the jailer
+//! opened for it.
 
-use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::path::Path;
 
 use crate::JailError;
 
@@ -34,4 +36,13 @@ pub fn close(inherited: &[RawFd]) {
         #[allow(unsafe_code)]
         drop(unsafe { OwnedFd::from_raw_fd(raw) });
     }
+}
+
+/// Opens `path` read-only for QEMU to inherit (not close-on-exec), and returns its number: the fd stays open
+/// for the rest of this process, and in QEMU after the exec.
+pub fn open_for_exec(path: &Path) -> Result<RawFd, JailError> {
+    let file = std::fs::File::open(path).map_err(JailError::step("open the snapshot"))?;
+    rustix::io::fcntl_setfd(&file, rustix::io::FdFlags::empty())
+        .map_err(|e| JailError::step("pass the snapshot to QEMU")(e.into()))?;
+    Ok(file.into_raw_fd())
 }

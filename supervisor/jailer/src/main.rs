@@ -1,7 +1,7 @@
 //! `vm-jailer`: started by the supervisor in place of QEMU; confines itself, then execs QEMU, so the
 //! confinement holds from QEMU's first instruction and nothing of it depends on QEMU's cooperation.
 //!
-//! - [`fds`]: every inherited fd beyond 0–2 closed at exec.
+//! - [`fds`]: every inherited fd beyond 0–2 closed at exec; a snapshot to restore from opened for QEMU.
 //! - [`root`]: new mount namespace, the jail's files bound read-only, `pivot_root` into it.
 //! - [`creds`]: rlimits, the capability bounding set emptied, the jail's uid and gid, no new privileges.
 //! - [`pidns`]: QEMU becomes the first process of its own PID namespace; the jailer stays as its parent and
@@ -89,6 +89,12 @@ fn confine_and_exec(args: &JailerArgs) -> Result<Infallible, JailError> {
             .map_err(JailError::step("join the VMM's cgroup"))?;
     }
     let inherited = fds::close_on_exec_beyond_stdio()?;
+    // Opened here, while the host's files are still in view; the jail has none of them.
+    let mut qemu = args.exec.clone();
+    if let Some(state) = &args.incoming {
+        let fd = fds::open_for_exec(state)?;
+        qemu.extend([OsString::from("-incoming"), format!("fd:{fd}").into()]);
+    }
     // Read while /proc is still there: the jail has none.
     let last_cap = creds::last_capability();
     rustix::process::setpriority_process(None, i32::from(args.nice))
@@ -121,7 +127,7 @@ fn confine_and_exec(args: &JailerArgs) -> Result<Infallible, JailError> {
     } else {
         pidns::report_pid(std::process::id())?;
     }
-    exec(&args.exec)
+    exec(&qemu)
 }
 
 /// Execs QEMU with an empty environment.

@@ -321,6 +321,7 @@ impl Mux {
             ToGuest::RotateCredentials(rotation) => Ok(vec![Action::RotateCredentials(client, rotation)]),
             ToGuest::Detach { id } => self.detach(client, id),
             ToGuest::Shutdown { .. } => Err(ClientViolation::Unexpected("Shutdown")),
+            ToGuest::Reseed { .. } => Err(ClientViolation::Unexpected("Reseed")),
             ToGuest::Hello(_) => Err(ClientViolation::Unexpected("a second Hello")),
             ToGuest::Reserved => Err(ClientViolation::Unexpected("the reserved message")),
         }

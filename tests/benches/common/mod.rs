@@ -81,6 +81,8 @@ impl BareVm {
             initrd,
             shape: SandboxShape::default(),
             accel,
+            monitor: false,
+            incoming: None,
         };
         let started = Instant::now();
         let qemu = Command::new(&config.qemu)

@@ -288,6 +288,11 @@ pub struct ServeArgs {
     /// Repeatable. Pooled VMs count against the limits above.
     #[arg(long = "pool", value_name = "COUNT[:CPUS:MIB[:IMAGE]]")]
     pub pool: Vec<vm_driver::service::pool::PoolTarget>,
+    /// Pooled VMs start from a snapshot instead of booting: one VM per --pool target is booted and saved
+    /// at start (into the state directory), and every pooled VM is restored from it and reseeded with fresh
+    /// host entropy and the wall clock before it is claimed.
+    #[arg(long, requires = "pool")]
+    pub pool_snapshots: bool,
     /// Named guest images, one per subdirectory (vmlinuz + initramfs.cpio), that a sandbox may ask for
     /// (default: the directory holding the default image, so `default` is one of them).
     #[arg(long, value_name = "DIR")]

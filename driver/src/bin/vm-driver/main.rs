@@ -113,6 +113,7 @@ async fn run(command: Command) -> Result<u8> {
                 admission,
                 retention,
                 pool: args.pool,
+                pool_snapshots: args.pool_snapshots,
             })
             .await?;
             Ok(0)

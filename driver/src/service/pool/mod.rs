@@ -9,6 +9,11 @@
 //!   share ([`Registry::reserve_pooled`]) before it boots, so pooled VMs count against the same limits as
 //!   sandboxes, and a claim transfers the share instead of needing room. Boots that fail back off (2 s
 //!   doubling to a minute) instead of looping.
+//! - **Snapshots** (`--pool-snapshots`). The first slot of a target boots and saves its idle VM into
+//!   `STATE/snapshots/<slot>/` ([`PooledStart::Save`]) and ends; every later slot is restored from it
+//!   ([`PooledStart::Restore`]), and its supervisor reseeds the guest before anything runs. Two failures in a
+//!   row (a save, or restores) turn the target back to booting, said once. Each `serve` saves anew, so a
+//!   snapshot never outlives the QEMU, image and driver build that made it.
 //! - **Leash.** A slot's supervisor holds the liveness pipe and lease like any other; a slot whose VM or
 //!   supervisor ends on its own is cleaned up (reaped, swept, its share given back) and replaced. Slots of
 //!   an earlier `serve` (their VMs died with its liveness pipes) are reaped and removed once their
@@ -17,6 +22,8 @@
 mod slot;
 pub mod target;
 
+use std::os::unix::fs::DirBuilderExt;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -29,7 +36,7 @@ use vm_protocol::driver_api::{ListPoolResponse, PoolTarget as ApiTarget, PooledV
 pub use self::target::{PoolKey, PoolTarget};
 use super::registry::Registry;
 use crate::image::Image;
-use crate::sandbox::Running;
+use crate::sandbox::{PooledStart, Running};
 
 /// How often the refill looks again when nothing woke it (capacity freed by a stop or delete).
 const RECHECK: Duration = Duration::from_secs(1);
@@ -51,6 +58,7 @@ pub struct ClaimedVm {
 struct Slot {
     id: SandboxId,
     target: usize,
+    start: PooledStart,
     state: SlotState,
     supervisor_pid: u32,
     /// The slot's task takes a claim from here and answers with its VM.
@@ -73,7 +81,26 @@ struct Target {
     retry_at: Option<tokio::time::Instant>,
     /// Said once while the host has no room for it, until it has again.
     no_room: bool,
+    snapshot: Snapshot,
+    /// Snapshot saves or restores that failed in a row.
+    snapshot_failures: u32,
 }
+
+/// A target's snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Snapshot {
+    /// Its VMs boot.
+    Off,
+    /// The next slot saves one.
+    Wanted,
+    /// A slot is saving one.
+    Saving,
+    /// Its VMs are restored from this directory.
+    Ready(PathBuf),
+}
+
+/// Snapshot failures in a row after which a target boots its VMs instead.
+const SNAPSHOT_ATTEMPTS: u32 = 2;
 
 #[derive(Debug)]
 struct State {
@@ -98,16 +125,23 @@ pub struct PoolError(#[from] crate::image::NamedImageError);
 
 impl Pool {
     /// The pool for `targets` (empty: no pool), its refill started.
+    /// With `snapshots`, each target's VMs are restored from a snapshot saved by its first slot.
     ///
     /// # Errors
     /// [`PoolError`] when a target's image cannot be resolved.
-    pub fn start(reg: Arc<Registry>, targets: Vec<PoolTarget>) -> Result<Arc<Self>, PoolError> {
+    pub fn start(reg: Arc<Registry>, targets: Vec<PoolTarget>, snapshots: bool) -> Result<Arc<Self>, PoolError> {
+        // An earlier serve's snapshots may come from another QEMU, image or build: never restored.
+        let dir = reg.ctx.state.snapshots_dir();
+        let _ = std::fs::remove_dir_all(&dir);
+        let snapshots = snapshots && std::fs::DirBuilder::new().mode(0o700).create(&dir).is_ok();
+        let snapshot = if snapshots { Snapshot::Wanted } else { Snapshot::Off };
         let targets = targets
             .into_iter()
             .map(|config| {
                 let image = reg.ctx.images.resolve(&config.image)?;
                 let key = PoolKey { shape: config.shape, image };
-                Ok(Target { config, key, failures: 0, retry_at: None, no_room: false })
+                let snapshot = snapshot.clone();
+                Ok(Target { config, key, failures: 0, retry_at: None, no_room: false, snapshot, snapshot_failures: 0 })
             })
             .collect::<Result<Vec<_>, PoolError>>()?;
         let active = !targets.is_empty();
@@ -281,13 +315,15 @@ impl Pool {
         }
         let layout = SandboxLayout::new(self.reg.ctx.state.pool_dir().join(id.as_str()));
         let key = self.lock().targets[target].key.clone();
-        let started = slot::boot(&self.reg.ctx, &id, &layout, &key);
+        let start = self.pooled_start(target, &id);
+        let started = slot::boot(&self.reg.ctx, &id, &layout, &key, &start);
         let running = match started {
             Ok(running) => running,
             Err(e) => {
                 eprintln!("vm-driver: cannot start a pooled VM: {}", vm_contract::logs::chain(&e));
                 let _ = std::fs::remove_dir_all(layout.dir());
                 self.reg.release_pooled(&id);
+                self.snapshot_failed(target, &start);
                 self.boot_failed(target);
                 return;
             }
@@ -296,9 +332,61 @@ impl Pool {
         let supervisor_pid = running.supervisor_pid().unwrap_or(0);
         let task = tokio::spawn(slot::run(Arc::clone(self), id.clone(), running, claims_rx, self.closing.subscribe()));
         let mut state = self.lock();
-        state.slots.push(Slot { id, target, state: SlotState::Booting, supervisor_pid, claims: claims_tx });
+        state.slots.push(Slot { id, target, start, state: SlotState::Booting, supervisor_pid, claims: claims_tx });
         state.tasks.retain(|t| !t.is_finished());
         state.tasks.push(task);
+    }
+
+    /// How the next slot of `target` (`id`) comes up: booted, restored, or booted to save the snapshot.
+    fn pooled_start(&self, target: usize, id: &SandboxId) -> PooledStart {
+        let mut state = self.lock();
+        let t = &mut state.targets[target];
+        match &t.snapshot {
+            Snapshot::Off => PooledStart::Boot,
+            Snapshot::Ready(dir) => PooledStart::Restore(dir.clone()),
+            // One slot boots at a time: a second saver never starts beside the first.
+            Snapshot::Wanted | Snapshot::Saving => {
+                let dir = self.reg.ctx.state.snapshots_dir().join(id.as_str());
+                if std::fs::DirBuilder::new().mode(0o700).create(&dir).is_err() {
+                    return PooledStart::Boot;
+                }
+                t.snapshot = Snapshot::Saving;
+                PooledStart::Save(dir)
+            }
+        }
+    }
+
+    /// A slot saved its target's snapshot (and ended).
+    fn snapshot_saved(&self, id: &SandboxId, bytes: u64) {
+        let mut state = self.lock();
+        let State { targets, slots, .. } = &mut *state;
+        let Some(slot) = slots.iter().find(|s| s.id == *id) else { return };
+        if let (PooledStart::Save(dir), Some(t)) = (&slot.start, targets.get_mut(slot.target)) {
+            eprintln!("vm-driver: warm pool: saved a snapshot of a pooled VM ({bytes} bytes); restoring from it");
+            t.snapshot = Snapshot::Ready(dir.clone());
+        }
+    }
+
+    /// A save or restore failed: try again, or after [`SNAPSHOT_ATTEMPTS`] boot instead.
+    fn snapshot_failed(&self, target: usize, start: &PooledStart) {
+        if *start == PooledStart::Boot {
+            return;
+        }
+        let mut state = self.lock();
+        let Some(t) = state.targets.get_mut(target) else { return };
+        t.snapshot_failures += 1;
+        let give_up = t.snapshot_failures >= SNAPSHOT_ATTEMPTS;
+        if let PooledStart::Save(dir) = start {
+            let _ = std::fs::remove_dir_all(dir);
+            t.snapshot = Snapshot::Wanted;
+        }
+        if give_up {
+            if let Snapshot::Ready(dir) = &t.snapshot {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            eprintln!("vm-driver: warm pool: snapshots failed {SNAPSHOT_ATTEMPTS} times in a row; booting pooled VMs");
+            t.snapshot = Snapshot::Off;
+        }
     }
 
     fn boot_failed(&self, target: usize) {
@@ -317,6 +405,9 @@ impl Pool {
             slot.state = SlotState::Ready { vmm_pid };
             if let Some(t) = targets.get_mut(slot.target) {
                 (t.failures, t.retry_at) = (0, None);
+                if matches!(slot.start, PooledStart::Restore(_)) {
+                    t.snapshot_failures = 0;
+                }
             }
         }
         drop(state);
@@ -326,11 +417,11 @@ impl Pool {
     /// The slot ended unclaimed (its VM failed, died or was stopped); its share is already given back.
     fn slot_gone(&self, id: &SandboxId, booted: bool) {
         let mut state = self.lock();
-        let target = state.slots.iter().find(|s| s.id == *id).map(|s| s.target);
-        state.slots.retain(|s| s.id != *id);
+        let slot = state.slots.iter().position(|s| s.id == *id).map(|i| state.slots.remove(i));
         drop(state);
-        if let (Some(target), false) = (target, booted) {
-            self.boot_failed(target);
+        if let (Some(slot), false) = (slot, booted) {
+            self.snapshot_failed(slot.target, &slot.start);
+            self.boot_failed(slot.target);
         }
         self.wake.notify_one();
     }

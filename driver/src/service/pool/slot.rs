@@ -11,7 +11,8 @@ use vm_contract::layout::SandboxLayout;
 use vm_contract::tombstone::EndReason;
 
 use super::{Pool, PoolKey};
-use crate::sandbox::{self, Ended, Running, StartSpec, HUNG_STOP_TIMEOUT};
+use crate::sandbox::supervisor::Ready;
+use crate::sandbox::{self, Ended, PooledStart, Running, StartSpec, HUNG_STOP_TIMEOUT};
 use crate::service::registry::Context;
 
 /// Why a pooled VM could not be started.
@@ -27,7 +28,13 @@ pub enum SlotError {
 
 /// Starts a pooled VM in a new slot directory. It has no identity: no telemetry settings, credentials,
 /// session or policy (`sandbox::start_pooled`).
-pub(super) fn boot(ctx: &Context, id: &SandboxId, layout: &SandboxLayout, key: &PoolKey) -> Result<Running, SlotError> {
+pub(super) fn boot(
+    ctx: &Context,
+    id: &SandboxId,
+    layout: &SandboxLayout,
+    key: &PoolKey,
+    start: &PooledStart,
+) -> Result<Running, SlotError> {
     std::fs::DirBuilder::new().mode(0o700).create(layout.dir()).map_err(SlotError::Dir)?;
     let spec = StartSpec {
         supervisor: ctx.supervisor.clone(),
@@ -44,7 +51,7 @@ pub(super) fn boot(ctx: &Context, id: &SandboxId, layout: &SandboxLayout, key: &
         jail: ctx.jail,
         policy: None,
     };
-    Ok(sandbox::start_pooled(&spec)?)
+    Ok(sandbox::start_pooled(&spec, start)?)
 }
 
 /// Stops a pooled generation in order and ends it (reap, sweep, tombstone).
@@ -69,6 +76,11 @@ pub(super) async fn run(
         }
     };
     let vmm_pid = match ready {
+        Ok(Ready { saved: Some(bytes), .. }) => {
+            pool.snapshot_saved(&id, bytes);
+            finish(&pool, &id, running, stop_timeout, true).await;
+            return;
+        }
         Ok(ready) if ready.pooled => {
             let vmm_pid = ready.vmm.map_or(0, |v| v.pid.unsigned_abs());
             pool.slot_ready(&id, vmm_pid);

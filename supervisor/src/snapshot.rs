@@ -1,0 +1,200 @@
+//! Snapshots: saving a booted, idle VM once (`--save-snapshot`), so that pooled VMs can start from it
+//! (`--restore-snapshot`) instead of booting. See `docs/operations.md` ("Snapshots").
+//!
+//! ```text
+//! boot (pooled, no identity) -> hello -> Reseed, Ping, Pong (the agent took it) -> QMP: stop, migrate to
+//!   vmm/migrate.sock (the supervisor copies it into STATE, capped) -> query-migrate until completed
+//!   -> the agent's hello saved beside it -> QEMU killed
+//! ```
+//!
+//! - **Only `fd:` and sockets get past QEMU's seccomp policy** (`exec:` is spawning), and a jailed QEMU may
+//!   write no file (`RLIMIT_FSIZE` 0), so QEMU sends the stream to a socket the supervisor listens on, and
+//!   the supervisor writes the file, up to [`max_state_bytes`] (QEMU runs beside the guest: what it sends
+//!   is untrusted).
+//! - **The VM is saved stopped**, right after the agent answered, and without its run state
+//!   (`migration.store-global-state=off`): guest time stands still from the agent's answer to the save, and a
+//!   restored VM runs at once, with no monitor and no `cont`.
+//! - **The saved VM had just reseeded** from the host's bytes (the `Reseed` after its hello), so what its
+//!   clones share is only what the restore's own `Reseed` replaces before any process runs.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{UnixListener, UnixStream};
+use vm_contract::layout::SandboxFile;
+use vm_contract::shape::SandboxShape;
+use vm_contract::snapshot::{max_state_bytes, SnapshotFile};
+use vm_protocol::{frame, ToHost};
+
+use crate::guest_link::GuestLink;
+
+/// The most bytes of a saved hello (a frame body of a few dozen).
+const MAX_HELLO_BYTES: u64 = 4096;
+/// The most bytes of one monitor reply line.
+const MAX_QMP_LINE: u64 = 64 * 1024;
+/// How long each step may take: QEMU's monitor answers, the stream's connection.
+const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the whole migration may take.
+const SAVE_TIMEOUT: Duration = Duration::from_secs(120);
+/// QEMU's default bandwidth cap (32 MiB/s) would make a save of 100 MB take three seconds.
+const MAX_BANDWIDTH: u64 = 100 * 1024 * 1024 * 1024;
+
+/// Why a save failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SaveError {
+    /// A step took too long.
+    #[error("saving the VM timed out ({0})")]
+    Timeout(&'static str),
+    /// QEMU's monitor failed, or answered with an error or something that is not QMP.
+    #[error("QEMU's monitor refused or failed at {0}")]
+    Monitor(&'static str),
+    /// The migration ended without completing.
+    #[error("the migration ended as {0:?}")]
+    Migration(String),
+    /// The stream was larger than a guest of this shape can make.
+    #[error("the migration stream passed {0} bytes")]
+    TooLarge(u64),
+    /// The snapshot files could not be written.
+    #[error("cannot write the snapshot")]
+    Write(#[source] std::io::Error),
+}
+
+/// What a VM to be saved has beyond any other: its monitor, and the socket its stream comes to.
+#[derive(Debug)]
+pub struct SaveLine {
+    /// QEMU's monitor connection.
+    pub monitor: UnixStream,
+    /// [`SandboxFile::Migration`].
+    pub migration: UnixListener,
+}
+
+/// The saved hello of the snapshot in `dir` (to check in place of a restored agent's).
+///
+/// # Errors
+/// The file is missing, unreadable or too large.
+pub fn saved_hello(dir: &Path) -> std::io::Result<Vec<u8>> {
+    let mut body = Vec::new();
+    let file = std::fs::File::open(SnapshotFile::Hello.path(dir))?;
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_HELLO_BYTES + 1), &mut body)?;
+    if body.len() as u64 > MAX_HELLO_BYTES {
+        return Err(std::io::ErrorKind::InvalidData.into());
+    }
+    Ok(body)
+}
+
+/// Saves the VM behind `line` and `link` into `dir` (which must not hold a snapshot yet) and returns the
+/// stream's size. The caller keeps the lease stepping meanwhile and kills QEMU after.
+///
+/// # Errors
+/// A [`SaveError`]; the files written so far are left for the caller (the driver) to remove.
+pub async fn save(line: SaveLine, link: &GuestLink, dir: &Path, shape: SandboxShape) -> Result<u64, SaveError> {
+    let mut qmp = Qmp::open(line.monitor).await?;
+    qmp.execute("migrate-set-parameters", json!({ "max-bandwidth": MAX_BANDWIDTH })).await?;
+    qmp.execute("stop", Value::Null).await?;
+    let cap = max_state_bytes(shape);
+    let state = create_private(&SnapshotFile::State.path(dir)).await?;
+    let copy = tokio::spawn(receive(line.migration, state, cap));
+    qmp.execute("migrate", json!({ "uri": format!("unix:{}", SandboxFile::Migration.name()) })).await?;
+    let done = tokio::time::timeout(SAVE_TIMEOUT, async {
+        loop {
+            let status = qmp.execute("query-migrate", Value::Null).await?;
+            match status.get("status").and_then(Value::as_str) {
+                Some("completed") => return Ok(()),
+                Some("failed" | "cancelled") | None => {
+                    let what = status.get("status").and_then(Value::as_str).unwrap_or("unknown");
+                    return Err(SaveError::Migration(what.chars().take(32).collect()));
+                }
+                Some(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    });
+    done.await.map_err(|_| SaveError::Timeout("migration"))??;
+    let bytes = tokio::time::timeout(STEP_TIMEOUT, copy)
+        .await
+        .map_err(|_| SaveError::Timeout("the stream's end"))?
+        .map_err(|_| SaveError::Write(std::io::ErrorKind::Other.into()))??;
+    let mut hello = Vec::new();
+    frame::encode(&ToHost::Hello(link.hello.clone()), &mut hello).map_err(|_| SaveError::Monitor("hello"))?;
+    let mut file = create_private(&SnapshotFile::Hello.path(dir)).await?;
+    file.write_all(&hello[frame::HEADER_BYTES..]).await.map_err(SaveError::Write)?;
+    file.sync_all().await.map_err(SaveError::Write)?;
+    Ok(bytes)
+}
+
+/// A new file, 0600 (a snapshot holds all guest memory).
+async fn create_private(path: &Path) -> Result<tokio::fs::File, SaveError> {
+    tokio::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).await.map_err(SaveError::Write)
+}
+
+/// Takes QEMU's connection on `listener` and writes what it sends into `file`, up to `cap` bytes.
+async fn receive(listener: UnixListener, mut file: tokio::fs::File, cap: u64) -> Result<u64, SaveError> {
+    let (stream, _) = tokio::time::timeout(STEP_TIMEOUT, listener.accept())
+        .await
+        .map_err(|_| SaveError::Timeout("the stream's connection"))?
+        .map_err(SaveError::Write)?;
+    let mut limited = stream.take(cap + 1);
+    let bytes = tokio::io::copy(&mut limited, &mut file).await.map_err(SaveError::Write)?;
+    if bytes > cap {
+        return Err(SaveError::TooLarge(cap));
+    }
+    file.sync_all().await.map_err(SaveError::Write)?;
+    Ok(bytes)
+}
+
+/// A QMP client: one JSON object a line each way; events between replies are skipped.
+struct Qmp {
+    reader: BufReader<OwnedReadHalf>,
+    writer: OwnedWriteHalf,
+}
+
+impl Qmp {
+    /// Reads QEMU's greeting and leaves negotiation mode.
+    async fn open(stream: UnixStream) -> Result<Self, SaveError> {
+        let (read, writer) = stream.into_split();
+        let mut qmp = Self { reader: BufReader::new(read), writer };
+        let greeting = qmp.line("greeting").await?;
+        if greeting.get("QMP").is_none() {
+            return Err(SaveError::Monitor("greeting"));
+        }
+        qmp.execute("qmp_capabilities", Value::Null).await?;
+        Ok(qmp)
+    }
+
+    /// Runs `command` and returns its `return` value.
+    async fn execute(&mut self, command: &'static str, arguments: Value) -> Result<Value, SaveError> {
+        let request = if arguments.is_null() {
+            json!({ "execute": command })
+        } else {
+            json!({ "execute": command, "arguments": arguments })
+        };
+        let mut text = request.to_string();
+        text.push('\n');
+        self.writer.write_all(text.as_bytes()).await.map_err(|_| SaveError::Monitor(command))?;
+        loop {
+            let reply = self.line(command).await?;
+            if let Some(value) = reply.get("return") {
+                return Ok(value.clone());
+            }
+            if reply.get("event").is_none() {
+                return Err(SaveError::Monitor(command));
+            }
+        }
+    }
+
+    /// The next line, as JSON, within [`STEP_TIMEOUT`] and [`MAX_QMP_LINE`].
+    async fn line(&mut self, step: &'static str) -> Result<Value, SaveError> {
+        let mut text = String::new();
+        let mut limited = (&mut self.reader).take(MAX_QMP_LINE);
+        let read = limited.read_line(&mut text);
+        match tokio::time::timeout(STEP_TIMEOUT, read).await {
+            Ok(Ok(n)) if n > 0 && text.ends_with('\n') => {
+                serde_json::from_str(&text).map_err(|_| SaveError::Monitor(step))
+            }
+            Ok(_) => Err(SaveError::Monitor(step)),
+            Err(_) => Err(SaveError::Timeout(step)),
+        }
+    }
+}

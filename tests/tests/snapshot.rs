@@ -1,0 +1,149 @@
+//! Pooled VMs restored from a snapshot (`serve --pool-snapshots`) on real VMs: each clone is reseeded with
+//! fresh host entropy and the wall clock before it is claimed, so no two sandboxes read the same random bytes
+//! and none keeps the saved clock (with a control that skips the reseed at restore: the clones read the same
+//! bytes, and a late one the stale clock), and a snapshot that cannot be restored turns the pool back to
+//! booting.
+#![allow(missing_docs)]
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use nix::sys::signal::Signal;
+use vm_e2e::procs::signal;
+use vm_e2e::serve::Serve;
+use vm_e2e::{wait_until, Scratch, TestControl};
+
+/// What one clone said right after its claim.
+#[derive(Debug)]
+struct Clone {
+    /// A random UUID its kernel made: 16 bytes of its RNG, the first it handed out after the restore.
+    random: String,
+    /// Its wall clock minus the host's, in seconds (the host's read just before the exec).
+    clock_skew: i64,
+    /// Its uptime at the read: how long after the save (in guest time) the read came.
+    uptime: String,
+}
+
+fn ok(out: std::process::Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+/// The first ready pooled VM not in `seen`: its slot and its VMM's pid, polled as fast as the CLI answers so
+/// the claim follows the restore closely.
+fn ready_slot(serve: &Serve, seen: &[String]) -> (String, u32) {
+    let mut found = None;
+    let ready = wait_until(Duration::from_secs(180), || {
+        let listing = String::from_utf8_lossy(&serve.cli("pool", &[]).stdout).into_owned();
+        found = listing.lines().find_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            match cols[..] {
+                [slot, "ready", .., vmm] if !seen.iter().any(|s| s == slot) => {
+                    Some((slot.to_owned(), vmm.parse().ok()?))
+                }
+                _ => None,
+            }
+        });
+        found.is_some()
+    });
+    assert!(ready, "no pooled VM became ready");
+    found.unwrap()
+}
+
+/// Whether QEMU `pid` was started from a migration stream rather than booted.
+fn restored(pid: u32) -> bool {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    cmdline.split(|b| *b == 0).any(|arg| arg == b"-incoming")
+}
+
+fn unix_now() -> i64 {
+    i64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()).unwrap()
+}
+
+/// Claims `serve`'s next restored pooled VM as `id` as soon as it is ready, and has it read its kernel's RNG
+/// and its clock first thing.
+fn claim_and_read(s: &Scratch, serve: &Serve, seen: &mut Vec<String>, id: &str) -> Clone {
+    s.waiting_for("a pooled VM restored from the snapshot");
+    let (slot, vmm) = ready_slot(serve, seen);
+    assert!(restored(vmm), "pooled VM {slot} was booted, not restored");
+    seen.push(slot);
+    assert!(ok(serve.cli("create", &[id])).contains(" pool"), "{id} did not come from the pool");
+    let host = unix_now();
+    let read = "cat /proc/sys/kernel/random/uuid; date +%s; cut -d' ' -f1 /proc/uptime";
+    let out = ok(serve.cli("exec", &[id, "--", "sh", "-c", read]));
+    let lines: Vec<&str> = out.lines().collect();
+    let [random, clock, uptime] = lines[..] else { panic!("unexpected output {out:?}") };
+    let clone = Clone {
+        random: random.to_owned(),
+        clock_skew: clock.parse::<i64>().unwrap() - host,
+        uptime: uptime.to_owned(),
+    };
+    eprintln!(
+        "e2e: {id}: random {}, clock {} s from the host's, uptime {} s at the read",
+        clone.random, clone.clock_skew, clone.uptime
+    );
+    clone
+}
+
+/// Seconds between the save and the late clone's restore: far more than any clock slack.
+const LATE_RESTORE_SECS: u64 = 10;
+
+/// Three sandboxes from one snapshot: two claimed as soon as they are restored (the first one right after
+/// the save), then one restored [`LATE_RESTORE_SECS`] after the save (its predecessor's VMM killed).
+fn three_clones(s: &Scratch, controls: &[TestControl]) -> [Clone; 3] {
+    let serve = Serve::with(s, controls, &["--pool", "1", "--pool-snapshots"]);
+    let mut seen = Vec::new();
+    let first = claim_and_read(s, &serve, &mut seen, "clone-0");
+    let second = claim_and_read(s, &serve, &mut seen, "clone-1");
+    let (slot, vmm) = ready_slot(&serve, &seen);
+    seen.push(slot);
+    std::thread::sleep(Duration::from_secs(LATE_RESTORE_SECS));
+    signal(i32::try_from(vmm).unwrap(), Signal::SIGKILL);
+    let late = claim_and_read(s, &serve, &mut seen, "clone-late");
+    [first, second, late]
+}
+
+#[test]
+fn restored_sandboxes_never_share_random_bytes_and_have_the_hosts_clock() {
+    let s = Scratch::new("snapshot-reseed");
+    let [a, b, late] = three_clones(&s, &[]);
+    assert_eq!(a.random.len(), 36, "{a:?}");
+    assert_ne!(a.random, b.random, "two sandboxes restored from one snapshot read the same random bytes");
+    assert_ne!(a.random, late.random);
+    for clone in [&a, &b, &late] {
+        // Set at the restore; reads within a second of it.
+        assert!(clone.clock_skew.abs() <= 2, "the clock was not set at the restore: {clone:?}");
+    }
+}
+
+#[test]
+fn control_without_the_reseed_at_restore_clones_share_random_bytes_and_a_stale_clock() {
+    let s = Scratch::new("snapshot-reseed-ctl");
+    let [a, b, late] = three_clones(&s, &[TestControl::NoReseedAtRestore]);
+    assert_eq!(a.random, b.random, "control: without a reseed the clones hand out the saved RNG's bytes");
+    let stale = i64::try_from(LATE_RESTORE_SECS).unwrap() - 2;
+    assert!(late.clock_skew <= -stale, "control: a late clone keeps the saved clock: {late:?}");
+}
+
+#[test]
+fn a_snapshot_that_cannot_be_restored_turns_the_pool_back_to_booting() {
+    let s = Scratch::new("snapshot-broken");
+    let serve = Serve::with(&s, &[], &["--pool", "1", "--pool-snapshots"]);
+    let (slot, vmm) = ready_slot(&serve, &[]);
+    assert!(restored(vmm));
+    // The stream cut short: every restore from it fails; the claim still works (the VM is already up).
+    let snapshots = s.state().join("snapshots");
+    let dir = std::fs::read_dir(&snapshots).unwrap().next().unwrap().unwrap().path();
+    let state = dir.join(vm_contract::snapshot::SnapshotFile::State.name());
+    std::fs::OpenOptions::new().write(true).open(&state).unwrap().set_len(4096).unwrap();
+    assert!(ok(serve.cli("create", &["first"])).contains(" pool"));
+    s.waiting_for("two failed restores and a booted pooled VM");
+    let (next, vmm) = ready_slot(&serve, &[slot]);
+    assert!(!restored(vmm), "pooled VM {next} was restored from a broken snapshot");
+    assert!(!snapshots.join(dir.file_name().unwrap()).exists(), "the broken snapshot was kept");
+    assert_eq!(ok(serve.cli("exec", &["first", "--", "id", "-un"])), "sandbox\n");
+    assert!(ok(serve.cli("create", &["second"])).contains(" pool"));
+    assert_eq!(ok(serve.cli("exec", &["second", "--", "id", "-un"])), "sandbox\n");
+}
