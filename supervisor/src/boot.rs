@@ -4,8 +4,12 @@
 //! ```text
 //! join cgroup -> choose accelerator -> bind vmm/{chan,console}.sock (the jail's ids, 0600) -> start QEMU
 //!   through vm-jailer -> QEMU's pid from the jailer -> record pids -> start the watchdog
-//!   (ready in 5 s) -> agent hello (boot timeout; pulses flow meanwhile) -> bind attach.sock
+//!   (ready in 5 s) -> agent hello (boot timeout; pulses flow meanwhile) -> Reseed -> bind attach.sock
 //! ```
+//!
+//! A VM to be saved (`--save-snapshot`) also binds `vmm/{qmp,migrate}.sock` and takes QEMU's monitor
+//! connection; a restored one (`--restore-snapshot`) has QEMU started from the saved stream, checks the saved
+//! hello in place of a fresh one, and is pinged after its `Reseed` ([`crate::snapshot`]).
 //!
 //! Nothing is left running when boot fails: QEMU is killed and the watchdog closed.
 

@@ -1,10 +1,11 @@
 //! The supervisor: one process per microVM, and the VM's only keeper.
 //!
 //! Organised by phase:
-//! - [`run`]: one sandbox from start to exit, around the phases below; [`pooled`]: a VM booted before its
-//!   sandbox existed, waiting for its claim.
+//! - [`run`]: one sandbox from start to exit, around the phases below; [`pooled`]: a VM booted (or restored)
+//!   before its sandbox existed, waiting for its claim, or saved for restores ([`snapshot`]).
 //! - [`boot`]: choose the accelerator ([`accel`]), start QEMU hardened ([`vmm`]), start the lease with the
-//!   watchdog ([`lease`]), connect the guest link and check the agent's handshake ([`guest_link`]).
+//!   watchdog ([`lease`]), connect the guest link, check the agent's handshake and reseed the guest
+//!   ([`guest_link`]).
 //! - `serve`: the event loop; the attach socket's server ([`attach_server`]) and the multiplexer that routes
 //!   between its clients and the guest ([`mux`]), with the policy gate ([`policy`]); the session with `vm-driver serve` ([`session`]).
 //! - [`stop`]: why a sandbox stops and what asks for a stop (signals; the liveness pipe is [`liveness`],

@@ -22,7 +22,7 @@ use vm_protocol::driver_api::{ListPoolRequest, SandboxRef};
 
 const POOL: usize = 2;
 const BURST: usize = 6;
-const BURST_GAP: Duration = Duration::from_millis(1500);
+const BURST_GAP: Duration = Duration::from_millis(500);
 
 fn ms(d: &Duration) -> f64 {
     d.as_secs_f64() * 1e3

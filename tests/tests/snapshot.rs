@@ -2,7 +2,7 @@
 //! fresh host entropy and the wall clock before it is claimed, so no two sandboxes read the same random bytes
 //! and none keeps the saved clock (with a control that skips the reseed at restore: the clones read the same
 //! bytes, and a late one the stale clock), and a snapshot that cannot be restored turns the pool back to
-//! booting.
+//! booting. Restored VMs keep the leash of booted ones.
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 #![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
@@ -10,9 +10,9 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nix::sys::signal::Signal;
-use vm_e2e::procs::signal;
+use vm_e2e::procs::{signal, ProcInfo};
 use vm_e2e::serve::Serve;
-use vm_e2e::{wait_until, Scratch, TestControl};
+use vm_e2e::{gone_within, wait_until, Scratch, TestControl};
 
 /// What one clone said right after its claim.
 #[derive(Debug)]
@@ -54,8 +54,7 @@ fn ready_slot(serve: &Serve, seen: &[String]) -> (String, u32) {
 
 /// Whether QEMU `pid` was started from a migration stream rather than booted.
 fn restored(pid: u32) -> bool {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    cmdline.split(|b| *b == 0).any(|arg| arg == b"-incoming")
+    ProcInfo::read(i32::try_from(pid).unwrap()).is_some_and(|p| p.cmdline.iter().any(|a| a == "-incoming"))
 }
 
 fn unix_now() -> i64 {
@@ -146,4 +145,22 @@ fn a_snapshot_that_cannot_be_restored_turns_the_pool_back_to_booting() {
     assert_eq!(ok(serve.cli("exec", &["first", "--", "id", "-un"])), "sandbox\n");
     assert!(ok(serve.cli("create", &["second"])).contains(" pool"));
     assert_eq!(ok(serve.cli("exec", &["second", "--", "id", "-un"])), "sandbox\n");
+}
+
+#[test]
+fn a_killed_service_takes_its_restored_vms_along() {
+    let s = Scratch::new("snapshot-leash");
+    let mut serve = Serve::with(&s, &[], &["--pool", "2", "--pool-snapshots"]);
+    let (first, vmm) = ready_slot(&serve, &[]);
+    let (_, second) = ready_slot(&serve, &[first]);
+    assert!(restored(vmm) && restored(second));
+    // Every QEMU of the service still running: the two restored ones (the saver's is gone).
+    let vmms: Vec<ProcInfo> = serve.vmms().into_iter().filter(ProcInfo::is_alive).collect();
+    assert_eq!(vmms.len(), 2, "{vmms:?}");
+    let start = std::time::Instant::now();
+    serve.kill();
+    for vmm in &vmms {
+        assert!(gone_within(vmm, Duration::from_secs(2)), "a restored VM outlived its service");
+    }
+    eprintln!("e2e: service SIGKILL -> both restored VMMs gone in {:?}", start.elapsed());
 }

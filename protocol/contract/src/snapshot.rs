@@ -35,8 +35,3 @@ impl SnapshotFile {
 pub fn max_state_bytes(shape: SandboxShape) -> u64 {
     (u64::from(shape.memory_mib()) + 64) * 1024 * 1024
 }
-
-/// Whether `dir` holds every file of a snapshot.
-pub fn is_complete(dir: &Path) -> bool {
-    [SnapshotFile::State, SnapshotFile::Hello].iter().all(|f| f.path(dir).is_file())
-}
