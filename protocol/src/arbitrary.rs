@@ -12,7 +12,9 @@ use crate::credentials::{CredentialRotation, RotationOutcome};
 use crate::flow::MAX_WINDOW_BYTES;
 use crate::handshake::{Capabilities, Hello, HELLO_MAGIC, PROTOCOL_VERSION};
 use crate::identity::{IdSelector, RunAs};
-use crate::message::{EnvVar, HostEntropy, ProcessSummary, Refusal, Spawn, ToGuest, ToHost, MAX_FAILURE_MESSAGE_BYTES};
+use crate::message::{
+    EnvVar, HostEntropy, ProcessSummary, Refusal, Spawn, ToGuest, ToHost, MAX_FAILURE_MESSAGE_BYTES, RESEED_BYTES,
+};
 use crate::policy::{Operation, PolicyUpdate, UpdateOutcome};
 use crate::process::{ExitStatus, ProcId, PtySize, SignalName, Stream};
 
@@ -91,7 +93,8 @@ pub fn to_guest(ids: Range<u32>, commands: Vec<Vec<String>>) -> impl Strategy<Va
         1 => (id.clone(), any::<u32>()).prop_map(|(id, pid)| ToGuest::Reattach { id, pid }),
         1 => id.prop_map(|id| ToGuest::Detach { id }),
         1 => Just(ToGuest::ListProcesses),
-        1 => (prop::collection::vec(any::<u8>(), 0..80), any::<u64>())
+        1 => (prop_oneof![Just(RESEED_BYTES), 0..2 * RESEED_BYTES], any::<u64>())
+            .prop_flat_map(|(n, unix_nanos)| (prop::collection::vec(any::<u8>(), n), Just(unix_nanos)))
             .prop_map(|(e, unix_nanos)| ToGuest::Reseed { entropy: HostEntropy(e.into()), unix_nanos }),
         1 => (any::<u64>(), prop::collection::vec(prop::sample::select(Operation::ALL.to_vec()), 0..7), run_as())
             .prop_map(|(revision, allow, run_as)| ToGuest::UpdatePolicy(PolicyUpdate { revision, allow, run_as })),

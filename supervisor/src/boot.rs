@@ -237,14 +237,15 @@ pub(crate) async fn boot(
     let booted = async {
         let logs = guest_logs(&mut vmm, &console, senders).await?;
         let save = match (monitor, migration) {
-            (Some(monitor), Some(migration)) => {
-                Some(crate::snapshot::SaveLine { monitor: accept_monitor(&mut vmm, &monitor).await?, migration })
-            }
+            (Some(monitor), Some(migration)) => Some(crate::snapshot::SaveLine {
+                monitor: accept_from_vmm(&mut vmm, &monitor).await?.map_err(StartError::Monitor)?,
+                migration,
+            }),
             _ => None,
         };
         let vmm_record = qemu_process(&mut vmm).await?;
         vmm.arm(vmm_record);
-        let how = guest_link::LinkStart { saved_hello: restored.as_deref(), settle: saving || restored.is_some() };
+        let how = guest_link::LinkStart { saved_hello: restored.as_ref(), settle: saving || restored.is_some() };
         let link = Link { channel: &channel, how };
         let (lease, link, attach) = lease_and_link(args, &mut vmm, vmm_record, link, &watchdog, senders, stop).await?;
         Ok::<_, StartError>((vmm_record, lease, link, attach, logs, save))
@@ -274,30 +275,25 @@ async fn guest_logs(vmm: &mut VmmProcess, console: &UnixListener, senders: &Send
         SandboxFile::VmmLog,
         guest_logs::VMM_LOG_CAP_BYTES,
     )?;
-    let accepted = tokio::select! {
-        accepted = tokio::time::timeout(Duration::from_millis(CONSOLE_CONNECT_MS), console.accept()) => accepted,
-        exit = vmm.wait() => {
-            return Err(StartError::VmmExitedDuringBoot { status: exit.map_or_else(|e| e.to_string(), |s| s.to_string()) });
-        }
-    };
-    let (stream, _) = accepted
-        .map_err(|_| broken(SandboxFile::ConsoleSocket, std::io::ErrorKind::TimedOut.into()))?
-        .map_err(|e| broken(SandboxFile::ConsoleSocket, e))?;
+    let stream = accept_from_vmm(vmm, console).await?.map_err(|e| broken(SandboxFile::ConsoleSocket, e))?;
     let console_dropped = copy(Box::new(stream), SandboxFile::Console, guest_logs::CONSOLE_CAP_BYTES)?;
     Ok(GuestLogs { console: console_dropped, vmm: vmm_dropped })
 }
 
-/// QEMU's monitor connection (it connects at start, as it does its console).
-async fn accept_monitor(vmm: &mut VmmProcess, monitor: &UnixListener) -> Result<tokio::net::UnixStream, StartError> {
-    let accepted = tokio::select! {
-        accepted = tokio::time::timeout(Duration::from_millis(CONSOLE_CONNECT_MS), monitor.accept()) => accepted,
-        exit = vmm.wait() => {
-            return Err(StartError::VmmExitedDuringBoot { status: exit.map_or_else(|e| e.to_string(), |s| s.to_string()) });
+/// QEMU's connection on `listener` (its console or monitor, which it connects at start), within
+/// [`CONSOLE_CONNECT_MS`]; QEMU's exit meanwhile is the error.
+async fn accept_from_vmm(
+    vmm: &mut VmmProcess,
+    listener: &UnixListener,
+) -> Result<std::io::Result<tokio::net::UnixStream>, StartError> {
+    tokio::select! {
+        accepted = tokio::time::timeout(Duration::from_millis(CONSOLE_CONNECT_MS), listener.accept()) => {
+            Ok(accepted.unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())).map(|(stream, _)| stream))
         }
-    };
-    let (stream, _) =
-        accepted.map_err(|_| StartError::Monitor(std::io::ErrorKind::TimedOut.into()))?.map_err(StartError::Monitor)?;
-    Ok(stream)
+        exit = vmm.wait() => {
+            Err(StartError::VmmExitedDuringBoot { status: exit.map_or_else(|e| e.to_string(), |s| s.to_string()) })
+        }
+    }
 }
 
 /// The boundary channel's listener, and how the link starts on it.

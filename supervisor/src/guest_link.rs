@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use vm_protocol::codec::{self, HostFrameReader};
-use vm_protocol::handshake::{self, FirstFrameError};
+use vm_protocol::handshake::FirstFrameError;
 use vm_protocol::message::{HostEntropy, RESEED_BYTES};
 use vm_protocol::{frame, Capabilities, Hello, ToGuest, ToHost};
 
@@ -53,11 +53,12 @@ pub struct GuestLink {
 }
 
 /// How the link starts.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct LinkStart<'a> {
     /// A guest restored from a snapshot finished its handshake with the supervisor that saved it and waits
-    /// for requests: this is its hello's frame body, checked in place of a fresh exchange.
-    pub saved_hello: Option<&'a [u8]>,
+    /// for requests: this is its hello, saved with the snapshot and checked before QEMU started
+    /// ([`crate::snapshot::saved_hello`]), in place of a fresh exchange.
+    pub saved_hello: Option<&'a Hello>,
     /// Wait until the agent has handled the `Reseed` (a ping, answered in order) before the link counts as
     /// up: a restored guest proves it runs, and a guest to be saved is saved reseeded.
     pub settle: bool,
@@ -77,20 +78,16 @@ pub async fn connect(
 ) -> Result<GuestLink, LinkError> {
     let deadline = tokio::time::Instant::now() + timeout;
     let (mut stream, _) = listener.accept().await.map_err(LinkError::Accept)?;
-    let ours = Hello::ours(Capabilities::NONE, concat!("vm-supervisor ", env!("CARGO_PKG_VERSION")));
-    let handshake = async {
-        match how.saved_hello {
-            Some(body) => handshake::accept_first(body, REQUIRED, |m| match m {
-                ToHost::Hello(h) => Some(h),
-                _ => None,
-            }),
-            None => codec::host_handshake(&mut stream, ours, REQUIRED).await,
+    let hello = match how.saved_hello {
+        Some(hello) => hello.clone(),
+        None => {
+            let ours = Hello::ours(Capabilities::NONE, concat!("vm-supervisor ", env!("CARGO_PKG_VERSION")));
+            tokio::time::timeout_at(deadline, codec::host_handshake(&mut stream, ours, REQUIRED))
+                .await
+                .map_err(|_| LinkError::Timeout(timeout))?
+                .map_err(LinkError::Handshake)?
         }
     };
-    let hello = tokio::time::timeout_at(deadline, handshake)
-        .await
-        .map_err(|_| LinkError::Timeout(timeout))?
-        .map_err(LinkError::Handshake)?;
     let mut first = Vec::new();
     if how.saved_hello.is_none() || !crate::control(TestControl::NoReseedAtRestore) {
         first.push(reseed().map_err(LinkError::Entropy)?);
@@ -110,15 +107,18 @@ pub async fn connect(
 }
 
 /// Sends `first` and a ping, and waits for the pong. Nothing runs in the guest yet, so any other answer
-/// breaks the protocol.
+/// breaks the protocol. The nonce is fresh, so the pong answers this ping and nothing saved before.
 async fn settle(stream: &mut UnixStream, first: impl Iterator<Item = ToGuest>) -> Result<(), LinkError> {
-    const NONCE: u64 = 0x05E7_71ED;
-    for msg in first.chain([ToGuest::Ping { nonce: NONCE }]) {
+    let mut nonce = [0u8; 8];
+    rustix::rand::getrandom(&mut nonce, rustix::rand::GetRandomFlags::empty())
+        .map_err(|e| LinkError::Entropy(e.into()))?;
+    let nonce = u64::from_le_bytes(nonce);
+    for msg in first.chain([ToGuest::Ping { nonce }]) {
         codec::write_frame(stream, &msg).await.map_err(LinkError::Settle)?;
     }
     let body = codec::read_body(stream).await.map_err(LinkError::Settle)?;
     match frame::decode_body::<ToHost>(&body) {
-        Ok(ToHost::Pong { nonce: NONCE }) => Ok(()),
+        Ok(ToHost::Pong { nonce: answered }) if answered == nonce => Ok(()),
         _ => Err(LinkError::Unsettled),
     }
 }

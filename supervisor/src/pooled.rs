@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use vm_contract::args::SupervisorArgs;
 use vm_contract::claim::{Claim, ClaimError};
 use vm_contract::layout::SandboxFile;
@@ -19,13 +19,16 @@ use vm_ocsf::{AppInfo, Lifecycle, Status};
 
 use crate::boot::{self, Booted, StartError};
 use crate::diagnostics::{chain, tails};
-use crate::inbox::Inbox;
+use crate::inbox::{Inbox, StopRequests};
+use crate::lease::Lease;
 use crate::run::{Claimed, Start};
+use crate::snapshot::SaveLine;
 use crate::status;
 use crate::stop::{self, StopReason};
 use crate::telemetry::console::Console;
 use crate::telemetry::settings::TelemetrySettings;
 use crate::telemetry::Telemetry;
+use crate::vmm_process::VmmProcess;
 
 /// How the wait for a claim ended without one.
 enum Unclaimed {
@@ -61,8 +64,8 @@ pub async fn run(mut args: SupervisorArgs, console: Console) -> Result<StopReaso
             return Err(e);
         }
     };
-    if let Some(dir) = args.save_snapshot.clone() {
-        return save_and_stop(booted, inbox, &dir, &args, console).await;
+    if let (Some(dir), Some(line)) = (args.save_snapshot.clone(), booted.save.take()) {
+        return save_and_stop(booted, line, inbox, &dir, &args, console).await;
     }
     let agent = booted.link.hello.software_label();
     status::report(&SupervisorStatus::Pooled { vmm_pid: booted.vmm_record.pid.unsigned_abs(), agent });
@@ -99,35 +102,18 @@ pub async fn run(mut args: SupervisorArgs, console: Console) -> Result<StopReaso
 /// serves nothing and the supervisor exits.
 async fn save_and_stop(
     mut booted: Booted,
+    line: SaveLine,
     mut inbox: Inbox,
     dir: &std::path::Path,
     args: &SupervisorArgs,
     console: Console,
 ) -> Result<StopReason, StartError> {
-    let saved = match booted.save.take() {
-        Some(line) => {
-            let save = crate::snapshot::save(line, &booted.link, dir, args.shape);
-            tokio::pin!(save);
-            loop {
-                tokio::select! {
-                    saved = &mut save => break saved.map_err(StartError::Save),
-                    Ok(()) = inbox.stop.changed() => {
-                        let requests = *inbox.stop.borrow_and_update();
-                        if requests.driver_gone {
-                            break Err(StartError::StoppedBeforeSave(StopReason::DriverGone));
-                        }
-                        if requests.terminate {
-                            break Err(StartError::StoppedBeforeSave(StopReason::Terminated));
-                        }
-                    }
-                    exit = booted.vmm.wait() => break Err(StartError::StoppedBeforeSave(StopReason::VmmExited(exit.ok()))),
-                    step = booted.lease.step() => if let Err(e) = step {
-                        break Err(StartError::StoppedBeforeSave(StopReason::LeaseLost(e)));
-                    },
-                }
-            }
+    let saved = tokio::select! {
+        biased;
+        reason = until_stopped(&mut booted.vmm, &mut booted.lease, &mut inbox.stop) => {
+            Err(StartError::StoppedBeforeSave(reason))
         }
-        None => Err(StartError::Save(crate::snapshot::SaveError::Monitor("start"))),
+        saved = crate::snapshot::save(line, &booted.link, dir, args.shape) => saved.map_err(StartError::Save),
     };
     let Booted { mut vmm, lease, .. } = booted;
     vmm.kill().await;
@@ -140,7 +126,13 @@ async fn save_and_stop(
             console.shutdown(Instant::now() + Duration::from_secs(1));
             Ok(StopReason::Terminated)
         }
-        Err(e) => failed(e, console),
+        Err(e) => {
+            // QEMU says why a migration failed on its stderr.
+            let error = format!("{}{}", chain(&e), tails(&[SandboxFile::VmmLog.name()]));
+            status::report(&SupervisorStatus::Failed { error });
+            console.shutdown(Instant::now() + Duration::from_secs(1));
+            Err(e)
+        }
     }
 }
 
@@ -177,34 +169,48 @@ fn boot_event(args: &SupervisorArgs, console: &Console) -> Option<Telemetry> {
 async fn wait_for_claim(
     booted: &mut Booted,
     inbox: &mut Inbox,
-    mut claim: oneshot::Receiver<Result<Claim, ClaimError>>,
+    claim: oneshot::Receiver<Result<Claim, ClaimError>>,
 ) -> Result<Claim, Unclaimed> {
-    // Closed when the reader thread saw EOF first: its "driver gone" follows on `inbox.stop`.
-    let mut claim_open = true;
+    let claim = async {
+        match claim.await {
+            Ok(Ok(claim)) => Ok(claim),
+            Ok(Err(e)) => Err(Unclaimed::BadClaim(e)),
+            // Closed when the reader thread saw EOF first: its "driver gone" follows on the stop requests.
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        biased;
+        reason = until_stopped(&mut booted.vmm, &mut booted.lease, &mut inbox.stop) => Err(Unclaimed::Stopped(reason)),
+        claim = claim => claim,
+    }
+}
+
+/// Keeps an idle VM's lease stepping until it must stop: a stop request, the VMM's exit or a lease failure.
+async fn until_stopped(
+    vmm: &mut VmmProcess,
+    lease: &mut Lease,
+    stop: &mut watch::Receiver<StopRequests>,
+) -> StopReason {
     loop {
         tokio::select! {
             biased;
-            Ok(()) = inbox.stop.changed() => {
-                let requests = *inbox.stop.borrow_and_update();
+            Ok(()) = stop.changed() => {
+                let requests = *stop.borrow_and_update();
                 if requests.driver_gone {
-                    return Err(Unclaimed::Stopped(StopReason::DriverGone));
+                    return StopReason::DriverGone;
                 }
                 if requests.terminate {
-                    return Err(Unclaimed::Stopped(StopReason::Terminated));
+                    return StopReason::Terminated;
                 }
             }
-            exit = booted.vmm.wait() => return Err(Unclaimed::Stopped(StopReason::VmmExited(exit.ok()))),
-            step = booted.lease.step() => {
+            exit = vmm.wait() => return StopReason::VmmExited(exit.ok()),
+            step = lease.step() => {
                 if let Err(e) = step {
                     tracing::error!(error = %e, "lease lost while pooled; stopping the VM");
-                    return Err(Unclaimed::Stopped(StopReason::LeaseLost(e)));
+                    return StopReason::LeaseLost(e);
                 }
             }
-            read = &mut claim, if claim_open => match read {
-                Ok(Ok(claim)) => return Ok(claim),
-                Ok(Err(e)) => return Err(Unclaimed::BadClaim(e)),
-                Err(_) => claim_open = false,
-            },
         }
     }
 }

@@ -27,9 +27,10 @@ use tokio::net::{UnixListener, UnixStream};
 use vm_contract::layout::SandboxFile;
 use vm_contract::shape::SandboxShape;
 use vm_contract::snapshot::{max_state_bytes, SnapshotFile};
-use vm_protocol::{frame, ToHost};
+use vm_protocol::handshake;
+use vm_protocol::{frame, Hello, ToHost};
 
-use crate::guest_link::GuestLink;
+use crate::guest_link::{GuestLink, REQUIRED};
 
 /// The most bytes of a saved hello (a frame body of a few dozen).
 const MAX_HELLO_BYTES: u64 = 4096;
@@ -37,9 +38,9 @@ const MAX_HELLO_BYTES: u64 = 4096;
 const MAX_QMP_LINE: u64 = 64 * 1024;
 /// How long each step may take: QEMU's monitor answers, the stream's connection.
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long the whole migration may take.
+/// How long the whole save may take, whatever QEMU sends meanwhile.
 const SAVE_TIMEOUT: Duration = Duration::from_secs(120);
-/// QEMU's default bandwidth cap (32 MiB/s) would make a save of 100 MB take three seconds.
+/// Effectively no cap: QEMU's default (32 MiB/s) would make a save of 100 MB take three seconds.
 const MAX_BANDWIDTH: u64 = 100 * 1024 * 1024 * 1024;
 
 /// Why a save failed.
@@ -71,57 +72,75 @@ pub struct SaveLine {
     pub migration: UnixListener,
 }
 
-/// The saved hello of the snapshot in `dir` (to check in place of a restored agent's).
+/// The agent's hello saved with the snapshot in `dir`, checked as a fresh one would be, before QEMU starts.
 ///
 /// # Errors
-/// The file is missing, unreadable or too large.
-pub fn saved_hello(dir: &Path) -> std::io::Result<Vec<u8>> {
+/// The file is missing, unreadable or too large, or not a hello this supervisor accepts (`InvalidData`).
+pub fn saved_hello(dir: &Path) -> std::io::Result<Hello> {
     let mut body = Vec::new();
     let file = std::fs::File::open(SnapshotFile::Hello.path(dir))?;
     std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_HELLO_BYTES + 1), &mut body)?;
     if body.len() as u64 > MAX_HELLO_BYTES {
         return Err(std::io::ErrorKind::InvalidData.into());
     }
-    Ok(body)
+    handshake::accept_first(&body, REQUIRED, |m| match m {
+        ToHost::Hello(h) => Some(h),
+        _ => None,
+    })
+    .map_err(|_| std::io::ErrorKind::InvalidData.into())
 }
 
-/// Saves the VM behind `line` and `link` into `dir` (which must not hold a snapshot yet) and returns the
-/// stream's size. The caller keeps the lease stepping meanwhile and kills QEMU after.
+/// Saves the VM behind `line` and `link` into `dir` (which must not hold a snapshot yet) within
+/// [`SAVE_TIMEOUT`], and returns the stream's size. The caller keeps the lease stepping meanwhile and kills
+/// QEMU after.
 ///
 /// # Errors
 /// A [`SaveError`]; the files written so far are left for the caller (the driver) to remove.
 pub async fn save(line: SaveLine, link: &GuestLink, dir: &Path, shape: SandboxShape) -> Result<u64, SaveError> {
+    tokio::time::timeout(SAVE_TIMEOUT, save_unbounded(line, link, dir, shape))
+        .await
+        .map_err(|_| SaveError::Timeout("the save"))?
+}
+
+async fn save_unbounded(line: SaveLine, link: &GuestLink, dir: &Path, shape: SandboxShape) -> Result<u64, SaveError> {
     let mut qmp = Qmp::open(line.monitor).await?;
     qmp.execute("migrate-set-parameters", json!({ "max-bandwidth": MAX_BANDWIDTH })).await?;
     qmp.execute("stop", Value::Null).await?;
-    let cap = max_state_bytes(shape);
     let state = create_private(&SnapshotFile::State.path(dir)).await?;
-    let copy = tokio::spawn(receive(line.migration, state, cap));
+    let mut copy = AbortOnDrop(tokio::spawn(receive(line.migration, state, max_state_bytes(shape))));
     qmp.execute("migrate", json!({ "uri": format!("unix:{}", SandboxFile::Migration.name()) })).await?;
-    let done = tokio::time::timeout(SAVE_TIMEOUT, async {
-        loop {
-            let status = qmp.execute("query-migrate", Value::Null).await?;
-            match status.get("status").and_then(Value::as_str) {
-                Some("completed") => return Ok(()),
-                Some("failed" | "cancelled") | None => {
-                    let what = status.get("status").and_then(Value::as_str).unwrap_or("unknown");
-                    return Err(SaveError::Migration(what.chars().take(32).collect()));
-                }
-                Some(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+    loop {
+        let status = qmp.execute("query-migrate", Value::Null).await?;
+        match status.get("status").and_then(Value::as_str) {
+            Some("completed") => break,
+            Some("failed" | "cancelled") | None => {
+                let what = status.get("status").and_then(Value::as_str).unwrap_or("unknown");
+                return Err(SaveError::Migration(what.chars().take(32).collect()));
             }
+            Some(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }
-    });
-    done.await.map_err(|_| SaveError::Timeout("migration"))??;
-    let bytes = tokio::time::timeout(STEP_TIMEOUT, copy)
+    }
+    let bytes = tokio::time::timeout(STEP_TIMEOUT, &mut copy.0)
         .await
         .map_err(|_| SaveError::Timeout("the stream's end"))?
         .map_err(|_| SaveError::Write(std::io::ErrorKind::Other.into()))??;
+    // The hello as this supervisor accepted it, encoded again: what a restore checks.
     let mut hello = Vec::new();
     frame::encode(&ToHost::Hello(link.hello.clone()), &mut hello).map_err(|_| SaveError::Monitor("hello"))?;
     let mut file = create_private(&SnapshotFile::Hello.path(dir)).await?;
     file.write_all(&hello[frame::HEADER_BYTES..]).await.map_err(SaveError::Write)?;
     file.sync_all().await.map_err(SaveError::Write)?;
     Ok(bytes)
+}
+
+/// The stream's copy, stopped if the save fails before it ends: nothing writes into a snapshot directory the
+/// driver is about to remove.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// A new file, 0600 (a snapshot holds all guest memory).

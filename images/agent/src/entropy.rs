@@ -9,6 +9,7 @@
 // Unsafe: the two ioctls have no safe wrapper in nix or rustix (nix's macros generate `unsafe fn`s).
 #![allow(unsafe_code)]
 
+use std::ffi::c_int;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 
@@ -28,9 +29,8 @@ struct PoolInfo {
     buf: [u8; RESEED_BYTES],
 }
 
-// RNDADDENTROPY is `_IOW('R', 0x03, int[2])`: its size field covers the header only, so the number is
-// spelt out rather than derived from `PoolInfo`.
-nix::ioctl_write_ptr_bad!(add_entropy, 0x4008_5203, PoolInfo);
+// RNDADDENTROPY is `_IOW('R', 0x03, int[2])`: its size field covers the header only, not `PoolInfo`.
+nix::ioctl_write_ptr_bad!(add_entropy, nix::request_code_write!(b'R', 0x03, 2 * size_of::<c_int>()), PoolInfo);
 nix::ioctl_none!(reseed_crng, b'R', 0x07);
 
 /// The Debug of the host's entropy would be the secret itself.
@@ -43,9 +43,6 @@ impl std::fmt::Debug for PoolInfo {
 /// Which step failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReseedError {
-    /// Not [`RESEED_BYTES`] bytes.
-    #[error("the host sent {0} bytes of entropy, not {RESEED_BYTES}")]
-    Size(usize),
     /// `/dev/urandom` could not be opened.
     #[error("cannot open /dev/urandom: {0}")]
     Open(std::io::Error),
@@ -65,9 +62,8 @@ pub enum ReseedError {
 ///
 /// # Errors
 /// The step that failed; the ones before it took effect.
-pub fn reseed(entropy: &[u8], unix_nanos: u64) -> Result<(), ReseedError> {
-    let buf: [u8; RESEED_BYTES] = entropy.try_into().map_err(|_| ReseedError::Size(entropy.len()))?;
-    let info = PoolInfo { entropy_count: 8 * POOL_BYTES, buf_size: POOL_BYTES, buf };
+pub(crate) fn reseed(entropy: &[u8; RESEED_BYTES], unix_nanos: u64) -> Result<(), ReseedError> {
+    let info = PoolInfo { entropy_count: 8 * POOL_BYTES, buf_size: POOL_BYTES, buf: *entropy };
     let random = File::open("/dev/urandom").map_err(ReseedError::Open)?;
     // SAFETY: `info` is a live `rand_pool_info` whose `buf_size` bytes follow its header; the kernel only
     // reads it, during the call.

@@ -24,3 +24,5 @@ mod process;
 mod pty;
 mod reaper;
 mod spawn;
+
+pub use entropy::ReseedError;

@@ -106,6 +106,9 @@ pub enum LinkError {
     /// The host sent bytes that are not a frame.
     #[error("malformed frame from the host")]
     Frame(#[source] FrameError),
+    /// The kernel did not take the host's entropy or clock: serving on would hand out a weak or cloned RNG.
+    #[error("cannot reseed the guest: {0}")]
+    Reseed(#[source] crate::entropy::ReseedError),
 }
 
 /// State shared by the reader, the pumps, the stdin writers and the reaper.
@@ -302,16 +305,15 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
                 }
             }
         }
-        ToGuest::Reseed { entropy, .. } if entropy.0.len() != RESEED_BYTES => {
-            return Err(LinkError::Violation { what: "reseed without 64 bytes of entropy".into() })
-        }
-        ToGuest::Reseed { entropy, unix_nanos } if config.own_kernel => {
-            // The guest's own loss: a workload gets a weaker RNG or a stale clock, and the console says so.
-            if let Err(e) = crate::entropy::reseed(&entropy.0, unix_nanos) {
-                eprintln!("vm-agent: reseed failed: {e}");
+        ToGuest::Reseed { entropy, unix_nanos } => {
+            let Ok(entropy) = <&[u8; RESEED_BYTES]>::try_from(entropy.0.as_slice()) else {
+                return Err(LinkError::Violation { what: "reseed without 64 bytes of entropy".into() });
+            };
+            // Fails closed: the link ends (and the VM with it) rather than serve with the saved RNG state.
+            if config.own_kernel {
+                crate::entropy::reseed(entropy, unix_nanos).map_err(LinkError::Reseed)?;
             }
         }
-        ToGuest::Reseed { .. } => {}
         ToGuest::Ping { nonce } => shared.send(&ToHost::Pong { nonce }),
         ToGuest::Shutdown { grace_ms } => return Ok(Some(Duration::from_millis(u64::from(grace_ms)))),
         ToGuest::Hello(_) | ToGuest::Reserved => {

@@ -94,8 +94,8 @@ pub struct SupervisorArgs {
     /// exit, saying [`crate::status::SupervisorStatus::Saved`]; the VM serves nothing.
     #[cfg_attr(feature = "clap", arg(long, requires = "pooled", conflicts_with = "restore_snapshot"))]
     pub save_snapshot: Option<PathBuf>,
-    /// Start the VM from the snapshot in this directory instead of booting it.
-    #[cfg_attr(feature = "clap", arg(long))]
+    /// Start the VM (`--pooled`) from the snapshot in this directory instead of booting it.
+    #[cfg_attr(feature = "clap", arg(long, requires = "pooled"))]
     pub restore_snapshot: Option<PathBuf>,
     /// The backend: picks the launch descriptor's decoder (never the descriptor itself).
     #[cfg_attr(feature = "clap", arg(long, value_enum, default_value_t = Backend::Microvm))]
@@ -215,11 +215,11 @@ mod tests {
             parent_liveness_stdin: true,
             pooled: true,
             save_snapshot: None,
-            restore_snapshot: Some("/run/vm-driver/snapshots/k".into()),
+            restore_snapshot: Some("/run/vm-driver/snapshots/pool-1".into()),
             backend: Backend::Microvm,
         };
         let saving = SupervisorArgs {
-            save_snapshot: Some("/run/vm-driver/snapshots/k.tmp".into()),
+            save_snapshot: Some("/run/vm-driver/snapshots/pool-2".into()),
             restore_snapshot: None,
             ..full.clone()
         };

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 /// Every file of a sandbox directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SandboxFile {
-    /// The VMM's directory: its working directory, and its whole root when jailed. Holds [`SandboxFile::Channel`]
-    /// and [`SandboxFile::ConsoleSocket`] (see [`SandboxFile::in_vmm_root`]).
+    /// The VMM's directory: its working directory, and its whole root when jailed. Holds QEMU's sockets
+    /// (see [`SandboxFile::in_vmm_root`]).
     VmmRoot,
     /// The jailed VMM's uid, claimed for this sandbox and released when it ends.
     JailId,

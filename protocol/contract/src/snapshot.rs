@@ -1,6 +1,6 @@
 //! A saved VM: the files of a snapshot directory, named once for the supervisor that writes them
 //! (`--save-snapshot`), the supervisor that restores from them (`--restore-snapshot`) and the driver that
-//! keeps them (`STATE/snapshots/<key>/`). See `docs/operations.md` ("Snapshots").
+//! keeps them (`STATE/snapshots/<slot>/`, named after the pool slot that saved it). See `docs/operations.md` ("Snapshots").
 
 use std::path::{Path, PathBuf};
 

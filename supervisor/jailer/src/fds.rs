@@ -1,7 +1,7 @@
 //! File descriptors: QEMU keeps stdin, stdout and stderr, and of the rest only the snapshot the jailer
 //! opened for it.
 
-use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
 use crate::JailError;
@@ -38,11 +38,11 @@ pub fn close(inherited: &[RawFd]) {
     }
 }
 
-/// Opens `path` read-only for QEMU to inherit (not close-on-exec), and returns its number: the fd stays open
-/// for the rest of this process, and in QEMU after the exec.
-pub fn open_for_exec(path: &Path) -> Result<RawFd, JailError> {
+/// Opens `path` read-only for QEMU to inherit (not close-on-exec). The jailer that stays QEMU's parent
+/// drops it ([`crate::pidns::split`]): only QEMU holds the snapshot.
+pub fn open_for_exec(path: &Path) -> Result<OwnedFd, JailError> {
     let file = std::fs::File::open(path).map_err(JailError::step("open the snapshot"))?;
     rustix::io::fcntl_setfd(&file, rustix::io::FdFlags::empty())
         .map_err(|e| JailError::step("pass the snapshot to QEMU")(e.into()))?;
-    Ok(file.into_raw_fd())
+    Ok(file.into())
 }

@@ -21,6 +21,7 @@ mod root;
 
 use std::convert::Infallible;
 use std::ffi::{CString, OsString};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::process::ExitCode;
 
@@ -91,9 +92,9 @@ fn confine_and_exec(args: &JailerArgs) -> Result<Infallible, JailError> {
     let inherited = fds::close_on_exec_beyond_stdio()?;
     // Opened here, while the host's files are still in view; the jail has none of them.
     let mut qemu = args.exec.clone();
-    if let Some(state) = &args.incoming {
-        let fd = fds::open_for_exec(state)?;
-        qemu.extend([OsString::from("-incoming"), format!("fd:{fd}").into()]);
+    let snapshot = args.incoming.as_deref().map(fds::open_for_exec).transpose()?;
+    if let Some(fd) = &snapshot {
+        qemu.extend([OsString::from("-incoming"), format!("fd:{}", fd.as_raw_fd()).into()]);
     }
     // Read while /proc is still there: the jail has none.
     let last_cap = creds::last_capability();
@@ -123,7 +124,7 @@ fn confine_and_exec(args: &JailerArgs) -> Result<Infallible, JailError> {
     }
     rustix::thread::set_no_new_privs(true).map_err(|e| JailError::step("set no-new-privileges")(e.into()))?;
     if args.confinement.has_pid_namespace() {
-        pidns::split(&inherited)?;
+        pidns::split(&inherited, snapshot)?;
     } else {
         pidns::report_pid(std::process::id())?;
     }

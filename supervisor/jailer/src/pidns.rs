@@ -11,7 +11,7 @@
 //! its leash.
 
 use std::io::{Read, Write};
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::{IntoRawFd, OwnedFd, RawFd};
 
 use nix::fcntl::OFlag;
 use nix::sys::signal::{raise, Signal};
@@ -21,9 +21,10 @@ use vm_contract::jail::vmm_pid_line;
 
 use crate::{fds, JailError};
 
-/// Splits into QEMU's parent and QEMU-to-be. Returns in the child only, which then execs QEMU; the parent
-/// reports the child's pid, closes what it inherited, and exits when the child does.
-pub fn split(inherited: &[RawFd]) -> Result<(), JailError> {
+/// Splits into QEMU's parent and QEMU-to-be. Returns in the child only, which then execs QEMU (keeping
+/// `for_qemu`, a snapshot to restore); the parent reports the child's pid, closes what it inherited and
+/// `for_qemu`, and exits when the child does.
+pub fn split(inherited: &[RawFd], for_qemu: Option<OwnedFd>) -> Result<(), JailError> {
     // Open for as long as the parent lives: the child checks it after arming its parent-death signal.
     let (alive_read, alive_write) =
         nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(JailError::errno("make a pipe"))?;
@@ -35,10 +36,13 @@ pub fn split(inherited: &[RawFd]) -> Result<(), JailError> {
     match forked {
         ForkResult::Child => {
             drop(alive_write);
+            // Open across the exec: QEMU reads it.
+            let _ = for_qemu.map(IntoRawFd::into_raw_fd);
             become_vmm(alive_read)
         }
         ForkResult::Parent { child } => {
             drop(alive_read);
+            drop(for_qemu);
             let reported = report_pid(child.as_raw().unsigned_abs());
             fds::close(inherited);
             if let Err(e) = reported {

@@ -91,10 +91,8 @@ struct Target {
 enum Snapshot {
     /// Its VMs boot.
     Off,
-    /// The next slot saves one.
+    /// Its next slot saves one (one slot boots at a time, so there is never a second saver).
     Wanted,
-    /// A slot is saving one.
-    Saving,
     /// Its VMs are restored from this directory.
     Ready(PathBuf),
 }
@@ -133,7 +131,11 @@ impl Pool {
         // An earlier serve's snapshots may come from another QEMU, image or build: never restored.
         let dir = reg.ctx.state.snapshots_dir();
         let _ = std::fs::remove_dir_all(&dir);
-        let snapshots = snapshots && std::fs::DirBuilder::new().mode(0o700).create(&dir).is_ok();
+        let made = snapshots && std::fs::DirBuilder::new().mode(0o700).create(&dir).is_ok();
+        if snapshots && !made {
+            eprintln!("vm-driver: warm pool: cannot create {}; booting pooled VMs", dir.display());
+        }
+        let snapshots = made;
         let snapshot = if snapshots { Snapshot::Wanted } else { Snapshot::Off };
         let targets = targets
             .into_iter()
@@ -339,19 +341,20 @@ impl Pool {
 
     /// How the next slot of `target` (`id`) comes up: booted, restored, or booted to save the snapshot.
     fn pooled_start(&self, target: usize, id: &SandboxId) -> PooledStart {
-        let mut state = self.lock();
-        let t = &mut state.targets[target];
-        match &t.snapshot {
+        let snapshot = self.lock().targets[target].snapshot.clone();
+        match snapshot {
             Snapshot::Off => PooledStart::Boot,
-            Snapshot::Ready(dir) => PooledStart::Restore(dir.clone()),
-            // One slot boots at a time: a second saver never starts beside the first.
-            Snapshot::Wanted | Snapshot::Saving => {
+            Snapshot::Ready(dir) => PooledStart::Restore(dir),
+            Snapshot::Wanted => {
                 let dir = self.reg.ctx.state.snapshots_dir().join(id.as_str());
-                if std::fs::DirBuilder::new().mode(0o700).create(&dir).is_err() {
-                    return PooledStart::Boot;
+                match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                    Ok(()) => PooledStart::Save(dir),
+                    // Counted like a failed save: two in a row and the target boots.
+                    Err(_) => {
+                        self.snapshot_failed(target, &PooledStart::Save(dir));
+                        PooledStart::Boot
+                    }
                 }
-                t.snapshot = Snapshot::Saving;
-                PooledStart::Save(dir)
             }
         }
     }
@@ -364,6 +367,7 @@ impl Pool {
         if let (PooledStart::Save(dir), Some(t)) = (&slot.start, targets.get_mut(slot.target)) {
             eprintln!("vm-driver: warm pool: saved a snapshot of a pooled VM ({bytes} bytes); restoring from it");
             t.snapshot = Snapshot::Ready(dir.clone());
+            t.snapshot_failures = 0;
         }
     }
 
@@ -372,20 +376,28 @@ impl Pool {
         if *start == PooledStart::Boot {
             return;
         }
-        let mut state = self.lock();
-        let Some(t) = state.targets.get_mut(target) else { return };
-        t.snapshot_failures += 1;
-        let give_up = t.snapshot_failures >= SNAPSHOT_ATTEMPTS;
-        if let PooledStart::Save(dir) = start {
-            let _ = std::fs::remove_dir_all(dir);
-            t.snapshot = Snapshot::Wanted;
-        }
-        if give_up {
-            if let Snapshot::Ready(dir) = &t.snapshot {
-                let _ = std::fs::remove_dir_all(dir);
+        let mut removed = Vec::new();
+        {
+            let mut state = self.lock();
+            let Some(t) = state.targets.get_mut(target) else { return };
+            t.snapshot_failures += 1;
+            if let PooledStart::Save(dir) = start {
+                removed.push(dir.clone());
+                t.snapshot = Snapshot::Wanted;
             }
-            eprintln!("vm-driver: warm pool: snapshots failed {SNAPSHOT_ATTEMPTS} times in a row; booting pooled VMs");
-            t.snapshot = Snapshot::Off;
+            if t.snapshot_failures >= SNAPSHOT_ATTEMPTS {
+                if let Snapshot::Ready(dir) = &t.snapshot {
+                    removed.push(dir.clone());
+                }
+                eprintln!(
+                    "vm-driver: warm pool: snapshots failed {SNAPSHOT_ATTEMPTS} times in a row; booting pooled VMs"
+                );
+                t.snapshot = Snapshot::Off;
+            }
+        }
+        // Outside the lock: a snapshot is about 100 MB.
+        for dir in removed {
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 
