@@ -5,12 +5,11 @@ use std::time::Duration;
 
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
+use vm_contract::test_control::TestControl;
 use vm_protocol::codec::{self, HostFrameReader};
 use vm_protocol::handshake::FirstFrameError;
 use vm_protocol::message::{HostEntropy, RESEED_BYTES};
 use vm_protocol::{frame, Capabilities, Hello, ToGuest, ToHost};
-
-use vm_contract::test_control::TestControl;
 
 use crate::inbox::Senders;
 
@@ -110,8 +109,7 @@ pub async fn connect(
 /// breaks the protocol. The nonce is fresh, so the pong answers this ping and nothing saved before.
 async fn settle(stream: &mut UnixStream, first: impl Iterator<Item = ToGuest>) -> Result<(), LinkError> {
     let mut nonce = [0u8; 8];
-    rustix::rand::getrandom(&mut nonce, rustix::rand::GetRandomFlags::empty())
-        .map_err(|e| LinkError::Entropy(e.into()))?;
+    host_random(&mut nonce).map_err(LinkError::Entropy)?;
     let nonce = u64::from_le_bytes(nonce);
     for msg in first.chain([ToGuest::Ping { nonce }]) {
         codec::write_frame(stream, &msg).await.map_err(LinkError::Settle)?;
@@ -126,13 +124,20 @@ async fn settle(stream: &mut UnixStream, first: impl Iterator<Item = ToGuest>) -
 /// Fresh host entropy and the wall clock for the guest ([`ToGuest::Reseed`]).
 fn reseed() -> std::io::Result<ToGuest> {
     let mut entropy = vec![0u8; RESEED_BYTES];
-    let n = rustix::rand::getrandom(&mut entropy, rustix::rand::GetRandomFlags::empty())?;
-    if n != RESEED_BYTES {
-        return Err(std::io::ErrorKind::UnexpectedEof.into());
-    }
+    host_random(&mut entropy)?;
     let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     let unix_nanos = u64::try_from(since_epoch.as_nanos()).unwrap_or(u64::MAX);
     Ok(ToGuest::Reseed { entropy: HostEntropy(entropy.into()), unix_nanos })
+}
+
+/// Fills `buf` from the host's RNG.
+fn host_random(buf: &mut [u8]) -> std::io::Result<()> {
+    let n = rustix::rand::getrandom(&mut *buf, rustix::rand::GetRandomFlags::empty())?;
+    if n == buf.len() {
+        Ok(())
+    } else {
+        Err(std::io::ErrorKind::UnexpectedEof.into())
+    }
 }
 
 fn pump(stream: UnixStream, senders: Senders) -> mpsc::Sender<ToGuest> {
