@@ -6,7 +6,8 @@
 //!   [`attach_mux`]: one such connection per sandbox, shared by the service's `Exec` streams.
 //! - [`reap`] (with `cgroup` and `procs`): nothing a supervisor leaves behind survives it.
 //! - [`jail`]: how QEMU is confined on this host, and each jailed VMM's uid.
-//! - [`state`], [`image`], [`telemetry`]: where sandboxes live, what they boot, where their events go.
+//! - [`state`], [`image`], [`telemetry`]: where sandboxes live, what they boot, where their events go;
+//!   [`tsc`]: the host's TSC rate, which keeps a TCG guest's clock right.
 //! - [`service`]: `vm-driver serve`, the gateway-facing gRPC service for many sandboxes.
 //!
 //! The `vm-driver` binary (`src/bin/vm-driver/`) is the edge: its command line and commands (`launch`, the
@@ -29,4 +30,5 @@ pub mod sandbox;
 pub mod service;
 pub mod state;
 pub mod telemetry;
+pub mod tsc;
 mod unix;

@@ -231,6 +231,7 @@ pub(crate) async fn boot(
         accel,
         monitor: saving,
         incoming: args.restore_snapshot.as_deref().map(|dir| SnapshotFile::State.path(dir)),
+        tsc_khz: args.tsc_khz,
     };
     // Until QEMU's pid is known, the switch kills the jailer, and QEMU with it (its parent-death signal).
     let mut vmm = VmmProcess::new(config.spawn().map_err(StartError::SpawnVmm)?, senders.vmm_kill.clone());

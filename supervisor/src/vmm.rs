@@ -39,9 +39,13 @@ pub const VMM_NICE: u8 = 10;
 const KERNEL_ARGS: &str = "console=ttyS0 reboot=t panic=-1 quiet 8250.nr_uarts=1 pci=off \
                            random.trust_cpu=on cryptomgr.notests";
 
-/// Extra kernel arguments under TCG: without a TSC frequency and with timer checks on, the boot stalls at
-/// "tsc: Marking TSC unstable"; mitigations only slow emulation down and protect nothing there.
-const TCG_KERNEL_ARGS: &str = "tsc_early_khz=2000000 no_timer_check mitigations=off";
+/// Extra kernel arguments under TCG: without a TSC frequency (`tsc_early_khz`, [`VmmConfig::tsc_khz`]) and
+/// with timer checks on, the boot stalls at "tsc: Marking TSC unstable"; mitigations only slow emulation
+/// down and protect nothing there.
+const TCG_KERNEL_ARGS: &str = "no_timer_check mitigations=off";
+
+/// The TSC rate a TCG guest is told when the host's is not known.
+pub const DEFAULT_TSC_KHZ: u32 = 2_000_000;
 
 /// The seccomp policy QEMU runs under.
 pub const SANDBOX_POLICY: &str = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
@@ -73,6 +77,8 @@ pub struct VmmConfig {
     pub monitor: bool,
     /// Start from this migration stream instead of booting.
     pub incoming: Option<PathBuf>,
+    /// The host's TSC rate in kHz (TCG only), when known.
+    pub tsc_khz: Option<u32>,
 }
 
 impl VmmConfig {
@@ -80,8 +86,9 @@ impl VmmConfig {
     pub fn args(&self) -> Vec<OsString> {
         let mut kernel_args = String::from(KERNEL_ARGS);
         if self.accel == Accelerator::Tcg {
-            kernel_args.push(' ');
-            kernel_args.push_str(TCG_KERNEL_ARGS);
+            // TCG's TSC runs at the host's rate: told another, the guest's clock runs off by the ratio.
+            let khz = self.tsc_khz.unwrap_or(DEFAULT_TSC_KHZ);
+            kernel_args.push_str(&format!(" tsc_early_khz={khz} {TCG_KERNEL_ARGS}"));
         }
         let mut args: Vec<OsString> = Vec::new();
         let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
@@ -187,6 +194,7 @@ mod tests {
             accel,
             monitor: false,
             incoming: None,
+            tsc_khz: None,
         }
     }
 
@@ -208,6 +216,9 @@ mod tests {
     #[test]
     fn tcg_gets_its_boot_arguments_and_kvm_does_not() {
         assert!(joined(Accelerator::Tcg).contains("tsc_early_khz=2000000 no_timer_check"));
+        let measured = VmmConfig { tsc_khz: Some(2_600_000), ..config(Accelerator::Tcg) };
+        let line = measured.args().iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
+        assert!(line.contains("tsc_early_khz=2600000 "), "{line}");
         assert!(joined(Accelerator::Tcg).contains(&format!("-accel tcg,tb-size={TCG_TB_SIZE_MIB}")));
         let kvm = joined(Accelerator::Kvm);
         assert!(kvm.contains("-accel kvm -cpu host"));

@@ -58,6 +58,10 @@ pub struct SupervisorArgs {
     /// On stop: time between SIGTERM and SIGKILL for workload processes.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = DEFAULT_STOP_GRACE_MS))]
     pub stop_grace_ms: u32,
+    /// The host's TSC rate in kHz, told to a guest under TCG (whose TSC runs at the host's rate); without
+    /// it the guest is told 2 GHz and keeps time off by the ratio.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub tsc_khz: Option<u32>,
     /// The QEMU binary (default: qemu-system-x86_64 on PATH).
     #[cfg_attr(feature = "clap", arg(long))]
     pub qemu: Option<PathBuf>,
@@ -118,6 +122,9 @@ impl SupervisorArgs {
         flag("--accel", self.accel.as_str().into());
         flag("--boot-timeout-ms", self.boot_timeout_ms.to_string().into());
         flag("--stop-grace-ms", self.stop_grace_ms.to_string().into());
+        if let Some(khz) = self.tsc_khz {
+            flag("--tsc-khz", khz.to_string().into());
+        }
         if let Some(qemu) = &self.qemu {
             flag("--qemu", qemu.clone().into());
         }
@@ -204,6 +211,7 @@ mod tests {
             accel: AccelChoice::Tcg,
             boot_timeout_ms: 5_000,
             stop_grace_ms: 1_000,
+            tsc_khz: Some(2_600_000),
             qemu: Some("/opt/qemu".into()),
             session_id: Some(SessionId::from_bytes([7; 16])),
             generation: Generation(9),
@@ -224,6 +232,7 @@ mod tests {
             ..full.clone()
         };
         let minimal = SupervisorArgs {
+            tsc_khz: None,
             qemu: None,
             session_id: None,
             session_socket: None,

@@ -83,6 +83,7 @@ impl BareVm {
             accel,
             monitor: false,
             incoming: None,
+            tsc_khz: vm_driver::tsc::khz(),
         };
         let started = Instant::now();
         let qemu = Command::new(&config.qemu)
