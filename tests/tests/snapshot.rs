@@ -29,8 +29,7 @@ struct Reading {
 }
 
 /// How soon after a restore a read must come to tell anything: the kernel reseeds on its own about a second
-/// of guest time after the save (and TCG's guest clock runs fast), and clones read after that differ
-/// whether or not the restore reseeded them.
+/// of guest time after the save, and clones read after that differ whether or not the restore reseeded them.
 const READ_WITHIN: Duration = Duration::from_millis(500);
 
 fn ok(out: std::process::Output) -> String {
