@@ -27,6 +27,7 @@ use tokio::net::{UnixListener, UnixStream};
 use vm_contract::layout::SandboxFile;
 use vm_contract::shape::SandboxShape;
 use vm_contract::snapshot::{max_state_bytes, SnapshotFile};
+use vm_contract::test_control::TestControl;
 use vm_protocol::handshake;
 use vm_protocol::{frame, Hello, ToHost};
 
@@ -107,13 +108,20 @@ async fn save_unbounded(line: SaveLine, link: &GuestLink, dir: &Path, shape: San
     qmp.execute("migrate-set-parameters", json!({ "max-bandwidth": MAX_BANDWIDTH })).await?;
     qmp.execute("stop", Value::Null).await?;
     let state = create_private(&SnapshotFile::State.path(dir)).await?;
-    let mut copy = AbortOnDrop(tokio::spawn(receive(line.migration, state, max_state_bytes(shape))));
+    let cap = if crate::control(TestControl::SnapshotStreamCap) { 1024 * 1024 } else { max_state_bytes(shape) };
+    let mut copy = AbortOnDrop(tokio::spawn(receive(line.migration, state, cap)));
     qmp.execute("migrate", json!({ "uri": format!("unix:{}", SandboxFile::Migration.name()) })).await?;
     loop {
         let status = qmp.execute("query-migrate", Value::Null).await?;
         match status.get("status").and_then(Value::as_str) {
             Some("completed") => break,
             Some("failed" | "cancelled") | None => {
+                // The copy's refusal (too large) is why QEMU's side failed: name that.
+                if copy.0.is_finished() {
+                    if let Ok(Err(refused)) = (&mut copy.0).await {
+                        return Err(refused);
+                    }
+                }
                 let what = status.get("status").and_then(Value::as_str).unwrap_or("unknown");
                 return Err(SaveError::Migration(what.chars().take(32).collect()));
             }

@@ -2,7 +2,7 @@
 //! fresh host entropy and the wall clock before it is claimed, so no two sandboxes read the same random bytes
 //! and none keeps the saved clock (with a control that skips the reseed at restore: the clones read the same
 //! bytes, and a late one the stale clock), and a snapshot that cannot be restored turns the pool back to
-//! booting. Restored VMs keep the leash of booted ones.
+//! booting, as does a save whose stream passes its cap. Restored VMs keep the leash of booted ones.
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 #![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
@@ -188,4 +188,23 @@ fn a_killed_service_takes_its_restored_vms_along() {
         assert!(gone_within(vmm, Duration::from_secs(2)), "a restored VM outlived its service");
     }
     eprintln!("e2e: service SIGKILL -> both restored VMMs gone in {:?}", start.elapsed());
+}
+
+#[test]
+fn a_stream_past_its_cap_is_refused_and_the_pool_boots_instead() {
+    // Fault injection: the cap on the stream is cut to 1 MiB, as if QEMU sent more than its guest holds.
+    let s = Scratch::new("snapshot-cap");
+    let log = s.dir.join("serve.log");
+    let serve =
+        Serve::with_env(&s, &[TestControl::SnapshotStreamCap], &["--pool", "1", "--pool-snapshots"], &[], Some(&log));
+    s.waiting_for("two refused saves and a booted pooled VM");
+    let (slot, vmm) = ready_slot(&serve, &[]);
+    assert!(!restored(vmm), "pooled VM {slot} was restored from a refused save");
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(said.matches("the migration stream passed 1048576 bytes").count(), 2, "{said}");
+    assert!(said.contains("snapshots failed 2 times in a row; booting pooled VMs"), "{said}");
+    let left = std::fs::read_dir(s.state().join("snapshots")).unwrap().count();
+    assert_eq!(left, 0, "a refused save left its partial stream");
+    assert!(ok(serve.cli("create", &["booted"])).contains(" pool"));
+    assert_eq!(ok(serve.cli("exec", &["booted", "--", "id", "-un"])), "sandbox\n");
 }

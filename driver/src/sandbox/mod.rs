@@ -264,7 +264,8 @@ fn launch(spec: &StartSpec, pooled_start: Option<&PooledStart>) -> Result<Runnin
         accel: spec.accel,
         boot_timeout_ms: u64::try_from(spec.boot_timeout.as_millis()).unwrap_or(u64::MAX),
         stop_grace_ms: u32::try_from(vm_contract::stop::GRACE.as_millis()).unwrap_or(u32::MAX),
-        tsc_khz: crate::tsc::khz(),
+        // Only a TCG guest needs it; `--accel kvm` never measures.
+        tsc_khz: (spec.accel != AccelChoice::Kvm).then(crate::tsc::khz).flatten(),
         qemu: None,
         session_id: session.map(|s| s.id.clone()),
         generation: session.map_or(Generation(0), |s| s.generation),

@@ -359,6 +359,11 @@ impl Pool {
         }
     }
 
+    /// Whether slot `id` boots to save its target's snapshot.
+    fn saves(&self, id: &SandboxId) -> bool {
+        self.lock().slots.iter().any(|s| s.id == *id && matches!(s.start, PooledStart::Save(_)))
+    }
+
     /// A slot saved its target's snapshot (and ended).
     fn snapshot_saved(&self, id: &SandboxId, bytes: u64) {
         let mut state = self.lock();

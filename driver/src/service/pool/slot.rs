@@ -92,7 +92,8 @@ pub(super) async fn run(
             return;
         }
         Err(e) => {
-            eprintln!("vm-driver: pooled VM {id} did not boot: {}", vm_contract::logs::chain(&e));
+            let what = if pool.saves(&id) { "could not be saved" } else { "did not boot" };
+            eprintln!("vm-driver: pooled VM {id} {what}: {}", vm_contract::logs::chain(&e));
             finish(&pool, &id, running, stop_timeout, false).await;
             return;
         }
