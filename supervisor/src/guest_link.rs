@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
-use vm_contract::test_control::TestControl;
 use vm_protocol::codec::{self, HostFrameReader};
 use vm_protocol::handshake::FirstFrameError;
 use vm_protocol::message::{HostEntropy, RESEED_BYTES};
@@ -61,6 +60,8 @@ pub struct LinkStart<'a> {
     /// Wait until the agent has handled the `Reseed` (a ping, answered in order) before the link counts as
     /// up: a restored guest proves it runs, and a guest to be saved is saved reseeded.
     pub settle: bool,
+    /// Reseed a restored guest too (off only in the `no-reseed-at-restore` control).
+    pub reseed_restored: bool,
 }
 
 /// Accepts the VMM's connection and completes the handshake within `timeout`, queues the [`ToGuest::Reseed`]
@@ -88,7 +89,7 @@ pub async fn connect(
         }
     };
     let mut first = Vec::new();
-    if how.saved_hello.is_none() || !crate::control(TestControl::NoReseedAtRestore) {
+    if how.saved_hello.is_none() || how.reseed_restored {
         first.push(reseed().map_err(LinkError::Entropy)?);
     }
     if how.settle {

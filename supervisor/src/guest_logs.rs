@@ -28,15 +28,6 @@ impl Dropped {
     }
 }
 
-/// The cap, or none in the `no-log-caps` control.
-pub fn cap(bytes: u64) -> u64 {
-    if crate::control(vm_contract::test_control::TestControl::NoLogCaps) {
-        u64::MAX
-    } else {
-        bytes
-    }
-}
-
 /// Copies `from` into `path` (created 0600, truncated) up to `cap` bytes, then keeps reading and counting.
 /// `what` names the log in the finding sent on `control` when the cap is first reached.
 pub fn copy_capped(

@@ -123,11 +123,17 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// Starts the watchdog on `vmm` and waits for its ready byte.
+    /// Starts the watchdog on `vmm`, with the environment `env`, and waits for its ready byte. Without
+    /// `require_echo` (the `pulse-write-only` control) a pulse that was written counts.
     ///
     /// # Errors
     /// [`LeaseStartError`]; the VM must then be refused.
-    pub async fn start(binary: &Path, vmm: ProcessRecord, env: &[(&str, String)]) -> Result<Self, LeaseStartError> {
+    pub async fn start(
+        binary: &Path,
+        vmm: ProcessRecord,
+        env: &[(&str, String)],
+        require_echo: bool,
+    ) -> Result<Self, LeaseStartError> {
         let mut child = Command::new(binary)
             .args(WatchdogArgs { vmm }.to_argv())
             .env_clear()
@@ -148,7 +154,7 @@ impl Lease {
         let record = child.id().and_then(|pid| ProcessRecord::read(i32::try_from(pid).ok()?));
         let mut interval = tokio::time::interval(Duration::from_millis(PULSE_INTERVAL_MS));
         interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        Ok(Self { child, pulses, echoes, ledger: Ledger::new(require_echo()), interval, record })
+        Ok(Self { child, pulses, echoes, ledger: Ledger::new(require_echo), interval, record })
     }
 
     /// One step of the lease: a pulse when one is due (after checking the echoes), or an echo. A select
@@ -191,10 +197,6 @@ impl Lease {
             }
         }
     }
-}
-
-fn require_echo() -> bool {
-    !crate::control(vm_contract::test_control::TestControl::PulseWriteOnly)
 }
 
 #[cfg(test)]

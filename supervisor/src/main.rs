@@ -9,7 +9,8 @@ use vm_contract::args::{SupervisorArgs, PROBE_ACCEL};
 use vm_contract::exit::SupervisorExit;
 use vm_contract::status::SupervisorStatus;
 use vm_supervisor::accel::{AccelChoice, Host};
-use vm_supervisor::run;
+use vm_supervisor::safeguards::Safeguards;
+use vm_supervisor::start;
 use vm_supervisor::stop::StopReason;
 use vm_supervisor::telemetry::console::Console;
 
@@ -27,18 +28,23 @@ fn main() -> ExitCode {
     if rustix::process::setsid().is_err() {
         eprintln!("vm-supervisor: WARNING: cannot start a session of its own; a terminal's Ctrl-C reaches it");
     }
+    // The test controls, read here once: the core takes the safeguards they leave on as input.
     #[cfg(feature = "test-controls")]
-    {
+    let safeguards = {
         use vm_contract::test_control::{announcement, TestControl};
         eprintln!("{}", announcement("vm-supervisor"));
-        if TestControl::SupervisorExitsAtStart.is_on() {
+        let active = TestControl::active();
+        if active.contains(&TestControl::SupervisorExitsAtStart) {
             return ExitCode::from(SupervisorExit::StartFailed.code());
         }
-    }
+        Safeguards::from_controls(&active)
+    };
+    #[cfg(not(feature = "test-controls"))]
+    let safeguards = Safeguards::default();
     // Everything the supervisor and QEMU create is private to this user.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let console = Console::start();
-    vm_supervisor::diagnostics::init(console.handle());
+    vm_supervisor::diagnostics::init(console.handle(), safeguards.quiet_failures);
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -46,7 +52,14 @@ fn main() -> ExitCode {
             return ExitCode::from(SupervisorExit::StartFailed.code());
         }
     };
-    let exit = match runtime.block_on(run::run(args, console)) {
+    let run = async {
+        if args.pooled {
+            start::pooled::run(args, &safeguards, console).await
+        } else {
+            start::cold::run(args, &safeguards, console).await
+        }
+    };
+    let exit = match runtime.block_on(run) {
         Ok(reason) => {
             if reason != StopReason::Terminated {
                 tracing::warn!(reason = %reason, "the sandbox ended without an orderly stop");

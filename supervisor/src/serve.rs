@@ -54,12 +54,13 @@ struct Serving<'a> {
     session: Option<tokio::task::AbortHandle>,
 }
 
-/// The guest's side of the boundary: where admitted operations go, and the policy that admits them.
+/// The guest's side of the boundary: where admitted operations go, and the multiplexer (with the policy
+/// approved at create) that admits them.
 pub(crate) struct Boundary {
     /// The guest link's queue.
     pub(crate) guest: mpsc::Sender<ToGuest>,
-    /// The policy approved at create.
-    pub(crate) policy: vm_protocol::policy::SandboxPolicy,
+    /// The routing state, with the policy gate.
+    pub(crate) mux: Mux,
 }
 
 /// Runs the sandbox until the VMM has exited; returns why it stopped.
@@ -67,21 +68,12 @@ pub(crate) async fn serve(
     args: &SupervisorArgs,
     vmm: &mut crate::vmm_process::VmmProcess,
     lease: &mut Lease,
-    Boundary { guest, policy }: Boundary,
+    Boundary { guest, mux }: Boundary,
     inbox: &mut Inbox,
     telemetry: &mut Telemetry,
     session: Option<tokio::task::AbortHandle>,
 ) -> StopReason {
-    let mut state = Serving {
-        args,
-        vmm,
-        telemetry,
-        mux: Mux::new(enforce_guest_rules()).with_policy(policy),
-        guest,
-        clients: HashMap::new(),
-        stopping: None,
-        session,
-    };
+    let mut state = Serving { args, vmm, telemetry, mux, guest, clients: HashMap::new(), stopping: None, session };
     let mut lease_ok = true;
     let mut tick = tokio::time::interval(TICK);
     let reason = loop {
@@ -171,11 +163,6 @@ async fn sleep_until_some(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
-}
-
-/// Off only in the `no-guest-invariants` control, which shows what the rules keep out.
-fn enforce_guest_rules() -> bool {
-    !crate::control(vm_contract::test_control::TestControl::NoGuestInvariants)
 }
 
 impl Serving<'_> {

@@ -9,7 +9,7 @@
 //!
 //! - **Only `fd:` and sockets get past QEMU's seccomp policy** (`exec:` is spawning), and a jailed QEMU may
 //!   write no file (`RLIMIT_FSIZE` 0), so QEMU sends the stream to a socket the supervisor listens on, and
-//!   the supervisor writes the file, up to [`max_state_bytes`] (QEMU runs beside the guest: what it sends
+//!   the supervisor writes the file, up to a cap (`vm_contract::snapshot::max_state_bytes`; QEMU runs beside the guest: what it sends
 //!   is untrusted).
 //! - **The VM is saved stopped**, right after the agent answered, and without its run state
 //!   (`migration.store-global-state=off`): guest time stands still from the agent's answer to the save, and a
@@ -25,9 +25,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{UnixListener, UnixStream};
 use vm_contract::layout::SandboxFile;
-use vm_contract::shape::SandboxShape;
-use vm_contract::snapshot::{max_state_bytes, SnapshotFile};
-use vm_contract::test_control::TestControl;
+use vm_contract::snapshot::SnapshotFile;
 use vm_protocol::handshake;
 use vm_protocol::{frame, Hello, ToHost};
 
@@ -92,23 +90,22 @@ pub fn saved_hello(dir: &Path) -> std::io::Result<Hello> {
 }
 
 /// Saves the VM behind `line` and `link` into `dir` (which must not hold a snapshot yet) within
-/// [`SAVE_TIMEOUT`], and returns the stream's size. The caller keeps the lease stepping meanwhile and kills
+/// [`SAVE_TIMEOUT`], refusing a stream past `cap` bytes, and returns the stream's size. The caller keeps the lease stepping meanwhile and kills
 /// QEMU after.
 ///
 /// # Errors
 /// A [`SaveError`]; the files written so far are left for the caller (the driver) to remove.
-pub async fn save(line: SaveLine, link: &GuestLink, dir: &Path, shape: SandboxShape) -> Result<u64, SaveError> {
-    tokio::time::timeout(SAVE_TIMEOUT, save_unbounded(line, link, dir, shape))
+pub async fn save(line: SaveLine, link: &GuestLink, dir: &Path, cap: u64) -> Result<u64, SaveError> {
+    tokio::time::timeout(SAVE_TIMEOUT, save_unbounded(line, link, dir, cap))
         .await
         .map_err(|_| SaveError::Timeout("the save"))?
 }
 
-async fn save_unbounded(line: SaveLine, link: &GuestLink, dir: &Path, shape: SandboxShape) -> Result<u64, SaveError> {
+async fn save_unbounded(line: SaveLine, link: &GuestLink, dir: &Path, cap: u64) -> Result<u64, SaveError> {
     let mut qmp = Qmp::open(line.monitor).await?;
     qmp.execute("migrate-set-parameters", json!({ "max-bandwidth": MAX_BANDWIDTH })).await?;
     qmp.execute("stop", Value::Null).await?;
     let state = create_private(&SnapshotFile::State.path(dir)).await?;
-    let cap = if crate::control(TestControl::SnapshotStreamCap) { 1024 * 1024 } else { max_state_bytes(shape) };
     let mut copy = AbortOnDrop(tokio::spawn(receive(line.migration, state, cap)));
     qmp.execute("migrate", json!({ "uri": format!("unix:{}", SandboxFile::Migration.name()) })).await?;
     loop {

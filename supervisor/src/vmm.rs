@@ -150,9 +150,11 @@ impl VmmConfig {
     /// jailer reports QEMU's pid there, then points it at /dev/null) and stderr on a pipe (the caller copies
     /// it into `vmm.log`; the jailer's own failure lands there too).
     ///
+    /// `env` is the jailer's environment.
+    ///
     /// # Errors
     /// QEMU cannot be executed.
-    pub fn spawn(&self) -> std::io::Result<Child> {
+    pub fn spawn(&self, env: &[(&str, String)]) -> std::io::Result<Child> {
         if self.accel == Accelerator::Tcg {
             // Under TCG huge pages buy nothing, and cost a whole 2 MiB of host memory for every guest page
             // touched in it. The setting is this process's, and QEMU inherits it.
@@ -161,7 +163,7 @@ impl VmmConfig {
         Command::new(&self.jailer)
             .args(self.jailer_args().to_argv())
             .env_clear()
-            .envs(crate::boot::child_env())
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -64,6 +64,20 @@ impl JailError {
     }
 }
 
+/// The safety mechanisms a test build's controls can switch off, read once, in [`main`].
+#[derive(Debug, Clone, Copy)]
+pub struct Safeguards {
+    /// QEMU gets SIGKILL when the jailer dies (off: `jailer-no-death-signal`).
+    pub parent_death_signal: bool,
+}
+
+impl Safeguards {
+    /// The switches of this process's environment; in a release build, every safeguard on.
+    fn read() -> Self {
+        Self { parent_death_signal: !control(vm_contract::test_control::TestControl::JailerNoDeathSignal) }
+    }
+}
+
 fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == PROBE_USERNS) {
         return probe_userns();
@@ -71,7 +85,7 @@ fn main() -> ExitCode {
     let args = JailerArgs::parse();
     #[cfg(feature = "test-controls")]
     eprintln!("{}", vm_contract::test_control::announcement("vm-jailer"));
-    let Err(e) = confine_and_exec(&args);
+    let Err(e) = confine_and_exec(&args, Safeguards::read());
     // QEMU's stderr is the supervisor's vmm.log pipe: the reason lands there and in the boot error.
     let mut message = format!("vm-jailer: {e}");
     let mut source = std::error::Error::source(&e);
@@ -83,7 +97,7 @@ fn main() -> ExitCode {
     ExitCode::from(vm_contract::exit::JAILER_FAILED)
 }
 
-fn confine_and_exec(args: &JailerArgs) -> Result<Infallible, JailError> {
+fn confine_and_exec(args: &JailerArgs, safeguards: Safeguards) -> Result<Infallible, JailError> {
     // First, while root: QEMU's limits hold from its first allocation.
     for cgroup in &args.cgroups {
         std::fs::write(cgroup.join("cgroup.procs"), std::process::id().to_string())
@@ -124,7 +138,7 @@ fn confine_and_exec(args: &JailerArgs) -> Result<Infallible, JailError> {
     }
     rustix::thread::set_no_new_privs(true).map_err(|e| JailError::step("set no-new-privileges")(e.into()))?;
     if args.confinement.has_pid_namespace() {
-        pidns::split(&inherited, snapshot)?;
+        pidns::split(&inherited, snapshot, safeguards)?;
     } else {
         pidns::report_pid(std::process::id())?;
     }

@@ -19,12 +19,12 @@ use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 use vm_contract::jail::vmm_pid_line;
 
-use crate::{fds, JailError};
+use crate::{fds, JailError, Safeguards};
 
 /// Splits into QEMU's parent and QEMU-to-be. Returns in the child only, which then execs QEMU (keeping
 /// `for_qemu`, a snapshot to restore); the parent reports the child's pid, closes what it inherited and
 /// `for_qemu`, and exits when the child does.
-pub fn split(inherited: &[RawFd], for_qemu: Option<OwnedFd>) -> Result<(), JailError> {
+pub fn split(inherited: &[RawFd], for_qemu: Option<OwnedFd>, safeguards: Safeguards) -> Result<(), JailError> {
     // Open for as long as the parent lives: the child checks it after arming its parent-death signal.
     let (alive_read, alive_write) =
         nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(JailError::errno("make a pipe"))?;
@@ -38,7 +38,7 @@ pub fn split(inherited: &[RawFd], for_qemu: Option<OwnedFd>) -> Result<(), JailE
             drop(alive_write);
             // Open across the exec: QEMU reads it.
             let _ = for_qemu.map(IntoRawFd::into_raw_fd);
-            become_vmm(alive_read)
+            become_vmm(alive_read, safeguards)
         }
         ForkResult::Parent { child } => {
             drop(alive_read);
@@ -59,8 +59,8 @@ pub fn split(inherited: &[RawFd], for_qemu: Option<OwnedFd>) -> Result<(), JailE
 }
 
 /// The child: dies with its parent, and keeps no pipe to the supervisor on its stdout.
-fn become_vmm(alive: OwnedFd) -> Result<(), JailError> {
-    if !crate::control(vm_contract::test_control::TestControl::JailerNoDeathSignal) {
+fn become_vmm(alive: OwnedFd, safeguards: Safeguards) -> Result<(), JailError> {
+    if safeguards.parent_death_signal {
         rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
             .map_err(|e| JailError::step("arm the parent-death signal")(e.into()))?;
     }

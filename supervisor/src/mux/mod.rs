@@ -32,7 +32,6 @@ pub use self::route::MAX_KEPT_ARGV_BYTES;
 use self::route::{Phase, Route};
 pub use self::violation::{ClientViolation, GuestViolation};
 use crate::policy::{Denial, Gate};
-use vm_contract::test_control::TestControl;
 use vm_protocol::policy::{Operation, SandboxPolicy, UpdateOutcome};
 
 /// The policy operation a client message is, if it is one (credit, pings and policy updates are not).
@@ -131,6 +130,8 @@ pub struct Mux {
     accepting: bool,
     /// When off (the `no-guest-invariants` control), the guest's messages are only routed, not checked.
     enforce: bool,
+    /// When off (the `unserialized-policy` control), a policy update is acknowledged on receipt.
+    serialized_policy: bool,
     /// What clients may do.
     gate: Gate,
     /// `unserialized-policy` control only: an update acknowledged but not yet applied.
@@ -152,9 +153,16 @@ impl Mux {
             clients: HashMap::new(),
             accepting: true,
             enforce,
+            serialized_policy: true,
             gate: Gate::default(),
             late_update: None,
         }
+    }
+
+    /// The same, applying policy updates in order with dispatch or (`serialized` off, controls only) late.
+    pub fn with_serialized_policy(mut self, serialized: bool) -> Self {
+        self.serialized_policy = serialized;
+        self
     }
 
     /// The same, under `policy` (approved at create) instead of the allow-everything default.
@@ -301,7 +309,7 @@ impl Mux {
             }
             ToGuest::Ping { nonce } => reply(ToHost::Pong { nonce }),
             // Every operation handled before this one is already dispatched: the acknowledgment is sent after it.
-            ToGuest::UpdatePolicy(update) if crate::control(TestControl::UnserializedPolicy) => {
+            ToGuest::UpdatePolicy(update) if !self.serialized_policy => {
                 let (revision, outcome) = (update.revision, UpdateOutcome::Applied);
                 self.late_update = Some(update);
                 Ok(vec![

@@ -1,0 +1,132 @@
+//! The host's side of a boot, before QEMU starts: the sibling binaries, the VMM's directory, the sockets.
+
+use std::path::{Path, PathBuf};
+
+use tokio::net::UnixListener;
+use vm_contract::args::SupervisorArgs;
+use vm_contract::jail::{Confinement, JailIds};
+use vm_contract::layout::SandboxFile;
+use vm_contract::snapshot::SnapshotFile;
+use vm_contract::status::SupervisorStatus;
+use vm_protocol::Hello;
+
+use super::BootError;
+use crate::accel;
+use crate::status;
+use crate::vmm::{self, VmmConfig};
+
+/// What a boot needs before QEMU starts, checked and made.
+pub(super) struct Prepared {
+    /// QEMU's command line and confinement.
+    pub(super) config: VmmConfig,
+    /// The watchdog binary.
+    pub(super) watchdog: PathBuf,
+    /// The guest link's socket.
+    pub(super) channel: UnixListener,
+    /// The console's socket.
+    pub(super) console: UnixListener,
+    /// `--save-snapshot`: the monitor's socket.
+    pub(super) monitor: Option<UnixListener>,
+    /// `--save-snapshot`: the migration stream's socket.
+    pub(super) migration: Option<UnixListener>,
+    /// `--restore-snapshot`: the agent's saved hello, already checked.
+    pub(super) restored: Option<Hello>,
+}
+
+/// Joins the cgroup, checks the image, the binaries and the accelerator (reporting it), and binds the
+/// sockets QEMU connects to.
+pub(super) fn prepare(args: &SupervisorArgs) -> Result<Prepared, BootError> {
+    if let Some(cgroup) = &args.cgroup {
+        // Before anything is started, so QEMU and the watchdog inherit it. Not fatal: it is the last sweep,
+        // not the first line of defence.
+        if std::fs::write(cgroup.join("cgroup.procs"), std::process::id().to_string()).is_err() {
+            tracing::warn!(cgroup = %cgroup.display(), "cannot join the sandbox's cgroup");
+        }
+    }
+    for (what, path) in [("kernel", &args.kernel), ("initramfs", &args.initrd)] {
+        if !path.is_file() {
+            return Err(BootError::MissingImage { what, path: path.clone() });
+        }
+    }
+    let watchdog = sibling_binary("vm-watchdog")?;
+    let (accel, fallback) = accel::Host::default().choose(args.accel).map_err(BootError::Kvm)?;
+    if let Some(why) = &fallback {
+        tracing::warn!(reason = %why, "KVM unusable; using TCG software emulation");
+    }
+    status::report(&SupervisorStatus::Accelerator { accel, fallback: fallback.map(|w| w.to_string()) });
+    let qemu = match &args.qemu {
+        Some(q) => std::path::absolute(q).map_err(|_| BootError::NoQemu)?,
+        None => vmm::find_on_path("qemu-system-x86_64").ok_or(BootError::NoQemu)?,
+    };
+    let ids = args.jail_id.map(|id| JailIds { uid: id, gid: id });
+    if args.confinement == Confinement::Jail && ids.is_none() {
+        return Err(BootError::NoJailId);
+    }
+    let root = vmm_root(&args.sandbox_dir)?;
+    let channel = bind(SandboxFile::Channel, ids)?;
+    let console = bind(SandboxFile::ConsoleSocket, ids)?;
+    let saving = args.save_snapshot.is_some();
+    let monitor = if saving { Some(bind(SandboxFile::Monitor, ids)?) } else { None };
+    let migration = if saving { Some(bind(SandboxFile::Migration, ids)?) } else { None };
+    let restored = match &args.restore_snapshot {
+        Some(dir) => Some(crate::snapshot::saved_hello(dir).map_err(BootError::Snapshot)?),
+        None => None,
+    };
+    let config = VmmConfig {
+        qemu,
+        jailer: sibling_binary("vm-jailer")?,
+        confinement: args.confinement,
+        ids,
+        root,
+        cgroups: args.vmm_cgroups.clone(),
+        kernel: args.kernel.clone(),
+        initrd: args.initrd.clone(),
+        shape: args.shape,
+        accel,
+        monitor: saving,
+        incoming: args.restore_snapshot.as_deref().map(|dir| SnapshotFile::State.path(dir)),
+        tsc_khz: args.tsc_khz,
+    };
+    Ok(Prepared { config, watchdog, channel, console, monitor, migration, restored })
+}
+
+/// `name` (`vm-watchdog`, `vm-jailer`), next to this binary.
+pub(super) fn sibling_binary(name: &str) -> Result<PathBuf, BootError> {
+    let path = std::env::current_exe().map_or_else(|_| PathBuf::from(name), |exe| exe.with_file_name(name));
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(BootError::NoSibling(path))
+    }
+}
+
+/// The VMM directory, made (0755: a jailed QEMU must traverse its own root, never write it) if missing.
+pub(super) fn vmm_root(sandbox_dir: &Path) -> Result<PathBuf, BootError> {
+    use std::os::unix::fs::PermissionsExt;
+    let root = std::path::absolute(sandbox_dir.join(SandboxFile::VmmRoot.name()))
+        .map_err(|e| BootError::Bind(SandboxFile::VmmRoot, e))?;
+    match std::fs::DirBuilder::new().create(&root) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(BootError::Bind(SandboxFile::VmmRoot, e)),
+        // Set, not asked of mkdir: the supervisor's umask would take the search bits away.
+        _ => std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))
+            .map(|()| root)
+            .map_err(|e| BootError::Bind(SandboxFile::VmmRoot, e)),
+    }
+}
+
+/// Binds one of the sandbox's sockets, replacing one a previous start left behind. A socket QEMU connects
+/// to is given to the jail's ids, 0600: only that VMM (and root) may connect.
+pub(super) fn bind(file: SandboxFile, ids: Option<JailIds>) -> Result<UnixListener, BootError> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = file.relative();
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path).map_err(|e| BootError::Bind(file, e))?;
+    if file.in_vmm_root() {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| BootError::Bind(file, e))?;
+        if let Some(ids) = ids {
+            std::os::unix::fs::chown(&path, Some(ids.uid), Some(ids.gid)).map_err(|e| BootError::Bind(file, e))?;
+        }
+    }
+    Ok(listener)
+}

@@ -1,0 +1,169 @@
+//! Admission: what a sandbox passes before it is served, cold or claimed alike.
+//!
+//! ```text
+//! launch descriptor against the trusted arguments (before any credential is read)
+//!   -> auth bundle (read once, then gone) -> telemetry under the sandbox's identity
+//!   -> session settings -> the approved policy
+//! ```
+
+use std::path::Path;
+use std::time::SystemTime;
+
+use vm_contract::args::SupervisorArgs;
+use vm_contract::auth::{AuthBundle, BundleError};
+use vm_contract::claim::Claim;
+use vm_contract::descriptor::{LaunchDescriptor, Mismatch, Trusted};
+use vm_contract::layout::SandboxFile;
+use vm_contract::session::SessionHello;
+use vm_protocol::policy::{PolicyError, SandboxPolicy};
+
+use super::fail::{Failure, Outlet};
+use super::sandbox::Sandbox;
+use crate::safeguards::Safeguards;
+use crate::session::SessionConfig;
+use crate::telemetry::console::Console;
+use crate::telemetry::settings::{SettingsError, TelemetrySettings};
+use crate::telemetry::{Telemetry, TelemetryError};
+
+/// Why a sandbox was not admitted.
+#[derive(Debug, thiserror::Error)]
+pub enum AdmitError {
+    /// The launch descriptor was not admitted.
+    #[error("the launch descriptor was refused")]
+    Descriptor(#[source] Mismatch),
+    /// The auth bundle is unreadable.
+    #[error("cannot read the auth bundle")]
+    Bundle(#[source] BundleError),
+    /// The telemetry settings are unusable.
+    #[error("bad telemetry settings")]
+    Settings(#[source] SettingsError),
+    /// A telemetry sink could not start.
+    #[error("cannot start telemetry")]
+    Telemetry(#[source] TelemetryError),
+    /// A session socket was given without a session id or token.
+    #[error("a session socket was given without a session id, or the auth bundle has no session token")]
+    NoSessionToken,
+    /// The approved policy in the sandbox directory is not valid.
+    #[error("the sandbox's policy is not valid")]
+    Policy(#[source] PolicyError),
+    /// The approved policy in the sandbox directory cannot be read.
+    #[error("cannot read the sandbox's policy")]
+    PolicyUnreadable(#[source] std::io::Error),
+}
+
+/// Where the telemetry settings come from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SettingsFrom<'a> {
+    /// A cold start's environment.
+    Environment,
+    /// A pooled VM's claim.
+    Claim(&'a Claim),
+}
+
+impl SettingsFrom<'_> {
+    fn settings(self, headers: Vec<(String, String)>) -> Result<TelemetrySettings, SettingsError> {
+        match self {
+            Self::Environment => TelemetrySettings::load(headers),
+            Self::Claim(claim) => TelemetrySettings::from_lookup(|var| claim.setting(var), headers),
+        }
+    }
+}
+
+/// An admitted sandbox: its telemetry running, its session settings and its policy.
+pub(crate) struct Admitted {
+    pub(crate) sandbox: Sandbox,
+    pub(crate) session: Option<SessionConfig>,
+    pub(crate) policy: SandboxPolicy,
+}
+
+/// Admits the sandbox `args` names, in the sandbox directory. The admission span starts here and is exported
+/// once the sinks are up.
+///
+/// # Errors
+/// A [`Failure`] to report, through the sinks that were up when admission stopped.
+pub(crate) fn admit(
+    args: &SupervisorArgs,
+    safeguards: &Safeguards,
+    console: Console,
+    from: SettingsFrom<'_>,
+) -> Result<Admitted, Failure> {
+    let started = SystemTime::now();
+    if let Err(mismatch) = descriptor(args, safeguards) {
+        let settings = Box::new(from.settings(Vec::new()));
+        let outlet = Outlet::Refused { console, settings, sandbox_id: args.sandbox_id.to_string() };
+        return Err(Failure::new(AdmitError::Descriptor(mismatch), outlet));
+    }
+    let (telemetry, token) = match start_telemetry(args, &console, from) {
+        Ok(started) => started,
+        Err(e) => return Err(Failure::new(e, Outlet::Console(console))),
+    };
+    let mut sandbox = Sandbox::open(telemetry, console, args);
+    let session = match session(args, token) {
+        Ok(session) => session,
+        Err(e) => return Err(Failure::new(e, Outlet::Sandbox(Box::new(sandbox)))),
+    };
+    let policy = policy();
+    sandbox.telemetry().spans().admission(started, policy.is_ok());
+    let policy = match policy {
+        Ok(policy) => policy,
+        Err(e) => return Err(Failure::new(e, Outlet::Sandbox(Box::new(sandbox)))),
+    };
+    let allowed: Vec<&str> = policy.allow.iter().map(|o| o.as_str()).collect();
+    sandbox.config_change(&format!("policy revision 0 approved; allowed: {}", allowed.join(", ")));
+    Ok(Admitted { sandbox, session, policy })
+}
+
+/// Admits the launch descriptor against the trusted arguments, before any credential is read or the policy
+/// discovered.
+fn descriptor(args: &SupervisorArgs, safeguards: &Safeguards) -> Result<(), Mismatch> {
+    if !safeguards.admit_descriptor {
+        return Ok(());
+    }
+    let trusted = Trusted {
+        backend: args.backend,
+        sandbox_id: args.sandbox_id.as_str(),
+        session_id: args.session_id.as_ref(),
+        generation: args.generation,
+    };
+    LaunchDescriptor::read(Path::new(".")).and_then(|d| d.admit(&trusted))
+}
+
+/// The auth bundle (read once, then gone) and the sinks its settings ask for.
+fn start_telemetry(
+    args: &SupervisorArgs,
+    console: &Console,
+    from: SettingsFrom<'_>,
+) -> Result<(Telemetry, Option<String>), AdmitError> {
+    let bundle = AuthBundle::take(Path::new(".")).map_err(AdmitError::Bundle)?;
+    let settings = from.settings(bundle.otlp_headers).map_err(AdmitError::Settings)?;
+    let telemetry =
+        Telemetry::start(console.handle(), args.sandbox_id.as_str(), &settings).map_err(AdmitError::Telemetry)?;
+    Ok((telemetry, bundle.session_token))
+}
+
+/// The session with `vm-driver serve`, where the arguments name its socket.
+fn session(args: &SupervisorArgs, token: Option<String>) -> Result<Option<SessionConfig>, AdmitError> {
+    match (&args.session_socket, &args.session_id, token) {
+        (Some(socket), Some(session_id), Some(token)) => Ok(Some(SessionConfig {
+            socket: socket.clone(),
+            hello: SessionHello {
+                sandbox_id: args.sandbox_id.to_string(),
+                generation: args.generation,
+                session_id: session_id.clone(),
+                token,
+            },
+        })),
+        (Some(_), _, _) => Err(AdmitError::NoSessionToken),
+        (None, _, _) => Ok(None),
+    }
+}
+
+/// The policy the driver approved, a trusted input like the arguments; without one, everything is allowed.
+/// Only a missing file means "no policy": any other failure to read it must not open everything.
+fn policy() -> Result<SandboxPolicy, AdmitError> {
+    match std::fs::read_to_string(SandboxFile::Policy.name()) {
+        Ok(text) => SandboxPolicy::parse(&text, &vm_protocol::identity::WORKLOAD).map_err(AdmitError::Policy),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(SandboxPolicy::default()),
+        Err(e) => Err(AdmitError::PolicyUnreadable(e)),
+    }
+}

@@ -1,0 +1,142 @@
+//! A pooled VM (`--pooled`): booted with no identity, idle until `vm-driver serve` claims it for a sandbox
+//! ([`vm_contract::claim`]), then admitted and served as that sandbox; or, with `--save-snapshot`, saved
+//! and stopped ([`crate::snapshot`]).
+//!
+//! ```text
+//! enter the sandbox directory -> leash (signals, the liveness pipe with its claim line) -> boot
+//!   -> save, stop                                                                (--save-snapshot)
+//!   -> report pooled -> wait for the claim -> admit under the claimed identity -> serve until stopped
+//! ```
+//!
+//! Before the claim nothing is served and no telemetry exists: no event can leave under an identity that
+//! is not the sandbox's, and the boot's events are emitted after the claim, under the claimed one. The
+//! waiting VM is leashed like any other: the liveness pipe (EOF kills it), the lease with the watchdog, stop
+//! signals, and its own exit. A pooled VM serves one sandbox: there is no way back into the pool.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+use vm_contract::args::SupervisorArgs;
+use vm_contract::status::SupervisorStatus;
+use vm_ocsf::{AppInfo, Lifecycle, Status};
+
+use super::admission::{self, SettingsFrom};
+use super::claim::{self, Unclaimed};
+use super::fail::{fail, Outlet};
+use super::StartError;
+use crate::boot::Booted;
+use crate::inbox::Inbox;
+use crate::safeguards::Safeguards;
+use crate::snapshot::SaveLine;
+use crate::status;
+use crate::stop::StopReason;
+use crate::telemetry::console::Console;
+use crate::telemetry::settings::TelemetrySettings;
+use crate::telemetry::Telemetry;
+
+/// Boots the pooled VM, then saves it, or waits for its claim and runs the claimed sandbox.
+///
+/// # Errors
+/// A [`StartError`] if the VM never became ready, its save or its claim failed, or the claimed sandbox was
+/// not admitted.
+pub async fn run(
+    mut args: SupervisorArgs,
+    safeguards: &Safeguards,
+    console: Console,
+) -> Result<StopReason, StartError> {
+    if let Err(e) = super::enter(&args) {
+        return fail(Outlet::Console(console), e).await;
+    }
+    let (claim_tx, claim_rx) = oneshot::channel();
+    let (senders, mut inbox) = match super::leash(true, Some(claim_tx)) {
+        Ok(leash) => leash,
+        Err(e) => return fail(Outlet::Console(console), e).await,
+    };
+    let mut booted = match crate::boot::boot(&args, safeguards, &senders, &mut inbox.stop).await {
+        Ok(booted) => booted,
+        Err(e) => return fail(Outlet::Console(console), e.into()).await,
+    };
+    if let (Some(dir), Some(line)) = (args.save_snapshot.clone(), booted.save.take()) {
+        let cap = safeguards.stream_cap_bytes(args.shape);
+        let saved = save(&mut booted, line, &mut inbox, &dir, cap).await;
+        let _ = booted.shut_down().await;
+        return match saved {
+            Ok(bytes) => {
+                tracing::info!(bytes, "VM saved");
+                status::report(&SupervisorStatus::Saved { bytes });
+                Ok(end_unclaimed(StopReason::Terminated, console))
+            }
+            Err(e) => fail(Outlet::Console(console), e).await,
+        };
+    }
+    let agent = booted.link.hello.software_label();
+    status::report(&SupervisorStatus::Pooled { vmm_pid: booted.vm.vmm_record.pid.unsigned_abs(), agent });
+    tracing::info!(slot = %args.sandbox_id, "pooled VM ready; waiting for a claim");
+    // Control: the naive pool, whose VM reports its boot under the slot's id before any claim.
+    let _early = (!safeguards.identity_at_claim).then(|| boot_event(&args, &console)).flatten();
+    let vm = &mut booted.vm;
+    let claim = match claim::wait(&mut vm.vmm, &mut vm.lease, &mut inbox, claim_rx).await {
+        Ok(claim) => claim,
+        Err(unclaimed) => {
+            let _ = booted.shut_down().await;
+            return match unclaimed {
+                Unclaimed::Stopped(reason) => {
+                    tracing::info!(reason = %reason, "pooled VM stopped before a claim");
+                    Ok(end_unclaimed(reason, console))
+                }
+                Unclaimed::BadClaim(e) => fail(Outlet::Console(console), StartError::Claim(e)).await,
+            };
+        }
+    };
+    args.sandbox_id = claim.sandbox_id.clone();
+    args.session_id = Some(claim.session_id.clone());
+    args.generation = claim.generation;
+    args.session_socket = Some(claim.session_socket.clone());
+    tracing::info!(sandbox = %args.sandbox_id, "claimed");
+    let mut admitted = match admission::admit(&args, safeguards, console, SettingsFrom::Claim(&claim)) {
+        Ok(admitted) => admitted,
+        Err(failure) => {
+            let _ = booted.shut_down().await;
+            return failure.fail().await;
+        }
+    };
+    admitted.sandbox.telemetry().spans().boot_origin("pool");
+    Ok(admitted.serve(&args, safeguards, booted, senders, inbox).await)
+}
+
+/// `--save-snapshot`: saves the booted VM, keeping its lease meanwhile. Saved or not, the VM serves nothing.
+async fn save(booted: &mut Booted, line: SaveLine, inbox: &mut Inbox, dir: &Path, cap: u64) -> Result<u64, StartError> {
+    let vm = &mut booted.vm;
+    tokio::select! {
+        biased;
+        reason = claim::until_stopped(&mut vm.vmm, &mut vm.lease, &mut inbox.stop) => {
+            Err(StartError::StoppedBeforeSave(reason))
+        }
+        saved = crate::snapshot::save(line, &booted.link, dir, cap) => saved.map_err(StartError::Save),
+    }
+}
+
+/// The end of a VM that served nothing: its final report (nothing sent), and the console ended.
+fn end_unclaimed(reason: StopReason, console: Console) -> StopReason {
+    status::report(&SupervisorStatus::Stopped {
+        events: 0,
+        otlp_exported: 0,
+        otlp_dropped: 0,
+        limited: 0,
+        jsonl_dropped: 0,
+        console_dropped: 0,
+    });
+    console.shutdown(Instant::now() + Duration::from_secs(1));
+    reason
+}
+
+/// The `pool-identity-at-boot` control's telemetry: started at boot from the environment, under the slot's id.
+fn boot_event(args: &SupervisorArgs, console: &Console) -> Option<Telemetry> {
+    let settings = TelemetrySettings::load(Vec::new()).ok()?;
+    let mut telemetry = Telemetry::start(console.handle(), args.sandbox_id.as_str(), &settings).ok()?;
+    let vm = AppInfo { name: "microvm".into(), version: env!("CARGO_PKG_VERSION").into() };
+    let event = telemetry.source().lifecycle(Lifecycle::Start, &vm, Status::Success, None);
+    telemetry.emit(event);
+    Some(telemetry)
+}

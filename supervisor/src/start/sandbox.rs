@@ -1,0 +1,152 @@
+//! An admitted sandbox: its telemetry under its own identity from admission to the final report, and its
+//! serving, from ready to stop, with the lifecycle events around it.
+
+use std::path::PathBuf;
+
+use vm_contract::args::SupervisorArgs;
+use vm_contract::jail::Confinement;
+use vm_contract::status::SupervisorStatus;
+use vm_ocsf::{AppInfo, Finding, Lifecycle, Status};
+
+use super::admission::Admitted;
+use crate::boot::{BootError, Booted};
+use crate::diagnostics::chain;
+use crate::inbox::{Inbox, Senders};
+use crate::mux::Mux;
+use crate::safeguards::Safeguards;
+use crate::status;
+use crate::stop::StopReason;
+use crate::telemetry::console::Console;
+use crate::telemetry::Telemetry;
+
+/// The sandbox as the lifecycle events name it.
+pub(crate) fn app() -> AppInfo {
+    AppInfo { name: "sandbox".into(), version: env!("CARGO_PKG_VERSION").into() }
+}
+
+/// An admitted sandbox's telemetry, and the console it ends at its flush.
+pub(crate) struct Sandbox {
+    telemetry: Telemetry,
+    console: Console,
+    /// The VMM's cgroups, whose limits explain a VMM that exited.
+    vmm_cgroups: Vec<PathBuf>,
+}
+
+impl Sandbox {
+    /// Takes over the sandbox's sinks and says how its VMM is confined (`none` loudly), and, in a build with
+    /// test controls, that it has them.
+    pub(crate) fn open(telemetry: Telemetry, console: Console, args: &SupervisorArgs) -> Self {
+        let mut sandbox = Self { telemetry, console, vmm_cgroups: args.vmm_cgroups.clone() };
+        #[cfg(feature = "test-controls")]
+        sandbox.config_change(&vm_contract::test_control::announcement("vm-supervisor"));
+        let confinement = match args.confinement {
+            Confinement::None => {
+                "VMM confinement: none (UNCONFINED: no jail, no separate uid, no namespaces)".to_owned()
+            }
+            mode => format!("VMM confinement: {mode}"),
+        };
+        sandbox.config_change(&confinement);
+        sandbox
+    }
+
+    pub(crate) fn telemetry(&mut self) -> &mut Telemetry {
+        &mut self.telemetry
+    }
+
+    /// A configuration event.
+    pub(crate) fn config_change(&mut self, what: &str) {
+        let event = self.telemetry.source().config_change(what);
+        self.telemetry.emit(event);
+    }
+
+    fn finding(&mut self, finding: Finding, detail: &str) {
+        let event = self.telemetry.source().finding(finding, detail);
+        self.telemetry.emit(event);
+    }
+
+    fn lifecycle(&mut self, activity: Lifecycle, app: &AppInfo, status: Status, detail: Option<String>) {
+        let event = self.telemetry.source().lifecycle(activity, app, status, detail);
+        self.telemetry.emit(event);
+    }
+
+    /// Reports a failed boot: its findings (the VMM's limits, a bad handshake) and the failed start. Returns
+    /// what the status line adds after the logs: the limits the VMM hit.
+    pub(crate) fn boot_failed(&mut self, e: &BootError) -> String {
+        self.telemetry.spans().boot_ended(false);
+        let mut notes = String::new();
+        if matches!(e, BootError::VmmExitedDuringBoot { .. }) {
+            for hit in crate::vmm_limits::hits(&self.vmm_cgroups) {
+                notes.push_str(&format!("; {}", hit.describe()));
+                self.finding(Finding::VmmLimit, hit.describe());
+            }
+        }
+        if e.is_bad_handshake() {
+            self.finding(Finding::GuestProtocolViolation, "the guest agent's handshake failed");
+        }
+        self.lifecycle(Lifecycle::Start, &app(), Status::Failure, Some(chain(e)));
+        notes
+    }
+
+    /// Flushes the sinks within `budget`, ends the console, and reports the final counts.
+    pub(crate) async fn end(self, budget: std::time::Duration) {
+        let report = self.telemetry.shutdown(budget, self.console).await;
+        status::report(&SupervisorStatus::Stopped {
+            events: report.events,
+            otlp_exported: report.otlp.exported,
+            otlp_dropped: report.otlp.dropped,
+            limited: report.limited,
+            jsonl_dropped: report.jsonl.dropped,
+            console_dropped: report.console_dropped,
+        });
+    }
+}
+
+impl Admitted {
+    /// Serves the sandbox on `booted` until it stops, then ends the VM and the sinks; returns why it stopped.
+    pub(crate) async fn serve(
+        self,
+        args: &SupervisorArgs,
+        safeguards: &Safeguards,
+        booted: Booted,
+        senders: Senders,
+        mut inbox: Inbox,
+    ) -> StopReason {
+        let Self { mut sandbox, session, policy } = self;
+        let Booted { mut vm, link, attach, .. } = booted;
+        sandbox.telemetry.spans().boot_ended(true);
+        let microvm = AppInfo { name: "microvm".into(), version: link.hello.software_label() };
+        let apps = [microvm, app()];
+        crate::attach_server::serve(attach, link.hello.capabilities, senders.clone());
+        for app in &apps {
+            sandbox.lifecycle(Lifecycle::Start, app, Status::Success, None);
+        }
+        let agent = apps[0].version.clone();
+        status::report(&SupervisorStatus::Ready { vmm_pid: vm.vmm_record.pid.unsigned_abs(), agent });
+        tracing::info!(sandbox = %args.sandbox_id, agent = %apps[0].version, "sandbox ready");
+        let session = session.map(|s| tokio::spawn(crate::session::run(s, senders.clone())).abort_handle());
+        let mux = Mux::new(safeguards.guest_invariants)
+            .with_serialized_policy(safeguards.serialized_policy)
+            .with_policy(policy);
+        let boundary = crate::serve::Boundary { guest: link.tx, mux };
+        let telemetry = &mut sandbox.telemetry;
+        let reason =
+            crate::serve::serve(args, &mut vm.vmm, &mut vm.lease, boundary, &mut inbox, telemetry, session).await;
+        let logs = vm.logs.clone();
+        if vm.shut_down().await.is_none() {
+            tracing::warn!("the lease watchdog did not exit after the VM stopped; killed it");
+        }
+        let (console, vmm_log) = (logs.console.get(), logs.vmm.get());
+        if console > 0 || vmm_log > 0 {
+            tracing::warn!(console_bytes = console, vmm_bytes = vmm_log, "guest logs dropped bytes past their caps");
+        }
+        let (status, detail) = match &reason {
+            StopReason::Terminated => (Status::Success, None),
+            other => (Status::Failure, Some(other.to_string())),
+        };
+        for app in &apps {
+            sandbox.lifecycle(Lifecycle::Stop, app, status, detail.clone());
+        }
+        sandbox.end(reason.flush_budget()).await;
+        reason
+    }
+}
