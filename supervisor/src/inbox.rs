@@ -12,8 +12,8 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use vm_protocol::{FrameError, ToGuest, ToHost};
 
-use crate::attach_server::ClientHandle;
 use crate::mux::ClientId;
+use crate::serve::attach_server::ClientHandle;
 
 /// Messages from the guest waiting for the loop.
 pub const GUEST_QUEUE_ITEMS: usize = 256;
@@ -89,7 +89,7 @@ pub struct Senders {
     clients: mpsc::Sender<FromClient>,
     client_bytes: Arc<Semaphore>,
     /// The VMM's SIGKILL, for the liveness thread.
-    pub vmm_kill: crate::kill_switch::KillSwitch,
+    pub vmm_kill: crate::stop::kill_switch::KillSwitch,
 }
 
 /// The loop's side.
@@ -118,7 +118,7 @@ pub fn new() -> (Senders, Inbox) {
         guest_bytes: Arc::new(Semaphore::new(GUEST_QUEUE_BYTES as usize)),
         clients,
         client_bytes: Arc::new(Semaphore::new(CLIENT_QUEUE_BYTES as usize)),
-        vmm_kill: crate::kill_switch::KillSwitch::default(),
+        vmm_kill: crate::stop::kill_switch::KillSwitch::default(),
     };
     (senders, Inbox { stop: stop_rx, control: control_rx, guest: guest_rx, clients: clients_rx })
 }

@@ -19,27 +19,15 @@
 
 vm_contract::test_controls!();
 
-pub mod accel;
-pub mod attach_server;
 pub mod boot;
 pub mod diagnostics;
 mod framed;
-pub mod guest_link;
-pub mod guest_logs;
 pub mod inbox;
-pub mod kill_switch;
-pub mod lease;
-pub mod liveness;
 pub mod mux;
 pub mod policy;
 pub mod safeguards;
-mod serve;
-pub mod session;
-pub mod snapshot;
+pub mod serve;
 pub mod start;
 pub mod status;
 pub mod stop;
 pub mod telemetry;
-pub mod vmm;
-pub mod vmm_limits;
-pub mod vmm_process;

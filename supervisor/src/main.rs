@@ -8,7 +8,7 @@ use clap::Parser;
 use vm_contract::args::{SupervisorArgs, PROBE_ACCEL};
 use vm_contract::exit::SupervisorExit;
 use vm_contract::status::SupervisorStatus;
-use vm_supervisor::accel::{AccelChoice, Host};
+use vm_supervisor::boot::accel::{AccelChoice, Host};
 use vm_supervisor::safeguards::Safeguards;
 use vm_supervisor::start;
 use vm_supervisor::stop::StopReason;

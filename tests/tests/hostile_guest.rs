@@ -24,7 +24,7 @@ use vm_e2e::procs::{signal, PeakRss, ProcInfo};
 use vm_e2e::serve::Serve;
 use vm_e2e::{gone_within, wait_until, Launch, Running, Scratch, TestControl};
 use vm_protocol::ExitStatus;
-use vm_supervisor::guest_logs::{CONSOLE_CAP_BYTES, VMM_LOG_CAP_BYTES};
+use vm_supervisor::boot::guest_logs::{CONSOLE_CAP_BYTES, VMM_LOG_CAP_BYTES};
 use vm_supervisor::telemetry::{jsonl, limit};
 
 /// The supervisor's resident memory must stay under this whatever the guest does (issue 9).

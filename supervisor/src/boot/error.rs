@@ -4,9 +4,9 @@ use std::path::PathBuf;
 
 use vm_contract::layout::SandboxFile;
 
-use crate::accel::KvmUnusable;
-use crate::guest_link::LinkError;
-use crate::lease::{LeaseFailure, LeaseStartError};
+use super::accel::KvmUnusable;
+use super::guest_link::LinkError;
+use super::lease::{LeaseFailure, LeaseStartError};
 
 /// Why the boot failed. Nothing it started is left running when this is returned.
 #[derive(Debug, thiserror::Error)]

@@ -10,10 +10,10 @@ use vm_contract::snapshot::SnapshotFile;
 use vm_contract::status::SupervisorStatus;
 use vm_protocol::Hello;
 
+use super::accel;
+use super::vmm::{self, VmmConfig};
 use super::BootError;
-use crate::accel;
 use crate::status;
-use crate::vmm::{self, VmmConfig};
 
 /// What a boot needs before QEMU starts, checked and made.
 pub(super) struct Prepared {
@@ -69,7 +69,7 @@ pub(super) fn prepare(args: &SupervisorArgs) -> Result<Prepared, BootError> {
     let monitor = if saving { Some(bind(SandboxFile::Monitor, ids)?) } else { None };
     let migration = if saving { Some(bind(SandboxFile::Migration, ids)?) } else { None };
     let restored = match &args.restore_snapshot {
-        Some(dir) => Some(crate::snapshot::saved_hello(dir).map_err(BootError::Snapshot)?),
+        Some(dir) => Some(super::snapshot::saved_hello(dir).map_err(BootError::Snapshot)?),
         None => None,
     };
     let config = VmmConfig {

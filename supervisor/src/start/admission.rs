@@ -20,7 +20,7 @@ use vm_protocol::policy::{PolicyError, SandboxPolicy};
 use super::fail::{Failure, Outlet};
 use super::sandbox::Sandbox;
 use crate::safeguards::Safeguards;
-use crate::session::SessionConfig;
+use crate::serve::session::SessionConfig;
 use crate::telemetry::console::Console;
 use crate::telemetry::settings::{SettingsError, TelemetrySettings};
 use crate::telemetry::{Telemetry, TelemetryError};

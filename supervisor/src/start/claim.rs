@@ -3,10 +3,10 @@
 use tokio::sync::{oneshot, watch};
 use vm_contract::claim::{Claim, ClaimError};
 
+use crate::boot::lease::Lease;
+use crate::boot::vmm_process::VmmProcess;
 use crate::inbox::{Inbox, StopRequests};
-use crate::lease::Lease;
 use crate::stop::StopReason;
-use crate::vmm_process::VmmProcess;
 
 /// How the wait for a claim ended without one.
 pub(super) enum Unclaimed {

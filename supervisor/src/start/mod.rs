@@ -26,10 +26,10 @@ use vm_contract::claim::ClaimError;
 use vm_contract::layout::SandboxFile;
 
 pub use self::admission::AdmitError;
+use crate::boot::snapshot::SaveError;
 use crate::boot::BootError;
 use crate::inbox::{Inbox, Senders};
-use crate::liveness::ClaimSender;
-use crate::snapshot::SaveError;
+use crate::stop::liveness::ClaimSender;
 use crate::stop::StopReason;
 
 /// Why a start failed, by phase. Nothing is left running when this is returned.
@@ -82,7 +82,7 @@ fn leash(liveness: bool, claim: Option<ClaimSender>) -> Result<(Senders, Inbox),
     crate::stop::watch_signals(senders.clone());
     if liveness {
         // Without the liveness thread the VM could outlive the driver; refuse to run.
-        crate::liveness::watch_stdin(senders.clone(), claim).map_err(StartError::Liveness)?;
+        crate::stop::liveness::watch_stdin(senders.clone(), claim).map_err(StartError::Liveness)?;
     }
     Ok((senders, inbox))
 }

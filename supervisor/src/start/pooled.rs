@@ -1,6 +1,6 @@
 //! A pooled VM (`--pooled`): booted with no identity, idle until `vm-driver serve` claims it for a sandbox
 //! ([`vm_contract::claim`]), then admitted and served as that sandbox; or, with `--save-snapshot`, saved
-//! and stopped ([`crate::snapshot`]).
+//! and stopped ([`crate::boot::snapshot`]).
 //!
 //! ```text
 //! enter the sandbox directory -> leash (signals, the liveness pipe with its claim line) -> boot
@@ -25,10 +25,10 @@ use super::admission::{self, SettingsFrom};
 use super::claim::{self, Unclaimed};
 use super::fail::{fail, Outlet};
 use super::StartError;
+use crate::boot::snapshot::SaveLine;
 use crate::boot::Booted;
 use crate::inbox::Inbox;
 use crate::safeguards::Safeguards;
-use crate::snapshot::SaveLine;
 use crate::status;
 use crate::stop::StopReason;
 use crate::telemetry::console::Console;
@@ -113,7 +113,7 @@ async fn save(booted: &mut Booted, line: SaveLine, inbox: &mut Inbox, dir: &Path
         reason = claim::until_stopped(&mut vm.vmm, &mut vm.lease, &mut inbox.stop) => {
             Err(StartError::StoppedBeforeSave(reason))
         }
-        saved = crate::snapshot::save(line, &booted.link, dir, cap) => saved.map_err(StartError::Save),
+        saved = crate::boot::snapshot::save(line, &booted.link, dir, cap) => saved.map_err(StartError::Save),
     }
 }
 

@@ -75,7 +75,7 @@ impl Sandbox {
         self.telemetry.spans().boot_ended(false);
         let mut notes = String::new();
         if matches!(e, BootError::VmmExitedDuringBoot { .. }) {
-            for hit in crate::vmm_limits::hits(&self.vmm_cgroups) {
+            for hit in crate::boot::vmm_limits::hits(&self.vmm_cgroups) {
                 notes.push_str(&format!("; {}", hit.describe()));
                 self.finding(Finding::VmmLimit, hit.describe());
             }
@@ -116,14 +116,14 @@ impl Admitted {
         sandbox.telemetry.spans().boot_ended(true);
         let microvm = AppInfo { name: "microvm".into(), version: link.hello.software_label() };
         let apps = [microvm, app()];
-        crate::attach_server::serve(attach, link.hello.capabilities, senders.clone());
+        crate::serve::attach_server::serve(attach, link.hello.capabilities, senders.clone());
         for app in &apps {
             sandbox.lifecycle(Lifecycle::Start, app, Status::Success, None);
         }
         let agent = apps[0].version.clone();
         status::report(&SupervisorStatus::Ready { vmm_pid: vm.vmm_record.pid.unsigned_abs(), agent });
         tracing::info!(sandbox = %args.sandbox_id, agent = %apps[0].version, "sandbox ready");
-        let session = session.map(|s| tokio::spawn(crate::session::run(s, senders.clone())).abort_handle());
+        let session = session.map(|s| tokio::spawn(crate::serve::session::run(s, senders.clone())).abort_handle());
         let mux = Mux::new(safeguards.guest_invariants)
             .with_serialized_policy(safeguards.serialized_policy)
             .with_policy(policy);

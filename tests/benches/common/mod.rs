@@ -21,7 +21,7 @@ use vm_contract::shape::SandboxShape;
 use vm_contract::status::SupervisorStatus;
 use vm_e2e::image::with_init_script;
 use vm_e2e::{harness, Scratch};
-use vm_supervisor::vmm::VmmConfig;
+use vm_supervisor::boot::vmm::VmmConfig;
 
 /// Brings the channel up the way the agent does.
 pub const CHANNEL_UP: &str = r#"
@@ -76,7 +76,7 @@ impl BareVm {
             ids: None,
             root: dir.clone(),
             cgroups: Vec::new(),
-            qemu: vm_supervisor::vmm::find_on_path("qemu-system-x86_64").expect("qemu-system-x86_64"),
+            qemu: vm_supervisor::boot::vmm::find_on_path("qemu-system-x86_64").expect("qemu-system-x86_64"),
             kernel: harness().image.join("vmlinuz"),
             initrd,
             shape: SandboxShape::default(),

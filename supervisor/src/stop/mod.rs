@@ -1,6 +1,8 @@
 //! Why a sandbox stops, what the supervisor's exit status says about it, and what asks for a stop from
-//! outside (signals; the liveness pipe is [`crate::liveness`]).
+//! outside (signals; the liveness pipe is [`liveness`]).
 
+pub mod kill_switch;
+pub mod liveness;
 use std::fmt;
 use std::time::Duration;
 
@@ -8,8 +10,8 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use vm_contract::exit::SupervisorExit;
 
+use crate::boot::lease::LeaseFailure;
 use crate::inbox::Senders;
-use crate::lease::LeaseFailure;
 use crate::mux::GuestViolation;
 
 /// How a supervised VM ended.

@@ -11,7 +11,7 @@ use std::process::ExitStatus;
 use tokio::process::Child;
 use vm_contract::pids::ProcessRecord;
 
-use crate::kill_switch::KillSwitch;
+use crate::stop::kill_switch::KillSwitch;
 
 /// The jailer child and the switch that kills its QEMU.
 #[derive(Debug)]

@@ -17,6 +17,8 @@
 //! - **Lease lost** (the watchdog stopped echoing or died): the supervisor cannot vouch for the VM any more
 //!   and kills the VMM at once.
 
+pub mod attach_server;
+pub mod session;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -29,9 +31,9 @@ use vm_protocol::credentials::RotationOutcome;
 use vm_protocol::policy::UpdateOutcome;
 use vm_protocol::{ToGuest, ToHost};
 
-use crate::attach_server::ClientHandle;
+use self::attach_server::ClientHandle;
+use crate::boot::lease::{Lease, LeaseFailure};
 use crate::inbox::{Control, FromClient, FromGuest, Inbox};
-use crate::lease::{Lease, LeaseFailure};
 use crate::mux::{Action, ClientId, ClientViolation, GuestViolation, Mux};
 use crate::stop::StopReason;
 use crate::telemetry::spans::ExecOutcome;
@@ -42,7 +44,7 @@ const TICK: Duration = Duration::from_secs(1);
 
 struct Serving<'a> {
     args: &'a SupervisorArgs,
-    vmm: &'a mut crate::vmm_process::VmmProcess,
+    vmm: &'a mut crate::boot::vmm_process::VmmProcess,
     telemetry: &'a mut Telemetry,
     mux: Mux,
     guest: mpsc::Sender<ToGuest>,
@@ -66,7 +68,7 @@ pub(crate) struct Boundary {
 /// Runs the sandbox until the VMM has exited; returns why it stopped.
 pub(crate) async fn serve(
     args: &SupervisorArgs,
-    vmm: &mut crate::vmm_process::VmmProcess,
+    vmm: &mut crate::boot::vmm_process::VmmProcess,
     lease: &mut Lease,
     Boundary { guest, mux }: Boundary,
     inbox: &mut Inbox,
@@ -92,7 +94,7 @@ pub(crate) async fn serve(
             }
             exit = state.vmm.wait() => {
                 let status = exit.ok();
-                for hit in crate::vmm_limits::hits(&state.args.vmm_cgroups) {
+                for hit in crate::boot::vmm_limits::hits(&state.args.vmm_cgroups) {
                     state.finding(Finding::VmmLimit, hit.describe());
                 }
                 // The driver, which watches the VMM too, now gives this process the time to flush.

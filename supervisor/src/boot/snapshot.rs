@@ -29,7 +29,7 @@ use vm_contract::snapshot::SnapshotFile;
 use vm_protocol::handshake;
 use vm_protocol::{frame, Hello, ToHost};
 
-use crate::guest_link::{GuestLink, REQUIRED};
+use super::guest_link::{GuestLink, REQUIRED};
 
 /// The most bytes of a saved hello (a frame body of a few dozen).
 const MAX_HELLO_BYTES: u64 = 4096;

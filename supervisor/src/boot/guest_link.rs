@@ -55,7 +55,7 @@ pub struct GuestLink {
 pub struct LinkStart<'a> {
     /// A guest restored from a snapshot finished its handshake with the supervisor that saved it and waits
     /// for requests: this is its hello, saved with the snapshot and checked before QEMU started
-    /// ([`crate::snapshot::saved_hello`]), in place of a fresh exchange.
+    /// ([`super::snapshot::saved_hello`]), in place of a fresh exchange.
     pub saved_hello: Option<&'a Hello>,
     /// Wait until the agent has handled the `Reseed` (a ping, answered in order) before the link counts as
     /// up: a restored guest proves it runs, and a guest to be saved is saved reseeded.

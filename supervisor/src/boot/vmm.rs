@@ -4,7 +4,7 @@
 //! - `-sandbox on,...` (seccomp): no obsolete syscalls, no privilege changes, no `fork`/`exec`, no
 //!   resource-control syscalls.
 //! - The guest console goes to a socket and QEMU's own messages to a pipe, both read by the supervisor, which
-//!   keeps them in `console.log` and `vmm.log` up to a cap (`crate::guest_logs`); neither reaches the user's
+//!   keeps them in `console.log` and `vmm.log` up to a cap (`super::guest_logs`); neither reaches the user's
 //!   terminal, and neither is a file QEMU could grow.
 //! - The boundary channel is a virtio-serial port whose host side connects, as a client, to the
 //!   supervisor's listening socket, so no guest byte can be written before we are attached.

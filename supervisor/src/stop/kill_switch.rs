@@ -4,7 +4,7 @@
 //! between the driver's death and the signal is time the VM outlives its leash. The event loop still does
 //! the orderly rest (finding, final events, flush).
 //!
-//! A VMM runs niced (`crate::vmm::VMM_NICE`); a dying one is no longer data plane, and at nice 10 beside busy
+//! A VMM runs niced (`crate::boot::vmm::VMM_NICE`); a dying one is no longer data plane, and at nice 10 beside busy
 //! control-plane processes its exit (every one of its threads must run once to exit) can wait hundreds of
 //! milliseconds for CPU. So right after the kill the switch raises every VMM thread to [`DYING_NICE`]: a
 //! SIGKILLed thread runs no more user code, only its exit, so the boost cannot be abused (permitted when the supervisor runs

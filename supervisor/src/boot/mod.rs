@@ -9,7 +9,7 @@
 //!
 //! A VM to be saved (`--save-snapshot`) also binds `vmm/{qmp,migrate}.sock` and takes QEMU's monitor
 //! connection; a restored one (`--restore-snapshot`) has QEMU started from the saved stream, checks the saved
-//! hello in place of a fresh one, and is pinged after its `Reseed` ([`crate::snapshot`]).
+//! hello in place of a fresh one, and is pinged after its `Reseed` ([`snapshot`]).
 //!
 //! Nothing is left running when boot fails: QEMU is killed and the watchdog closed.
 
@@ -25,16 +25,24 @@ use vm_contract::layout::SandboxFile;
 use vm_contract::pids::{ProcessRecord, SandboxPids};
 use vm_protocol::handshake::FirstFrameError;
 
+use self::guest_link::{GuestLink, LinkError};
+use self::guest_logs::Dropped;
 use self::host::{bind, Prepared};
-use crate::guest_link::{self, GuestLink, LinkError};
-use crate::guest_logs::{self, Dropped};
+use self::lease::Lease;
+use self::vmm_process::VmmProcess;
 use crate::inbox::{Senders, StopRequests};
-use crate::lease::Lease;
 use crate::safeguards::Safeguards;
-use crate::vmm_process::VmmProcess;
 
+pub mod accel;
 mod error;
+pub mod guest_link;
+pub mod guest_logs;
 mod host;
+pub mod lease;
+pub mod snapshot;
+pub mod vmm;
+pub mod vmm_limits;
+pub mod vmm_process;
 
 pub use self::error::BootError;
 
@@ -51,7 +59,7 @@ pub(crate) struct Booted {
     pub(crate) link: GuestLink,
     pub(crate) attach: UnixListener,
     /// `--save-snapshot`: QEMU's monitor and the socket its migration stream will come to.
-    pub(crate) save: Option<crate::snapshot::SaveLine>,
+    pub(crate) save: Option<snapshot::SaveLine>,
 }
 
 impl Booted {
@@ -111,7 +119,7 @@ pub(crate) async fn boot(
     let booted = async {
         let logs = guest_logs(&mut vmm, &console, senders, safeguards).await?;
         let save = match (monitor, migration) {
-            (Some(monitor), Some(migration)) => Some(crate::snapshot::SaveLine {
+            (Some(monitor), Some(migration)) => Some(snapshot::SaveLine {
                 monitor: accept_from_vmm(&mut vmm, &monitor).await?.map_err(BootError::Monitor)?,
                 migration,
             }),
