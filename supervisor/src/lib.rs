@@ -1,17 +1,21 @@
 //! The supervisor: one process per microVM, and the VM's only keeper.
 //!
-//! Organised by phase:
-//! - [`run`]: one sandbox from start to exit, around the phases below; [`pooled`]: a VM booted (or restored)
-//!   before its sandbox existed, waiting for its claim, or saved for restores ([`snapshot`]).
-//! - [`boot`]: choose the accelerator ([`accel`]), start QEMU hardened ([`vmm`]), start the lease with the
-//!   watchdog ([`lease`]), connect the guest link, check the agent's handshake and reseed the guest
-//!   ([`guest_link`]).
-//! - `serve`: the event loop; the attach socket's server ([`attach_server`]) and the multiplexer that routes
-//!   between its clients and the guest ([`mux`]), with the policy gate ([`policy`]); the session with `vm-driver serve` ([`session`]).
-//! - [`stop`]: why a sandbox stops and what asks for a stop (signals; the liveness pipe is [`liveness`],
-//!   which ends the VM through [`kill_switch`] before the loop hears of it).
-//! - [`diagnostics`]: what reaches `supervisor.log`; [`telemetry`]: OCSF events and their sinks; [`status`]:
-//!   status lines to the driver.
+//! Organised by phase, one folder each:
+//! - [`start`]: the two start-up scripts, [`start::cold`] and [`start::pooled`] (a VM booted or restored
+//!   before its sandbox existed, then saved, or claimed for a sandbox), over the phases below; admission
+//!   (descriptor, telemetry, session, policy), the wait for a claim, and the one failure path.
+//! - [`boot`]: choose the accelerator ([`boot::accel`]), start QEMU hardened ([`boot::vmm`],
+//!   [`boot::vmm_process`]), start the lease with the watchdog ([`boot::lease`]), connect the guest link,
+//!   check the agent's handshake and reseed the guest ([`boot::guest_link`]); the logs QEMU fills
+//!   ([`boot::guest_logs`]), snapshots ([`boot::snapshot`]), the VMM's cgroup limits ([`boot::vmm_limits`]).
+//! - [`serve`]: the event loop; the attach socket's server ([`serve::attach_server`]) and the multiplexer
+//!   that routes between its clients and the guest ([`mux`]), with the policy gate ([`policy`]); the session
+//!   with `vm-driver serve` ([`serve::session`]).
+//! - [`stop`]: why a sandbox stops and what asks for a stop (signals; the liveness pipe is
+//!   [`stop::liveness`], which ends the VM through [`stop::kill_switch`] before the loop hears of it).
+//! - Beside them: the loop's queues ([`inbox`]); the safety mechanisms a test build can switch off, read once
+//!   in `main` ([`safeguards`]); [`diagnostics`]: what reaches `supervisor.log`; [`telemetry`]: OCSF events
+//!   and their sinks; [`status`]: status lines to the driver.
 //!
 //! The crate forbids unsafe code: everything that needs a syscall goes through `rustix`, `tokio` or `std`.
 #![forbid(unsafe_code)]

@@ -8,9 +8,9 @@
 //! ```
 //!
 //! - [`cold`] and [`pooled`] are the scripts; neither calls the other.
-//! - [`admission`]: what a sandbox must pass before it is served; [`claim`]: a pooled VM's wait for its claim.
-//! - [`sandbox`]: an admitted sandbox's telemetry, from its admission to its final report, and its serving.
-//! - [`fail`]: the one way a start that failed ends, whatever the phase.
+//! - [`admission`]: what a sandbox must pass before it is served; `claim`: a pooled VM's wait for its claim.
+//! - `sandbox`: an admitted sandbox's telemetry, from its admission to its final report, and its serving.
+//! - `fail`: the one way a start that failed ends, whatever the phase.
 
 pub mod admission;
 mod claim;
