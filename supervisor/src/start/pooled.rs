@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 use vm_contract::args::SupervisorArgs;
+use vm_contract::claim::Claim;
 use vm_contract::status::SupervisorStatus;
 use vm_ocsf::{AppInfo, Lifecycle, Status};
 
@@ -59,16 +60,7 @@ pub async fn run(
     };
     if let (Some(dir), Some(line)) = (args.save_snapshot.clone(), booted.save.take()) {
         let cap = safeguards.stream_cap_bytes(args.shape);
-        let saved = save(&mut booted, line, &mut inbox, &dir, cap).await;
-        let _ = booted.shut_down().await;
-        return match saved {
-            Ok(bytes) => {
-                tracing::info!(bytes, "VM saved");
-                status::report(&SupervisorStatus::Saved { bytes });
-                Ok(end_unclaimed(StopReason::Terminated, console))
-            }
-            Err(e) => fail(Outlet::Console(console), e).await,
-        };
+        return save_and_stop(booted, line, inbox, &dir, cap, console).await;
     }
     let agent = booted.link.hello.software_label();
     status::report(&SupervisorStatus::Pooled { vmm_pid: booted.vm.vmm_record.pid.unsigned_abs(), agent });
@@ -89,11 +81,7 @@ pub async fn run(
             };
         }
     };
-    args.sandbox_id = claim.sandbox_id.clone();
-    args.session_id = Some(claim.session_id.clone());
-    args.generation = claim.generation;
-    args.session_socket = Some(claim.session_socket.clone());
-    tracing::info!(sandbox = %args.sandbox_id, "claimed");
+    claimed(&mut args, &claim);
     let mut admitted = match admission::admit(&args, safeguards, console, SettingsFrom::Claim(&claim)) {
         Ok(admitted) => admitted,
         Err(failure) => {
@@ -105,15 +93,41 @@ pub async fn run(
     Ok(admitted.serve(&args, safeguards, booted, senders, inbox).await)
 }
 
-/// `--save-snapshot`: saves the booted VM, keeping its lease meanwhile. Saved or not, the VM serves nothing.
-async fn save(booted: &mut Booted, line: SaveLine, inbox: &mut Inbox, dir: &Path, cap: u64) -> Result<u64, StartError> {
+/// The arguments as the claim makes them: the sandbox's identity from now on.
+fn claimed(args: &mut SupervisorArgs, claim: &Claim) {
+    args.sandbox_id = claim.sandbox_id.clone();
+    args.session_id = Some(claim.session_id.clone());
+    args.generation = claim.generation;
+    args.session_socket = Some(claim.session_socket.clone());
+    tracing::info!(sandbox = %args.sandbox_id, "claimed");
+}
+
+/// `--save-snapshot`: saves the booted VM into `dir`, keeping its lease meanwhile, then stops it. Saved or
+/// not, the VM serves nothing and the supervisor exits.
+async fn save_and_stop(
+    mut booted: Booted,
+    line: SaveLine,
+    mut inbox: Inbox,
+    dir: &Path,
+    cap: u64,
+    console: Console,
+) -> Result<StopReason, StartError> {
     let vm = &mut booted.vm;
-    tokio::select! {
+    let saved = tokio::select! {
         biased;
         reason = claim::until_stopped(&mut vm.vmm, &mut vm.lease, &mut inbox.stop) => {
             Err(StartError::StoppedBeforeSave(reason))
         }
         saved = crate::boot::snapshot::save(line, &booted.link, dir, cap) => saved.map_err(StartError::Save),
+    };
+    let _ = booted.shut_down().await;
+    match saved {
+        Ok(bytes) => {
+            tracing::info!(bytes, "VM saved");
+            status::report(&SupervisorStatus::Saved { bytes });
+            Ok(end_unclaimed(StopReason::Terminated, console))
+        }
+        Err(e) => fail(Outlet::Console(console), e).await,
     }
 }
 
