@@ -10,7 +10,6 @@ use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
-use vm_contract::test_control::TestControl;
 use vm_protocol::codec::FrameCodec;
 use vm_protocol::{Capabilities, ProcId, ToGuest, ToHost};
 
@@ -65,6 +64,8 @@ struct Shared {
     closed: CancellationToken,
     on_close: Mutex<Option<OnClose>>,
     capabilities: Capabilities,
+    /// The head-of-line control: the reader waits on each process's one-frame queue.
+    head_of_line: bool,
 }
 
 impl std::fmt::Debug for Shared {
@@ -114,7 +115,7 @@ impl Shared {
         let route = routes.live.get(&id)?;
         // Counted before the stream can take it (it subtracts what it takes).
         let before = route.state.queued.fetch_add(bytes, Ordering::AcqRel);
-        if crate::control(TestControl::ExecMuxHeadOfLine) {
+        if self.head_of_line {
             return Some((route.tx.clone(), msg));
         }
         let full = if before + bytes > route.state.limit {
@@ -163,7 +164,13 @@ pub struct Conn {
 
 impl Conn {
     /// Starts the reader and writer on a handshaken connection; `on_close` runs once when it breaks.
-    pub fn start(stream: UnixStream, capabilities: Capabilities, on_close: impl FnOnce() + Send + 'static) -> Self {
+    /// `head_of_line` is the `exec-mux-head-of-line` control (off but in its causal test).
+    pub fn start(
+        stream: UnixStream,
+        capabilities: Capabilities,
+        head_of_line: bool,
+        on_close: impl FnOnce() + Send + 'static,
+    ) -> Self {
         let (read, write) = stream.into_split();
         let (writes, queued) = mpsc::channel(WRITE_QUEUE);
         let shared = Arc::new(Shared {
@@ -172,6 +179,7 @@ impl Conn {
             closed: CancellationToken::new(),
             on_close: Mutex::new(Some(Box::new(on_close))),
             capabilities,
+            head_of_line,
         });
         tokio::spawn(read_frames(read, Arc::clone(&shared)));
         tokio::spawn(write_frames(write, queued, Arc::clone(&shared)));
@@ -210,7 +218,7 @@ impl Conn {
             // Ids must increase: after four billion processes, new ones take a new connection.
             None => routes.closed = true,
         }
-        let frames = if crate::control(TestControl::ExecMuxHeadOfLine) { 1 } else { STREAM_FRAMES };
+        let frames = if self.shared.head_of_line { 1 } else { STREAM_FRAMES };
         let (tx, rx) = mpsc::channel(frames);
         let state = Arc::new(RouteState {
             queued: AtomicU64::new(0),

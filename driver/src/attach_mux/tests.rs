@@ -16,7 +16,7 @@ type Supervisor = Framed<UnixStream, FrameCodec<ToGuest, ToHost>>;
 fn pair() -> (Conn, Supervisor, tokio::sync::oneshot::Receiver<()>) {
     let (ours, theirs) = UnixStream::pair().unwrap();
     let (closed_tx, closed) = tokio::sync::oneshot::channel();
-    let conn = Conn::start(ours, Capabilities::EXEC, move || {
+    let conn = Conn::start(ours, Capabilities::EXEC, false, move || {
         let _ = closed_tx.send(());
     });
     (conn, Framed::new(theirs, FrameCodec::new()), closed)

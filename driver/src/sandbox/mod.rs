@@ -28,11 +28,11 @@ use vm_contract::layout::{SandboxFile, SandboxLayout};
 use vm_contract::session::{Generation, SessionId};
 use vm_contract::shape::SandboxShape;
 use vm_contract::status::SupervisorStatus;
-use vm_contract::test_control::TestControl;
 use vm_contract::tombstone::{EndReason, Tombstone};
 use vm_protocol::policy::SandboxPolicy;
 
-use self::supervisor::{Followed, Ready, Stopped, SupervisorError, SupervisorProcess};
+use self::supervisor::{Followed, Liveness, Ready, Stopped, SupervisorError, SupervisorProcess};
+use crate::controls::Controls;
 use crate::image::Image;
 use crate::jail::JailConfig;
 use crate::procs::ExitWatch;
@@ -86,6 +86,8 @@ pub struct StartSpec {
     pub jail: JailConfig,
     /// The approved policy; none: every operation.
     pub policy: Option<SandboxPolicy>,
+    /// The test controls (all off but in the causal tests).
+    pub controls: Controls,
 }
 
 /// The session a supervisor of `serve` opens.
@@ -149,6 +151,7 @@ pub struct Running {
     sup: SupervisorProcess,
     layout: SandboxLayout,
     cgroup: Option<PathBuf>,
+    controls: Controls,
     boot_timeout: Duration,
     ready_by: tokio::time::Instant,
     /// The VMM, watched from the ready verdict on.
@@ -167,6 +170,7 @@ pub struct Stopping {
     pub report: Option<SupervisorStatus>,
     layout: SandboxLayout,
     cgroup: Option<PathBuf>,
+    controls: Controls,
 }
 
 /// Starts a generation. On failure nothing is left: the bundle is taken back, the cgroup swept, and the
@@ -177,7 +181,7 @@ pub struct Stopping {
 pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
     clear_last_generation(&spec.layout);
     if let Err(e) = write_start_files(spec) {
-        reap::end_generation(&spec.layout, None, EndReason::Failed);
+        reap::end_generation(&spec.layout, None, EndReason::Failed, spec.controls.reaper);
         return Err(e);
     }
     launch(spec, None)
@@ -234,7 +238,7 @@ fn launch(spec: &StartSpec, pooled_start: Option<&PooledStart>) -> Result<Runnin
         Confinement::Jail => match crate::jail::claim(spec.jail.ids, &spec.layout) {
             Ok(id) => Some(id),
             Err(e) => {
-                reap::end_generation(&spec.layout, None, EndReason::Failed);
+                reap::end_generation(&spec.layout, None, EndReason::Failed, spec.controls.reaper);
                 return Err(e.into());
             }
         },
@@ -247,7 +251,7 @@ fn launch(spec: &StartSpec, pooled_start: Option<&PooledStart>) -> Result<Runnin
         match crate::cgroup::limits::create(&name, dir, spec.jail.limits(u64::from(spec.shape.memory_mib()))) {
             Ok(made) => made,
             Err(e) => {
-                reap::end_generation(&spec.layout, cgroup.as_deref(), EndReason::Failed);
+                reap::end_generation(&spec.layout, cgroup.as_deref(), EndReason::Failed, spec.controls.reaper);
                 return Err(StartError::Limits(e));
             }
         }
@@ -287,16 +291,21 @@ fn launch(spec: &StartSpec, pooled_start: Option<&PooledStart>) -> Result<Runnin
         backend: Backend::Microvm,
     };
     // A pooled VM learns its telemetry settings at its claim, never at spawn (but in the control).
-    let telemetry = if pooled && !crate::control(TestControl::PoolIdentityAtBoot) {
+    let telemetry = if pooled && !spec.controls.lifecycle.pool_identity_at_boot {
         TelemetryConfig::default()
     } else {
         spec.telemetry.clone()
     };
-    match SupervisorProcess::spawn(&spec.supervisor, &args, &telemetry) {
+    let liveness = Liveness {
+        leak_write_end: spec.controls.lifecycle.leak_liveness_write_end,
+        close_first: spec.controls.lifecycle.close_liveness_first,
+    };
+    match SupervisorProcess::spawn(&spec.supervisor, &args, &telemetry, liveness) {
         Ok(sup) => Ok(Running {
             sup,
             layout: spec.layout.clone(),
             cgroup,
+            controls: spec.controls,
             boot_timeout: spec.boot_timeout,
             ready_by: tokio::time::Instant::now() + spec.boot_timeout + READY_MARGIN,
             vmm: ExitWatch::Unwatched,
@@ -304,7 +313,7 @@ fn launch(spec: &StartSpec, pooled_start: Option<&PooledStart>) -> Result<Runnin
         }),
         Err(e) => {
             // Nothing runs: take back the credentials and the cgroup made for it.
-            reap::end_generation(&spec.layout, cgroup.as_deref(), EndReason::Failed);
+            reap::end_generation(&spec.layout, cgroup.as_deref(), EndReason::Failed, spec.controls.reaper);
             Err(e.into())
         }
     }
@@ -317,13 +326,14 @@ fn descriptor_payload(spec: &StartSpec) -> MicrovmPayload {
         session_id: spec.session.as_ref().map(|s| s.id.as_str().to_owned()),
         generation: spec.session.as_ref().map_or(0, |s| s.generation.0),
     };
-    if crate::control(TestControl::DescriptorWrongSandbox) {
+    let faults = spec.controls.lifecycle;
+    if faults.descriptor_wrong_sandbox {
         payload.sandbox_id.push_str("-other");
     }
-    if crate::control(TestControl::DescriptorWrongSession) {
+    if faults.descriptor_wrong_session {
         payload.session_id = Some(SessionId::from_bytes([0xee; 16]).as_str().to_owned());
     }
-    if crate::control(TestControl::DescriptorWrongGeneration) {
+    if faults.descriptor_wrong_generation {
         payload.generation += 1;
     }
     payload
@@ -392,7 +402,7 @@ impl Running {
     /// [`SupervisorError`] with the supervisor's own explanation where it gave one.
     pub async fn ready(&mut self) -> Result<Ready, SupervisorError> {
         let ready = self.sup.ready(self.ready_by, self.boot_timeout).await?;
-        self.vmm = if crate::control(TestControl::NoVmmWatch) {
+        self.vmm = if self.controls.lifecycle.no_vmm_watch {
             ExitWatch::unwatched()
         } else {
             ExitWatch::new(ready.vmm.as_ref())
@@ -434,7 +444,7 @@ impl Running {
     /// did not exit).
     pub async fn stop(self, timeout: Duration) -> Stopping {
         let (stopped, report) = self.sup.stop(timeout).await;
-        Stopping { stopped, report, layout: self.layout, cgroup: self.cgroup }
+        Stopping { stopped, report, layout: self.layout, cgroup: self.cgroup, controls: self.controls }
     }
 }
 
@@ -442,8 +452,8 @@ impl Stopping {
     /// Ends the generation: reaps what the supervisor left, sweeps the cgroup, takes back an unread bundle
     /// and writes the tombstone. The waits on pidfds and the cgroup run off the async workers.
     pub async fn end(self, reason: EndReason) -> Leftovers {
-        let (layout, cgroup) = (self.layout, self.cgroup);
-        tokio::task::spawn_blocking(move || reap::end_generation(&layout, cgroup.as_deref(), reason))
+        let (layout, cgroup, controls) = (self.layout, self.cgroup, self.controls.reaper);
+        tokio::task::spawn_blocking(move || reap::end_generation(&layout, cgroup.as_deref(), reason, controls))
             .await
             .unwrap_or(Leftovers { vm: false, cgroup: false })
     }

@@ -25,7 +25,7 @@ use vm_protocol::flow::MAX_WINDOW_BYTES;
 use vm_protocol::message::{EnvVar, Refusal};
 use vm_protocol::{Capabilities, ExitStatus, ProcId, PtySize, SignalName, Spawn, Stream, ToGuest, ToHost};
 
-use super::registry::Registry;
+use super::hub::Hub;
 use crate::attach_mux::{Conn, Lost, Process};
 use crate::relay::ProcessRelay;
 
@@ -76,7 +76,7 @@ enum Opening {
 ///
 /// # Errors
 /// A status for a malformed opening, an unknown or unready sandbox, or an unreachable supervisor.
-pub async fn exec(reg: Arc<Registry>, mut inbound: Streaming<ExecRequest>) -> Result<ExecStream, Status> {
+pub async fn exec(reg: Arc<Hub>, mut inbound: Streaming<ExecRequest>) -> Result<ExecStream, Status> {
     let first = inbound.message().await?.and_then(|m| m.request);
     let (sandbox, opening, reattach) = match first {
         Some(exec_request::Request::Start(start)) => {
@@ -114,7 +114,7 @@ pub async fn exec(reg: Arc<Registry>, mut inbound: Streaming<ExecRequest>) -> Re
             if spawn.pty.is_some() && !conn.capabilities().contains(Capabilities::PTY) {
                 return Err(Status::failed_precondition("the sandbox's agent offers no terminals"));
             }
-            let spec_env = view.spec.map(|s| s.env).unwrap_or_default();
+            let spec_env = view.spec.env;
             spawn.env = spec_env.into_iter().chain(extra_env).map(|(key, value)| EnvVar { key, value }).collect();
             Opened::Spawn(spawn)
         }

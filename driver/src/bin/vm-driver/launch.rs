@@ -63,6 +63,8 @@ pub struct LaunchConfig {
     pub jail: JailRequest,
     /// The sandbox policy.
     pub policy: Option<vm_protocol::policy::SandboxPolicy>,
+    /// The test controls (all off but in the causal tests).
+    pub controls: vm_driver::controls::Controls,
     /// Stop the sandbox after this long.
     pub timeout: Option<Duration>,
     /// Boot timeout.
@@ -96,7 +98,7 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
     let jail = config.jail.resolve(&supervisor)?;
     let root = config.state_dir.clone().unwrap_or_else(state::default_root);
     let state = StateDir::open(&root)?;
-    for reaped in reap::reap_all(&state.sandboxes_dir()) {
+    for reaped in reap::reap_all(&state.sandboxes_dir(), config.controls.reaper) {
         if reaped.killed() {
             eprintln!("vm-driver: reaped orphaned sandbox {} (its supervisor was gone)", reaped.sandbox);
         }
@@ -127,6 +129,7 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
         session: None,
         jail,
         policy: config.policy.clone(),
+        controls: config.controls,
     };
     let running = match sandbox::start(&spec) {
         Ok(running) => running,
