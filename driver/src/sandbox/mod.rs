@@ -13,6 +13,7 @@
 //!         write the tombstone
 //! ```
 
+mod start_files;
 pub mod supervisor;
 
 use std::path::PathBuf;
@@ -21,7 +22,7 @@ use std::time::Duration;
 use vm_contract::accel::AccelChoice;
 use vm_contract::args::SupervisorArgs;
 use vm_contract::auth::{AuthBundle, BundleError};
-use vm_contract::descriptor::{Backend, LaunchDescriptor, MicrovmPayload};
+use vm_contract::descriptor::Backend;
 use vm_contract::ids::SandboxId;
 use vm_contract::jail::Confinement;
 use vm_contract::layout::{SandboxFile, SandboxLayout};
@@ -31,6 +32,7 @@ use vm_contract::status::SupervisorStatus;
 use vm_contract::tombstone::{EndReason, Tombstone};
 use vm_protocol::policy::SandboxPolicy;
 
+use self::start_files::write_start_files;
 use self::supervisor::{Followed, Liveness, Ready, Stopped, SupervisorError, SupervisorProcess};
 use crate::controls::Controls;
 use crate::image::Image;
@@ -217,19 +219,6 @@ fn clear_last_generation(layout: &SandboxLayout) {
     AuthBundle::remove(layout.dir());
 }
 
-/// What a start hands the supervisor in files: the auth bundle (0600), the approved policy and the launch
-/// descriptor. On failure the caller ends the generation, which takes the bundle back.
-fn write_start_files(spec: &StartSpec) -> Result<(), StartError> {
-    let dir = spec.layout.dir();
-    let bundle = AuthBundle {
-        otlp_headers: spec.otlp_headers.clone(),
-        session_token: spec.session.as_ref().map(|s| s.token.clone()),
-    };
-    bundle.write(dir)?;
-    write_policy(&spec.layout, spec.policy.as_ref()).map_err(StartError::Policy)?;
-    LaunchDescriptor::microvm(&descriptor_payload(spec)).write(dir).map_err(StartError::Descriptor)
-}
-
 /// Claims the jail id and the cgroups, and starts the supervisor (`pooled`: with no identity).
 fn launch(spec: &StartSpec, pooled_start: Option<&PooledStart>) -> Result<Running, StartError> {
     let pooled = pooled_start.is_some();
@@ -317,37 +306,6 @@ fn launch(spec: &StartSpec, pooled_start: Option<&PooledStart>) -> Result<Runnin
             Err(e.into())
         }
     }
-}
-
-/// What this start's launch descriptor says (or, under fault injection, misstates).
-fn descriptor_payload(spec: &StartSpec) -> MicrovmPayload {
-    let mut payload = MicrovmPayload {
-        sandbox_id: spec.id.to_string(),
-        session_id: spec.session.as_ref().map(|s| s.id.as_str().to_owned()),
-        generation: spec.session.as_ref().map_or(0, |s| s.generation.0),
-    };
-    let faults = spec.controls.lifecycle;
-    if faults.descriptor_wrong_sandbox {
-        payload.sandbox_id.push_str("-other");
-    }
-    if faults.descriptor_wrong_session {
-        payload.session_id = Some(SessionId::from_bytes([0xee; 16]).as_str().to_owned());
-    }
-    if faults.descriptor_wrong_generation {
-        payload.generation += 1;
-    }
-    payload
-}
-
-/// Writes the approved policy (0600) where the supervisor reads it at start; without one, removes a stale file.
-fn write_policy(layout: &SandboxLayout, policy: Option<&SandboxPolicy>) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = layout.path(SandboxFile::Policy);
-    let _ = std::fs::remove_file(&path);
-    let Some(policy) = policy else { return Ok(()) };
-    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
-    file.write_all(policy.to_json().as_bytes())
 }
 
 impl Running {

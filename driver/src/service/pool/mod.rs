@@ -20,6 +20,7 @@
 //!   an earlier `serve` (their VMs died with its liveness pipes) are reaped and removed once their
 //!   supervisors have exited.
 
+mod listing;
 mod slot;
 pub mod target;
 
@@ -34,6 +35,7 @@ use vm_contract::ids::SandboxId;
 use vm_contract::layout::SandboxLayout;
 use vm_contract::pids::SandboxPids;
 
+pub use self::listing::{PoolListing, PooledView};
 pub use self::target::{PoolKey, PoolTarget};
 use super::context::Context;
 use super::ledger::{Ledger, Share};
@@ -55,30 +57,6 @@ pub struct ClaimedVm {
     pub running: Running,
     /// The slot's share of the host: the sandbox's once the sandbox is registered.
     pub share: Option<Share>,
-}
-
-/// One pooled VM, as `ListPool` shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PooledView {
-    /// The slot's id.
-    pub slot: SandboxId,
-    /// Its target's shape and image name.
-    pub target: PoolTarget,
-    /// `booting`, `ready` or `claiming`.
-    pub state: &'static str,
-    /// Its supervisor's pid.
-    pub supervisor_pid: u32,
-    /// Its VMM's pid, once ready.
-    pub vmm_pid: u32,
-}
-
-/// The pool as `ListPool` shows it: every pooled VM by slot, and the targets configured.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PoolListing {
-    /// The pooled VMs.
-    pub vms: Vec<PooledView>,
-    /// The targets.
-    pub targets: Vec<PoolTarget>,
 }
 
 /// One slot as the pool lists it.
@@ -237,25 +215,6 @@ impl Pool {
         slot::end(claimed.running, self.ctx.stop_timeout).await;
         let _ = std::fs::remove_dir_all(layout.dir());
         drop(claimed.share);
-    }
-
-    /// The pool as `ListPool` shows it.
-    pub fn list(&self) -> PoolListing {
-        let state = self.lock();
-        let vms = state
-            .slots
-            .iter()
-            .map(|s| {
-                let (label, vmm_pid) = match s.state {
-                    SlotState::Booting => ("booting", 0),
-                    SlotState::Ready { vmm_pid } => ("ready", vmm_pid),
-                    SlotState::Claiming => ("claiming", 0),
-                };
-                let target = state.targets[s.target].config.clone();
-                PooledView { slot: s.id.clone(), target, state: label, supervisor_pid: s.supervisor_pid, vmm_pid }
-            })
-            .collect();
-        PoolListing { vms, targets: state.targets.iter().map(|t| t.config.clone()).collect() }
     }
 
     /// Stops every pooled VM (in order, in parallel) and the refill.
