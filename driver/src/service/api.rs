@@ -10,6 +10,7 @@ use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 use vm_contract::ids::SandboxId;
 use vm_contract::shape::{SandboxShape, MAX_CPUS, MAX_MEMORY_MIB};
+use vm_protocol::credentials::RotationOutcome;
 use vm_protocol::driver_api::driver_server::Driver;
 use vm_protocol::driver_api::{
     watch_event, AdmissionLimits, AdmissionUsage, Capabilities, CreateSandboxRequest, DeleteSandboxResponse,
@@ -278,7 +279,9 @@ impl Driver for Api {
         &self,
         req: Request<RotateCredentialsRequest>,
     ) -> Result<Response<RotateCredentialsResponse>, Status> {
-        super::credentials::rotate(&self.reg, req.into_inner()).await
+        let (id, rotation) = convert::rotation(req.into_inner())?;
+        super::credentials::rotate(&self.reg, &id, rotation).await?;
+        Ok(Response::new(RotateCredentialsResponse { outcome: RotationOutcome::Applied.describe().into() }))
     }
 
     type ExecStream = ExecStream;

@@ -2,14 +2,17 @@
 //! place either crosses.
 
 use tonic::Status;
+use vm_contract::ids::SandboxId;
 use vm_contract::shape::{SandboxShape, ShapeError};
+use vm_protocol::credentials::{CredentialRotation, RotationOutcome, MAX_HEADERS};
 use vm_protocol::driver_api::{
-    watch_event, ListPoolResponse, PlatformEvent, PoolTarget as ApiTarget, PooledVm, ReadinessKind, Sandbox,
-    SandboxSpec, SandboxState, WatchEvent,
+    watch_event, ListPoolResponse, PlatformEvent, PoolTarget as ApiTarget, PooledVm, ReadinessKind,
+    RotateCredentialsRequest, Sandbox, SandboxSpec, SandboxState, WatchEvent,
 };
 use vm_protocol::policy::{PolicyError, SandboxPolicy};
 
 use crate::service::actor::{StartError, StopError};
+use crate::service::credentials::RotateError;
 use crate::service::events::Event;
 use crate::service::hub::{AskError, CreateError, ServingError};
 use crate::service::pool::{PoolListing, PoolTarget};
@@ -170,6 +173,36 @@ impl From<StartError> for Status {
             StartError::CleaningUp => Self::unavailable(e.to_string()),
             StartError::Refused(_) => Self::resource_exhausted(e.to_string()),
             StartError::Marker(..) => Self::internal(vm_contract::logs::chain(&e)),
+        }
+    }
+}
+
+/// A rotation request, checked: the sandbox and its new credentials. Every status is fixed text.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` for a malformed request.
+pub fn rotation(req: RotateCredentialsRequest) -> Result<(SandboxId, CredentialRotation), Status> {
+    let id = super::sandbox_id(&req.sandbox_id)?;
+    let headers = req.headers.map(|h| h.header.into_iter().map(|h| (h.name, h.value)).collect::<Vec<_>>());
+    if headers.as_ref().is_some_and(|h| h.is_empty() || h.len() > MAX_HEADERS) {
+        return Err(Status::invalid_argument(format!("headers: 1 to {MAX_HEADERS} when given")));
+    }
+    let ca_path = Some(req.ca_path).filter(|p| !p.is_empty());
+    if ca_path.as_deref().is_some_and(|p| !p.starts_with('/')) {
+        return Err(Status::invalid_argument("ca_path must be absolute"));
+    }
+    if headers.is_none() && ca_path.is_none() {
+        return Err(Status::invalid_argument(RotationOutcome::Empty.describe()));
+    }
+    Ok((id, CredentialRotation { headers, ca_path }))
+}
+
+impl From<RotateError> for Status {
+    fn from(e: RotateError) -> Self {
+        match e {
+            RotateError::Serving(e) => e.into(),
+            RotateError::Unreachable => Self::unavailable(e.to_string()),
+            RotateError::Refused(_) => Self::failed_precondition(e.to_string()),
         }
     }
 }
