@@ -147,12 +147,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
     // One server per state directory: a second would reap, restore and boot the same sandboxes again.
     let _lock = lock_state_dir(&config.state_dir)?;
     let controls = config.controls;
-    for reaped in reap::reap_all(&state.sandboxes_dir(), controls.reaper) {
-        if reaped.killed() {
-            eprintln!("vm-driver: reaped orphaned sandbox {} (its supervisor was gone)", reaped.sandbox);
-        }
-    }
-    crate::gc::collect(&state.sandboxes_dir(), config.retention);
+    clean_up(&state, &config);
     let binary = supervisor::locate()?;
     let accelerator = probe_accelerator(&binary, config.accel).await;
     let jail = config.jail.resolve(&binary)?;
@@ -180,26 +175,14 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         controls,
     });
     let limits = ctx.limits;
-    eprintln!(
-        "vm-driver: admitting up to {} sandboxes, {} vCPUs, {} MiB, {} Exec streams ({} per sandbox); {fds} descriptors",
-        limits.sandboxes, limits.vcpus, limits.memory_mib, limits.exec_streams, limits.exec_per_sandbox
-    );
+    say_limits(&limits, fds);
     let ledger = Ledger::new(limits);
     let pool = pool::Pool::new(Arc::clone(&ctx), Arc::clone(&ledger), config.pool.clone(), config.pool_snapshots)?;
     let hub = Hub::new(ctx, ledger, Arc::clone(&pool));
     // Before the refill: the restored sandboxes hold their shares first.
     restore(&hub, &state);
     pool.start();
-    let how = if config.pool_snapshots { "restored from a snapshot" } else { "booted" };
-    for t in &config.pool {
-        let image = if t.image.is_empty() { "default" } else { &t.image };
-        eprintln!(
-            "vm-driver: warm pool: {} VMs of {} vCPU, {} MiB, image {image}, {how} ahead and counted in admission",
-            t.count,
-            t.shape.cpus(),
-            t.shape.memory_mib()
-        );
-    }
+    say_pool(&config);
 
     let (gate, gate_rx) = watch::channel(sessions::Gate::default());
     // Held until the end of `serve`: dropping it would end every session.
@@ -214,6 +197,59 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
     if controls.service.api_socket_world_reachable {
         loosen_for_tests(&config.socket);
     }
+    let server = api_server(api::Api::new(Arc::clone(&hub), accelerator), api_listener, policy)?;
+    eprintln!("vm-driver: serving on {}", config.socket.display());
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = interrupt.recv() => {}
+    }
+    eprintln!("vm-driver: stopping every sandbox");
+    shut_down(&hub, &pool).await;
+    server.abort();
+    drop(gate);
+    let _ = std::fs::remove_file(&config.socket);
+    let _ = std::fs::remove_file(&sessions_path);
+    Ok(())
+}
+
+/// Reaps what an earlier driver left running and collects ended launch sandboxes.
+fn clean_up(state: &StateDir, config: &ServeConfig) {
+    for reaped in reap::reap_all(&state.sandboxes_dir(), config.controls.reaper) {
+        if reaped.killed() {
+            eprintln!("vm-driver: reaped orphaned sandbox {} (its supervisor was gone)", reaped.sandbox);
+        }
+    }
+    crate::gc::collect(&state.sandboxes_dir(), config.retention);
+}
+
+/// Says what may be admitted.
+fn say_limits(limits: &admission::Limits, fds: u64) {
+    eprintln!(
+        "vm-driver: admitting up to {} sandboxes, {} vCPUs, {} MiB, {} Exec streams ({} per sandbox); {fds} descriptors",
+        limits.sandboxes, limits.vcpus, limits.memory_mib, limits.exec_streams, limits.exec_per_sandbox
+    );
+}
+
+/// Says what the warm pool keeps booted.
+fn say_pool(config: &ServeConfig) {
+    let how = if config.pool_snapshots { "restored from a snapshot" } else { "booted" };
+    for t in &config.pool {
+        let image = if t.image.is_empty() { "default" } else { &t.image };
+        eprintln!(
+            "vm-driver: warm pool: {} VMs of {} vCPU, {} MiB, image {image}, {how} ahead and counted in admission",
+            t.count,
+            t.shape.cpus(),
+            t.shape.memory_mib()
+        );
+    }
+}
+
+/// Serves `api` (with server reflection) on the connections `policy` admits, in a task of its own.
+fn api_server(
+    api: api::Api,
+    listener: tokio::net::UnixListener,
+    policy: PeerPolicy,
+) -> Result<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>, ServeError> {
     // Both reflection versions: v1, and v1alpha, which many clients (grpcurl, Python's grpcio-reflection) use.
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
@@ -224,18 +260,16 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         .build_v1alpha()
         .map_err(ServeError::Reflection)?;
     let server = tonic::transport::Server::builder()
-        .add_service(DriverServer::new(api::Api::new(Arc::clone(&hub), accelerator)))
+        .add_service(DriverServer::new(api))
         .add_service(reflection)
         .add_service(reflection_alpha)
-        .serve_with_incoming(socket::incoming(api_listener, policy));
-    let server = tokio::spawn(server);
-    eprintln!("vm-driver: serving on {}", config.socket.display());
-    tokio::select! {
-        _ = terminate.recv() => {}
-        _ = interrupt.recv() => {}
-    }
-    eprintln!("vm-driver: stopping every sandbox");
-    // No new sandbox after this point: each one known now gets its orderly stop.
+        .serve_with_incoming(socket::incoming(listener, policy));
+    Ok(tokio::spawn(server))
+}
+
+/// Refuses new sandboxes, then gives each known one its orderly stop (keeping its intent) and stops the
+/// pool, all in parallel.
+async fn shut_down(hub: &Hub, pool: &pool::Pool) {
     let stops = hub.close().into_iter().map(|inbox| async move {
         let (tx, rx) = oneshot::channel();
         if inbox.send(Command::Shutdown(tx)).await.is_ok() {
@@ -243,11 +277,6 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         }
     });
     futures_util::future::join(futures_util::future::join_all(stops), pool.close()).await;
-    server.abort();
-    drop(gate);
-    let _ = std::fs::remove_file(&config.socket);
-    let _ = std::fs::remove_file(&sessions_path);
-    Ok(())
 }
 
 /// Holds an exclusive lock on `STATE/serve.lock` for as long as the returned descriptor lives.
