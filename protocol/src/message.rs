@@ -252,3 +252,40 @@ mod seq {
         d.deserialize_seq(Grow(PhantomData))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attach::{SupervisorReply, SupervisorRequest, ToClient, ToSupervisor};
+    use crate::credentials::RotationOutcome;
+    use crate::link::{HostEntropy, ToGuest, ToHost, VmRequest};
+
+    /// The first two `u32`s of a message's body: its tag, and its sub-message's.
+    fn tags(msg: &impl Serialize) -> (u32, u32) {
+        let mut wire = Vec::new();
+        crate::frame::encode(msg, &mut wire).unwrap();
+        let word = |at: usize| u32::from_le_bytes(wire[at..at + 4].try_into().unwrap());
+        (word(4), word(8))
+    }
+
+    #[test]
+    fn the_tag_table_of_docs_protocol_md_holds() {
+        let id = ProcId(1);
+        let data = ByteBuf::from(vec![1]);
+        assert_eq!(tags(&ToGuest::Process(ProcessRequest::StdinEof { id })), (2, 2));
+        assert_eq!(tags(&ToSupervisor::Process(ProcessRequest::Credit { id, bytes: 1 })), (2, 5));
+        assert_eq!(tags(&ToGuest::Ping { nonce: 7 }).0, 3);
+        assert_eq!(tags(&ToSupervisor::Ping { nonce: 7 }).0, 3);
+        let event = ProcessEvent::Output { id, stream: Stream::Stderr, data };
+        assert_eq!(tags(&ToHost::Process(event.clone())), (2, 1));
+        assert_eq!(tags(&ToClient::Process(event)), (2, 1));
+        assert_eq!(tags(&ToHost::Pong { nonce: 7 }).0, 3);
+        assert_eq!(tags(&ToClient::Pong { nonce: 7 }).0, 3);
+        let reseed = VmRequest::Reseed { entropy: HostEntropy(vec![0; 64].into()), unix_nanos: 0 };
+        assert_eq!(tags(&ToGuest::Vm(VmRequest::Shutdown { grace_ms: 9 })), (4, 0));
+        assert_eq!(tags(&ToGuest::Vm(reseed)), (4, 1));
+        assert_eq!(tags(&ToSupervisor::Supervisor(SupervisorRequest::Detach { id })), (5, 2));
+        let ack = SupervisorReply::CredentialsAck { outcome: RotationOutcome::Applied };
+        assert_eq!(tags(&ToClient::Supervisor(ack)), (5, 2));
+    }
+}
