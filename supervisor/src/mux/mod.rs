@@ -19,6 +19,7 @@
 //!
 //! This is pure state: it returns [`Action`]s and never does I/O, so it is tested without a VM.
 
+mod guest;
 mod route;
 mod violation;
 
@@ -26,8 +27,8 @@ use std::collections::HashMap;
 
 use vm_protocol::attach::{ProcessSummary, SupervisorReply, SupervisorRequest, ToClient, ToSupervisor};
 use vm_protocol::flow::MAX_WINDOW_BYTES;
-use vm_protocol::link::{ToGuest, ToHost};
-use vm_protocol::message::{Refusal, MAX_FAILURE_MESSAGE_BYTES};
+use vm_protocol::link::ToGuest;
+use vm_protocol::message::Refusal;
 use vm_protocol::{ExitStatus, ProcId, ProcessEvent, ProcessRequest};
 
 pub use self::route::MAX_KEPT_ARGV_BYTES;
@@ -397,140 +398,6 @@ impl Mux {
             Phase::Exited(_) => Vec::new(),
             _ => vec![Action::ToGuest(ProcessRequest::Credit { id: guest_id, bytes }.into())],
         })
-    }
-
-    /// Handles one message from the guest.
-    ///
-    /// # Errors
-    /// A [`GuestViolation`]; the caller stops the VM.
-    pub fn from_guest(&mut self, msg: ToHost) -> Result<Vec<Action>, GuestViolation> {
-        match msg {
-            ToHost::Process(event) => self.process_event(event),
-            ToHost::Pong { .. } => Err(GuestViolation::Unexpected("an unsolicited Pong")),
-            ToHost::Hello(_) => Err(GuestViolation::Unexpected("a second Hello")),
-        }
-    }
-
-    /// What the guest says about a process, checked, and passed on to its client under the client's id.
-    fn process_event(&mut self, event: ProcessEvent) -> Result<Vec<Action>, GuestViolation> {
-        let enforce = self.enforce;
-        match event {
-            ProcessEvent::Started { id, pid, stdin_window, output_window } => {
-                let route = self.live_route(id)?;
-                if enforce && route.phase != Phase::Spawned {
-                    return Err(GuestViolation::StartedTwice(id));
-                }
-                if enforce && (stdin_window > MAX_WINDOW_BYTES || output_window != route.output_window()) {
-                    return Err(GuestViolation::WindowTooLarge(id));
-                }
-                let output_window = route.output_window();
-                route.started(pid, stdin_window);
-                let mut actions = vec![Action::Started { guest_id: id, pid, argv: route.argv.clone() }];
-                if !route.detached {
-                    let msg = ProcessEvent::Started { id: route.client_id, pid, stdin_window, output_window };
-                    actions.push(Action::ToClient(route.client, msg.into()));
-                }
-                Ok(actions)
-            }
-            ProcessEvent::Output { id, stream, data } => {
-                let route = self.live_route(id)?;
-                if enforce && data.is_empty() {
-                    return Err(GuestViolation::Empty(id));
-                }
-                if enforce && route.phase != Phase::Running {
-                    return Err(GuestViolation::OutOfOrder(id));
-                }
-                route.output(stream, data.clone()).map_err(|source| GuestViolation::Credit { id, source })?;
-                if route.detached {
-                    return Ok(Vec::new());
-                }
-                let output = ProcessEvent::Output { id: route.client_id, stream, data };
-                Ok(vec![Action::ToClient(route.client, output.into())])
-            }
-            ProcessEvent::StdinCredit { id, bytes } => {
-                if enforce && bytes == 0 {
-                    return Err(GuestViolation::Empty(id));
-                }
-                match self.routes.get_mut(&id).filter(|r| r.phase == Phase::Running) {
-                    Some(route) => {
-                        let passed =
-                            route.stdin_credit(bytes).map_err(|source| GuestViolation::Credit { id, source })?;
-                        if route.detached || passed == 0 {
-                            return Ok(Vec::new());
-                        }
-                        let msg = ProcessEvent::StdinCredit { id: route.client_id, bytes: passed };
-                        Ok(vec![Action::ToClient(route.client, msg.into())])
-                    }
-                    // The agent credits stdin it wrote just before the process exited: a benign race.
-                    None if id.0 < self.next_guest_id => Ok(Vec::new()),
-                    None => Err(GuestViolation::UnknownProcess(id)),
-                }
-            }
-            ProcessEvent::Exited { id, status } => {
-                let route = self.live_route(id)?;
-                if enforce && route.phase != Phase::Running {
-                    return Err(GuestViolation::OutOfOrder(id));
-                }
-                if enforce && !status.is_plausible() {
-                    return Err(GuestViolation::ImplausibleStatus(id));
-                }
-                route.phase = Phase::Exited(status);
-                let mut actions =
-                    vec![Action::Exited { guest_id: id, pid: route.pid, argv: route.argv.clone(), status }];
-                if !route.detached {
-                    let exited = ProcessEvent::Exited { id: route.client_id, status };
-                    actions.push(Action::ToClient(route.client, exited.into()));
-                    if route.delivered() {
-                        self.end_route(id);
-                    }
-                } else {
-                    self.forget_old_finished();
-                }
-                Ok(actions)
-            }
-            ProcessEvent::SpawnFailed { id, status, message } => {
-                let route = self.live_route(id)?;
-                if enforce && route.phase != Phase::Spawned {
-                    return Err(GuestViolation::OutOfOrder(id));
-                }
-                if enforce && !status.is_plausible() {
-                    return Err(GuestViolation::ImplausibleStatus(id));
-                }
-                if enforce && message.len() > MAX_FAILURE_MESSAGE_BYTES {
-                    return Err(GuestViolation::MessageTooLong(id));
-                }
-                let (client, client_id, detached, argv) =
-                    (route.client, route.client_id, route.detached, route.argv.clone());
-                self.end_route(id);
-                let mut actions = vec![Action::Exited { guest_id: id, pid: None, argv, status }];
-                if !detached {
-                    let failed = ProcessEvent::SpawnFailed { id: client_id, status, message };
-                    actions.push(Action::ToClient(client, failed.into()));
-                }
-                Ok(actions)
-            }
-            ProcessEvent::Refused { id, reason } => {
-                let route = self.live_route(id)?;
-                if enforce && route.phase != Phase::Spawned {
-                    return Err(GuestViolation::OutOfOrder(id));
-                }
-                let (client, client_id, detached) = (route.client, route.client_id, route.detached);
-                self.end_route(id);
-                Ok(if detached {
-                    Vec::new()
-                } else {
-                    vec![Action::ToClient(client, ProcessEvent::Refused { id: client_id, reason }.into())]
-                })
-            }
-        }
-    }
-
-    /// The route of a process that has not exited.
-    fn live_route(&mut self, id: ProcId) -> Result<&mut Route, GuestViolation> {
-        self.routes
-            .get_mut(&id)
-            .filter(|r| !matches!(r.phase, Phase::Exited(_)))
-            .ok_or(GuestViolation::UnknownProcess(id))
     }
 
     /// Moves a detached process to `client` as `id` and replays what it retained.
