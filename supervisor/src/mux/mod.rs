@@ -17,7 +17,8 @@
 //! re-attaches with `Reattach { pid }`, and so does the exit of one that ends meanwhile (the most recent
 //! [`MAX_FINISHED_DETACHED`] such are kept).
 //!
-//! This is pure state: it returns [`Action`]s and never does I/O, so it is tested without a VM.
+//! The clients' half is here, the guest's in `guest.rs`. This is pure state: it returns [`Action`]s and never
+//! does I/O, so it is tested without a VM.
 
 mod guest;
 mod route;
