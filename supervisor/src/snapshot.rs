@@ -29,7 +29,8 @@ use vm_contract::shape::SandboxShape;
 use vm_contract::snapshot::{max_state_bytes, SnapshotFile};
 use vm_contract::test_control::TestControl;
 use vm_protocol::handshake;
-use vm_protocol::{frame, Hello, ToHost};
+use vm_protocol::link::ToHost;
+use vm_protocol::{frame, Hello};
 
 use crate::guest_link::{GuestLink, REQUIRED};
 
@@ -84,11 +85,7 @@ pub fn saved_hello(dir: &Path) -> std::io::Result<Hello> {
     if body.len() as u64 > MAX_HELLO_BYTES {
         return Err(std::io::ErrorKind::InvalidData.into());
     }
-    handshake::accept_first(&body, REQUIRED, |m| match m {
-        ToHost::Hello(h) => Some(h),
-        _ => None,
-    })
-    .map_err(|_| std::io::ErrorKind::InvalidData.into())
+    handshake::accept_first(&body, REQUIRED).map_err(|_| std::io::ErrorKind::InvalidData.into())
 }
 
 /// Saves the VM behind `line` and `link` into `dir` (which must not hold a snapshot yet) within

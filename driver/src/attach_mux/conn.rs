@@ -10,8 +10,9 @@ use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
+use vm_protocol::attach::{SupervisorRequest, ToClient, ToSupervisor};
 use vm_protocol::codec::FrameCodec;
-use vm_protocol::{Capabilities, ProcId, ToGuest, ToHost};
+use vm_protocol::{Capabilities, ProcId, ProcessEvent};
 
 use super::{STREAM_FRAMES, WRITE_QUEUE};
 
@@ -44,7 +45,7 @@ struct RouteState {
 
 #[derive(Debug)]
 struct Route {
-    tx: mpsc::Sender<ToHost>,
+    tx: mpsc::Sender<ProcessEvent>,
     state: Arc<RouteState>,
 }
 
@@ -60,7 +61,7 @@ type OnClose = Box<dyn FnOnce() + Send>;
 
 struct Shared {
     routes: Mutex<Routes>,
-    writes: mpsc::Sender<ToGuest>,
+    writes: mpsc::Sender<ToSupervisor>,
     closed: CancellationToken,
     on_close: Mutex<Option<OnClose>>,
     capabilities: Capabilities,
@@ -96,18 +97,20 @@ impl Shared {
         }
     }
 
-    /// Hands one frame to its process, never waiting on it (but under the head-of-line control).
-    async fn route(&self, msg: ToHost) {
+    /// Hands one frame to its process, never waiting on it (but under the head-of-line control). What is not
+    /// about a process (acknowledgments, pongs, lists) answers the short control connections: ignored here.
+    async fn route(&self, msg: ToClient) {
+        let ToClient::Process(msg) = msg else { return };
         if let Some((tx, msg)) = self.try_route(msg) {
             let _ = tx.send(msg).await;
         }
     }
 
     /// Queues `msg` for its process; under the head-of-line control, returns the queue to wait on instead.
-    fn try_route(&self, msg: ToHost) -> Option<(mpsc::Sender<ToHost>, ToHost)> {
-        let id = process_of(&msg)?;
+    fn try_route(&self, msg: ProcessEvent) -> Option<(mpsc::Sender<ProcessEvent>, ProcessEvent)> {
+        let id = msg.id();
         let bytes = match &msg {
-            ToHost::Output { data, .. } => data.len() as u64,
+            ProcessEvent::Output { data, .. } => data.len() as u64,
             _ => 0,
         };
         let mut routes = self.lock();
@@ -134,25 +137,6 @@ impl Shared {
             }
         }
         None
-    }
-}
-
-/// The process a supervisor's message is about, if any (acknowledgments, pongs and lists are for the short
-/// control connections, and ignored here).
-fn process_of(msg: &ToHost) -> Option<ProcId> {
-    match msg {
-        ToHost::Started { id, .. }
-        | ToHost::Output { id, .. }
-        | ToHost::StdinCredit { id, .. }
-        | ToHost::Exited { id, .. }
-        | ToHost::SpawnFailed { id, .. }
-        | ToHost::Refused { id, .. } => Some(*id),
-        ToHost::Pong { .. }
-        | ToHost::Processes { .. }
-        | ToHost::PolicyAck { .. }
-        | ToHost::CredentialsAck { .. }
-        | ToHost::Hello(_)
-        | ToHost::Reserved => None,
     }
 }
 
@@ -206,7 +190,11 @@ impl Conn {
     ///
     /// # Errors
     /// [`Lost::Connection`] when the connection is closed.
-    pub async fn open(&self, output_window: u32, opening: impl FnOnce(ProcId) -> ToGuest) -> Result<Process, Lost> {
+    pub async fn open(
+        &self,
+        output_window: u32,
+        opening: impl FnOnce(ProcId) -> ToSupervisor,
+    ) -> Result<Process, Lost> {
         let permit = self.shared.writes.reserve().await.map_err(|_| Lost::Connection)?;
         let mut routes = self.shared.lock();
         if routes.closed {
@@ -234,7 +222,7 @@ impl Conn {
 }
 
 async fn read_frames(read: OwnedReadHalf, shared: Arc<Shared>) {
-    let mut frames = FramedRead::new(read, FrameCodec::<ToHost, ToGuest>::new());
+    let mut frames = FramedRead::new(read, FrameCodec::<ToClient, ToSupervisor>::new());
     loop {
         let next = tokio::select! {
             next = frames.next() => next,
@@ -246,8 +234,8 @@ async fn read_frames(read: OwnedReadHalf, shared: Arc<Shared>) {
     shared.close();
 }
 
-async fn write_frames(write: OwnedWriteHalf, mut queued: mpsc::Receiver<ToGuest>, shared: Arc<Shared>) {
-    let mut sink = FramedWrite::new(write, FrameCodec::<ToHost, ToGuest>::new());
+async fn write_frames(write: OwnedWriteHalf, mut queued: mpsc::Receiver<ToSupervisor>, shared: Arc<Shared>) {
+    let mut sink = FramedWrite::new(write, FrameCodec::<ToClient, ToSupervisor>::new());
     loop {
         let next = tokio::select! {
             next = queued.recv() => next,
@@ -276,7 +264,7 @@ async fn write_frames(write: OwnedWriteHalf, mut queued: mpsc::Receiver<ToGuest>
 #[derive(Debug)]
 pub struct Process {
     id: ProcId,
-    rx: mpsc::Receiver<ToHost>,
+    rx: mpsc::Receiver<ProcessEvent>,
     state: Arc<RouteState>,
     conn: Conn,
 }
@@ -291,10 +279,10 @@ impl Process {
     ///
     /// # Errors
     /// Why its stream ended: [`Lost`].
-    pub async fn recv(&mut self) -> Result<ToHost, Lost> {
+    pub async fn recv(&mut self) -> Result<ProcessEvent, Lost> {
         match self.rx.recv().await {
             Some(msg) => {
-                if let ToHost::Output { data, .. } = &msg {
+                if let ProcessEvent::Output { data, .. } = &msg {
                     self.state.queued.fetch_sub(data.len() as u64, Ordering::AcqRel);
                 }
                 Ok(msg)
@@ -308,8 +296,8 @@ impl Process {
     ///
     /// # Errors
     /// [`Lost::Connection`].
-    pub async fn send(&self, msg: ToGuest) -> Result<(), Lost> {
-        self.conn.shared.writes.send(msg).await.map_err(|_| Lost::Connection)
+    pub async fn send(&self, msg: impl Into<ToSupervisor>) -> Result<(), Lost> {
+        self.conn.shared.writes.send(msg.into()).await.map_err(|_| Lost::Connection)
     }
 
     /// Ends the stream. With `detach`, the process keeps running without it, its undelivered output held by
@@ -317,7 +305,7 @@ impl Process {
     pub async fn release(self, detach: bool) {
         self.unroute();
         if detach {
-            let _ = self.send(ToGuest::Detach { id: self.id }).await;
+            let _ = self.send(SupervisorRequest::Detach { id: self.id }).await;
         }
     }
 

@@ -10,6 +10,7 @@ use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 use vm_contract::ids::SandboxId;
 use vm_contract::shape::{SandboxShape, MAX_CPUS, MAX_MEMORY_MIB};
+use vm_protocol::attach::{SupervisorReply, SupervisorRequest, ToClient};
 use vm_protocol::credentials::RotationOutcome;
 use vm_protocol::driver_api::driver_server::Driver;
 use vm_protocol::driver_api::{
@@ -21,7 +22,7 @@ use vm_protocol::driver_api::{
 };
 use vm_protocol::identity::{IdSelector, RunAs};
 use vm_protocol::policy::{Operation, PolicyUpdate, UpdateOutcome};
-use vm_protocol::{SignalName, ToGuest, ToHost};
+use vm_protocol::{ProcessEvent, SignalName};
 
 mod convert;
 
@@ -219,12 +220,15 @@ impl Driver for Api {
         let mut attached = crate::attach_client::connect(&self.reg.ctx.state.layout(&id))
             .await
             .map_err(|_| Status::unavailable("supervisor unreachable"))?;
-        attached.send(ToGuest::ListProcesses).await.map_err(|_| Status::unavailable("supervisor unreachable"))?;
+        attached
+            .send(SupervisorRequest::ListProcesses)
+            .await
+            .map_err(|_| Status::unavailable("supervisor unreachable"))?;
         let answer = async {
             while let Some(Ok(msg)) = attached.recv().await {
                 match msg {
-                    ToHost::Processes { list } => return Some(Ok(list)),
-                    ToHost::Refused { .. } => {
+                    ToClient::Supervisor(SupervisorReply::Processes { list }) => return Some(Ok(list)),
+                    ToClient::Process(ProcessEvent::Refused { .. }) => {
                         return Some(Err(Status::permission_denied("denied by the sandbox policy")));
                     }
                     _ => {}

@@ -20,8 +20,9 @@ use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt as _, Tr
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, Span};
 use opentelemetry_sdk::Resource;
+use vm_protocol::link::{ToGuest, ToHost};
 use vm_protocol::policy::UpdateOutcome;
-use vm_protocol::{ProcId, ToGuest, ToHost};
+use vm_protocol::{ProcId, ProcessEvent, ProcessRequest};
 
 use super::otlp::{ExportReport, OtlpError};
 use super::span_export::{QueueProcessor, SpanExport, SpanQueue, SpanSource};
@@ -57,9 +58,9 @@ impl ExecOutcome {
 /// The guest's answer to a spawn, if `msg` is one: the guest-wide id and the outcome.
 pub fn spawn_answer(msg: &ToHost) -> Option<(ProcId, ExecOutcome)> {
     match msg {
-        ToHost::Started { id, pid, .. } => Some((*id, ExecOutcome::Started(*pid))),
-        ToHost::SpawnFailed { id, .. } => Some((*id, ExecOutcome::SpawnFailed)),
-        ToHost::Refused { id, .. } => Some((*id, ExecOutcome::Refused)),
+        ToHost::Process(ProcessEvent::Started { id, pid, .. }) => Some((*id, ExecOutcome::Started(*pid))),
+        ToHost::Process(ProcessEvent::SpawnFailed { id, .. }) => Some((*id, ExecOutcome::SpawnFailed)),
+        ToHost::Process(ProcessEvent::Refused { id, .. }) => Some((*id, ExecOutcome::Refused)),
         _ => None,
     }
 }
@@ -67,7 +68,7 @@ pub fn spawn_answer(msg: &ToHost) -> Option<(ProcId, ExecOutcome)> {
 /// The guest-wide id of a spawn being dispatched, if `msg` is one.
 pub fn dispatched_spawn(msg: &ToGuest) -> Option<ProcId> {
     match msg {
-        ToGuest::Spawn(spawn) => Some(spawn.id),
+        ToGuest::Process(ProcessRequest::Spawn(spawn)) => Some(spawn.id),
         _ => None,
     }
 }
