@@ -1,7 +1,8 @@
 //! OTLP log export of OCSF events, over gRPC or HTTP/protobuf (opentelemetry-otlp).
 //!
 //! Each event becomes one log record: the body is the event's JSON text; severity is mapped from
-//! `severity_id` (see [`severity`]); attributes carry `ocsf.class_uid`, `ocsf.class_name`,
+//! `severity_id` (see [`severity`]); the event name is its class's (`ocsf.api_activity`, see
+//! [`vm_ocsf::Class`]); attributes carry `ocsf.class_uid`, `ocsf.class_name`,
 //! `ocsf.activity_id`, `ocsf.type_uid`, `ocsf.severity_id` and `ocsf.schema_version`. The resource carries
 //! `service.name`, `service.version`, `openshell.sandbox.id` and `openshell.gateway.name`.
 //!
@@ -259,10 +260,10 @@ impl Otlp {
         record.set_observed_timestamp(SystemTime::now());
         record.set_severity_number(severity(event.severity_id));
         record.set_severity_text(event.severity);
-        record.set_event_name(event_name(event.class_uid));
+        record.set_event_name(event.class.event_name);
         record.set_body(AnyValue::String(json.to_owned().into()));
-        record.add_attribute("ocsf.class_uid", i64::from(event.class_uid));
-        record.add_attribute("ocsf.class_name", event.class_name);
+        record.add_attribute("ocsf.class_uid", i64::from(event.class.uid));
+        record.add_attribute("ocsf.class_name", event.class.caption);
         record.add_attribute("ocsf.activity_id", i64::from(event.activity_id));
         record.add_attribute("ocsf.type_uid", i64::try_from(event.type_uid).unwrap_or(i64::MAX));
         record.add_attribute("ocsf.severity_id", i64::from(event.severity_id));
@@ -277,16 +278,6 @@ impl Otlp {
         report.dropped += self.queue.dropped.load(Ordering::Relaxed);
         let _ = self.provider.shutdown();
         report
-    }
-}
-
-fn event_name(class_uid: u32) -> &'static str {
-    match class_uid {
-        6002 => "ocsf.application_lifecycle",
-        1007 => "ocsf.process_activity",
-        2004 => "ocsf.detection_finding",
-        5019 => "ocsf.device_config_state_change",
-        _ => "ocsf.event",
     }
 }
 
