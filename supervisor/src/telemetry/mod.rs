@@ -3,10 +3,11 @@
 //!
 //! - [`console`]: the one bounded, non-blocking stderr writer, shared with the diagnostics.
 //! - [`jsonl`]: `events.jsonl` in the sandbox directory.
-//! - [`otlp`]: OTLP log export over gRPC or HTTP/protobuf; [`exporter`] builds its exporter (TLS with a CA
+//! - [`otlp`]: OTLP log export over gRPC or HTTP/protobuf; [`exporter`] builds the exporters (TLS with a CA
 //!   bundle for `https://`), [`credentials`] holds the headers and the CA bundle in slots rotated live.
 //! - [`spans`]: the supervisor's spans (boot, admission, exec, policy update, stop), and [`span_export`],
 //!   their OTLP trace export to the same collector, with the same credentials.
+//! - `batch`: the one batch exporter (bounded queue, export task) behind both OTLP exports.
 //! - [`settings`]: the environment and the auth bundle.
 //!
 //! Console JSON is independent of the file sink and of the diagnostic filter (`RUST_LOG`): every event of
@@ -14,6 +15,7 @@
 //! JSON and the JSONL file. On an orderly stop the final events are emitted and everything queued is flushed
 //! within a bound; see [`Telemetry::shutdown`].
 
+pub(crate) mod batch;
 pub mod console;
 pub mod credentials;
 pub mod exporter;
@@ -32,6 +34,7 @@ use vm_ocsf::{Event, Finding, Source};
 use vm_protocol::credentials::{CredentialRotation, RotationOutcome};
 
 use self::console::{Console, ConsoleHandle, CONSOLE_DRAIN};
+use self::exporter::ExporterSpec;
 use self::jsonl::{Jsonl, JsonlReport};
 use self::limit::Limiter;
 use self::otlp::{ExportReport, Otlp, OtlpError};
@@ -101,14 +104,11 @@ impl Telemetry {
         let (otlp, spans) = match &settings.otlp {
             Some(otlp) => {
                 let resource = otlp::resource(sandbox_id, settings.gateway_name.as_deref());
-                let logs = Otlp::start(otlp, resource.clone()).map_err(TelemetryError::Otlp)?;
+                let verbose = crate::diagnostics::verbose_failures();
+                let logs = Otlp::start(otlp, resource.clone(), verbose).map_err(TelemetryError::Otlp)?;
                 // The spans go where the logs go, with the same credentials (and their rotations).
-                let source = SpanSource {
-                    endpoint: otlp.endpoint.clone(),
-                    protocol: otlp.protocol,
-                    resource,
-                    slots: logs.slots().clone(),
-                };
+                let spec = ExporterSpec { endpoint: otlp.endpoint.clone(), protocol: otlp.protocol, resource };
+                let source = SpanSource { spec, slots: logs.slots().clone() };
                 (Some(logs), Spans::start(source, sandbox_id).map_err(TelemetryError::Otlp)?)
             }
             None => (None, Spans::default()),
