@@ -27,7 +27,7 @@ use crate::status;
 use crate::stop::{self, StopReason};
 use crate::telemetry::console::Console;
 use crate::telemetry::settings::TelemetrySettings;
-use crate::telemetry::Telemetry;
+use crate::telemetry::{Telemetry, TelemetryControls};
 use crate::vmm_process::VmmProcess;
 
 /// How the wait for a claim ended without one.
@@ -158,7 +158,8 @@ fn failed(e: StartError, console: Console) -> Result<StopReason, StartError> {
 /// The `pool-identity-at-boot` control's telemetry: started at boot from the environment, under the slot's id.
 fn boot_event(args: &SupervisorArgs, console: &Console) -> Option<Telemetry> {
     let settings = TelemetrySettings::load(Vec::new()).ok()?;
-    let mut telemetry = Telemetry::start(console.handle(), args.sandbox_id.as_str(), &settings).ok()?;
+    let mut telemetry =
+        Telemetry::start(console.handle(), args.sandbox_id.as_str(), &settings, TelemetryControls::at_start()).ok()?;
     let vm = AppInfo { name: "microvm".into(), version: env!("CARGO_PKG_VERSION").into() };
     let event = telemetry.source().lifecycle(Lifecycle::Start, &vm, Status::Success, None);
     telemetry.emit(event);

@@ -21,7 +21,7 @@ use crate::status;
 use crate::stop::{self, StopReason};
 use crate::telemetry::console::Console;
 use crate::telemetry::settings::{SettingsError, TelemetrySettings};
-use crate::telemetry::Telemetry;
+use crate::telemetry::{Telemetry, TelemetryControls};
 
 /// Runs one VM from boot to stop, reporting to `console` and the telemetry sinks.
 ///
@@ -157,7 +157,9 @@ async fn refuse_descriptor(
     tracing::error!(error = %chain(&error), "start-up refused");
     let failed = SupervisorStatus::Failed { error: chain(&error) };
     let settings = settings.map(|s| TelemetrySettings { otlp: None, ..s });
-    let telemetry = settings.ok().and_then(|s| Telemetry::start(console.handle(), args.sandbox_id.as_str(), &s).ok());
+    let telemetry = settings.ok().and_then(|s| {
+        Telemetry::start(console.handle(), args.sandbox_id.as_str(), &s, TelemetryControls::at_start()).ok()
+    });
     let Some(mut telemetry) = telemetry else {
         console.shutdown(Instant::now() + Duration::from_secs(1));
         status::report(&failed);
@@ -182,7 +184,8 @@ fn start_telemetry(
     let bundle = AuthBundle::take(Path::new(".")).map_err(StartError::Bundle)?;
     let settings = start.settings(bundle.otlp_headers).map_err(StartError::Telemetry)?;
     let telemetry =
-        Telemetry::start(console.handle(), args.sandbox_id.as_str(), &settings).map_err(StartError::TelemetrySinks)?;
+        Telemetry::start(console.handle(), args.sandbox_id.as_str(), &settings, TelemetryControls::at_start())
+            .map_err(StartError::TelemetrySinks)?;
     Ok((telemetry, bundle.session_token))
 }
 
