@@ -10,11 +10,12 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio_util::codec::{FramedRead, FramedWrite};
 use vm_contract::layout::{SandboxFile, SandboxLayout};
+use vm_protocol::attach::{SupervisorReply, SupervisorRequest, ToClient, ToSupervisor};
 use vm_protocol::codec::{self, FrameCodec};
 use vm_protocol::credentials::{CredentialRotation, RotationOutcome};
 use vm_protocol::handshake::FirstFrameError;
 use vm_protocol::policy::{PolicyUpdate, UpdateOutcome};
-use vm_protocol::{Capabilities, FrameError, Hello, ToGuest, ToHost};
+use vm_protocol::{Capabilities, FrameError, Hello};
 
 /// Longest wait for the connection and the handshake: a supervisor that accepts but never answers (frozen,
 /// or its loop hung) must not hold a caller forever.
@@ -40,8 +41,8 @@ pub enum AttachError {
 /// A handshaken attach connection.
 #[derive(Debug)]
 pub struct Attached {
-    frames: FramedRead<OwnedReadHalf, FrameCodec<ToHost, ToGuest>>,
-    sink: FramedWrite<OwnedWriteHalf, FrameCodec<ToHost, ToGuest>>,
+    frames: FramedRead<OwnedReadHalf, FrameCodec<ToClient, ToSupervisor>>,
+    sink: FramedWrite<OwnedWriteHalf, FrameCodec<ToClient, ToSupervisor>>,
     /// The sandbox's capabilities (the agent's, as the supervisor relays them).
     pub capabilities: Capabilities,
 }
@@ -83,12 +84,12 @@ impl Attached {
     ///
     /// # Errors
     /// [`AttachError::Frame`].
-    pub async fn send(&mut self, msg: ToGuest) -> Result<(), AttachError> {
-        self.sink.send(msg).await.map_err(AttachError::Frame)
+    pub async fn send(&mut self, msg: impl Into<ToSupervisor>) -> Result<(), AttachError> {
+        self.sink.send(msg.into()).await.map_err(AttachError::Frame)
     }
 
     /// The next message from the supervisor; `None` when it closed the connection.
-    pub async fn recv(&mut self) -> Option<Result<ToHost, FrameError>> {
+    pub async fn recv(&mut self) -> Option<Result<ToClient, FrameError>> {
         self.frames.next().await
     }
 }
@@ -100,8 +101,8 @@ impl Attached {
 /// [`AttachError`]; [`AttachError::Timeout`] when no acknowledgment comes.
 pub async fn update_policy(layout: &SandboxLayout, update: PolicyUpdate) -> Result<UpdateOutcome, AttachError> {
     let revision = update.revision;
-    request(layout, ToGuest::UpdatePolicy(update), |msg| match msg {
-        ToHost::PolicyAck { revision: r, outcome } if r == revision => Some(outcome),
+    request(layout, SupervisorRequest::UpdatePolicy(update), |msg| match msg {
+        SupervisorReply::PolicyAck { revision: r, outcome } if r == revision => Some(outcome),
         _ => None,
     })
     .await
@@ -116,25 +117,28 @@ pub async fn rotate_credentials(
     layout: &SandboxLayout,
     rotation: CredentialRotation,
 ) -> Result<RotationOutcome, AttachError> {
-    request(layout, ToGuest::RotateCredentials(rotation), |msg| match msg {
-        ToHost::CredentialsAck { outcome } => Some(outcome),
+    request(layout, SupervisorRequest::RotateCredentials(rotation), |msg| match msg {
+        SupervisorReply::CredentialsAck { outcome } => Some(outcome),
         _ => None,
     })
     .await
 }
 
 /// One control request on a fresh attach connection: sends `msg`, then waits (within [`CONNECT_TIMEOUT`])
-/// for the first message `answer` picks.
+/// for the first answer `answer` picks.
 async fn request<T>(
     layout: &SandboxLayout,
-    msg: ToGuest,
-    mut answer: impl FnMut(ToHost) -> Option<T>,
+    msg: SupervisorRequest,
+    mut answer: impl FnMut(SupervisorReply) -> Option<T>,
 ) -> Result<T, AttachError> {
     let mut attached = connect(layout).await?;
     attached.send(msg).await?;
     let answered = async {
         while let Some(Ok(msg)) = attached.recv().await {
-            if let Some(found) = answer(msg) {
+            if let Some(found) = match msg {
+                ToClient::Supervisor(reply) => answer(reply),
+                _ => None,
+            } {
                 return Some(found);
             }
         }

@@ -9,17 +9,20 @@
 //! - [`state`], [`image`], [`telemetry`]: where sandboxes live, what they boot, where their events go;
 //!   [`tsc`]: the host's TSC rate, which keeps a TCG guest's clock right.
 //! - [`service`]: `vm-driver serve`, the gateway-facing gRPC service for many sandboxes.
+//! - [`controls`]: the test controls, read once by the binary and taken by the core as plain values.
 //!
 //! The `vm-driver` binary (`src/bin/vm-driver/`) is the edge: its command line and commands (`launch`, the
 //! API clients) use this library. The driver never links the supervisor: it starts the `vm-supervisor`
 //! binary, so the supervisor's forbid-unsafe boundary is a process boundary.
 #![warn(missing_docs)]
 
-vm_contract::test_controls!();
+#[cfg(all(feature = "test-controls", not(debug_assertions)))]
+compile_error!("test controls switch safety mechanisms off: they are for debug test builds, never a release");
 
 pub mod attach_client;
 pub mod attach_mux;
 mod cgroup;
+pub mod controls;
 pub mod gc;
 pub mod image;
 pub mod jail;

@@ -12,9 +12,9 @@ use std::path::Path;
 use vm_contract::auth::AuthBundle;
 use vm_contract::layout::SandboxLayout;
 use vm_contract::pids::SandboxPids;
-use vm_contract::test_control::TestControl;
 use vm_contract::tombstone::{EndReason, Tombstone};
 
+use crate::controls::Reaper;
 use crate::{cgroup, procs};
 
 /// What the reaper did to one sandbox.
@@ -34,19 +34,19 @@ impl Reaped {
 }
 
 /// Reaps every orphaned sandbox under `sandboxes_dir`.
-pub fn reap_all(sandboxes_dir: &Path) -> Vec<Reaped> {
-    if crate::control(TestControl::NoReaper) {
+pub fn reap_all(sandboxes_dir: &Path, controls: Reaper) -> Vec<Reaped> {
+    if controls.no_reaper {
         return Vec::new();
     }
     let Ok(entries) = fs::read_dir(sandboxes_dir) else {
         return Vec::new();
     };
-    entries.flatten().filter_map(|e| reap_one(&SandboxLayout::new(e.path()))).collect()
+    entries.flatten().filter_map(|e| reap_one(&SandboxLayout::new(e.path()), controls)).collect()
 }
 
 /// Reaps one sandbox if its supervisor is gone. `None` when it is alive, finished, or not a sandbox.
-pub fn reap_one(layout: &SandboxLayout) -> Option<Reaped> {
-    if crate::control(TestControl::NoReaper) || Tombstone::exists(layout.dir()) {
+pub fn reap_one(layout: &SandboxLayout, controls: Reaper) -> Option<Reaped> {
+    if controls.no_reaper || Tombstone::exists(layout.dir()) {
         return None;
     }
     let pids = SandboxPids::read(layout.dir())?;
@@ -58,7 +58,7 @@ pub fn reap_one(layout: &SandboxLayout) -> Option<Reaped> {
     for record in [pids.watchdog, pids.vmm].into_iter().flatten() {
         vm |= procs::kill(&record);
     }
-    let cgroup = cgroup::recorded(layout.dir()).is_some_and(|cg| cgroup::sweep(&cg));
+    let cgroup = cgroup::recorded(layout.dir()).is_some_and(|cg| cgroup::sweep(&cg, controls));
     let cgroup = end_jail(layout) || cgroup;
     let left = Leftovers { vm, cgroup };
     Tombstone::write(layout.dir(), if vm || cgroup { EndReason::OrphanReaped } else { EndReason::SupervisorGone });
@@ -77,12 +77,12 @@ pub struct Leftovers {
 /// After a supervisor ended, or failed to start: kills what it left (VMM, watchdog, anything in `cgroup`),
 /// removes the auth bundle if it never read it (it holds collector credentials), and writes the tombstone.
 /// Blocking: it waits on pidfds and the cgroup.
-pub fn end_generation(layout: &SandboxLayout, cgroup: Option<&Path>, reason: EndReason) -> Leftovers {
+pub fn end_generation(layout: &SandboxLayout, cgroup: Option<&Path>, reason: EndReason, controls: Reaper) -> Leftovers {
     // `reap_one` sweeps the recorded cgroups itself when it reaps.
-    let mut left =
-        reap_one(layout).map_or_else(|| Leftovers { vm: false, cgroup: cgroup.is_some_and(cgroup::sweep) }, |r| r.left);
+    let swept = || Leftovers { vm: false, cgroup: cgroup.is_some_and(|cg| cgroup::sweep(cg, controls)) };
+    let mut left = reap_one(layout, controls).map_or_else(swept, |r| r.left);
     left.cgroup |= end_jail(layout);
-    if !crate::control(TestControl::KeepCredentials) {
+    if !controls.keep_credentials {
         AuthBundle::remove(layout.dir());
     }
     Tombstone::write(layout.dir(), reason);

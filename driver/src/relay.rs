@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use vm_protocol::flow::DEFAULT_WINDOW_BYTES;
 use vm_protocol::frame::MAX_DATA_BYTES;
-use vm_protocol::{CreditError, ProcId, ToGuest, Window};
+use vm_protocol::{CreditError, ProcId, ProcessRequest, Window};
 
 /// The output window every process is spawned with.
 pub const OUTPUT_WINDOW: u32 = DEFAULT_WINDOW_BYTES;
@@ -104,7 +104,7 @@ impl ProcessRelay {
     }
 
     /// The next stdin frame the credit allows: data first, then `StdinEof` once everything is out.
-    pub fn next_stdin(&mut self) -> Option<ToGuest> {
+    pub fn next_stdin(&mut self) -> Option<ProcessRequest> {
         if !self.started {
             return None;
         }
@@ -113,31 +113,31 @@ impl ProcessRelay {
         if n > 0 {
             self.credit.consume(n).ok()?;
             let data: Vec<u8> = self.pending.drain(..n).collect();
-            return Some(ToGuest::Stdin { id: self.id, data: data.into() });
+            return Some(ProcessRequest::Stdin { id: self.id, data: data.into() });
         }
         if self.eof_requested && self.pending.is_empty() && !self.eof_sent {
             self.eof_sent = true;
-            return Some(ToGuest::StdinEof { id: self.id });
+            return Some(ProcessRequest::StdinEof { id: self.id });
         }
         None
     }
 
     /// The process ended and everything it wrote was handed on: the credit for the rest of the batch, which
     /// tells the supervisor the output was delivered (it keeps undelivered output for a re-attach).
-    pub fn finish(&mut self) -> Option<ToGuest> {
+    pub fn finish(&mut self) -> Option<ProcessRequest> {
         let bytes = u32::try_from(std::mem::take(&mut self.uncredited)).unwrap_or(u32::MAX);
-        (bytes > 0).then_some(ToGuest::Credit { id: self.id, bytes })
+        (bytes > 0).then_some(ProcessRequest::Credit { id: self.id, bytes })
     }
 
     /// `bytes` of output were handed on; the credit to return, once a batch is complete.
-    pub fn output_handed_on(&mut self, bytes: usize) -> Option<ToGuest> {
+    pub fn output_handed_on(&mut self, bytes: usize) -> Option<ProcessRequest> {
         self.uncredited += bytes as u64;
         if self.uncredited < self.batch {
             return None;
         }
         let bytes = u32::try_from(self.uncredited).unwrap_or(u32::MAX);
         self.uncredited -= u64::from(bytes);
-        Some(ToGuest::Credit { id: self.id, bytes })
+        Some(ProcessRequest::Credit { id: self.id, bytes })
     }
 }
 
@@ -145,7 +145,7 @@ impl ProcessRelay {
 mod tests {
     use super::*;
 
-    fn drain(relay: &mut ProcessRelay) -> Vec<ToGuest> {
+    fn drain(relay: &mut ProcessRelay) -> Vec<ProcessRequest> {
         std::iter::from_fn(|| relay.next_stdin()).collect()
     }
 
@@ -156,11 +156,14 @@ mod tests {
         r.stdin_eof();
         assert!(drain(&mut r).is_empty(), "nothing before Started");
         r.started(3, OUTPUT_WINDOW);
-        assert_eq!(drain(&mut r), [ToGuest::Stdin { id: ProcId(1), data: b"hel".to_vec().into() }]);
+        assert_eq!(drain(&mut r), [ProcessRequest::Stdin { id: ProcId(1), data: b"hel".to_vec().into() }]);
         r.stdin_credit(3).unwrap();
         assert_eq!(
             drain(&mut r),
-            [ToGuest::Stdin { id: ProcId(1), data: b"lo".to_vec().into() }, ToGuest::StdinEof { id: ProcId(1) }]
+            [
+                ProcessRequest::Stdin { id: ProcId(1), data: b"lo".to_vec().into() },
+                ProcessRequest::StdinEof { id: ProcId(1) }
+            ]
         );
         assert_eq!(r.push_stdin(b"late"), Err(RelayError::StdinAfterEof));
         assert!(drain(&mut r).is_empty(), "EOF once");
@@ -172,9 +175,12 @@ mod tests {
         let chunk = usize::try_from(CREDIT_BATCH_BYTES / 2).unwrap();
         assert_eq!(r.output_handed_on(chunk), None);
         let credit = r.output_handed_on(chunk + 1);
-        assert_eq!(credit, Some(ToGuest::Credit { id: ProcId(2), bytes: u32::try_from(2 * chunk + 1).unwrap() }));
+        assert_eq!(
+            credit,
+            Some(ProcessRequest::Credit { id: ProcId(2), bytes: u32::try_from(2 * chunk + 1).unwrap() })
+        );
         assert_eq!(r.output_handed_on(5), None);
-        assert_eq!(r.finish(), Some(ToGuest::Credit { id: ProcId(2), bytes: 5 }), "the rest at the end");
+        assert_eq!(r.finish(), Some(ProcessRequest::Credit { id: ProcId(2), bytes: 5 }), "the rest at the end");
         assert_eq!(r.finish(), None);
     }
 

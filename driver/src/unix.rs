@@ -11,7 +11,7 @@ use std::path::Path;
 use tokio::net::UnixStream;
 
 /// Longest path `sockaddr_un` takes, without the terminating NUL.
-const MAX_SUN_PATH: usize = 107;
+pub(crate) const MAX_SUN_PATH: usize = 107;
 
 /// Connects to `dir/name`.
 ///

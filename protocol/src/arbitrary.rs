@@ -1,4 +1,6 @@
-//! Generators of every message, for property tests on both sides of the boundary (feature `proptest`).
+//! Generators of every channel's messages, for property tests on every side of both channels (feature
+//! `proptest`): the guest link's [`link_to_guest`] and [`link_to_host`], the attach socket's
+//! [`attach_to_supervisor`] and [`attach_to_client`], and the process messages they share.
 //!
 //! Ids come from a range the caller picks: the decoder's tests want any `u32`, the stateful tests of the
 //! supervisor's multiplexer and the agent's link want a few ids so that messages collide with live
@@ -8,13 +10,13 @@ use std::ops::Range;
 
 use proptest::prelude::*;
 
+use crate::attach::{ProcessSummary, SupervisorReply, SupervisorRequest, ToClient, ToSupervisor};
 use crate::credentials::{CredentialRotation, RotationOutcome};
 use crate::flow::MAX_WINDOW_BYTES;
 use crate::handshake::{Capabilities, Hello, HELLO_MAGIC, PROTOCOL_VERSION};
 use crate::identity::{IdSelector, RunAs};
-use crate::message::{
-    EnvVar, HostEntropy, ProcessSummary, Refusal, Spawn, ToGuest, ToHost, MAX_FAILURE_MESSAGE_BYTES, RESEED_BYTES,
-};
+use crate::link::{self, HostEntropy, VmRequest, RESEED_BYTES};
+use crate::message::{EnvVar, ProcessEvent, ProcessRequest, Refusal, Spawn, MAX_FAILURE_MESSAGE_BYTES};
 use crate::policy::{Operation, PolicyUpdate, UpdateOutcome};
 use crate::process::{ExitStatus, ProcId, PtySize, SignalName, Stream};
 
@@ -74,32 +76,64 @@ pub fn spawn(ids: Range<u32>, commands: Vec<Vec<String>>) -> impl Strategy<Value
         })
 }
 
-/// Every host-to-guest message, `Spawn`s of `commands`.
-pub fn to_guest(ids: Range<u32>, commands: Vec<Vec<String>>) -> impl Strategy<Value = ToGuest> {
+/// Every process request, `Spawn`s of `commands`.
+pub fn process_request(ids: Range<u32>, commands: Vec<Vec<String>>) -> impl Strategy<Value = ProcessRequest> {
     let id = ids.clone().prop_map(ProcId);
     prop_oneof![
-        1 => Just(ToGuest::Reserved),
-        1 => hello().prop_map(ToGuest::Hello),
-        4 => spawn(ids, commands).prop_map(ToGuest::Spawn),
-        3 => (id.clone(), data()).prop_map(|(id, d)| ToGuest::Stdin { id, data: d.into() }),
-        2 => id.clone().prop_map(|id| ToGuest::StdinEof { id }),
+        4 => spawn(ids, commands).prop_map(ProcessRequest::Spawn),
+        3 => (id.clone(), data()).prop_map(|(id, d)| ProcessRequest::Stdin { id, data: d.into() }),
+        2 => id.clone().prop_map(|id| ProcessRequest::StdinEof { id }),
         2 => (id.clone(), prop::sample::select(SignalName::ALL.to_vec()))
-            .prop_map(|(id, signal)| ToGuest::Signal { id, signal }),
+            .prop_map(|(id, signal)| ProcessRequest::Signal { id, signal }),
         1 => (id.clone(), any::<u16>(), any::<u16>())
-            .prop_map(|(id, rows, cols)| ToGuest::Resize { id, size: PtySize { rows, cols } }),
-        3 => (id.clone(), amount()).prop_map(|(id, bytes)| ToGuest::Credit { id, bytes }),
-        1 => any::<u64>().prop_map(|nonce| ToGuest::Ping { nonce }),
-        1 => (0..2000u32).prop_map(|grace_ms| ToGuest::Shutdown { grace_ms }),
-        1 => (id.clone(), any::<u32>()).prop_map(|(id, pid)| ToGuest::Reattach { id, pid }),
-        1 => id.prop_map(|id| ToGuest::Detach { id }),
-        1 => Just(ToGuest::ListProcesses),
-        1 => (prop_oneof![Just(RESEED_BYTES), 0..2 * RESEED_BYTES], any::<u64>())
+            .prop_map(|(id, rows, cols)| ProcessRequest::Resize { id, size: PtySize { rows, cols } }),
+        3 => (id, amount()).prop_map(|(id, bytes)| ProcessRequest::Credit { id, bytes }),
+    ]
+}
+
+/// Every message of the supervisor to the guest agent.
+pub fn link_to_guest(ids: Range<u32>, commands: Vec<Vec<String>>) -> impl Strategy<Value = link::ToGuest> {
+    prop_oneof![
+        1 => hello().prop_map(link::ToGuest::Hello),
+        14 => process_request(ids, commands).prop_map(link::ToGuest::Process),
+        1 => any::<u64>().prop_map(|nonce| link::ToGuest::Ping { nonce }),
+        2 => vm_request().prop_map(link::ToGuest::Vm),
+    ]
+}
+
+/// A shutdown, or a reseed with the right number of bytes or another.
+pub fn vm_request() -> impl Strategy<Value = VmRequest> {
+    prop_oneof![
+        (0..2000u32).prop_map(|grace_ms| VmRequest::Shutdown { grace_ms }),
+        (prop_oneof![Just(RESEED_BYTES), 0..2 * RESEED_BYTES], any::<u64>())
             .prop_flat_map(|(n, unix_nanos)| (prop::collection::vec(any::<u8>(), n), Just(unix_nanos)))
-            .prop_map(|(e, unix_nanos)| ToGuest::Reseed { entropy: HostEntropy(e.into()), unix_nanos }),
-        1 => (any::<u64>(), prop::collection::vec(prop::sample::select(Operation::ALL.to_vec()), 0..7), run_as())
-            .prop_map(|(revision, allow, run_as)| ToGuest::UpdatePolicy(PolicyUpdate { revision, allow, run_as })),
-        1 => (prop::option::of(prop::collection::vec((text(), text()), 0..3)), prop::option::of(text()))
-            .prop_map(|(headers, ca_path)| ToGuest::RotateCredentials(CredentialRotation { headers, ca_path })),
+            .prop_map(|(e, unix_nanos)| VmRequest::Reseed { entropy: HostEntropy(e.into()), unix_nanos }),
+    ]
+}
+
+/// Every message of an attach client to the supervisor.
+pub fn attach_to_supervisor(ids: Range<u32>, commands: Vec<Vec<String>>) -> impl Strategy<Value = ToSupervisor> {
+    prop_oneof![
+        1 => hello().prop_map(ToSupervisor::Hello),
+        14 => process_request(ids.clone(), commands).prop_map(ToSupervisor::Process),
+        1 => any::<u64>().prop_map(|nonce| ToSupervisor::Ping { nonce }),
+        5 => supervisor_request(ids).prop_map(ToSupervisor::Supervisor),
+    ]
+}
+
+/// Every request an attach client may make of the supervisor itself.
+pub fn supervisor_request(ids: Range<u32>) -> impl Strategy<Value = SupervisorRequest> {
+    let id = ids.prop_map(ProcId);
+    prop_oneof![
+        (id.clone(), any::<u32>()).prop_map(|(id, pid)| SupervisorRequest::Reattach { id, pid }),
+        id.prop_map(|id| SupervisorRequest::Detach { id }),
+        Just(SupervisorRequest::ListProcesses),
+        (any::<u64>(), prop::collection::vec(prop::sample::select(Operation::ALL.to_vec()), 0..7), run_as()).prop_map(
+            |(revision, allow, run_as)| SupervisorRequest::UpdatePolicy(PolicyUpdate { revision, allow, run_as })
+        ),
+        (prop::option::of(prop::collection::vec((text(), text()), 0..3)), prop::option::of(text())).prop_map(
+            |(headers, ca_path)| SupervisorRequest::RotateCredentials(CredentialRotation { headers, ca_path })
+        ),
     ]
 }
 
@@ -119,37 +153,68 @@ fn refusal() -> impl Strategy<Value = Refusal> {
     ])
 }
 
-/// Every guest-to-host message.
-pub fn to_host(ids: Range<u32>) -> impl Strategy<Value = ToHost> {
+/// Every process event.
+pub fn process_event(ids: Range<u32>) -> impl Strategy<Value = ProcessEvent> {
     let id = ids.prop_map(ProcId);
-    let summary = (any::<u32>(), prop::collection::vec(text(), 0..3), any::<bool>(), any::<bool>())
-        .prop_map(|(pid, argv, attached, tty)| ProcessSummary { pid, argv, attached, tty });
     prop_oneof![
-        1 => Just(ToHost::Reserved),
-        1 => hello().prop_map(ToHost::Hello),
         3 => (id.clone(), any::<u32>(), amount(), amount()).prop_map(|(id, pid, stdin_window, output_window)| {
-            ToHost::Started { id, pid, stdin_window, output_window }
+            ProcessEvent::Started { id, pid, stdin_window, output_window }
         }),
-        5 => (id.clone(), any::<bool>(), data()).prop_map(|(id, err, d)| ToHost::Output {
+        5 => (id.clone(), any::<bool>(), data()).prop_map(|(id, err, d)| ProcessEvent::Output {
             id,
             stream: if err { Stream::Stderr } else { Stream::Stdout },
             data: d.into(),
         }),
-        2 => (id.clone(), amount()).prop_map(|(id, bytes)| ToHost::StdinCredit { id, bytes }),
-        2 => (id.clone(), exit_status()).prop_map(|(id, status)| ToHost::Exited { id, status }),
-        1 => any::<u64>().prop_map(|nonce| ToHost::Pong { nonce }),
-        1 => (id.clone(), refusal()).prop_map(|(id, reason)| ToHost::Refused { id, reason }),
-        1 => prop::collection::vec(summary, 0..3).prop_map(|list| ToHost::Processes { list }),
+        2 => (id.clone(), amount()).prop_map(|(id, bytes)| ProcessEvent::StdinCredit { id, bytes }),
+        2 => (id.clone(), exit_status()).prop_map(|(id, status)| ProcessEvent::Exited { id, status }),
+        1 => (id.clone(), refusal()).prop_map(|(id, reason)| ProcessEvent::Refused { id, reason }),
         1 => (id, exit_status(), prop_oneof![text(), Just("x".repeat(MAX_FAILURE_MESSAGE_BYTES + 1))])
-            .prop_map(|(id, status, message)| ToHost::SpawnFailed { id, status, message }),
-        1 => (any::<u64>(), prop::sample::select(vec![
-            UpdateOutcome::Applied,
-            UpdateOutcome::Stale,
-            UpdateOutcome::NotApproved,
-            UpdateOutcome::IdentityConflict,
-        ]))
-            .prop_map(|(revision, outcome)| ToHost::PolicyAck { revision, outcome }),
-        1 => prop::sample::select(vec![RotationOutcome::Applied, RotationOutcome::NoCollector, RotationOutcome::BadHeader, RotationOutcome::CaUnreadable, RotationOutcome::Empty])
-            .prop_map(|outcome| ToHost::CredentialsAck { outcome }),
+            .prop_map(|(id, status, message)| ProcessEvent::SpawnFailed { id, status, message }),
+    ]
+}
+
+/// Every message of the guest agent to the supervisor.
+pub fn link_to_host(ids: Range<u32>) -> impl Strategy<Value = link::ToHost> {
+    prop_oneof![
+        1 => hello().prop_map(link::ToHost::Hello),
+        14 => process_event(ids).prop_map(link::ToHost::Process),
+        1 => any::<u64>().prop_map(|nonce| link::ToHost::Pong { nonce }),
+    ]
+}
+
+/// Every message of the supervisor to an attach client.
+pub fn attach_to_client(ids: Range<u32>) -> impl Strategy<Value = ToClient> {
+    prop_oneof![
+        1 => hello().prop_map(ToClient::Hello),
+        14 => process_event(ids).prop_map(ToClient::Process),
+        1 => any::<u64>().prop_map(|nonce| ToClient::Pong { nonce }),
+        3 => supervisor_reply().prop_map(ToClient::Supervisor),
+    ]
+}
+
+/// Every answer of the supervisor to such a request.
+pub fn supervisor_reply() -> impl Strategy<Value = SupervisorReply> {
+    let summary = (any::<u32>(), prop::collection::vec(text(), 0..3), any::<bool>(), any::<bool>())
+        .prop_map(|(pid, argv, attached, tty)| ProcessSummary { pid, argv, attached, tty });
+    prop_oneof![
+        prop::collection::vec(summary, 0..3).prop_map(|list| SupervisorReply::Processes { list }),
+        (
+            any::<u64>(),
+            prop::sample::select(vec![
+                UpdateOutcome::Applied,
+                UpdateOutcome::Stale,
+                UpdateOutcome::NotApproved,
+                UpdateOutcome::IdentityConflict,
+            ])
+        )
+            .prop_map(|(revision, outcome)| SupervisorReply::PolicyAck { revision, outcome }),
+        prop::sample::select(vec![
+            RotationOutcome::Applied,
+            RotationOutcome::NoCollector,
+            RotationOutcome::BadHeader,
+            RotationOutcome::CaUnreadable,
+            RotationOutcome::Empty,
+        ])
+        .prop_map(|outcome| SupervisorReply::CredentialsAck { outcome }),
     ]
 }

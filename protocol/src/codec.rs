@@ -10,8 +10,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio_util::codec::{Decoder, Encoder};
 
 use crate::frame::{self, FrameError, HEADER_BYTES, OUTPUT_ENVELOPE_BYTES};
-use crate::handshake::{self, FirstFrameError};
-use crate::{Capabilities, Hello, ToGuest, ToHost};
+use crate::handshake::{self, FirstFrameError, HelloFrame};
+use crate::message::ProcessEvent;
+use crate::{Capabilities, Hello};
 
 /// Reads one frame's body.
 ///
@@ -45,8 +46,8 @@ fn eof_is_truncation(e: std::io::Error) -> FrameError {
     }
 }
 
-/// The host's half of the handshake: read the guest's hello, answer with ours (even on a mismatch, so the
-/// guest can report it too), then check theirs.
+/// The host's half of the handshake (the supervisor on the guest link, a client on the attach socket): read
+/// the peer's hello, answer with ours (even on a mismatch, so the peer can report it too), then check theirs.
 ///
 /// # Errors
 /// [`FirstFrameError`] for a bad first frame or a mismatch.
@@ -56,11 +57,8 @@ pub async fn host_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     required: Capabilities,
 ) -> Result<Hello, FirstFrameError> {
     let body = read_body(stream).await?;
-    write_frame(stream, &ToGuest::Hello(ours)).await?;
-    handshake::accept_first(&body, required, |m| match m {
-        ToHost::Hello(h) => Some(h),
-        _ => None,
-    })
+    write_frame(stream, &HelloFrame(&ours)).await?;
+    handshake::accept_first(&body, required)
 }
 
 /// The guest's half (the supervisor plays it on the attach socket): send our hello, then read and check
@@ -73,12 +71,9 @@ pub async fn guest_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     ours: Hello,
     required: Capabilities,
 ) -> Result<Hello, FirstFrameError> {
-    write_frame(stream, &ToHost::Hello(ours)).await?;
+    write_frame(stream, &HelloFrame(&ours)).await?;
     let body = read_body(stream).await?;
-    handshake::accept_first(&body, required, |m| match m {
-        ToGuest::Hello(h) => Some(h),
-        _ => None,
-    })
+    handshake::accept_first(&body, required)
 }
 
 /// Decodes `In` frames and encodes `Out` frames.
@@ -144,23 +139,24 @@ const READ_BUFFER_BYTES: usize = 64 * 1024;
 /// A body buffer larger than this is dropped after its frame, so one large control frame is not kept.
 const KEPT_SCRATCH_BYTES: usize = 64 * 1024;
 
-/// Reads the guest's frames from a stream: the messages and errors [`FrameCodec`] would give over
-/// `FramedRead`, without its growing read buffer. An `Output` frame's data is read straight into the buffer
+/// Reads frames towards a host (`link::ToHost` by default, or `attach::ToClient`) from a stream: the messages
+/// and errors [`FrameCodec`] would give over `FramedRead`, without its growing read buffer. An `Output` frame's data is read straight into the buffer
 /// the message keeps (one allocation of exactly its size; only what the read buffer already held is
 /// copied); other bodies go through a small scratch buffer and the decoder. Memory: the read buffer, the scratch, and the message being read, whose size the
 /// header bounds by [`frame::MAX_FRAME_BYTES`] before anything is allocated.
 ///
 /// Not cancel-safe: a frame read half way is lost if `next` is dropped.
 #[derive(Debug)]
-pub struct HostFrameReader<R> {
+pub struct HostFrameReader<R, M = crate::link::ToHost> {
     reader: BufReader<R>,
     scratch: Vec<u8>,
+    _message: PhantomData<fn() -> M>,
 }
 
-impl<R: AsyncRead + Unpin> HostFrameReader<R> {
+impl<R: AsyncRead + Unpin, M: DeserializeOwned + From<ProcessEvent>> HostFrameReader<R, M> {
     /// A reader of `reader`'s frames.
     pub fn new(reader: R) -> Self {
-        Self { reader: BufReader::with_capacity(READ_BUFFER_BYTES, reader), scratch: Vec::new() }
+        Self { reader: BufReader::with_capacity(READ_BUFFER_BYTES, reader), scratch: Vec::new(), _message: PhantomData }
     }
 
     /// The next message; `None` at a clean end of stream (on a frame boundary).
@@ -168,11 +164,11 @@ impl<R: AsyncRead + Unpin> HostFrameReader<R> {
     /// # Errors
     /// As [`FrameCodec`]: [`FrameError::Truncated`] for an end inside a frame, a header or body error, or
     /// an I/O error. The stream is unusable after one.
-    pub async fn next(&mut self) -> Option<Result<ToHost, FrameError>> {
+    pub async fn next(&mut self) -> Option<Result<M, FrameError>> {
         self.read_frame().await.transpose()
     }
 
-    async fn read_frame(&mut self) -> Result<Option<ToHost>, FrameError> {
+    async fn read_frame(&mut self) -> Result<Option<M>, FrameError> {
         let mut header = [0u8; HEADER_BYTES];
         let mut filled = 0;
         while filled < HEADER_BYTES {
@@ -190,7 +186,7 @@ impl<R: AsyncRead + Unpin> HostFrameReader<R> {
             if let Some((id, stream, data_len)) = frame::output_envelope(&envelope, len) {
                 let mut data = vec![0u8; data_len];
                 self.reader.read_exact(&mut data).await.map_err(eof_is_truncation)?;
-                return Ok(Some(ToHost::Output { id, stream, data: data.into() }));
+                return Ok(Some(ProcessEvent::Output { id, stream, data: data.into() }.into()));
             }
             self.scratch.extend_from_slice(&envelope);
         }

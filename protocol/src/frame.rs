@@ -10,7 +10,7 @@
 //!   before any buffer is grown, so a hostile peer cannot make us allocate.
 //! - bincode runs with fixed-width little-endian integers, enum tags as `u32`, lengths as `u64`, a byte limit
 //!   equal to the body length, and trailing bytes rejected.
-//! - Enum tag 0 is reserved in every message type, so an all-zero body never decodes to a message.
+//! - Enum tag 0 is reserved in every channel's message type, so an all-zero body never decodes to a message.
 //!
 //! Decoding never panics on any input; `protocol/tests/decoder_props.rs` holds that claim.
 
@@ -32,54 +32,59 @@ pub const MAX_FRAME_BYTES: usize = MAX_DATA_BYTES + 64 * 1024;
 /// frame's syscalls and context switches cost more than its bytes.
 pub const MAX_DATA_BYTES: usize = 1024 * 1024;
 
-/// Bytes in front of the data of an `Output` frame: body length (4), message tag (4), process id (4),
-/// stream tag (4), data length (8).
-pub const OUTPUT_PREFIX_BYTES: usize = 24;
+/// Bytes in front of the data of an `Output` frame: body length (4), message tag (4), process message
+/// tag (4), process id (4), stream tag (4), data length (8).
+pub const OUTPUT_PREFIX_BYTES: usize = 28;
 
-/// The message tag of `ToHost::Output`.
-const OUTPUT_TAG: u32 = 3;
+/// The message tag of `Process(_)`, the same in `link::ToHost` and `attach::ToClient`.
+const PROCESS_TAG: u32 = 2;
 
-/// The first [`OUTPUT_PREFIX_BYTES`] of the frame `ToHost::Output { id, stream, data }` for `data_len`
-/// bytes of data, so a sender can move the data itself without copying it through the encoder (the
-/// guest agent splices pipe pages straight into the channel). `frame::tests` holds it to the encoder.
+/// The tag of `ProcessEvent::Output` inside it.
+const OUTPUT_TAG: u32 = 1;
+
+/// The first [`OUTPUT_PREFIX_BYTES`] of the frame `Process(ProcessEvent::Output { id, stream, data })` for
+/// `data_len` bytes of data (the same bytes in `link::ToHost` and `attach::ToClient`), so a sender can move
+/// the data itself without copying it through the encoder (the guest agent splices pipe pages straight into
+/// the channel). `frame::tests` holds it to the encoder.
 pub fn output_prefix(id: ProcId, stream: Stream, data_len: usize) -> [u8; OUTPUT_PREFIX_BYTES] {
     let body_len = OUTPUT_PREFIX_BYTES - HEADER_BYTES + data_len;
     let mut prefix = [0u8; OUTPUT_PREFIX_BYTES];
     prefix[0..4].copy_from_slice(&u32::try_from(body_len).unwrap_or(u32::MAX).to_le_bytes());
-    prefix[4..8].copy_from_slice(&OUTPUT_TAG.to_le_bytes());
-    prefix[8..12].copy_from_slice(&id.0.to_le_bytes());
+    prefix[4..8].copy_from_slice(&PROCESS_TAG.to_le_bytes());
+    prefix[8..12].copy_from_slice(&OUTPUT_TAG.to_le_bytes());
+    prefix[12..16].copy_from_slice(&id.0.to_le_bytes());
     let stream_tag: u32 = match stream {
         Stream::Stdout => 0,
         Stream::Stderr => 1,
     };
-    prefix[12..16].copy_from_slice(&stream_tag.to_le_bytes());
-    prefix[16..24].copy_from_slice(&(data_len as u64).to_le_bytes());
+    prefix[16..20].copy_from_slice(&stream_tag.to_le_bytes());
+    prefix[20..28].copy_from_slice(&(data_len as u64).to_le_bytes());
     prefix
 }
 
-/// The part of [`OUTPUT_PREFIX_BYTES`] after the length: message tag, process id, stream tag, data length.
+/// The part of [`OUTPUT_PREFIX_BYTES`] after the length: the two tags, process id, stream tag, data length.
 pub const OUTPUT_ENVELOPE_BYTES: usize = OUTPUT_PREFIX_BYTES - HEADER_BYTES;
 
-/// Reads the first [`OUTPUT_ENVELOPE_BYTES`] of a frame body of `body_len` bytes as the envelope of an
-/// `Output` message: its process, stream and data length. `Some` only where the body can be nothing but
+/// Reads the first [`OUTPUT_ENVELOPE_BYTES`] of a frame body of `body_len` bytes as the envelope of a
+/// `Process(ProcessEvent::Output { .. })` message: its process, stream and data length. `Some` only where the body can be nothing but
 /// that message, with exactly the rest of the body as its data, so a reader can put the data straight into
 /// the message's own buffer; for anything else (another message, a bad stream tag, a data length that
 /// disagrees with the body) it is `None`, and the whole body goes through [`decode_body`], which decides.
 /// `frame::tests` holds it to the decoder.
 pub fn output_envelope(envelope: &[u8; OUTPUT_ENVELOPE_BYTES], body_len: usize) -> Option<(ProcId, Stream, usize)> {
     let word = |at: usize| u32::from_le_bytes([envelope[at], envelope[at + 1], envelope[at + 2], envelope[at + 3]]);
-    if word(0) != OUTPUT_TAG {
+    if word(0) != PROCESS_TAG || word(4) != OUTPUT_TAG {
         return None;
     }
-    let stream = match word(8) {
+    let stream = match word(12) {
         0 => Stream::Stdout,
         1 => Stream::Stderr,
         _ => return None,
     };
     let mut len = [0u8; 8];
-    len.copy_from_slice(&envelope[12..20]);
+    len.copy_from_slice(&envelope[16..24]);
     let data_len = usize::try_from(u64::from_le_bytes(len)).ok()?;
-    (body_len.checked_sub(OUTPUT_ENVELOPE_BYTES) == Some(data_len)).then_some((ProcId(word(4)), stream, data_len))
+    (body_len.checked_sub(OUTPUT_ENVELOPE_BYTES) == Some(data_len)).then_some((ProcId(word(8)), stream, data_len))
 }
 
 /// Why a frame could not be read, decoded or encoded.
@@ -269,17 +274,23 @@ pub fn write<M: Serialize, W: Write>(writer: &mut W, msg: &M, scratch: &mut Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ToGuest, ToHost};
+    use crate::attach::ToClient;
+    use crate::link::{ToGuest, ToHost};
+    use crate::message::{ProcessEvent, ProcessRequest};
 
     #[test]
     fn output_prefix_matches_the_encoder() {
         for (stream, len) in [(Stream::Stdout, 0), (Stream::Stderr, 5), (Stream::Stdout, MAX_DATA_BYTES)] {
             let data = vec![0xAB; len];
             let mut wire = Vec::new();
-            encode(&ToHost::Output { id: ProcId(0x0102_0304), stream, data: data.clone().into() }, &mut wire).unwrap();
+            let output = ProcessEvent::Output { id: ProcId(0x0102_0304), stream, data: data.clone().into() };
+            encode(&ToHost::Process(output.clone()), &mut wire).unwrap();
             let mut manual = output_prefix(ProcId(0x0102_0304), stream, len).to_vec();
             manual.extend_from_slice(&data);
             assert_eq!(manual, wire);
+            let mut attach = Vec::new();
+            encode(&ToClient::Process(output), &mut attach).unwrap();
+            assert_eq!(attach, wire, "the same bytes on both channels");
         }
     }
 
@@ -295,7 +306,9 @@ mod tests {
         for (stream, len) in [(Stream::Stdout, 0), (Stream::Stderr, 7), (Stream::Stdout, MAX_DATA_BYTES)] {
             let b = body(output_prefix(ProcId(9), stream, len), len);
             assert_eq!(output_envelope(&envelope(&b), b.len()), Some((ProcId(9), stream, len)));
-            let Ok(ToHost::Output { id, stream: s, data }) = decode_body::<ToHost>(&b) else { panic!("not output") };
+            let Ok(ToHost::Process(ProcessEvent::Output { id, stream: s, data })) = decode_body::<ToHost>(&b) else {
+                panic!("not output")
+            };
             assert_eq!((id, s, data.len()), (ProcId(9), stream, len));
         }
         // A data length that disagrees with the body, a bad stream tag, another message: left to the decoder,
@@ -304,15 +317,14 @@ mod tests {
         assert_eq!(output_envelope(&envelope(&b), b.len()), None);
         assert!(decode_body::<ToHost>(&b).is_err());
         b = body(output_prefix(ProcId(1), Stream::Stdout, 4), 4);
-        b[8] = 2;
+        b[12] = 2;
         assert_eq!(output_envelope(&envelope(&b), b.len()), None);
         assert!(decode_body::<ToHost>(&b).is_err());
+        let started = ProcessEvent::Started { id: ProcId(1), pid: 1, stdin_window: 1, output_window: 24 };
         let mut wire = Vec::new();
-        encode(&ToHost::Pong { nonce: 1 << 40 }, &mut wire).unwrap();
-        if wire.len() >= OUTPUT_PREFIX_BYTES {
-            let b = &wire[HEADER_BYTES..];
-            assert_eq!(output_envelope(&envelope(b), b.len()), None);
-        }
+        encode(&ToHost::Process(started), &mut wire).unwrap();
+        let b = &wire[HEADER_BYTES..];
+        assert_eq!(output_envelope(&envelope(b), b.len()), None);
     }
 
     #[test]
@@ -337,7 +349,7 @@ mod tests {
     #[test]
     fn partial_frames_ask_for_more() {
         let mut wire = Vec::new();
-        encode(&ToGuest::StdinEof { id: ProcId(3) }, &mut wire).unwrap();
+        encode(&ToGuest::Process(ProcessRequest::StdinEof { id: ProcId(3) }), &mut wire).unwrap();
         for cut in 0..wire.len() {
             assert!(decode::<ToGuest>(&wire[..cut]).unwrap().is_none(), "cut at {cut}");
         }
@@ -346,7 +358,7 @@ mod tests {
     #[test]
     fn rejects_trailing_bytes_inside_a_frame() {
         let mut wire = Vec::new();
-        encode(&ToGuest::StdinEof { id: ProcId(3) }, &mut wire).unwrap();
+        encode(&ToGuest::Process(ProcessRequest::StdinEof { id: ProcId(3) }), &mut wire).unwrap();
         wire.push(0);
         let len = u32::try_from(wire.len() - HEADER_BYTES).unwrap();
         wire[..HEADER_BYTES].copy_from_slice(&len.to_le_bytes());
@@ -355,7 +367,11 @@ mod tests {
 
     #[test]
     fn refuses_to_encode_beyond_the_limit() {
-        let msg = ToHost::Output { id: ProcId(1), stream: Stream::Stdout, data: vec![7; MAX_FRAME_BYTES].into() };
+        let msg = ToHost::Process(ProcessEvent::Output {
+            id: ProcId(1),
+            stream: Stream::Stdout,
+            data: vec![7; MAX_FRAME_BYTES].into(),
+        });
         let mut out = b"keep".to_vec();
         assert!(matches!(encode(&msg, &mut out), Err(FrameError::Encode(_))));
         assert_eq!(out, b"keep", "a failed encode leaves the buffer as it was");

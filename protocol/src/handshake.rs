@@ -1,12 +1,12 @@
 //! The versioned hello that opens every connection.
 //!
-//! The guest speaks first: as soon as the agent has its channel open it sends `ToHost::Hello`. The host
-//! checks it and answers with `ToGuest::Hello`; the guest checks that in turn. Either side that finds a
+//! The guest speaks first: as soon as the agent has its channel open it sends `link::ToHost::Hello`. The
+//! host checks it and answers with `link::ToGuest::Hello`; the guest checks that in turn. Either side that finds a
 //! mismatch says so plainly and closes. On the attach socket the supervisor plays the guest's part.
 //!
 //! **Version policy.** [`PROTOCOL_VERSION`] is one number that both sides must share exactly; any change to
-//! a message's layout bumps it. The hello itself is frozen forever: it is enum variant 1 of both message
-//! types and its fields never change, so two builds of any version can always tell each other apart with
+//! a message's layout bumps it. The hello itself is frozen forever: it is enum variant 1 of all four channel
+//! types (`link::{ToGuest, ToHost}`, `attach::{ToSupervisor, ToClient}`) and its fields never change, so two builds of any version can always tell each other apart with
 //! [`HandshakeError::VersionMismatch`] instead of a decode error.
 
 use serde::{Deserialize, Serialize};
@@ -14,13 +14,24 @@ use serde::{Deserialize, Serialize};
 use crate::frame::{self, FrameError};
 
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// First field of every hello: the bytes `VMBP`. Catches a peer that speaks something else entirely.
 pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"VMBP");
 
-/// The enum tag of `Hello` in both message types (frozen).
+/// The enum tag of `Hello` in every channel's message type (frozen).
 const HELLO_TAG: u32 = 1;
+
+/// A hello as the first message of any channel: it encodes to the bytes of `Hello(hello)` in each channel's
+/// message type, so a handshake needs no message type.
+#[derive(Debug)]
+pub struct HelloFrame<'a>(pub &'a Hello);
+
+impl Serialize for HelloFrame<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_newtype_variant("Hello", HELLO_TAG, "Hello", self.0)
+    }
+}
 
 /// What one side tells the other when a connection opens. Its layout is frozen.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -152,22 +163,17 @@ pub enum FirstFrameError {
     Handshake(#[from] HandshakeError),
 }
 
-/// Decodes the body of the first frame on a connection as a hello and checks it.
-///
-/// `extract` picks the hello out of the decoded message (`ToHost::Hello` or `ToGuest::Hello`).
+/// Decodes the body of the first frame on a connection, of any channel, as a hello and checks it.
 ///
 /// # Errors
 /// [`FirstFrameError`] for a bad frame, a message other than a hello, or a mismatch.
-pub fn accept_first<M: serde::de::DeserializeOwned>(
-    body: &[u8],
-    required: Capabilities,
-    extract: impl FnOnce(M) -> Option<Hello>,
-) -> Result<Hello, FirstFrameError> {
+pub fn accept_first(body: &[u8], required: Capabilities) -> Result<Hello, FirstFrameError> {
     let version = peek_version(body)?;
     if version != PROTOCOL_VERSION {
         return Err(HandshakeError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: version }.into());
     }
-    let hello = extract(frame::decode_body::<M>(body)?).ok_or(HandshakeError::NotHello)?;
+    // The tag is the hello's (`peek_version` checked it); the rest is exactly one `Hello`.
+    let hello = frame::decode_body::<Hello>(body.get(4..).unwrap_or_default())?;
     hello.check(required)?;
     Ok(hello)
 }
@@ -175,19 +181,13 @@ pub fn accept_first<M: serde::de::DeserializeOwned>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ToGuest, ToHost};
+    use crate::attach::{ToClient, ToSupervisor};
+    use crate::link::{ToGuest, ToHost};
 
     fn body_of<M: Serialize>(msg: &M) -> Vec<u8> {
         let mut wire = Vec::new();
         frame::encode(msg, &mut wire).unwrap();
         wire.split_off(frame::HEADER_BYTES)
-    }
-
-    fn host_hello(h: ToHost) -> Option<Hello> {
-        match h {
-            ToHost::Hello(h) => Some(h),
-            _ => None,
-        }
     }
 
     #[test]
@@ -202,7 +202,7 @@ mod tests {
     #[test]
     fn accepts_a_matching_hello() {
         let body = body_of(&ToHost::Hello(Hello::ours(Capabilities::EXEC, "test")));
-        let hello = accept_first(&body, Capabilities::EXEC, host_hello).unwrap();
+        let hello = accept_first(&body, Capabilities::EXEC).unwrap();
         assert_eq!(hello.software, "test");
     }
 
@@ -213,7 +213,7 @@ mod tests {
         let mut body = body_of(&ToHost::Hello(hello));
         // A future hello might carry more fields; the version must still come through.
         body.extend_from_slice(b"new fields");
-        let err = accept_first(&body, Capabilities::EXEC, host_hello).unwrap_err();
+        let err = accept_first(&body, Capabilities::EXEC).unwrap_err();
         assert!(matches!(
             err,
             FirstFrameError::Handshake(HandshakeError::VersionMismatch { theirs, .. }) if theirs == PROTOCOL_VERSION + 1
@@ -223,7 +223,7 @@ mod tests {
     #[test]
     fn rejects_missing_capabilities() {
         let body = body_of(&ToHost::Hello(Hello::ours(Capabilities::EXEC, "old")));
-        let err = accept_first(&body, Capabilities::EXEC.union(Capabilities::PTY), host_hello).unwrap_err();
+        let err = accept_first(&body, Capabilities::EXEC.union(Capabilities::PTY)).unwrap_err();
         assert!(matches!(
             err,
             FirstFrameError::Handshake(HandshakeError::MissingCapabilities { missing }) if missing == Capabilities::PTY
@@ -234,15 +234,24 @@ mod tests {
     fn rejects_a_first_frame_that_is_not_a_hello() {
         let body = body_of(&ToHost::Pong { nonce: 1 });
         assert!(matches!(
-            accept_first(&body, Capabilities::NONE, host_hello),
+            accept_first(&body, Capabilities::NONE),
             Err(FirstFrameError::Handshake(HandshakeError::NotHello))
         ));
     }
 
     #[test]
-    fn hello_tag_is_frozen_in_both_directions() {
+    fn hello_tag_is_frozen_on_both_channels_in_both_directions() {
         let hello = Hello::ours(Capabilities::NONE, "x");
-        assert_eq!(peek_version(&body_of(&ToHost::Hello(hello.clone()))), Ok(PROTOCOL_VERSION));
-        assert_eq!(peek_version(&body_of(&ToGuest::Hello(hello))), Ok(PROTOCOL_VERSION));
+        let generic = body_of(&HelloFrame(&hello));
+        assert_eq!(peek_version(&generic), Ok(PROTOCOL_VERSION));
+        for body in [
+            body_of(&ToHost::Hello(hello.clone())),
+            body_of(&ToGuest::Hello(hello.clone())),
+            body_of(&ToClient::Hello(hello.clone())),
+            body_of(&ToSupervisor::Hello(hello.clone())),
+        ] {
+            assert_eq!(body, generic);
+        }
+        assert_eq!(accept_first(&generic, Capabilities::NONE).unwrap(), hello);
     }
 }

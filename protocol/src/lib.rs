@@ -1,36 +1,46 @@
 //! The boundary protocol between the host (supervisor, driver) and the guest agent.
 //!
 //! One byte stream (a virtio-serial port today, vsock elsewhere) carries length-prefixed frames, each
-//! holding one bincode-encoded message. The same frames travel on the supervisor's attach socket, so a
-//! driver speaks to the supervisor exactly as the supervisor speaks to the guest.
+//! holding one bincode-encoded message. The same framing travels on the supervisor's attach socket, with a
+//! message type of its own per channel and direction, so each decoder accepts only what its channel carries.
 //!
 //! - [`frame`]: the wire format, its hard size limit, and a decoder that never panics on hostile bytes.
-//! - [`message`]: what each side may send ([`ToGuest`], [`ToHost`]).
+//! - [`link`]: supervisor and guest agent ([`link::ToGuest`], [`link::ToHost`]).
+//! - [`attach`]: attach client and supervisor ([`attach::ToSupervisor`], [`attach::ToClient`]).
+//! - [`message`]: what both channels share, the process messages ([`ProcessRequest`], [`ProcessEvent`]), and
+//!   the tag table of all four types.
 //! - [`handshake`]: the versioned hello that opens every connection.
 //! - [`identity`]: the fixed user and group workload processes run as in the guest.
 //! - [`policy`]: which boundary operations a sandbox's clients may use, and live updates of it.
 //! - [`process`]: process ids, exit statuses, named signals, output streams.
 //! - [`flow`]: credit windows that bound buffering on both sides.
-//! - `arbitrary` (feature `proptest`): generators of every message, for property tests on both sides.
+//! - `arbitrary` (feature `proptest`): generators of every channel's messages, for property tests on all sides.
 //! - `driver_api` (feature `grpc`): the gRPC API of `vm-driver serve`, generated from `proto/`.
 //!
 //! The wire format is documented in `docs/protocol.md`.
 //!
 //! ```
-//! use vm_protocol::{frame, ToHost, ProcId, Stream};
+//! use vm_protocol::{attach, frame, link, ProcId, ProcessEvent, Stream};
 //!
-//! let msg = ToHost::Output { id: ProcId(1), stream: Stream::Stdout, data: b"hi".to_vec().into() };
+//! let output = ProcessEvent::Output { id: ProcId(1), stream: Stream::Stdout, data: b"hi".to_vec().into() };
+//! let msg = link::ToHost::Process(output);
 //! let mut wire = Vec::new();
 //! frame::encode(&msg, &mut wire).unwrap();
-//! let (back, used) = frame::decode::<ToHost>(&wire).unwrap().unwrap();
+//! let (back, used) = frame::decode::<link::ToHost>(&wire).unwrap().unwrap();
 //! assert_eq!(back, msg);
 //! assert_eq!(used, wire.len());
+//!
+//! // A message of the attach socket only never decodes on the guest link.
+//! let mut wire = Vec::new();
+//! frame::encode(&attach::ToSupervisor::Supervisor(attach::SupervisorRequest::ListProcesses), &mut wire).unwrap();
+//! assert!(frame::decode::<link::ToGuest>(&wire).is_err());
 //! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 #[cfg(feature = "proptest")]
 pub mod arbitrary;
+pub mod attach;
 #[cfg(feature = "tokio")]
 pub mod codec;
 pub mod credentials;
@@ -40,6 +50,7 @@ pub mod flow;
 pub mod frame;
 pub mod handshake;
 pub mod identity;
+pub mod link;
 pub mod message;
 pub mod policy;
 pub mod process;
@@ -50,5 +61,5 @@ pub const CHANNEL_PORT_NAME: &str = "vm.boundary";
 pub use flow::{CreditError, Window};
 pub use frame::{FrameError, FrameViolation};
 pub use handshake::{Capabilities, HandshakeError, Hello, PROTOCOL_VERSION};
-pub use message::{Spawn, ToGuest, ToHost};
+pub use message::{ProcessEvent, ProcessRequest, Spawn};
 pub use process::{ExitStatus, ProcId, PtySize, SignalName, Stream};

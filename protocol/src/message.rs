@@ -1,23 +1,35 @@
-//! The messages each side may send. Direction is part of the type: a guest can never send `Spawn`, and a
-//! host can never send `Exited`.
+//! What both channels carry: the process messages, shared by the guest link ([`crate::link`]) and the
+//! attach socket ([`crate::attach`]) because they mean the same on both.
 //!
-//! Variant order is the wire tag: append new variants, never reorder. Tag 0 (`Reserved`) is never valid,
-//! and tag 1 is the frozen [`Hello`].
+//! **Tags.** Every channel type is an enum whose variant order is its wire tag, and all four share one
+//! table, so a tag means one thing wherever it is valid:
+//!
+//! | tag | towards the guest / supervisor | towards the host / client |
+//! |---|---|---|
+//! | 0 | reserved, never valid | reserved, never valid |
+//! | 1 | `Hello` (frozen) | `Hello` (frozen) |
+//! | 2 | `Process(`[`ProcessRequest`]`)` | `Process(`[`ProcessEvent`]`)` |
+//! | 3 | `Ping` | `Pong` |
+//! | 4 | guest link only: [`crate::link::VmRequest`] | (guest link only: none yet) |
+//! | 5 | attach socket only: [`crate::attach::SupervisorRequest`] | attach socket only: [`crate::attach::SupervisorReply`] |
+//!
+//! A tag a channel does not carry is a [`Never`] variant there: it cannot be built, and it never decodes,
+//! so each decoder accepts only its channel's messages. A new stream kind (network, files) takes the next
+//! free tag with its own request and event enums, on both channels; a message for one channel only goes
+//! inside that channel's sub-enum. Inside a sub-enum, too, variant order is the tag: append, never reorder.
 
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
-use crate::handshake::Hello;
 use crate::process::{ExitStatus, ProcId, PtySize, SignalName, Stream};
 
-/// Host (supervisor or driver) to guest agent (or to supervisor, on the attach socket).
+/// A tag this channel does not carry: no value exists, and decoding one always fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Never {}
+
+/// A request about one process, from the host (supervisor or driver) towards the guest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ToGuest {
-    /// Tag 0, never valid: an all-zero frame is not a message.
-    #[doc(hidden)]
-    Reserved,
-    /// Opens the connection (host's reply to the guest's hello).
-    Hello(Hello),
+pub enum ProcessRequest {
     /// Start a process.
     Spawn(Spawn),
     /// Bytes for a process's stdin, within the stdin credit the guest granted.
@@ -53,73 +65,11 @@ pub enum ToGuest {
         /// Bytes of additional output credit.
         bytes: u32,
     },
-    /// Answer with `Pong` carrying the same nonce.
-    Ping {
-        /// Echoed back.
-        nonce: u64,
-    },
-    /// Stop every process (SIGTERM, then SIGKILL after `grace_ms`) and power the VM off.
-    Shutdown {
-        /// Milliseconds between SIGTERM and SIGKILL.
-        grace_ms: u32,
-    },
-    /// Attach socket only: re-attach to a process whose client went away, taking it over as `id` on this
-    /// connection. The output held meanwhile is replayed after `Started`.
-    Reattach {
-        /// The id this connection will use for it.
-        id: ProcId,
-        /// Its guest pid (from `Started` or `Processes`).
-        pid: u32,
-    },
-    /// Attach socket only: list the running processes (answered with `Processes`).
-    ListProcesses,
-    /// Attach socket only (the driver): restrict or restore operations within the approved policy (answered
-    /// with `PolicyAck`).
-    UpdatePolicy(crate::policy::PolicyUpdate),
-    /// Attach socket only (the driver): new OTLP collector credentials (answered with `CredentialsAck`).
-    /// The supervisor keeps it; it never reaches the guest.
-    RotateCredentials(crate::credentials::CredentialRotation),
-    /// Attach socket only: this connection lets go of process `id`, which keeps running, detached, as if the
-    /// connection had closed (its uncredited output is kept for a `Reattach`). One connection can carry many
-    /// processes; each can be given up alone.
-    Detach {
-        /// The process, as this connection knows it.
-        id: ProcId,
-    },
-    /// Sent by the supervisor right after every hello, before any process: fresh host entropy and the host's
-    /// wall clock. The agent adds the bytes to the kernel's pool, forces the kernel RNG to reseed from it,
-    /// and sets the clock. A VM restored from a snapshot would otherwise serve every clone the RNG state and
-    /// the stale time it was saved with. Never from an attach client.
-    Reseed {
-        /// [`RESEED_BYTES`] bytes from the host's RNG (more or fewer is a violation).
-        entropy: HostEntropy,
-        /// The host's wall clock: nanoseconds since the Unix epoch.
-        unix_nanos: u64,
-    },
 }
 
-/// Seed material: its `Debug` shows the length only, so no log line can carry it.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HostEntropy(pub ByteBuf);
-
-impl std::fmt::Debug for HostEntropy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "HostEntropy({} bytes)", self.0.len())
-    }
-}
-
-/// Bytes of host entropy in a [`ToGuest::Reseed`]: 512 bits, twice what the kernel needs to call its RNG
-/// initialized.
-pub const RESEED_BYTES: usize = 64;
-
-/// Guest agent (or supervisor, on the attach socket) to host.
+/// What became of one process, from the guest towards the host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ToHost {
-    /// Tag 0, never valid.
-    #[doc(hidden)]
-    Reserved,
-    /// Opens the connection; the guest speaks first.
-    Hello(Hello),
+pub enum ProcessEvent {
     /// The process is running.
     Started {
         /// Which process.
@@ -155,23 +105,12 @@ pub enum ToHost {
         /// How it ended.
         status: ExitStatus,
     },
-    /// Answer to `Ping`.
-    Pong {
-        /// The ping's nonce.
-        nonce: u64,
-    },
     /// A request about `id` was refused; nothing else follows for it.
     Refused {
         /// Which process.
         id: ProcId,
         /// Why.
         reason: Refusal,
-    },
-    /// Attach socket only: the answer to `ListProcesses`.
-    Processes {
-        /// The processes still running.
-        #[serde(deserialize_with = "seq::deserialize")]
-        list: Vec<ProcessSummary>,
     },
     /// The process could not be started (command not found, not executable, no such directory): what a shell
     /// would print, and the status it would exit with. No `Started`, `Output` or `Exited` comes for it.
@@ -183,37 +122,38 @@ pub enum ToHost {
         /// One line for the process's stderr, at most [`MAX_FAILURE_MESSAGE_BYTES`].
         message: String,
     },
-    /// Attach socket only: the answer to `UpdatePolicy`, sent once every operation admitted before it has
-    /// been dispatched to the guest.
-    PolicyAck {
-        /// The update's revision.
-        revision: u64,
-        /// What became of it.
-        outcome: crate::policy::UpdateOutcome,
-    },
-    /// Attach socket only: the answer to `RotateCredentials`, sent once the slots hold the new credentials.
-    CredentialsAck {
-        /// What became of it.
-        outcome: crate::credentials::RotationOutcome,
-    },
+}
+
+impl ProcessEvent {
+    /// The process it is about.
+    pub fn id(&self) -> ProcId {
+        match self {
+            Self::Started { id, .. }
+            | Self::Output { id, .. }
+            | Self::StdinCredit { id, .. }
+            | Self::Exited { id, .. }
+            | Self::Refused { id, .. }
+            | Self::SpawnFailed { id, .. } => *id,
+        }
+    }
+}
+
+impl ProcessRequest {
+    /// The process it is about.
+    pub fn id(&self) -> ProcId {
+        match self {
+            Self::Spawn(spawn) => spawn.id,
+            Self::Stdin { id, .. }
+            | Self::StdinEof { id }
+            | Self::Signal { id, .. }
+            | Self::Resize { id, .. }
+            | Self::Credit { id, .. } => *id,
+        }
+    }
 }
 
 /// Longest `SpawnFailed::message`.
 pub const MAX_FAILURE_MESSAGE_BYTES: usize = 1024;
-
-/// One running process, as `Processes` lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProcessSummary {
-    /// Its guest pid.
-    pub pid: u32,
-    /// Its argv.
-    #[serde(deserialize_with = "seq::deserialize")]
-    pub argv: Vec<String>,
-    /// Whether a client is attached.
-    pub attached: bool,
-    /// Whether it runs on a PTY.
-    pub tty: bool,
-}
 
 /// Why a spawn or another request was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -310,5 +250,42 @@ mod seq {
         }
 
         d.deserialize_seq(Grow(PhantomData))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attach::{SupervisorReply, SupervisorRequest, ToClient, ToSupervisor};
+    use crate::credentials::RotationOutcome;
+    use crate::link::{HostEntropy, ToGuest, ToHost, VmRequest};
+
+    /// The first two `u32`s of a message's body: its tag, and its sub-message's.
+    fn tags(msg: &impl Serialize) -> (u32, u32) {
+        let mut wire = Vec::new();
+        crate::frame::encode(msg, &mut wire).unwrap();
+        let word = |at: usize| u32::from_le_bytes(wire[at..at + 4].try_into().unwrap());
+        (word(4), word(8))
+    }
+
+    #[test]
+    fn the_tag_table_of_docs_protocol_md_holds() {
+        let id = ProcId(1);
+        let data = ByteBuf::from(vec![1]);
+        assert_eq!(tags(&ToGuest::Process(ProcessRequest::StdinEof { id })), (2, 2));
+        assert_eq!(tags(&ToSupervisor::Process(ProcessRequest::Credit { id, bytes: 1 })), (2, 5));
+        assert_eq!(tags(&ToGuest::Ping { nonce: 7 }).0, 3);
+        assert_eq!(tags(&ToSupervisor::Ping { nonce: 7 }).0, 3);
+        let event = ProcessEvent::Output { id, stream: Stream::Stderr, data };
+        assert_eq!(tags(&ToHost::Process(event.clone())), (2, 1));
+        assert_eq!(tags(&ToClient::Process(event)), (2, 1));
+        assert_eq!(tags(&ToHost::Pong { nonce: 7 }).0, 3);
+        assert_eq!(tags(&ToClient::Pong { nonce: 7 }).0, 3);
+        let reseed = VmRequest::Reseed { entropy: HostEntropy(vec![0; 64].into()), unix_nanos: 0 };
+        assert_eq!(tags(&ToGuest::Vm(VmRequest::Shutdown { grace_ms: 9 })), (4, 0));
+        assert_eq!(tags(&ToGuest::Vm(reseed)), (4, 1));
+        assert_eq!(tags(&ToSupervisor::Supervisor(SupervisorRequest::Detach { id })), (5, 2));
+        let ack = SupervisorReply::CredentialsAck { outcome: RotationOutcome::Applied };
+        assert_eq!(tags(&ToClient::Supervisor(ack)), (5, 2));
     }
 }

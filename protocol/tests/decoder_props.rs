@@ -1,5 +1,7 @@
-//! Property tests for the frame decoder: hostile bytes never panic it, and never make it allocate beyond
-//! the frame limit. A counting allocator measures the largest single allocation made while decoding.
+//! Property tests for the frame decoder, on both channels and in both directions: hostile bytes never panic
+//! it, and never make it allocate beyond the frame limit; a message of one channel never decodes on the
+//! other unless it means the same there. A counting allocator measures the largest single allocation made
+//! while decoding.
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 #![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
@@ -10,9 +12,11 @@ use std::cell::Cell;
 use bytes::BytesMut;
 use proptest::prelude::*;
 use tokio_util::codec::Decoder;
+use vm_protocol::attach::{ToClient, ToSupervisor};
 use vm_protocol::codec::{FrameCodec, HostFrameReader};
 use vm_protocol::frame::{self, FrameError, HEADER_BYTES, MAX_FRAME_BYTES};
-use vm_protocol::{arbitrary, ToGuest, ToHost};
+use vm_protocol::link::{ToGuest, ToHost};
+use vm_protocol::{arbitrary, ProcessEvent};
 
 #[expect(clippy::cast_possible_truncation, reason = "128 KiB fits in u32")]
 const MAX_FRAME_BYTES_U32: u32 = MAX_FRAME_BYTES as u32;
@@ -60,24 +64,32 @@ fn largest_allocation(f: impl FnOnce()) -> usize {
     LARGEST.with(Cell::get)
 }
 
-fn decode_everything(bytes: &[u8]) {
-    let _ = frame::decode::<ToGuest>(bytes);
-    let _ = frame::decode::<ToHost>(bytes);
+/// Every decoder of one message type: one frame, the blocking reader, the async codec.
+fn decode_as<M: serde::de::DeserializeOwned>(bytes: &[u8]) {
+    let _ = frame::decode::<M>(bytes);
     let mut reader = bytes;
     let mut scratch = Vec::new();
-    while let Ok(Some(_)) = frame::read::<ToGuest, _>(&mut reader, &mut scratch) {}
-    let mut codec = FrameCodec::<ToHost, ToGuest>::new();
+    while let Ok(Some(_)) = frame::read::<M, _>(&mut reader, &mut scratch) {}
+    let mut codec = FrameCodec::<M, ()>::new();
     let mut buf = BytesMut::from(bytes);
     while let Ok(Some(_)) = codec.decode(&mut buf) {}
     let _ = codec.decode_eof(&mut buf);
 }
 
-/// How a stream of `ToHost` frames read: the messages, then a clean end (`None`) or the error's violation
-/// (`Some(None)` for a truncation or I/O error).
-type Reading = (Vec<ToHost>, Option<Option<frame::FrameViolation>>);
+/// Every decoder of every channel and direction.
+fn decode_everything(bytes: &[u8]) {
+    decode_as::<ToGuest>(bytes);
+    decode_as::<ToHost>(bytes);
+    decode_as::<ToSupervisor>(bytes);
+    decode_as::<ToClient>(bytes);
+}
 
-fn read_with_codec(bytes: &[u8]) -> Reading {
-    let mut codec = FrameCodec::<ToHost, ToGuest>::new();
+/// How a stream of frames towards a host read: the messages, then a clean end (`None`) or the error's
+/// violation (`Some(None)` for a truncation or I/O error).
+type Reading<M> = (Vec<M>, Option<Option<frame::FrameViolation>>);
+
+fn read_with_codec<M: serde::de::DeserializeOwned>(bytes: &[u8]) -> Reading<M> {
+    let mut codec = FrameCodec::<M, ()>::new();
     let mut buf = BytesMut::from(bytes);
     let mut msgs = Vec::new();
     loop {
@@ -97,10 +109,10 @@ fn read_with_codec(bytes: &[u8]) -> Reading {
     }
 }
 
-fn read_with_host_reader(bytes: &[u8]) -> Reading {
+fn read_with_host_reader<M: serde::de::DeserializeOwned + From<ProcessEvent>>(bytes: &[u8]) -> Reading<M> {
     let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
     runtime.block_on(async {
-        let mut reader = HostFrameReader::new(bytes);
+        let mut reader = HostFrameReader::<_, M>::new(bytes);
         let mut msgs = Vec::new();
         loop {
             match reader.next().await {
@@ -124,14 +136,76 @@ fn with_header(body: &[u8]) -> Vec<u8> {
     wire
 }
 
-/// Any id, and argv of any printable text.
+/// Argv of any printable text.
+fn commands() -> impl Strategy<Value = Vec<Vec<String>>> {
+    prop::collection::vec(prop::collection::vec("[ -~]{0,16}", 0..4), 1..4)
+}
+
+/// Any id.
 fn to_guest() -> impl Strategy<Value = ToGuest> {
-    let argv = prop::collection::vec(prop::collection::vec("[ -~]{0,16}", 0..4), 1..4);
-    argv.prop_flat_map(|commands| arbitrary::to_guest(0..u32::MAX, commands))
+    commands().prop_flat_map(|commands| arbitrary::link_to_guest(0..u32::MAX, commands))
 }
 
 fn to_host() -> impl Strategy<Value = ToHost> {
-    arbitrary::to_host(0..u32::MAX)
+    arbitrary::link_to_host(0..u32::MAX)
+}
+
+fn to_supervisor() -> impl Strategy<Value = ToSupervisor> {
+    commands().prop_flat_map(|commands| arbitrary::attach_to_supervisor(0..u32::MAX, commands))
+}
+
+fn to_client() -> impl Strategy<Value = ToClient> {
+    arbitrary::attach_to_client(0..u32::MAX)
+}
+
+/// The guest link's message that means what `msg` means on the attach socket, if the link has one.
+fn on_the_link(msg: &ToSupervisor) -> Option<ToGuest> {
+    match msg {
+        ToSupervisor::Hello(h) => Some(ToGuest::Hello(h.clone())),
+        ToSupervisor::Process(p) => Some(ToGuest::Process(p.clone())),
+        ToSupervisor::Ping { nonce } => Some(ToGuest::Ping { nonce: *nonce }),
+        ToSupervisor::Supervisor(_) => None,
+        ToSupervisor::Reserved(never) | ToSupervisor::LinkOnly(never) => match *never {},
+    }
+}
+
+/// The attach socket's message that means what `msg` means on the guest link, if the socket has one.
+fn on_the_socket(msg: &ToGuest) -> Option<ToSupervisor> {
+    match msg {
+        ToGuest::Hello(h) => Some(ToSupervisor::Hello(h.clone())),
+        ToGuest::Process(p) => Some(ToSupervisor::Process(p.clone())),
+        ToGuest::Ping { nonce } => Some(ToSupervisor::Ping { nonce: *nonce }),
+        ToGuest::Vm(_) => None,
+        ToGuest::Reserved(never) => match *never {},
+    }
+}
+
+/// The same for answers: the guest link's equivalent of a client's message.
+fn answer_on_the_link(msg: &ToClient) -> Option<ToHost> {
+    match msg {
+        ToClient::Hello(h) => Some(ToHost::Hello(h.clone())),
+        ToClient::Process(p) => Some(ToHost::Process(p.clone())),
+        ToClient::Pong { nonce } => Some(ToHost::Pong { nonce: *nonce }),
+        ToClient::Supervisor(_) => None,
+        ToClient::Reserved(never) | ToClient::LinkOnly(never) => match *never {},
+    }
+}
+
+fn answer_on_the_socket(msg: &ToHost) -> ToClient {
+    match msg {
+        ToHost::Hello(h) => ToClient::Hello(h.clone()),
+        ToHost::Process(p) => ToClient::Process(p.clone()),
+        ToHost::Pong { nonce } => ToClient::Pong { nonce: *nonce },
+        ToHost::Reserved(never) => match *never {},
+    }
+}
+
+/// Decodes a whole frame as `M`: the message, or `None` for any error.
+fn decoded<M: serde::de::DeserializeOwned>(wire: &[u8]) -> Option<M> {
+    frame::decode::<M>(wire).ok().flatten().map(|(m, used)| {
+        assert_eq!(used, wire.len());
+        m
+    })
 }
 
 /// A structured mutation of an encoded frame: the kinds of damage a hostile peer would try.
@@ -222,9 +296,12 @@ proptest! {
     fn mutated_frames_never_panic_or_overallocate(
         to_host_msg in to_host(),
         to_guest_msg in to_guest(),
+        to_client_msg in to_client(),
+        to_supervisor_msg in to_supervisor(),
         mutations in prop::collection::vec(mutation(), 1..4),
     ) {
-        for mut wire in [encoded(&to_host_msg), encoded(&to_guest_msg)] {
+        let frames = [encoded(&to_host_msg), encoded(&to_guest_msg), encoded(&to_client_msg), encoded(&to_supervisor_msg)];
+        for mut wire in frames {
             for m in &mutations {
                 mutate(&mut wire, m);
             }
@@ -235,42 +312,74 @@ proptest! {
 
     #[test]
     fn the_host_reader_reads_what_the_codec_reads(
-        msgs in prop::collection::vec(to_host(), 1..4),
+        link in prop::collection::vec(to_host(), 1..4),
+        socket in prop::collection::vec(to_client(), 1..4),
         mutations in prop::collection::vec(mutation(), 0..3),
         cut in any::<prop::sample::Index>(),
         whole in any::<bool>(),
     ) {
-        let mut wire = Vec::new();
-        for (i, msg) in msgs.iter().enumerate() {
-            let mut one = encoded(msg);
-            if i == msgs.len() - 1 {
-                for m in &mutations {
-                    mutate(&mut one, m);
+        let stream = |frames: Vec<Vec<u8>>| {
+            let mut wire = Vec::new();
+            let last = frames.len() - 1;
+            for (i, mut one) in frames.into_iter().enumerate() {
+                if i == last {
+                    for m in &mutations {
+                        mutate(&mut one, m);
+                    }
                 }
+                wire.extend_from_slice(&one);
             }
-            wire.extend_from_slice(&one);
-        }
-        if !whole {
-            wire.truncate(cut.index(wire.len() + 1));
-        }
+            if !whole {
+                wire.truncate(cut.index(wire.len() + 1));
+            }
+            wire
+        };
+        let link = stream(link.iter().map(encoded).collect());
+        let socket = stream(socket.iter().map(encoded).collect());
         let largest = largest_allocation(|| {
-            let _ = read_with_host_reader(&wire);
+            let _ = read_with_host_reader::<ToHost>(&link);
+            let _ = read_with_host_reader::<ToClient>(&socket);
         });
         prop_assert!(largest <= MAX_FRAME_BYTES + 64 * 1024, "largest allocation {largest}");
-        prop_assert_eq!(read_with_host_reader(&wire), read_with_codec(&wire));
+        prop_assert_eq!(read_with_host_reader::<ToHost>(&link), read_with_codec::<ToHost>(&link));
+        prop_assert_eq!(read_with_host_reader::<ToClient>(&socket), read_with_codec::<ToClient>(&socket));
     }
 
     #[test]
     fn the_host_reader_reads_random_bytes_as_the_codec_does(bytes in prop::collection::vec(any::<u8>(), 0..4096)) {
-        prop_assert_eq!(read_with_host_reader(&bytes), read_with_codec(&bytes));
+        prop_assert_eq!(read_with_host_reader::<ToHost>(&bytes), read_with_codec::<ToHost>(&bytes));
+        prop_assert_eq!(read_with_host_reader::<ToClient>(&bytes), read_with_codec::<ToClient>(&bytes));
     }
 
     #[test]
-    fn every_message_round_trips_both_ways(to_host_msg in to_host(), to_guest_msg in to_guest()) {
+    fn every_message_round_trips_on_both_channels_both_ways(
+        to_host_msg in to_host(),
+        to_guest_msg in to_guest(),
+        to_client_msg in to_client(),
+        to_supervisor_msg in to_supervisor(),
+    ) {
         let wire = encoded(&to_host_msg);
         prop_assert_eq!(frame::decode::<ToHost>(&wire).unwrap(), Some((to_host_msg, wire.len())));
         let wire = encoded(&to_guest_msg);
         prop_assert_eq!(frame::decode::<ToGuest>(&wire).unwrap(), Some((to_guest_msg, wire.len())));
+        let wire = encoded(&to_client_msg);
+        prop_assert_eq!(frame::decode::<ToClient>(&wire).unwrap(), Some((to_client_msg, wire.len())));
+        let wire = encoded(&to_supervisor_msg);
+        prop_assert_eq!(frame::decode::<ToSupervisor>(&wire).unwrap(), Some((to_supervisor_msg, wire.len())));
+    }
+
+    #[test]
+    fn a_message_of_one_channel_never_decodes_on_the_other_as_something_else(
+        to_host_msg in to_host(),
+        to_guest_msg in to_guest(),
+        to_client_msg in to_client(),
+        to_supervisor_msg in to_supervisor(),
+    ) {
+        // A shared tag means the same on both channels; a tag of one channel only never decodes on the other.
+        prop_assert_eq!(decoded::<ToGuest>(&encoded(&to_supervisor_msg)), on_the_link(&to_supervisor_msg));
+        prop_assert_eq!(decoded::<ToSupervisor>(&encoded(&to_guest_msg)), on_the_socket(&to_guest_msg));
+        prop_assert_eq!(decoded::<ToHost>(&encoded(&to_client_msg)), answer_on_the_link(&to_client_msg));
+        prop_assert_eq!(decoded::<ToClient>(&encoded(&to_host_msg)), Some(answer_on_the_socket(&to_host_msg)));
     }
 
     #[test]
@@ -287,8 +396,8 @@ proptest! {
 
 #[test]
 fn huge_announced_sequence_lengths_do_not_preallocate() {
-    // A Spawn whose argv claims u64::MAX entries: tag, id, then the length.
-    let mut body = 2u32.to_le_bytes().to_vec();
+    // A Spawn whose argv claims u64::MAX entries: the tags of `Process` and `Spawn`, id, then the length.
+    let mut body = [2u32.to_le_bytes(), 0u32.to_le_bytes()].concat();
     body.extend_from_slice(&7u32.to_le_bytes());
     body.extend_from_slice(&u64::MAX.to_le_bytes());
     let wire = with_header(&body);
@@ -300,13 +409,35 @@ fn huge_announced_sequence_lengths_do_not_preallocate() {
 fn a_frame_of_many_empty_strings_stays_within_the_limit() {
     // The densest argv a frame can hold: as many empty strings as fit (8 bytes each).
     let count = (MAX_FRAME_BYTES - 64) / 8;
-    let mut body = 2u32.to_le_bytes().to_vec();
+    let mut body = [2u32.to_le_bytes(), 0u32.to_le_bytes()].concat();
     body.extend_from_slice(&7u32.to_le_bytes());
     body.extend_from_slice(&(count as u64).to_le_bytes());
     body.extend(std::iter::repeat_n(0u8, count * 8));
     let wire = with_header(&body);
     let mut result = None;
-    let largest = largest_allocation(|| result = Some(frame::decode::<ToGuest>(&wire).map(|_| ())));
+    let largest = largest_allocation(|| result = Some(frame::decode::<ToSupervisor>(&wire).map(|_| ())));
     assert!(matches!(result, Some(Err(FrameError::Malformed(_)))), "more than MAX_SEQ_ITEMS entries");
     assert!(largest <= MAX_FRAME_BYTES, "largest allocation {largest}");
+}
+
+#[test]
+fn the_tags_of_one_channel_only_are_refused_on_the_other_whatever_follows() {
+    // Tag 4 is the guest link's, tag 5 the attach socket's, tag 0 nobody's: behind each, the bodies of every
+    // sub-message (and nothing, and zeros) decode on neither wrong channel.
+    let tails: Vec<Vec<u8>> = (0..8u32)
+        .flat_map(|inner| [inner.to_le_bytes().to_vec(), [inner.to_le_bytes(), [0; 4]].concat(), vec![0; 64]])
+        .chain([Vec::new()])
+        .collect();
+    for tail in &tails {
+        let body = |tag: u32| with_header(&[tag.to_le_bytes().as_slice(), tail].concat());
+        for tag in [0, 5] {
+            assert!(decoded::<ToGuest>(&body(tag)).is_none(), "tag {tag} on the link, {tail:?}");
+            assert!(decoded::<ToHost>(&body(tag)).is_none(), "tag {tag} towards the supervisor, {tail:?}");
+        }
+        for tag in [0, 4] {
+            assert!(decoded::<ToSupervisor>(&body(tag)).is_none(), "tag {tag} on the socket, {tail:?}");
+            assert!(decoded::<ToClient>(&body(tag)).is_none(), "tag {tag} towards the client, {tail:?}");
+        }
+        assert!(decoded::<ToHost>(&body(4)).is_none(), "the link has no answer at tag 4 yet");
+    }
 }

@@ -10,7 +10,9 @@
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
-use vm_protocol::{FrameError, ToGuest, ToHost};
+use vm_protocol::attach::ToSupervisor;
+use vm_protocol::link::ToHost;
+use vm_protocol::{FrameError, ProcessEvent, ProcessRequest};
 
 use crate::mux::ClientId;
 use crate::serve::attach_server::ClientHandle;
@@ -66,7 +68,7 @@ pub enum FromClient {
     /// A client finished its handshake.
     Connected(ClientId, ClientHandle),
     /// A message, with the byte permits it holds.
-    Message(ClientId, ToGuest, Permit),
+    Message(ClientId, ToSupervisor, Permit),
     /// The client disconnected or sent bytes that are not frames.
     Closed(ClientId),
 }
@@ -132,17 +134,16 @@ async fn permit(budget: &Arc<Semaphore>, limit: u32, bytes: usize) -> Permit {
 /// The in-memory size of a message, roughly: its data and a fixed overhead.
 fn size_of_guest(msg: &ToHost) -> usize {
     64 + match msg {
-        ToHost::Output { data, .. } => data.len(),
-        ToHost::SpawnFailed { message, .. } => message.len(),
-        ToHost::Processes { list } => list.iter().map(|p| p.argv.iter().map(String::len).sum::<usize>()).sum(),
+        ToHost::Process(ProcessEvent::Output { data, .. }) => data.len(),
+        ToHost::Process(ProcessEvent::SpawnFailed { message, .. }) => message.len(),
         _ => 0,
     }
 }
 
-fn size_of_client(msg: &ToGuest) -> usize {
+fn size_of_client(msg: &ToSupervisor) -> usize {
     64 + match msg {
-        ToGuest::Stdin { data, .. } => data.len(),
-        ToGuest::Spawn(s) => {
+        ToSupervisor::Process(ProcessRequest::Stdin { data, .. }) => data.len(),
+        ToSupervisor::Process(ProcessRequest::Spawn(s)) => {
             s.argv.iter().map(String::len).sum::<usize>()
                 + s.env.iter().map(|e| e.key.len() + e.value.len()).sum::<usize>()
         }
@@ -163,7 +164,7 @@ impl Senders {
     }
 
     /// Queues a client's message, waiting for room. `false` once the loop is gone.
-    pub async fn client(&self, id: ClientId, msg: ToGuest) -> bool {
+    pub async fn client(&self, id: ClientId, msg: ToSupervisor) -> bool {
         let permit = permit(&self.client_bytes, CLIENT_QUEUE_BYTES, size_of_client(&msg)).await;
         self.clients.send(FromClient::Message(id, msg, permit)).await.is_ok()
     }
@@ -197,7 +198,8 @@ mod tests {
     #[tokio::test]
     async fn a_full_guest_queue_makes_the_reader_wait_and_stop_requests_never_do() {
         let (senders, mut inbox) = new();
-        let big = || ToHost::Output { id: ProcId(1), stream: Stream::Stdout, data: vec![0; 1 << 20].into() };
+        let big =
+            || ProcessEvent::Output { id: ProcId(1), stream: Stream::Stdout, data: vec![0; 1 << 20].into() }.into();
         let mut sent = 0;
         while tokio::time::timeout(std::time::Duration::from_millis(50), senders.guest(big())).await.is_ok() {
             sent += 1;

@@ -8,6 +8,8 @@ use vm_contract::shape::SandboxShape;
 use vm_contract::snapshot::max_state_bytes;
 use vm_contract::test_control::{TestControl, VAR};
 
+use crate::telemetry::TelemetryControls;
+
 /// The migration stream's cap under the `snapshot-stream-cap` fault injection: far below any guest's memory.
 const INJECTED_STREAM_CAP_BYTES: u64 = 1024 * 1024;
 
@@ -33,6 +35,8 @@ pub struct Safeguards {
     pub full_stream_cap: bool,
     /// Failures are logged in fixed text and library logs are silenced (off: `verbose-failure-logs`).
     pub quiet_failures: bool,
+    /// What the telemetry sinks are told (`jsonl-sink-fails`, `no-telemetry-limits`, `verbose-failure-logs`).
+    pub telemetry: TelemetryControls,
     /// The environment of the supervisor's children (the jailer, the watchdog): the switches that are on, so
     /// that theirs reach them too; empty in a release build.
     pub child_env: Vec<(&'static str, String)>,
@@ -59,6 +63,11 @@ impl Safeguards {
             log_caps: on(TestControl::NoLogCaps),
             full_stream_cap: on(TestControl::SnapshotStreamCap),
             quiet_failures: on(TestControl::VerboseFailureLogs),
+            telemetry: TelemetryControls {
+                jsonl_fails: !on(TestControl::JsonlSinkFails),
+                no_limits: !on(TestControl::NoTelemetryLimits),
+                verbose_failures: !on(TestControl::VerboseFailureLogs),
+            },
             child_env: if names.is_empty() { Vec::new() } else { vec![(VAR, names.join(","))] },
         }
     }
@@ -92,6 +101,7 @@ mod tests {
         assert!(all.admit_descriptor && all.identity_at_claim && all.require_echo && all.guest_invariants);
         assert!(all.serialized_policy && all.reseed_restored && all.log_caps && all.full_stream_cap);
         assert!(all.quiet_failures && all.child_env.is_empty());
+        assert_eq!(all.telemetry, TelemetryControls::default());
         assert_eq!(all.log_cap(10), 10);
         assert_eq!(all.stream_cap_bytes(SandboxShape::default()), max_state_bytes(SandboxShape::default()));
     }
@@ -125,5 +135,9 @@ mod tests {
         assert_eq!(off.log_cap(10), u64::MAX);
         assert_eq!(off.stream_cap_bytes(SandboxShape::default()), INJECTED_STREAM_CAP_BYTES);
         assert_eq!(off.child_env, vec![(VAR, "no-log-caps,snapshot-stream-cap".to_owned())]);
+        let sinks = Safeguards::from_controls(&[TestControl::JsonlSinkFails, TestControl::NoTelemetryLimits]).telemetry;
+        assert!(sinks.jsonl_fails && sinks.no_limits && !sinks.verbose_failures);
+        let verbose = Safeguards::from_controls(&[TestControl::VerboseFailureLogs]);
+        assert!(verbose.telemetry.verbose_failures && !verbose.quiet_failures);
     }
 }

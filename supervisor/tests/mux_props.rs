@@ -1,6 +1,8 @@
 //! Stateful property test of the multiplexer: random sequences of every client and guest message, clients
 //! coming and going, the sandbox starting to stop. Whatever arrives, nothing panics, what each client is
 //! sent follows the protocol, what the guest is sent follows it too, and the state stays within its bounds.
+//! Frames of the other channel (the guest link's from a client, the attach socket's from the guest) go
+//! through the decoder first, as they would on the sockets: only what means the same on both gets through.
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 #![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
@@ -8,8 +10,10 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
+use vm_protocol::attach::{SupervisorReply, ToClient, ToSupervisor};
+use vm_protocol::link::{ToGuest, ToHost};
 use vm_protocol::message::Refusal;
-use vm_protocol::{arbitrary, ProcId, ToGuest, ToHost};
+use vm_protocol::{arbitrary, frame, ProcId, ProcessEvent, ProcessRequest};
 use vm_supervisor::mux::{Action, ClientId, Mux, MAX_FINISHED_DETACHED, MAX_PROCESSES, OUTPUT_BUDGET_BYTES};
 
 /// Few ids and clients, so messages hit live processes.
@@ -20,8 +24,12 @@ const CLIENTS: u64 = 3;
 enum Op {
     Connect(u64),
     Disconnect(u64),
-    FromClient(u64, ToGuest),
+    FromClient(u64, ToSupervisor),
     FromGuest(ToHost),
+    /// A frame of the guest link's type, from a client.
+    LinkFrameFromClient(u64, ToGuest),
+    /// A frame of the attach socket's type, from the guest.
+    AttachFrameFromGuest(ToClient),
     /// A well-behaved guest's next step for the `n`th process it was asked to spawn (so sequences reach
     /// deep states, not only the first violation).
     Polite(prop::sample::Index, u16),
@@ -33,8 +41,10 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         1 => (1..=CLIENTS).prop_map(Op::Connect),
         1 => (1..=CLIENTS).prop_map(Op::Disconnect),
-        6 => ((1..=CLIENTS), arbitrary::to_guest(IDS, commands)).prop_map(|(c, m)| Op::FromClient(c, m)),
-        3 => arbitrary::to_host(IDS).prop_map(Op::FromGuest),
+        6 => ((1..=CLIENTS), arbitrary::attach_to_supervisor(IDS, commands.clone())).prop_map(|(c, m)| Op::FromClient(c, m)),
+        3 => arbitrary::link_to_host(IDS).prop_map(Op::FromGuest),
+        1 => ((1..=CLIENTS), arbitrary::link_to_guest(IDS, commands)).prop_map(|(c, m)| Op::LinkFrameFromClient(c, m)),
+        1 => arbitrary::attach_to_client(IDS).prop_map(Op::AttachFrameFromGuest),
         6 => (any::<prop::sample::Index>(), 1..2048u16).prop_map(|(i, n)| Op::Polite(i, n)),
         1 => Just(Op::StopAccepting),
     ]
@@ -65,15 +75,19 @@ impl Peers {
     fn check(&mut self, actions: &[Action]) -> Result<(), TestCaseError> {
         for action in actions {
             match action {
-                Action::ToGuest(ToGuest::Spawn(s)) => {
+                Action::ToGuest(ToGuest::Process(ProcessRequest::Spawn(s))) => {
                     prop_assert!(s.id.0 > self.highest_spawn, "guest ids must increase: {:?}", s.id);
                     prop_assert!(!s.argv.is_empty());
                     self.highest_spawn = s.id.0;
                     self.spawned.push((s.id, s.output_window, false));
                 }
-                Action::ToGuest(ToGuest::Credit { bytes, .. }) => prop_assert!(*bytes > 0, "zero credit to the guest"),
-                Action::ToGuest(ToGuest::Stdin { data, .. }) => prop_assert!(!data.is_empty(), "empty stdin"),
-                Action::ToGuest(ToGuest::Hello(_) | ToGuest::Reserved | ToGuest::Reattach { .. }) => {
+                Action::ToGuest(ToGuest::Process(ProcessRequest::Credit { bytes, .. })) => {
+                    prop_assert!(*bytes > 0, "zero credit to the guest");
+                }
+                Action::ToGuest(ToGuest::Process(ProcessRequest::Stdin { data, .. })) => {
+                    prop_assert!(!data.is_empty(), "empty stdin");
+                }
+                Action::ToGuest(ToGuest::Hello(_) | ToGuest::Vm(_)) => {
                     prop_assert!(false, "not for the guest: {action:?}");
                 }
                 Action::ToClient(client, msg) => self.sent_to_client(*client, msg)?,
@@ -84,38 +98,44 @@ impl Peers {
         Ok(())
     }
 
-    fn sent_to_client(&mut self, client: ClientId, msg: &ToHost) -> Result<(), TestCaseError> {
-        let state = self.clients.get(&(client, msg_id(msg))).copied();
+    fn sent_to_client(&mut self, client: ClientId, msg: &ToClient) -> Result<(), TestCaseError> {
         match msg {
-            ToHost::Started { id, .. } => {
+            ToClient::Process(event) => self.event_to_client(client, event)?,
+            ToClient::Supervisor(SupervisorReply::Processes { list }) => prop_assert!(list.len() <= MAX_PROCESSES),
+            // The supervisor answers a client's Ping itself.
+            ToClient::Pong { .. } | ToClient::Supervisor(_) => {}
+            ToClient::Hello(_) => prop_assert!(false, "not for a client: {msg:?}"),
+            ToClient::Reserved(never) | ToClient::LinkOnly(never) => match *never {},
+        }
+        Ok(())
+    }
+
+    fn event_to_client(&mut self, client: ClientId, msg: &ProcessEvent) -> Result<(), TestCaseError> {
+        let state = self.clients.get(&(client, msg.id())).copied();
+        match msg {
+            ProcessEvent::Started { id, .. } => {
                 prop_assert_eq!(state, None, "a second Started");
                 self.clients.insert((client, *id), Seen::Started);
             }
-            ToHost::Output { data, .. } => {
+            ProcessEvent::Output { data, .. } => {
                 prop_assert_eq!(state, Some(Seen::Started), "output outside Started..Exited");
                 prop_assert!(!data.is_empty(), "empty output to a client");
             }
-            ToHost::Exited { id, status } => {
+            ProcessEvent::Exited { id, status } => {
                 prop_assert_eq!(state, Some(Seen::Started), "Exited without Started, or twice");
                 prop_assert!(status.is_plausible());
                 self.clients.insert((client, *id), Seen::Ended);
             }
-            ToHost::SpawnFailed { id, status, .. } => {
+            ProcessEvent::SpawnFailed { id, status, .. } => {
                 prop_assert_eq!(state, None, "SpawnFailed after Started");
                 prop_assert!(status.is_plausible());
                 self.clients.insert((client, *id), Seen::Ended);
             }
             // A spawn reusing an id is refused, whatever that id's process is doing: the client's own doing.
-            ToHost::Refused { reason: Refusal::IdNotIncreasing, .. } => {}
-            ToHost::Refused { id, .. } if self.reused.contains(&(client, *id)) => {}
-            ToHost::Refused { .. } => prop_assert!(state != Some(Seen::Started), "a running process refused"),
-            ToHost::StdinCredit { bytes, .. } => prop_assert!(*bytes > 0, "zero stdin credit to a client"),
-            ToHost::Processes { list } => prop_assert!(list.len() <= MAX_PROCESSES),
-            // The supervisor answers a client's Ping itself.
-            ToHost::Pong { .. } | ToHost::PolicyAck { .. } | ToHost::CredentialsAck { .. } => {}
-            ToHost::Hello(_) | ToHost::Reserved => {
-                prop_assert!(false, "not for a client: {msg:?}");
-            }
+            ProcessEvent::Refused { reason: Refusal::IdNotIncreasing, .. } => {}
+            ProcessEvent::Refused { id, .. } if self.reused.contains(&(client, *id)) => {}
+            ProcessEvent::Refused { .. } => prop_assert!(state != Some(Seen::Started), "a running process refused"),
+            ProcessEvent::StdinCredit { bytes, .. } => prop_assert!(*bytes > 0, "zero stdin credit to a client"),
         }
         Ok(())
     }
@@ -124,18 +144,19 @@ impl Peers {
 impl Peers {
     /// Keeps the polite guest's view in step with an accepted message of the random one.
     fn guest_sent(&mut self, msg: &ToHost) {
-        let id = msg_id(msg);
+        let ToHost::Process(msg) = msg else { return };
+        let id = msg.id();
         let Some(i) = self.spawned.iter().position(|(p, ..)| *p == id) else { return };
         match msg {
-            ToHost::Started { .. } => self.spawned[i].2 = true,
-            ToHost::Output { data, .. } => {
+            ProcessEvent::Started { .. } => self.spawned[i].2 = true,
+            ProcessEvent::Output { data, .. } => {
                 let used = u32::try_from(data.len()).unwrap_or(u32::MAX);
                 self.spawned[i].1 = self.spawned[i].1.saturating_sub(used);
             }
-            ToHost::Exited { .. } | ToHost::SpawnFailed { .. } | ToHost::Refused { .. } => {
+            ProcessEvent::Exited { .. } | ProcessEvent::SpawnFailed { .. } | ProcessEvent::Refused { .. } => {
                 self.spawned.swap_remove(i);
             }
-            _ => {}
+            ProcessEvent::StdinCredit { .. } => {}
         }
     }
 
@@ -150,28 +171,32 @@ impl Peers {
         let id = *id;
         if !*started {
             *started = true;
-            return Some(ToHost::Started { id, pid: 1000 + id.0, stdin_window: 4096, output_window: *window });
+            return Some(ToHost::Process(ProcessEvent::Started {
+                id,
+                pid: 1000 + id.0,
+                stdin_window: 4096,
+                output_window: *window,
+            }));
         }
         if u32::from(len) <= *window && len % 8 != 0 {
             *window -= u32::from(len);
             let data = vec![b'x'; usize::from(len)];
-            return Some(ToHost::Output { id, stream: vm_protocol::Stream::Stdout, data: data.into() });
+            return Some(ToHost::Process(ProcessEvent::Output {
+                id,
+                stream: vm_protocol::Stream::Stdout,
+                data: data.into(),
+            }));
         }
         self.spawned.swap_remove(i);
-        Some(ToHost::Exited { id, status: vm_protocol::ExitStatus::Code(0) })
+        Some(ToHost::Process(ProcessEvent::Exited { id, status: vm_protocol::ExitStatus::Code(0) }))
     }
 }
 
-fn msg_id(msg: &ToHost) -> ProcId {
-    match msg {
-        ToHost::Started { id, .. }
-        | ToHost::Output { id, .. }
-        | ToHost::StdinCredit { id, .. }
-        | ToHost::Exited { id, .. }
-        | ToHost::Refused { id, .. }
-        | ToHost::SpawnFailed { id, .. } => *id,
-        _ => ProcId(0),
-    }
+/// `msg` encoded as a frame and decoded as an `M`, as a socket of the other channel would read it.
+fn decode<M: serde::de::DeserializeOwned>(msg: &impl serde::Serialize) -> Option<M> {
+    let mut wire = Vec::new();
+    frame::encode(msg, &mut wire).unwrap();
+    frame::decode::<M>(&wire).ok().flatten().map(|(m, _)| m)
 }
 
 proptest! {
@@ -202,7 +227,7 @@ proptest! {
                 Op::FromClient(c, msg) => {
                     // Messages of a client that is not connected never reach the mux.
                     let Some(client) = current.get(&c).copied() else { continue };
-                    if let ToGuest::Spawn(spawn) = &msg {
+                    if let ToSupervisor::Process(ProcessRequest::Spawn(spawn)) = &msg {
                         if !peers.spawned_by_clients.insert((client, spawn.id)) {
                             peers.reused.insert((client, spawn.id));
                         }
@@ -228,6 +253,36 @@ proptest! {
                     let actions = mux.from_guest(msg.clone());
                     prop_assert!(actions.is_ok(), "a polite guest's {msg:?} was refused: {actions:?}");
                     peers.check(&actions.unwrap_or_default())?;
+                }
+                Op::LinkFrameFromClient(c, msg) => {
+                    // The attach server decodes a client's frames as the socket's type; a frame that does not
+                    // decode disconnects the client.
+                    let Some(client) = current.get(&c).copied() else { continue };
+                    let decoded = decode::<ToSupervisor>(&msg);
+                    let link_only = matches!(msg, ToGuest::Vm(_));
+                    prop_assert!(!(link_only && decoded.is_some()), "{msg:?} decoded on the attach socket");
+                    match decoded.map(|m| mux.from_client(client, m)) {
+                        Some(Ok(actions)) => peers.check(&actions)?,
+                        Some(Err(_)) | None => {
+                            mux.remove_client(client);
+                            current.remove(&c);
+                        }
+                    }
+                }
+                Op::AttachFrameFromGuest(msg) => {
+                    // The guest link decodes the guest's frames as the link's type; one that does not decode
+                    // stops the sandbox.
+                    let decoded = decode::<ToHost>(&msg);
+                    let socket_only = matches!(msg, ToClient::Supervisor(_));
+                    prop_assert!(!(socket_only && decoded.is_some()), "{msg:?} decoded on the guest link");
+                    let Some(msg) = decoded else { break };
+                    match mux.from_guest(msg.clone()) {
+                        Ok(actions) => {
+                            peers.guest_sent(&msg);
+                            peers.check(&actions)?;
+                        }
+                        Err(_) => break,
+                    }
                 }
                 Op::StopAccepting => mux.stop_accepting(),
             }

@@ -5,8 +5,9 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use vm_contract::layout::SandboxFile;
 
+use vm_protocol::attach::{SupervisorRequest, ToClient, ToSupervisor};
 use vm_protocol::flow::DEFAULT_WINDOW_BYTES;
-use vm_protocol::{frame, Capabilities, ExitStatus, Hello, ProcId, Spawn, ToGuest, ToHost};
+use vm_protocol::{frame, Capabilities, ExitStatus, Hello, ProcId, ProcessEvent, ProcessRequest, Spawn};
 
 /// A handshaken attach connection.
 #[derive(Debug)]
@@ -22,11 +23,11 @@ impl AttachClient {
         let mut stream =
             UnixStream::connect(sandbox_dir.join(SandboxFile::Attach.name())).expect("connect to attach.sock");
         let mut scratch = Vec::new();
-        match frame::read::<ToHost, _>(&mut stream, &mut scratch).unwrap() {
-            Some(ToHost::Hello(h)) => h.check(Capabilities::EXEC).unwrap(),
+        match frame::read::<ToClient, _>(&mut stream, &mut scratch).unwrap() {
+            Some(ToClient::Hello(h)) => h.check(Capabilities::EXEC).unwrap(),
             other => panic!("expected hello, got {other:?}"),
         }
-        frame::write(&mut stream, &ToGuest::Hello(Hello::ours(Capabilities::NONE, "e2e-client")), &mut Vec::new())
+        frame::write(&mut stream, &ToSupervisor::Hello(Hello::ours(Capabilities::NONE, "e2e-client")), &mut Vec::new())
             .unwrap();
         Self { stream, scratch, next_id: 1 }
     }
@@ -42,14 +43,19 @@ impl AttachClient {
                 self.start(argv);
                 started += 1;
             }
-            match frame::read::<ToHost, _>(&mut self.stream, &mut self.scratch).unwrap() {
-                Some(ToHost::Exited { status, .. }) => statuses.push(status),
-                Some(ToHost::Output { id, data, .. }) => {
+            match frame::read::<ToClient, _>(&mut self.stream, &mut self.scratch).unwrap() {
+                Some(ToClient::Process(ProcessEvent::Exited { status, .. })) => statuses.push(status),
+                Some(ToClient::Process(ProcessEvent::Output { id, data, .. })) => {
                     let bytes = u32::try_from(data.len()).unwrap();
-                    frame::write(&mut self.stream, &ToGuest::Credit { id, bytes }, &mut out).unwrap();
+                    frame::write(
+                        &mut self.stream,
+                        &ToSupervisor::Process(ProcessRequest::Credit { id, bytes }),
+                        &mut out,
+                    )
+                    .unwrap();
                 }
-                Some(ToHost::Refused { reason, .. }) => panic!("spawn refused: {reason:?}"),
-                Some(ToHost::SpawnFailed { status, .. }) => statuses.push(status),
+                Some(ToClient::Process(ProcessEvent::Refused { reason, .. })) => panic!("spawn refused: {reason:?}"),
+                Some(ToClient::Process(ProcessEvent::SpawnFailed { status, .. })) => statuses.push(status),
                 Some(_) => {}
                 None => panic!("the sandbox closed the attach connection"),
             }
@@ -64,7 +70,7 @@ impl AttachClient {
     }
 
     /// A `Spawn` of `argv` under a new id, not sent.
-    pub fn spawn_message(&mut self, argv: &[&str]) -> (ProcId, ToGuest) {
+    pub fn spawn_message(&mut self, argv: &[&str]) -> (ProcId, ToSupervisor) {
         let id = self.next();
         let spawn = Spawn {
             id,
@@ -74,11 +80,11 @@ impl AttachClient {
             pty: None,
             output_window: DEFAULT_WINDOW_BYTES,
         };
-        (id, ToGuest::Spawn(spawn))
+        (id, ToSupervisor::Process(ProcessRequest::Spawn(spawn)))
     }
 
     /// Sends `msgs` in one write, so that the supervisor finds them queued together, in this order.
-    pub fn send_together(&mut self, msgs: &[ToGuest]) {
+    pub fn send_together(&mut self, msgs: &[ToSupervisor]) {
         let mut wire = Vec::new();
         for msg in msgs {
             frame::encode(msg, &mut wire).unwrap();
@@ -87,12 +93,15 @@ impl AttachClient {
     }
 
     /// Reads, crediting all output, until `done` is true of what was read; returns it all, in order.
-    pub fn read_until(&mut self, mut done: impl FnMut(&[ToHost]) -> bool) -> Vec<ToHost> {
+    pub fn read_until(&mut self, mut done: impl FnMut(&[ToClient]) -> bool) -> Vec<ToClient> {
         let mut seen = Vec::new();
         while !done(&seen) {
             let msg = self.recv().expect("the sandbox closed the attach connection");
-            if let ToHost::Output { id, data, .. } = &msg {
-                self.send(&ToGuest::Credit { id: *id, bytes: u32::try_from(data.len()).unwrap() });
+            if let ToClient::Process(ProcessEvent::Output { id, data, .. }) = &msg {
+                self.send(&ToSupervisor::Process(ProcessRequest::Credit {
+                    id: *id,
+                    bytes: u32::try_from(data.len()).unwrap(),
+                }));
             }
             seen.push(msg);
         }
@@ -104,16 +113,17 @@ impl AttachClient {
         let (id, spawn) = self.spawn_message(argv);
         self.send(&spawn);
         // A process that already exited may have closed its stdin: nothing to close then.
-        let _ = frame::write(&mut self.stream, &ToGuest::StdinEof { id }, &mut Vec::new());
+        let _ =
+            frame::write(&mut self.stream, &ToSupervisor::Process(ProcessRequest::StdinEof { id }), &mut Vec::new());
         id
     }
 
-    fn send(&mut self, msg: &ToGuest) {
+    fn send(&mut self, msg: &ToSupervisor) {
         frame::write(&mut self.stream, msg, &mut Vec::new()).unwrap();
     }
 
-    fn recv(&mut self) -> Option<ToHost> {
-        frame::read::<ToHost, _>(&mut self.stream, &mut self.scratch).unwrap()
+    fn recv(&mut self) -> Option<ToClient> {
+        frame::read::<ToClient, _>(&mut self.stream, &mut self.scratch).unwrap()
     }
 
     /// Starts `argv` with an empty stdin and returns its guest pid, reading nothing else.
@@ -121,8 +131,11 @@ impl AttachClient {
         let id = self.start(argv);
         loop {
             match self.recv() {
-                Some(ToHost::Started { id: got, pid, .. }) if got == id => return pid,
-                Some(other @ (ToHost::Refused { .. } | ToHost::SpawnFailed { .. })) => panic!("not started: {other:?}"),
+                Some(ToClient::Process(ProcessEvent::Started { id: got, pid, .. })) if got == id => return pid,
+                Some(
+                    other @ (ToClient::Process(ProcessEvent::Refused { .. })
+                    | ToClient::Process(ProcessEvent::SpawnFailed { .. })),
+                ) => panic!("not started: {other:?}"),
                 Some(_) => {}
                 None => panic!("the sandbox closed the attach connection"),
             }
@@ -133,17 +146,21 @@ impl AttachClient {
     /// stdout and status.
     pub fn reattach(&mut self, pid: u32) -> (Vec<u8>, ExitStatus) {
         let id = self.next();
-        self.send(&ToGuest::Reattach { id, pid });
+        self.send(&ToSupervisor::Supervisor(SupervisorRequest::Reattach { id, pid }));
         let mut stdout = Vec::new();
         loop {
             match self.recv() {
-                Some(ToHost::Output { id: got, data, .. }) if got == id => {
+                Some(ToClient::Process(ProcessEvent::Output { id: got, data, .. })) if got == id => {
                     stdout.extend_from_slice(&data);
                     let bytes = u32::try_from(data.len()).unwrap();
-                    self.send(&ToGuest::Credit { id, bytes });
+                    self.send(&ToSupervisor::Process(ProcessRequest::Credit { id, bytes }));
                 }
-                Some(ToHost::Exited { id: got, status }) if got == id => return (stdout, status),
-                Some(ToHost::Refused { reason, .. }) => panic!("re-attach refused: {reason:?}"),
+                Some(ToClient::Process(ProcessEvent::Exited { id: got, status })) if got == id => {
+                    return (stdout, status)
+                }
+                Some(ToClient::Process(ProcessEvent::Refused { reason, .. })) => {
+                    panic!("re-attach refused: {reason:?}")
+                }
                 Some(_) => {}
                 None => panic!("the sandbox closed the attach connection"),
             }

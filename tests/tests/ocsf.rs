@@ -81,3 +81,18 @@ fn the_validator_rejects_broken_events() {
     let cloud = broken(&|e| e["cloud"] = serde_json::json!({"provider": "x"}));
     assert!(cloud.iter().any(|p| p.contains("cloud profile")), "a profile attribute without the profile: {cloud:?}");
 }
+
+#[test]
+fn every_class_is_the_extracts_and_every_extracted_class_is_emitted() {
+    let path = schema_dir().join("schema.json");
+    let root: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let extracted = root["classes"].as_object().unwrap();
+    for class in vm_ocsf::Class::ALL {
+        let schema = &extracted[&class.uid.to_string()];
+        assert_eq!(schema["name"], class.name, "{class:?}");
+        assert_eq!(schema["category_uid"], class.category.uid, "{class:?}");
+    }
+    assert_eq!(extracted.len(), vm_ocsf::Class::ALL.len(), "a class of the extract has no vm_ocsf::Class");
+    let built: std::collections::HashSet<u32> = every_kind_of_event().iter().map(|e| e.class.uid).collect();
+    assert_eq!(built.len(), vm_ocsf::Class::ALL.len(), "every class is validated above");
+}

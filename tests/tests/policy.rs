@@ -12,9 +12,10 @@ use vm_contract::test_control::TestControl;
 use vm_e2e::attach::AttachClient;
 use vm_e2e::serve::Serve;
 use vm_e2e::Scratch;
+use vm_protocol::attach::{SupervisorReply, SupervisorRequest, ToClient, ToSupervisor};
 use vm_protocol::message::Refusal;
 use vm_protocol::policy::{Operation, PolicyUpdate, UpdateOutcome};
-use vm_protocol::{ExitStatus, ProcId, ToGuest, ToHost};
+use vm_protocol::{ExitStatus, ProcId, ProcessEvent};
 
 fn text(out: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
@@ -159,29 +160,29 @@ fn an_exec_allow_list_admits_only_its_programs_and_bad_policies_are_refused_at_c
 /// The race, on one attach connection, in one write so the supervisor finds it queued together: an exec
 /// (which runs for a second), a revocation of exec, and an exec queued behind the revocation. Returns the
 /// two execs' ids and everything the client read until both were answered.
-fn race(serve: &Serve, id: &str) -> (ProcId, ProcId, Vec<ToHost>) {
+fn race(serve: &Serve, id: &str) -> (ProcId, ProcId, Vec<ToClient>) {
     let mut client = AttachClient::connect(&serve.state.join("sandboxes").join(id));
     let (in_flight, first) = client.spawn_message(&["sh", "-c", "sleep 1; echo in-flight-done"]);
     let revoke = PolicyUpdate { revision: 1, allow: vec![Operation::Stdin, Operation::ListProcesses], run_as: None };
     let (queued, second) = client.spawn_message(&["echo", "queued-ran"]);
-    client.send_together(&[first, ToGuest::UpdatePolicy(revoke), second]);
-    let answered = |seen: &[ToHost], id: ProcId| {
-        seen.iter().any(|m| matches!(m, ToHost::Exited { id: i, .. } | ToHost::Refused { id: i, .. } if *i == id))
+    client.send_together(&[first, ToSupervisor::Supervisor(SupervisorRequest::UpdatePolicy(revoke)), second]);
+    let answered = |seen: &[ToClient], id: ProcId| {
+        seen.iter().any(|m| matches!(m, ToClient::Process(ProcessEvent::Exited { id: i, .. }) | ToClient::Process(ProcessEvent::Refused { id: i, .. }) if *i == id))
     };
     let seen = client.read_until(|seen| answered(seen, in_flight) && answered(seen, queued));
     eprintln!("e2e: the client read, in order: {seen:?}");
     (in_flight, queued, seen)
 }
 
-fn position(seen: &[ToHost], what: impl Fn(&ToHost) -> bool) -> Option<usize> {
+fn position(seen: &[ToClient], what: impl Fn(&ToClient) -> bool) -> Option<usize> {
     seen.iter().position(what)
 }
 
-fn stdout_of(seen: &[ToHost], id: ProcId) -> String {
+fn stdout_of(seen: &[ToClient], id: ProcId) -> String {
     let bytes: Vec<u8> = seen
         .iter()
         .filter_map(|m| match m {
-            ToHost::Output { id: i, data, .. } if *i == id => Some(data.to_vec()),
+            ToClient::Process(ProcessEvent::Output { id: i, data, .. }) if *i == id => Some(data.to_vec()),
             _ => None,
         })
         .flatten()
@@ -197,14 +198,22 @@ fn a_revocation_serializes_with_dispatch_the_exec_before_it_runs_and_the_one_beh
     let serve = Serve::start(&s);
     create_with_policy(&s, &serve, "race", r#"{"allow":["exec","stdin","list_processes"]}"#);
     let (in_flight, queued, seen) = race(&serve, "race");
-    let ack = position(&seen, |m| matches!(m, ToHost::PolicyAck { revision: 1, outcome: UpdateOutcome::Applied }));
+    let ack = position(&seen, |m| {
+        matches!(m, ToClient::Supervisor(SupervisorReply::PolicyAck { revision: 1, outcome: UpdateOutcome::Applied }))
+    });
     assert!(ack.is_some(), "the revocation is acknowledged as applied");
-    assert!(position(&seen, |m| matches!(m, ToHost::Started { id, .. } if *id == in_flight)).is_some());
+    assert!(position(&seen, |m| matches!(m, ToClient::Process(ProcessEvent::Started { id, .. }) if *id == in_flight))
+        .is_some());
     assert_eq!(stdout_of(&seen, in_flight).trim(), "in-flight-done", "the exec in flight runs to its end");
-    assert!(seen.iter().any(|m| matches!(m, ToHost::Exited { id, status: ExitStatus::Code(0) } if *id == in_flight)));
-    let refused = |m: &ToHost| matches!(m, ToHost::Refused { id, reason: Refusal::Denied } if *id == queued);
+    assert!(seen.iter().any(
+        |m| matches!(m, ToClient::Process(ProcessEvent::Exited { id, status: ExitStatus::Code(0) }) if *id == in_flight)
+    ));
+    let refused = |m: &ToClient| matches!(m, ToClient::Process(ProcessEvent::Refused { id, reason: Refusal::Denied }) if *id == queued);
     assert!(position(&seen, refused).is_some(), "the queued exec is denied");
-    assert!(!seen.iter().any(|m| matches!(m, ToHost::Started { id, .. } if *id == queued)), "and never started");
+    assert!(
+        !seen.iter().any(|m| matches!(m, ToClient::Process(ProcessEvent::Started { id, .. }) if *id == queued)),
+        "and never started"
+    );
     let denials: Vec<String> =
         messages(&serve, "race", 2004).into_iter().filter(|m| m.contains("exec denied at policy revision 1")).collect();
     assert_eq!(denials.len(), 1, "{denials:?}");
@@ -219,8 +228,10 @@ fn control_without_serialization_a_queued_exec_is_admitted_after_the_acknowledgm
     let serve = Serve::with_controls(&s, &[TestControl::UnserializedPolicy]);
     create_with_policy(&s, &serve, "race", r#"{"allow":["exec","stdin","list_processes"]}"#);
     let (_, queued, seen) = race(&serve, "race");
-    let ack = position(&seen, |m| matches!(m, ToHost::PolicyAck { revision: 1, .. })).expect("acknowledged");
-    let started = position(&seen, |m| matches!(m, ToHost::Started { id, .. } if *id == queued));
+    let ack = position(&seen, |m| matches!(m, ToClient::Supervisor(SupervisorReply::PolicyAck { revision: 1, .. })))
+        .expect("acknowledged");
+    let started =
+        position(&seen, |m| matches!(m, ToClient::Process(ProcessEvent::Started { id, .. }) if *id == queued));
     assert!(started.is_some_and(|at| at > ack), "control: the queued exec started after the acknowledgment");
     assert_eq!(stdout_of(&seen, queued).trim(), "queued-ran");
 }
@@ -291,11 +302,15 @@ fn the_process_cap_denies_an_exec_beyond_it() {
     let mut client = AttachClient::connect(&serve.state.join("sandboxes/c"));
     let (long, spawn) = client.spawn_message(&["sleep", "3"]);
     client.send_together(&[spawn]);
-    client.read_until(|seen| seen.iter().any(|m| matches!(m, ToHost::Started { id, .. } if *id == long)));
+    client.read_until(|seen| {
+        seen.iter().any(|m| matches!(m, ToClient::Process(ProcessEvent::Started { id, .. }) if *id == long))
+    });
     let out = exec_echo(&serve, "c", "over");
     assert!(!out.status.success() && text(&out).contains("denied"), "{}", text(&out));
     let findings = messages(&serve, "c", 2004);
     assert!(findings.iter().any(|f| f.contains("max_processes are running")), "{findings:?}");
-    client.read_until(|seen| seen.iter().any(|m| matches!(m, ToHost::Exited { id, .. } if *id == long)));
+    client.read_until(|seen| {
+        seen.iter().any(|m| matches!(m, ToClient::Process(ProcessEvent::Exited { id, .. }) if *id == long))
+    });
     assert!(delivered(&exec_echo(&serve, "c", "room"), "room"), "room again after the first exited");
 }

@@ -10,9 +10,9 @@ use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
-use vm_contract::test_control::TestControl;
+use vm_protocol::attach::{SupervisorRequest, ToClient, ToSupervisor};
 use vm_protocol::codec::FrameCodec;
-use vm_protocol::{Capabilities, ProcId, ToGuest, ToHost};
+use vm_protocol::{Capabilities, ProcId, ProcessEvent};
 
 use super::{STREAM_FRAMES, WRITE_QUEUE};
 
@@ -45,7 +45,7 @@ struct RouteState {
 
 #[derive(Debug)]
 struct Route {
-    tx: mpsc::Sender<ToHost>,
+    tx: mpsc::Sender<ProcessEvent>,
     state: Arc<RouteState>,
 }
 
@@ -61,10 +61,12 @@ type OnClose = Box<dyn FnOnce() + Send>;
 
 struct Shared {
     routes: Mutex<Routes>,
-    writes: mpsc::Sender<ToGuest>,
+    writes: mpsc::Sender<ToSupervisor>,
     closed: CancellationToken,
     on_close: Mutex<Option<OnClose>>,
     capabilities: Capabilities,
+    /// The head-of-line control: the reader waits on each process's one-frame queue.
+    head_of_line: bool,
 }
 
 impl std::fmt::Debug for Shared {
@@ -95,18 +97,20 @@ impl Shared {
         }
     }
 
-    /// Hands one frame to its process, never waiting on it (but under the head-of-line control).
-    async fn route(&self, msg: ToHost) {
+    /// Hands one frame to its process, never waiting on it (but under the head-of-line control). What is not
+    /// about a process (acknowledgments, pongs, lists) answers the short control connections: ignored here.
+    async fn route(&self, msg: ToClient) {
+        let ToClient::Process(msg) = msg else { return };
         if let Some((tx, msg)) = self.try_route(msg) {
             let _ = tx.send(msg).await;
         }
     }
 
     /// Queues `msg` for its process; under the head-of-line control, returns the queue to wait on instead.
-    fn try_route(&self, msg: ToHost) -> Option<(mpsc::Sender<ToHost>, ToHost)> {
-        let id = process_of(&msg)?;
+    fn try_route(&self, msg: ProcessEvent) -> Option<(mpsc::Sender<ProcessEvent>, ProcessEvent)> {
+        let id = msg.id();
         let bytes = match &msg {
-            ToHost::Output { data, .. } => data.len() as u64,
+            ProcessEvent::Output { data, .. } => data.len() as u64,
             _ => 0,
         };
         let mut routes = self.lock();
@@ -114,7 +118,7 @@ impl Shared {
         let route = routes.live.get(&id)?;
         // Counted before the stream can take it (it subtracts what it takes).
         let before = route.state.queued.fetch_add(bytes, Ordering::AcqRel);
-        if crate::control(TestControl::ExecMuxHeadOfLine) {
+        if self.head_of_line {
             return Some((route.tx.clone(), msg));
         }
         let full = if before + bytes > route.state.limit {
@@ -136,25 +140,6 @@ impl Shared {
     }
 }
 
-/// The process a supervisor's message is about, if any (acknowledgments, pongs and lists are for the short
-/// control connections, and ignored here).
-fn process_of(msg: &ToHost) -> Option<ProcId> {
-    match msg {
-        ToHost::Started { id, .. }
-        | ToHost::Output { id, .. }
-        | ToHost::StdinCredit { id, .. }
-        | ToHost::Exited { id, .. }
-        | ToHost::SpawnFailed { id, .. }
-        | ToHost::Refused { id, .. } => Some(*id),
-        ToHost::Pong { .. }
-        | ToHost::Processes { .. }
-        | ToHost::PolicyAck { .. }
-        | ToHost::CredentialsAck { .. }
-        | ToHost::Hello(_)
-        | ToHost::Reserved => None,
-    }
-}
-
 /// A handshaken attach connection shared by many processes.
 #[derive(Debug, Clone)]
 pub struct Conn {
@@ -163,7 +148,13 @@ pub struct Conn {
 
 impl Conn {
     /// Starts the reader and writer on a handshaken connection; `on_close` runs once when it breaks.
-    pub fn start(stream: UnixStream, capabilities: Capabilities, on_close: impl FnOnce() + Send + 'static) -> Self {
+    /// `head_of_line` is the `exec-mux-head-of-line` control (off but in its causal test).
+    pub fn start(
+        stream: UnixStream,
+        capabilities: Capabilities,
+        head_of_line: bool,
+        on_close: impl FnOnce() + Send + 'static,
+    ) -> Self {
         let (read, write) = stream.into_split();
         let (writes, queued) = mpsc::channel(WRITE_QUEUE);
         let shared = Arc::new(Shared {
@@ -172,6 +163,7 @@ impl Conn {
             closed: CancellationToken::new(),
             on_close: Mutex::new(Some(Box::new(on_close))),
             capabilities,
+            head_of_line,
         });
         tokio::spawn(read_frames(read, Arc::clone(&shared)));
         tokio::spawn(write_frames(write, queued, Arc::clone(&shared)));
@@ -198,7 +190,11 @@ impl Conn {
     ///
     /// # Errors
     /// [`Lost::Connection`] when the connection is closed.
-    pub async fn open(&self, output_window: u32, opening: impl FnOnce(ProcId) -> ToGuest) -> Result<Process, Lost> {
+    pub async fn open(
+        &self,
+        output_window: u32,
+        opening: impl FnOnce(ProcId) -> ToSupervisor,
+    ) -> Result<Process, Lost> {
         let permit = self.shared.writes.reserve().await.map_err(|_| Lost::Connection)?;
         let mut routes = self.shared.lock();
         if routes.closed {
@@ -210,7 +206,7 @@ impl Conn {
             // Ids must increase: after four billion processes, new ones take a new connection.
             None => routes.closed = true,
         }
-        let frames = if crate::control(TestControl::ExecMuxHeadOfLine) { 1 } else { STREAM_FRAMES };
+        let frames = if self.shared.head_of_line { 1 } else { STREAM_FRAMES };
         let (tx, rx) = mpsc::channel(frames);
         let state = Arc::new(RouteState {
             queued: AtomicU64::new(0),
@@ -226,7 +222,7 @@ impl Conn {
 }
 
 async fn read_frames(read: OwnedReadHalf, shared: Arc<Shared>) {
-    let mut frames = FramedRead::new(read, FrameCodec::<ToHost, ToGuest>::new());
+    let mut frames = FramedRead::new(read, FrameCodec::<ToClient, ToSupervisor>::new());
     loop {
         let next = tokio::select! {
             next = frames.next() => next,
@@ -238,8 +234,8 @@ async fn read_frames(read: OwnedReadHalf, shared: Arc<Shared>) {
     shared.close();
 }
 
-async fn write_frames(write: OwnedWriteHalf, mut queued: mpsc::Receiver<ToGuest>, shared: Arc<Shared>) {
-    let mut sink = FramedWrite::new(write, FrameCodec::<ToHost, ToGuest>::new());
+async fn write_frames(write: OwnedWriteHalf, mut queued: mpsc::Receiver<ToSupervisor>, shared: Arc<Shared>) {
+    let mut sink = FramedWrite::new(write, FrameCodec::<ToClient, ToSupervisor>::new());
     loop {
         let next = tokio::select! {
             next = queued.recv() => next,
@@ -268,7 +264,7 @@ async fn write_frames(write: OwnedWriteHalf, mut queued: mpsc::Receiver<ToGuest>
 #[derive(Debug)]
 pub struct Process {
     id: ProcId,
-    rx: mpsc::Receiver<ToHost>,
+    rx: mpsc::Receiver<ProcessEvent>,
     state: Arc<RouteState>,
     conn: Conn,
 }
@@ -283,10 +279,10 @@ impl Process {
     ///
     /// # Errors
     /// Why its stream ended: [`Lost`].
-    pub async fn recv(&mut self) -> Result<ToHost, Lost> {
+    pub async fn recv(&mut self) -> Result<ProcessEvent, Lost> {
         match self.rx.recv().await {
             Some(msg) => {
-                if let ToHost::Output { data, .. } = &msg {
+                if let ProcessEvent::Output { data, .. } = &msg {
                     self.state.queued.fetch_sub(data.len() as u64, Ordering::AcqRel);
                 }
                 Ok(msg)
@@ -300,8 +296,8 @@ impl Process {
     ///
     /// # Errors
     /// [`Lost::Connection`].
-    pub async fn send(&self, msg: ToGuest) -> Result<(), Lost> {
-        self.conn.shared.writes.send(msg).await.map_err(|_| Lost::Connection)
+    pub async fn send(&self, msg: impl Into<ToSupervisor>) -> Result<(), Lost> {
+        self.conn.shared.writes.send(msg.into()).await.map_err(|_| Lost::Connection)
     }
 
     /// Ends the stream. With `detach`, the process keeps running without it, its undelivered output held by
@@ -309,7 +305,7 @@ impl Process {
     pub async fn release(self, detach: bool) {
         self.unroute();
         if detach {
-            let _ = self.send(ToGuest::Detach { id: self.id }).await;
+            let _ = self.send(SupervisorRequest::Detach { id: self.id }).await;
         }
     }
 

@@ -16,12 +16,14 @@ type Slot = tokio::sync::Mutex<Option<Conn>>;
 #[derive(Debug, Default)]
 pub struct Connections {
     slots: Mutex<HashMap<PathBuf, Arc<Slot>>>,
+    /// The `exec-mux-head-of-line` control, for every connection made.
+    head_of_line: bool,
 }
 
 impl Connections {
-    /// None yet.
-    pub fn new() -> Arc<Self> {
-        Arc::new(Self::default())
+    /// None yet; `head_of_line` is the `exec-mux-head-of-line` control (see [`Conn::start`]).
+    pub fn new(head_of_line: bool) -> Arc<Self> {
+        Arc::new(Self { slots: Mutex::default(), head_of_line })
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<PathBuf, Arc<Slot>>> {
@@ -54,7 +56,7 @@ impl Connections {
         match attach_client::handshaken(layout).await {
             Ok((stream, capabilities)) => {
                 let (connections, weak_slot, at) = (Arc::downgrade(self), Arc::downgrade(&slot), key);
-                let conn = Conn::start(stream, capabilities, move || {
+                let conn = Conn::start(stream, capabilities, self.head_of_line, move || {
                     if let Some(connections) = connections.upgrade() {
                         connections.forget(&at, &weak_slot);
                     }

@@ -61,10 +61,10 @@ pub fn recorded(sandbox_dir: &Path) -> Option<PathBuf> {
     (path.parent()?.file_name()? == "vm-driver").then_some(path)
 }
 
-/// Kills everything left in `cgroup`, waits for it to empty and removes it. Returns whether anything was
-/// still running.
-pub fn sweep(cgroup: &Path) -> bool {
-    if crate::control(vm_contract::test_control::TestControl::NoCgroupSweep) {
+/// Kills everything left in `cgroup`, waits for it to empty and removes it (but under the `no-cgroup-sweep`
+/// control). Returns whether anything was still running.
+pub fn sweep(cgroup: &Path, controls: crate::controls::Reaper) -> bool {
+    if controls.no_cgroup_sweep {
         return false;
     }
     let populated = || fs::read_to_string(cgroup.join("cgroup.events")).is_ok_and(|e| e.contains("populated 1"));

@@ -13,6 +13,7 @@
 //!         write the tombstone
 //! ```
 
+mod start_files;
 pub mod supervisor;
 
 use std::path::PathBuf;
@@ -21,18 +22,19 @@ use std::time::Duration;
 use vm_contract::accel::AccelChoice;
 use vm_contract::args::SupervisorArgs;
 use vm_contract::auth::{AuthBundle, BundleError};
-use vm_contract::descriptor::{Backend, LaunchDescriptor, MicrovmPayload};
+use vm_contract::descriptor::Backend;
 use vm_contract::ids::SandboxId;
 use vm_contract::jail::Confinement;
 use vm_contract::layout::{SandboxFile, SandboxLayout};
 use vm_contract::session::{Generation, SessionId};
 use vm_contract::shape::SandboxShape;
 use vm_contract::status::SupervisorStatus;
-use vm_contract::test_control::TestControl;
 use vm_contract::tombstone::{EndReason, Tombstone};
 use vm_protocol::policy::SandboxPolicy;
 
-use self::supervisor::{Followed, Ready, Stopped, SupervisorError, SupervisorProcess};
+use self::start_files::write_start_files;
+use self::supervisor::{Followed, Liveness, Ready, Stopped, SupervisorError, SupervisorProcess};
+use crate::controls::Controls;
 use crate::image::Image;
 use crate::jail::JailConfig;
 use crate::procs::ExitWatch;
@@ -86,6 +88,8 @@ pub struct StartSpec {
     pub jail: JailConfig,
     /// The approved policy; none: every operation.
     pub policy: Option<SandboxPolicy>,
+    /// The test controls (all off but in the causal tests).
+    pub controls: Controls,
 }
 
 /// The session a supervisor of `serve` opens.
@@ -149,6 +153,7 @@ pub struct Running {
     sup: SupervisorProcess,
     layout: SandboxLayout,
     cgroup: Option<PathBuf>,
+    controls: Controls,
     boot_timeout: Duration,
     ready_by: tokio::time::Instant,
     /// The VMM, watched from the ready verdict on.
@@ -167,6 +172,7 @@ pub struct Stopping {
     pub report: Option<SupervisorStatus>,
     layout: SandboxLayout,
     cgroup: Option<PathBuf>,
+    controls: Controls,
 }
 
 /// Starts a generation. On failure nothing is left: the bundle is taken back, the cgroup swept, and the
@@ -177,7 +183,7 @@ pub struct Stopping {
 pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
     clear_last_generation(&spec.layout);
     if let Err(e) = write_start_files(spec) {
-        reap::end_generation(&spec.layout, None, EndReason::Failed);
+        reap::end_generation(&spec.layout, None, EndReason::Failed, spec.controls.reaper);
         return Err(e);
     }
     launch(spec, None)
@@ -213,19 +219,6 @@ fn clear_last_generation(layout: &SandboxLayout) {
     AuthBundle::remove(layout.dir());
 }
 
-/// What a start hands the supervisor in files: the auth bundle (0600), the approved policy and the launch
-/// descriptor. On failure the caller ends the generation, which takes the bundle back.
-fn write_start_files(spec: &StartSpec) -> Result<(), StartError> {
-    let dir = spec.layout.dir();
-    let bundle = AuthBundle {
-        otlp_headers: spec.otlp_headers.clone(),
-        session_token: spec.session.as_ref().map(|s| s.token.clone()),
-    };
-    bundle.write(dir)?;
-    write_policy(&spec.layout, spec.policy.as_ref()).map_err(StartError::Policy)?;
-    LaunchDescriptor::microvm(&descriptor_payload(spec)).write(dir).map_err(StartError::Descriptor)
-}
-
 /// Claims the jail id and the cgroups, and starts the supervisor (`pooled`: with no identity).
 fn launch(spec: &StartSpec, pooled_start: Option<&PooledStart>) -> Result<Running, StartError> {
     let pooled = pooled_start.is_some();
@@ -234,7 +227,7 @@ fn launch(spec: &StartSpec, pooled_start: Option<&PooledStart>) -> Result<Runnin
         Confinement::Jail => match crate::jail::claim(spec.jail.ids, &spec.layout) {
             Ok(id) => Some(id),
             Err(e) => {
-                reap::end_generation(&spec.layout, None, EndReason::Failed);
+                reap::end_generation(&spec.layout, None, EndReason::Failed, spec.controls.reaper);
                 return Err(e.into());
             }
         },
@@ -247,7 +240,7 @@ fn launch(spec: &StartSpec, pooled_start: Option<&PooledStart>) -> Result<Runnin
         match crate::cgroup::limits::create(&name, dir, spec.jail.limits(u64::from(spec.shape.memory_mib()))) {
             Ok(made) => made,
             Err(e) => {
-                reap::end_generation(&spec.layout, cgroup.as_deref(), EndReason::Failed);
+                reap::end_generation(&spec.layout, cgroup.as_deref(), EndReason::Failed, spec.controls.reaper);
                 return Err(StartError::Limits(e));
             }
         }
@@ -287,16 +280,21 @@ fn launch(spec: &StartSpec, pooled_start: Option<&PooledStart>) -> Result<Runnin
         backend: Backend::Microvm,
     };
     // A pooled VM learns its telemetry settings at its claim, never at spawn (but in the control).
-    let telemetry = if pooled && !crate::control(TestControl::PoolIdentityAtBoot) {
+    let telemetry = if pooled && !spec.controls.lifecycle.pool_identity_at_boot {
         TelemetryConfig::default()
     } else {
         spec.telemetry.clone()
     };
-    match SupervisorProcess::spawn(&spec.supervisor, &args, &telemetry) {
+    let liveness = Liveness {
+        leak_write_end: spec.controls.lifecycle.leak_liveness_write_end,
+        close_first: spec.controls.lifecycle.close_liveness_first,
+    };
+    match SupervisorProcess::spawn(&spec.supervisor, &args, &telemetry, liveness) {
         Ok(sup) => Ok(Running {
             sup,
             layout: spec.layout.clone(),
             cgroup,
+            controls: spec.controls,
             boot_timeout: spec.boot_timeout,
             ready_by: tokio::time::Instant::now() + spec.boot_timeout + READY_MARGIN,
             vmm: ExitWatch::Unwatched,
@@ -304,40 +302,10 @@ fn launch(spec: &StartSpec, pooled_start: Option<&PooledStart>) -> Result<Runnin
         }),
         Err(e) => {
             // Nothing runs: take back the credentials and the cgroup made for it.
-            reap::end_generation(&spec.layout, cgroup.as_deref(), EndReason::Failed);
+            reap::end_generation(&spec.layout, cgroup.as_deref(), EndReason::Failed, spec.controls.reaper);
             Err(e.into())
         }
     }
-}
-
-/// What this start's launch descriptor says (or, under fault injection, misstates).
-fn descriptor_payload(spec: &StartSpec) -> MicrovmPayload {
-    let mut payload = MicrovmPayload {
-        sandbox_id: spec.id.to_string(),
-        session_id: spec.session.as_ref().map(|s| s.id.as_str().to_owned()),
-        generation: spec.session.as_ref().map_or(0, |s| s.generation.0),
-    };
-    if crate::control(TestControl::DescriptorWrongSandbox) {
-        payload.sandbox_id.push_str("-other");
-    }
-    if crate::control(TestControl::DescriptorWrongSession) {
-        payload.session_id = Some(SessionId::from_bytes([0xee; 16]).as_str().to_owned());
-    }
-    if crate::control(TestControl::DescriptorWrongGeneration) {
-        payload.generation += 1;
-    }
-    payload
-}
-
-/// Writes the approved policy (0600) where the supervisor reads it at start; without one, removes a stale file.
-fn write_policy(layout: &SandboxLayout, policy: Option<&SandboxPolicy>) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = layout.path(SandboxFile::Policy);
-    let _ = std::fs::remove_file(&path);
-    let Some(policy) = policy else { return Ok(()) };
-    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
-    file.write_all(policy.to_json().as_bytes())
 }
 
 impl Running {
@@ -392,7 +360,7 @@ impl Running {
     /// [`SupervisorError`] with the supervisor's own explanation where it gave one.
     pub async fn ready(&mut self) -> Result<Ready, SupervisorError> {
         let ready = self.sup.ready(self.ready_by, self.boot_timeout).await?;
-        self.vmm = if crate::control(TestControl::NoVmmWatch) {
+        self.vmm = if self.controls.lifecycle.no_vmm_watch {
             ExitWatch::unwatched()
         } else {
             ExitWatch::new(ready.vmm.as_ref())
@@ -434,7 +402,7 @@ impl Running {
     /// did not exit).
     pub async fn stop(self, timeout: Duration) -> Stopping {
         let (stopped, report) = self.sup.stop(timeout).await;
-        Stopping { stopped, report, layout: self.layout, cgroup: self.cgroup }
+        Stopping { stopped, report, layout: self.layout, cgroup: self.cgroup, controls: self.controls }
     }
 }
 
@@ -442,8 +410,8 @@ impl Stopping {
     /// Ends the generation: reaps what the supervisor left, sweeps the cgroup, takes back an unread bundle
     /// and writes the tombstone. The waits on pidfds and the cgroup run off the async workers.
     pub async fn end(self, reason: EndReason) -> Leftovers {
-        let (layout, cgroup) = (self.layout, self.cgroup);
-        tokio::task::spawn_blocking(move || reap::end_generation(&layout, cgroup.as_deref(), reason))
+        let (layout, cgroup, controls) = (self.layout, self.cgroup, self.controls.reaper);
+        tokio::task::spawn_blocking(move || reap::end_generation(&layout, cgroup.as_deref(), reason, controls))
             .await
             .unwrap_or(Leftovers { vm: false, cgroup: false })
     }

@@ -26,7 +26,6 @@ use vm_contract::exit::SupervisorExit;
 use vm_contract::layout::{SandboxFile, SandboxLayout};
 use vm_contract::pids::ProcessRecord;
 use vm_contract::status::SupervisorStatus;
-use vm_contract::test_control::TestControl;
 
 use crate::telemetry::TelemetryConfig;
 
@@ -111,10 +110,21 @@ impl Stopped {
     }
 }
 
+/// The liveness pipe's test controls (both off but in their causal tests).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Liveness {
+    /// `leak-liveness-write-end`: the write end is inherited by the supervisor.
+    pub leak_write_end: bool,
+    /// `close-liveness-first`: a stop closes the pipe before SIGTERM (the wrong order).
+    pub close_first: bool,
+}
+
 /// A running supervisor and the write end of its liveness pipe.
 #[derive(Debug)]
 pub struct SupervisorProcess {
     child: Child,
+    /// Whether a stop closes the pipe first (the `close-liveness-first` control).
+    close_first: bool,
     /// Held, never written: its closing is the message.
     liveness: Option<OwnedFd>,
     status: mpsc::UnboundedReceiver<SupervisorStatus>,
@@ -146,10 +156,15 @@ impl SupervisorProcess {
     ///
     /// # Errors
     /// [`SupervisorError`] when the pipe, the log or the process cannot be made.
-    pub fn spawn(binary: &Path, args: &SupervisorArgs, telemetry: &TelemetryConfig) -> Result<Self, SupervisorError> {
+    pub fn spawn(
+        binary: &Path,
+        args: &SupervisorArgs,
+        telemetry: &TelemetryConfig,
+        liveness: Liveness,
+    ) -> Result<Self, SupervisorError> {
         let (read_end, write_end) =
             rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| SupervisorError::Stdio(e.into()))?;
-        if crate::control(TestControl::LeakLivenessWriteEnd) {
+        if liveness.leak_write_end {
             // Control: the write end leaks into the supervisor, and from there into QEMU.
             let _ = rustix::io::fcntl_setfd(&write_end, rustix::io::FdFlags::empty());
         }
@@ -184,7 +199,9 @@ impl SupervisorProcess {
                 }
             }
         });
-        Ok(Self { child, liveness: Some(write_end), status, report: None, log, accel: (Accelerator::Tcg, None) })
+        let accel = (Accelerator::Tcg, None);
+        let close_first = liveness.close_first;
+        Ok(Self { child, close_first, liveness: Some(write_end), status, report: None, log, accel })
     }
 
     /// Waits until the VM is ready or the start failed, at most until `deadline` (reported as `timeout`).
@@ -248,7 +265,7 @@ impl SupervisorProcess {
     /// Stops the supervisor: SIGTERM, wait up to `timeout`, and only then close the liveness pipe; SIGKILL
     /// (then close) if it does not exit in time. Returns how it ended and its final report, if it gave one.
     pub async fn stop(mut self, timeout: Duration) -> (Stopped, Option<SupervisorStatus>) {
-        if crate::control(TestControl::CloseLivenessFirst) {
+        if self.close_first {
             // Control: the wrong order, which makes the supervisor take its "driver gone" path.
             drop(self.liveness.take());
         }

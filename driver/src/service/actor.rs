@@ -1,5 +1,5 @@
-//! One task per sandbox: it owns the sandbox's running generation, moves it through its states and answers
-//! the API's commands in order.
+//! One task per sandbox: it owns the sandbox's record and running generation, moves it through its states
+//! and answers the API's commands in order.
 //!
 //! ```text
 //! PROVISIONING --supervisor ready + session accepted--> READY --Stop--> STOPPING --> STOPPED --Start--> ...
@@ -7,8 +7,11 @@
 //!      `--boot fails--> FAILED <--------------------------'
 //! ```
 //!
-//! Starting and stopping are the one lifecycle of [`crate::sandbox`]. Stopping writes the `stopped` marker
-//! first; on driver shutdown the sandbox stops without it, so it comes back on restart.
+//! Starting and stopping are the one lifecycle of [`crate::sandbox`]; the blocking part of a start (locks,
+//! files, the supervisor's fork and exec) runs off the async workers. Stopping writes the `stopped` marker
+//! first, and a stop whose marker cannot be written is refused (a restarted driver would bring the sandbox
+//! back); on driver shutdown the sandbox stops without it, so it comes back on restart. The actor holds its
+//! share of the host ([`Share`]) while the sandbox is meant to run.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,13 +19,21 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use vm_contract::ids::SandboxId;
-use vm_contract::layout::SandboxLayout;
+use vm_contract::layout::{SandboxFile, SandboxLayout};
 use vm_contract::session::{Generation, SessionId};
 use vm_contract::tombstone::EndReason;
-use vm_protocol::driver_api::{Sandbox, SandboxState};
 
+mod errors;
+#[cfg(test)]
+mod tests;
+
+use self::errors::BeginError;
+pub use self::errors::{StartError, StopError};
+use super::hub::Hub;
+use super::ledger::Share;
 use super::pool::ClaimedVm;
-use super::registry::{InsertError, Registry, Share};
+use super::record::{Origin, SandboxRecord, State};
+use super::registry::InsertError;
 use super::store::{self, StoredSpec};
 use crate::sandbox::supervisor::{describe, Ready, SupervisorError};
 use crate::sandbox::{self, Ended, Running, SessionSpec, StartSpec, HUNG_STOP_TIMEOUT};
@@ -32,9 +43,9 @@ use crate::state;
 #[derive(Debug)]
 pub enum Command {
     /// Stop it on purpose.
-    Stop(oneshot::Sender<Sandbox>),
+    Stop(oneshot::Sender<Result<SandboxRecord, StopError>>),
     /// Start it again, if it is admitted.
-    Start(oneshot::Sender<Result<Sandbox, tonic::Status>>),
+    Start(oneshot::Sender<Result<SandboxRecord, StartError>>),
     /// Stop it and remove it.
     Delete(oneshot::Sender<()>),
     /// The driver is going down: stop it but keep the intent to run.
@@ -64,11 +75,11 @@ pub enum Initial {
 }
 
 struct Actor {
-    id: SandboxId,
     layout: SandboxLayout,
-    spec: StoredSpec,
-    reg: Arc<Registry>,
-    view: Sandbox,
+    hub: Arc<Hub>,
+    record: SandboxRecord,
+    /// Held while the sandbox is meant to run.
+    share: Option<Share>,
     running: Option<Running>,
     ready: bool,
     /// The serial of the accepted session connection, while it is up.
@@ -81,55 +92,58 @@ enum Happened {
     Ended(Ended),
 }
 
-/// Registers the sandbox and starts its actor; with `admit`, only if it fits (see [`Registry::insert`]).
+/// Registers the sandbox and starts its actor; with `admit`, only if it fits (else its share is held
+/// already: a restored sandbox). A claimed VM's share becomes the sandbox's.
 ///
 /// # Errors
 /// [`InsertError`], with `initial` given back (a claimed VM is still the caller's to dispose of).
 pub fn spawn(
-    reg: &Arc<Registry>,
+    hub: &Arc<Hub>,
     id: SandboxId,
     layout: SandboxLayout,
     spec: StoredSpec,
-    initial: Initial,
+    mut initial: Initial,
     admit: bool,
 ) -> Result<(), (InsertError, Initial)> {
     let (tx, rx) = mpsc::channel(16);
     let starts = matches!(initial, Initial::Start | Initial::Claimed(_));
-    let view = Sandbox {
-        sandbox_id: id.to_string(),
-        state: if starts { SandboxState::Provisioning } else { SandboxState::Stopped }.into(),
-        spec: Some(spec.to_api()),
-        generation: store::generation(&layout).0,
+    let (origin, detail) = match &initial {
+        Initial::Start => (Origin::Cold, cold_detail(hub).to_owned()),
+        Initial::Claimed(_) => (Origin::Pool, String::new()),
+        _ => (Origin::None, String::new()),
+    };
+    let record = SandboxRecord {
+        id,
+        state: if starts { State::Provisioning } else { State::Stopped },
+        generation: store::generation(&layout),
         running_intent: starts,
-        confinement: reg.ctx.jail.confinement.as_str().into(),
-        origin: match &initial {
-            Initial::Start => "cold",
-            Initial::Claimed(_) => "pool",
-            _ => "",
-        }
-        .into(),
-        detail: match &initial {
-            Initial::Start => cold_detail(reg).into(),
-            _ => String::new(),
-        },
-        ..Sandbox::default()
+        confinement: hub.ctx.jail.confinement,
+        origin,
+        detail,
+        accelerator: None,
+        readiness_endpoint: String::new(),
+        spec,
     };
-    let share = match (&initial, admit) {
-        (Initial::Claimed(claimed), _) => Share::FromSlot(&claimed.slot),
-        (_, true) => Share::Admit,
-        (_, false) => Share::Held,
+    let (ledger, shape) = (&hub.ledger, record.spec.shape);
+    let inserted = hub.registry.insert(record.clone(), tx, || match &mut initial {
+        Initial::Claimed(claimed) => Ok(claimed.share.take().map(Share::claimed)),
+        Initial::Start if admit => ledger.admit(shape).map(Some),
+        Initial::Start => Ok(Some(ledger.hold(shape))),
+        Initial::Stopped | Initial::Failed(_) => Ok(None),
+    });
+    let share = match inserted {
+        Ok(share) => share,
+        Err(e) => return Err((e, initial)),
     };
-    let inserted = reg.insert(id.clone(), view.clone(), tx, share);
-    if let Err(e) = inserted {
-        return Err((e, initial));
-    }
-    let mut actor = Actor { id, layout, spec, reg: Arc::clone(reg), view, running: None, ready: false, session: None };
+    hub.events.changed(&record);
+    let hub = Arc::clone(hub);
+    let mut actor = Actor { layout, hub, record, share, running: None, ready: false, session: None };
     tokio::spawn(async move {
         match initial {
-            Initial::Start => actor.start(),
+            Initial::Start => actor.start().await,
             Initial::Claimed(claimed) => actor.claim(claimed.running).await,
             Initial::Stopped => {}
-            Initial::Failed(detail) => actor.set(SandboxState::Failed, detail),
+            Initial::Failed(detail) => actor.set(State::Failed, detail),
         }
         actor.run(rx).await;
     });
@@ -157,31 +171,44 @@ impl Actor {
                         return;
                     }
                 }
-                Happened::Ready(Ok(ready)) => {
-                    self.ready = true;
-                    self.view.accelerator = ready.accel.as_str().into();
-                    if let Some(why) = ready.fallback {
-                        self.reg.platform(&self.id, "accelerator", format!("using TCG software emulation: {why}"));
-                    }
-                    self.settle();
+                Happened::Ready(ready) => self.on_ready(ready).await,
+                Happened::Ended(ended) => self.on_ended(ended).await,
+            }
+        }
+    }
+
+    async fn on_ready(&mut self, ready: Result<Ready, SupervisorError>) {
+        match ready {
+            Ok(ready) => {
+                self.ready = true;
+                self.record.accelerator = Some(ready.accel);
+                if let Some(why) = ready.fallback {
+                    let note = format!("using TCG software emulation: {why}");
+                    self.hub.events.platform(&self.record.id, "accelerator", note);
                 }
-                Happened::Ready(Err(e)) => {
-                    let detail = format!("start failed: {}", vm_contract::logs::chain(&e));
-                    self.finish(EndReason::Failed, self.reg.ctx.stop_timeout).await;
-                    self.set(SandboxState::Failed, detail);
-                }
-                Happened::Ended(Ended::VmmGone) => {
-                    let detail = "the VM stopped on its own; vm-supervisor is finishing its record";
-                    self.set(SandboxState::Failed, detail.into());
-                }
-                Happened::Ended(Ended::Exited(status)) => {
-                    let what = format!("vm-supervisor ended with {}", describe(&status));
-                    self.ended_on_its_own("supervisor-exited", what, self.reg.ctx.stop_timeout).await;
-                }
-                Happened::Ended(Ended::Hung) => {
-                    let what = "the VM stopped and vm-supervisor did not follow (hung); it was killed".to_string();
-                    self.ended_on_its_own("supervisor-hung", what, HUNG_STOP_TIMEOUT).await;
-                }
+                self.settle();
+            }
+            Err(e) => {
+                let detail = format!("start failed: {}", vm_contract::logs::chain(&e));
+                self.finish(EndReason::Failed, self.hub.ctx.stop_timeout).await;
+                self.set(State::Failed, detail);
+            }
+        }
+    }
+
+    async fn on_ended(&mut self, ended: Ended) {
+        match ended {
+            Ended::VmmGone => {
+                let detail = "the VM stopped on its own; vm-supervisor is finishing its record";
+                self.set(State::Failed, detail.into());
+            }
+            Ended::Exited(status) => {
+                let what = format!("vm-supervisor ended with {}", describe(&status));
+                self.ended_on_its_own("supervisor-exited", what, self.hub.ctx.stop_timeout).await;
+            }
+            Ended::Hung => {
+                let what = "the VM stopped and vm-supervisor did not follow (hung); it was killed".to_string();
+                self.ended_on_its_own("supervisor-hung", what, HUNG_STOP_TIMEOUT).await;
             }
         }
     }
@@ -190,62 +217,41 @@ impl Actor {
     async fn command(&mut self, cmd: Command) -> bool {
         match cmd {
             Command::Stop(reply) => {
-                let _ = store::set_stopped(&self.layout, true);
-                if let Some(running) = &self.running {
-                    // A VM that had already died is recorded as the failure it was.
-                    let reason = if running.vmm_gone() { EndReason::Failed } else { EndReason::Stopped };
-                    self.set(SandboxState::Stopping, String::new());
-                    self.finish(reason, self.reg.ctx.stop_timeout).await;
-                }
-                // Its share of the host is given back once the VM is down.
-                self.view.running_intent = false;
-                self.set(SandboxState::Stopped, String::new());
-                let _ = reply.send(self.view.clone());
+                let _ = reply.send(self.stop().await);
             }
             Command::Start(reply) => {
-                if self.running.as_ref().is_some_and(Running::vmm_gone) {
-                    let busy = tonic::Status::unavailable("the sandbox's last VM is still being cleaned up; try again");
-                    let _ = reply.send(Err(busy));
-                    return true;
-                }
-                if self.running.is_none() {
-                    // Admitted here, in order with this sandbox's stops: a start queued behind a stop is
-                    // admitted after the stop gave the share back.
-                    if let Err(why) = self.reg.admit_start(&self.id) {
-                        let _ = reply.send(Err(tonic::Status::resource_exhausted(why.to_string())));
-                        return true;
-                    }
-                    let _ = store::set_stopped(&self.layout, false);
-                    self.start();
-                }
-                let _ = reply.send(Ok(self.view.clone()));
+                let _ = reply.send(self.start_again().await);
             }
             Command::Delete(reply) => {
-                self.finish(EndReason::Deleted, self.reg.ctx.stop_timeout).await;
+                self.finish(EndReason::Deleted, self.hub.ctx.stop_timeout).await;
                 let _ = std::fs::remove_dir_all(self.layout.dir());
-                self.reg.remove(&self.id);
-                self.reg.platform(&self.id, "deleted", "sandbox deleted");
+                let id = &self.record.id;
+                drop(self.share.take());
+                self.hub.registry.remove(id);
+                self.hub.tokens.forget(id);
+                self.hub.rotations.forget(id);
+                self.hub.events.platform(id, "deleted", "sandbox deleted");
                 let _ = reply.send(());
                 return false;
             }
             Command::Shutdown(reply) => {
-                self.finish(EndReason::DriverShutdown, self.reg.ctx.stop_timeout).await;
+                self.finish(EndReason::DriverShutdown, self.hub.ctx.stop_timeout).await;
                 let _ = reply.send(());
                 return false;
             }
             Command::Session { generation, serial, readiness }
-                if generation.0 == self.view.generation && self.running.is_some() =>
+                if generation == self.record.generation && self.running.is_some() =>
             {
                 match readiness {
                     Some(endpoint) => {
                         self.session = Some(serial);
-                        self.view.readiness_endpoint = endpoint;
+                        self.record.readiness_endpoint = endpoint;
                     }
                     None if self.session == Some(serial) => {
                         self.session = None;
-                        self.view.readiness_endpoint.clear();
-                        if self.view.state == i32::from(SandboxState::Ready) {
-                            self.set(SandboxState::Provisioning, "supervisor session lost; reconnecting".into());
+                        self.record.readiness_endpoint.clear();
+                        if self.record.state == State::Ready {
+                            self.set(State::Provisioning, "supervisor session lost; reconnecting".into());
                         }
                     }
                     None => return true,
@@ -257,102 +263,148 @@ impl Actor {
         true
     }
 
+    /// A stop on purpose: the marker first (or nothing), then the orderly stop.
+    async fn stop(&mut self) -> Result<SandboxRecord, StopError> {
+        store::set_stopped(&self.layout, true)
+            .map_err(|e| StopError::Marker(self.layout.path(SandboxFile::Stopped), e))?;
+        if let Some(running) = &self.running {
+            // A VM that had already died is recorded as the failure it was.
+            let reason = if running.vmm_gone() { EndReason::Failed } else { EndReason::Stopped };
+            self.set(State::Stopping, String::new());
+            self.finish(reason, self.hub.ctx.stop_timeout).await;
+        }
+        // Its share of the host is given back once the VM is down.
+        drop(self.share.take());
+        self.record.running_intent = false;
+        self.set(State::Stopped, String::new());
+        Ok(self.record.clone())
+    }
+
+    /// A start on request: admitted here, in order with this sandbox's stops, so a start queued behind a
+    /// stop is admitted after the stop gave the share back.
+    async fn start_again(&mut self) -> Result<SandboxRecord, StartError> {
+        if self.running.as_ref().is_some_and(Running::vmm_gone) {
+            return Err(StartError::CleaningUp);
+        }
+        if self.running.is_none() {
+            if self.share.is_none() {
+                self.share = Some(self.hub.ledger.admit(self.record.spec.shape)?);
+            }
+            if let Err(e) = store::set_stopped(&self.layout, false) {
+                if !self.record.running_intent {
+                    drop(self.share.take());
+                }
+                return Err(StartError::Marker(self.layout.path(SandboxFile::Stopped), e));
+            }
+            self.start().await;
+        }
+        Ok(self.record.clone())
+    }
+
     /// Ready only when the VM is up, the agent answered and the session is accepted; never again once its
     /// VMM has exited (a session that reconnects in that instant does not bring it back).
     fn settle(&mut self) {
         let vmm_gone = self.running.as_ref().is_some_and(Running::vmm_gone);
         if self.ready && self.session.is_some() && !vmm_gone {
-            self.set(SandboxState::Ready, String::new());
+            self.set(State::Ready, String::new());
         } else {
-            self.reg.publish(&self.id, &self.view);
+            self.hub.publish(&self.record);
         }
     }
 
-    fn set(&mut self, state: SandboxState, detail: String) {
-        self.view.state = state.into();
-        self.view.detail = detail;
-        if state != SandboxState::Ready {
-            self.view.readiness_endpoint.clear();
+    fn set(&mut self, state: State, detail: String) {
+        self.record.state = state;
+        self.record.detail = detail;
+        if state != State::Ready {
+            self.record.readiness_endpoint.clear();
         }
-        self.reg.publish(&self.id, &self.view);
+        self.hub.publish(&self.record);
     }
 
     /// The generation ended without being asked to: not ready from this moment (the cleanup takes time),
     /// then cleaned up and reported on `Watch` as `kind`.
     async fn ended_on_its_own(&mut self, kind: &str, what: String, timeout: Duration) {
-        self.set(SandboxState::Failed, format!("the sandbox stopped on its own ({what})"));
+        self.set(State::Failed, format!("the sandbox stopped on its own ({what})"));
         self.finish(EndReason::Failed, timeout).await;
-        self.reg.platform(&self.id, kind, what);
+        self.hub.events.platform(&self.record.id, kind, what);
     }
 
-    /// Boots a new generation.
-    fn start(&mut self) {
-        let generation = self.next_generation("cold");
-        let started = self.start_spec(generation).and_then(|spec| sandbox::start(&spec).map_err(|e| text(&e)));
+    /// Boots a new generation; the lifecycle's blocking start runs on a blocking thread.
+    async fn start(&mut self) {
+        let generation = self.next_generation(Origin::Cold);
+        let started = match self.start_spec(generation) {
+            Ok(spec) => match tokio::task::spawn_blocking(move || sandbox::start(&spec)).await {
+                Ok(started) => started.map_err(BeginError::from),
+                Err(_) => Err(BeginError::Task),
+            },
+            Err(e) => Err(e),
+        };
         match started {
             Ok(running) => {
                 self.running = Some(running);
-                self.set(SandboxState::Provisioning, cold_detail(&self.reg).into());
+                self.set(State::Provisioning, cold_detail(&self.hub).into());
             }
-            Err(e) => self.set(SandboxState::Failed, format!("cannot start: {e}")),
+            Err(e) => self.set(State::Failed, format!("cannot start: {}", vm_contract::logs::chain(&e))),
         }
     }
 
     /// Starts the first generation on a claimed pooled VM: its identity, credentials and policy go to the
     /// waiting supervisor, which then reports ready like any start.
     async fn claim(&mut self, mut running: Running) {
-        let generation = self.next_generation("pool");
-        let claimed = self.start_spec(generation).and_then(|spec| running.claim(&spec).map_err(|e| text(&e)));
+        let generation = self.next_generation(Origin::Pool);
+        let claimed = self.start_spec(generation).and_then(|spec| Ok(running.claim(&spec)?));
         match claimed {
             Ok(()) => {
                 self.running = Some(running);
-                self.set(SandboxState::Provisioning, "claimed a pooled VM".into());
+                self.set(State::Provisioning, "claimed a pooled VM".into());
             }
             Err(e) => {
                 // Nothing of it is used again: the generation ends like a failed start.
-                running.stop(self.reg.ctx.stop_timeout).await.end(EndReason::Failed).await;
-                self.set(SandboxState::Failed, format!("cannot start: {e}"));
+                running.stop(self.hub.ctx.stop_timeout).await.end(EndReason::Failed).await;
+                self.set(State::Failed, format!("cannot start: {}", vm_contract::logs::chain(&e)));
             }
         }
     }
 
-    fn next_generation(&mut self, origin: &str) -> Generation {
+    fn next_generation(&mut self, origin: Origin) -> Generation {
         let generation = store::generation(&self.layout).next();
-        self.view.generation = generation.0;
-        self.view.running_intent = true;
-        self.view.accelerator.clear();
-        self.view.origin = origin.into();
+        self.record.generation = generation;
+        self.record.running_intent = true;
+        self.record.accelerator = None;
+        self.record.origin = origin;
         (self.ready, self.session) = (false, None);
         generation
     }
 
     /// What a start of `generation` needs: its session is expected from here on.
-    fn start_spec(&mut self, generation: Generation) -> Result<StartSpec, String> {
-        let ctx = &self.reg.ctx;
-        store::set_generation(&self.layout, generation).map_err(|e| text(&e))?;
+    fn start_spec(&mut self, generation: Generation) -> Result<StartSpec, BeginError> {
+        let (ctx, id) = (&self.hub.ctx, &self.record.id);
+        store::set_generation(&self.layout, generation).map_err(BeginError::Generation)?;
         // 256 bits: the session's only credential.
-        let token = state::random_hex::<32>().map_err(|e| text(&e))?;
-        let id = SessionId::from_bytes(state::random_bytes::<16>().map_err(|e| text(&e))?);
-        self.reg.expect_session(&self.id, generation, id.clone(), token.clone());
+        let token = state::random_hex::<32>().map_err(BeginError::Random)?;
+        let session_id = SessionId::from_bytes(state::random_bytes::<16>().map_err(BeginError::Random)?);
+        self.hub.tokens.expect(id, generation, session_id.clone(), token.clone());
         // A rotation outlives the supervisor it was sent to.
         let (mut telemetry, mut otlp_headers) = (ctx.telemetry.clone(), ctx.otlp_headers.clone());
-        if let Some(rotated) = self.reg.rotated(&self.id) {
+        if let Some(rotated) = self.hub.rotations.get(id) {
             otlp_headers = rotated.headers.unwrap_or(otlp_headers);
             telemetry.otlp_ca = rotated.ca_path.map(PathBuf::from).or(telemetry.otlp_ca);
         }
+        let session = SessionSpec { socket: ctx.sessions_socket.clone(), generation, id: session_id, token };
         Ok(StartSpec {
             supervisor: ctx.supervisor.clone(),
-            id: self.id.clone(),
+            id: id.clone(),
             layout: self.layout.clone(),
-            image: ctx.images.resolve(&self.spec.image).map_err(|e| text(&e))?,
-            shape: self.spec.shape,
+            image: ctx.images.resolve(&self.record.spec.image)?,
+            shape: self.record.spec.shape,
             accel: ctx.accel,
             boot_timeout: ctx.boot_timeout,
             telemetry,
             otlp_headers,
-            session: Some(SessionSpec { socket: ctx.sessions_socket.clone(), generation, id, token }),
+            session: Some(session),
             jail: ctx.jail,
-            policy: self.spec.policy.clone(),
+            policy: self.record.spec.policy.clone(),
+            controls: ctx.controls,
         })
     }
 
@@ -366,13 +418,9 @@ impl Actor {
     }
 }
 
-fn text(e: &dyn std::error::Error) -> String {
-    vm_contract::logs::chain(e)
-}
-
 /// What a cold start says while it boots: with a pool, that none of its VMs could serve it.
-fn cold_detail(reg: &Registry) -> &'static str {
-    if reg.ctx.pool {
+fn cold_detail(hub: &Hub) -> &'static str {
+    if hub.ctx.pool {
         "booting (cold boot: no free pooled VM of this shape and image)"
     } else {
         "booting"

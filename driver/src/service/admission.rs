@@ -114,6 +114,13 @@ impl Usage {
         self.vcpus += u64::from(shape.cpus());
         self.memory_mib += cost_mib(shape);
     }
+
+    /// Takes a sandbox of `shape` away again.
+    pub fn remove(&mut self, shape: SandboxShape) {
+        self.sandboxes = self.sandboxes.saturating_sub(1);
+        self.vcpus = self.vcpus.saturating_sub(u64::from(shape.cpus()));
+        self.memory_mib = self.memory_mib.saturating_sub(cost_mib(shape));
+    }
 }
 
 fn cost_mib(shape: SandboxShape) -> u64 {

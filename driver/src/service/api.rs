@@ -5,13 +5,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures_util::Stream;
-use tokio::sync::oneshot;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 use vm_contract::ids::SandboxId;
-use vm_contract::layout::SandboxFile;
 use vm_contract::shape::{SandboxShape, MAX_CPUS, MAX_MEMORY_MIB};
+use vm_protocol::attach::{SupervisorReply, SupervisorRequest, ToClient};
+use vm_protocol::credentials::RotationOutcome;
 use vm_protocol::driver_api::driver_server::Driver;
 use vm_protocol::driver_api::{
     watch_event, AdmissionLimits, AdmissionUsage, Capabilities, CreateSandboxRequest, DeleteSandboxResponse,
@@ -22,70 +22,26 @@ use vm_protocol::driver_api::{
 };
 use vm_protocol::identity::{IdSelector, RunAs};
 use vm_protocol::policy::{Operation, PolicyUpdate, UpdateOutcome};
-use vm_protocol::{SignalName, ToGuest, ToHost};
+use vm_protocol::{ProcessEvent, SignalName};
 
-use super::actor::{self, Command, Initial};
+mod convert;
+
+use super::actor::Command;
 use super::exec::{self, ExecStream};
-use super::pool::{ClaimedVm, Pool};
-use super::registry::{InsertError, Registry};
-use super::store::{self, StoredSpec};
-use crate::state::StateError;
+use super::hub::Hub;
 
 /// The service.
 #[derive(Debug, Clone)]
 pub struct Api {
-    reg: Arc<Registry>,
-    pool: Arc<Pool>,
+    /// Everything the requests reach, through one façade.
+    reg: Arc<Hub>,
     accelerator: (String, String),
 }
 
 impl Api {
-    /// A service over `reg` and `pool`; `accelerator` is what `auto` resolves to here, and why.
-    pub fn new(reg: Arc<Registry>, pool: Arc<Pool>, accelerator: (String, String)) -> Self {
-        Self { reg, pool, accelerator }
-    }
-
-    /// Creates sandbox `id` on a claimed pooled VM: its slot's directory becomes the sandbox's, then the
-    /// actor hands the VM its identity. On any failure the VM is stopped, never returned to the pool.
-    async fn create_claimed(&self, id: SandboxId, spec: StoredSpec, mut claimed: ClaimedVm) -> Result<(), Status> {
-        let target = self.reg.ctx.state.layout(&id);
-        let layout = match crate::jail::move_sandbox(claimed.running.layout(), target.dir()) {
-            Ok(layout) => layout,
-            Err(e) => {
-                self.discard(claimed);
-                return Err(if e.kind() == std::io::ErrorKind::AlreadyExists {
-                    Status::already_exists(format!("sandbox {id} exists"))
-                } else {
-                    Status::internal("cannot move the pooled VM's directory")
-                });
-            }
-        };
-        claimed.running.moved_to(layout.clone());
-        if store::save_spec(&layout, &spec).is_err() {
-            self.discard(claimed);
-            return Err(Status::internal("cannot record the spec"));
-        }
-        let initial = Initial::Claimed(Box::new(claimed));
-        match actor::spawn(&self.reg, id.clone(), layout.clone(), spec, initial, true) {
-            Ok(()) => Ok(()),
-            Err((e, initial)) => {
-                // Before the answer: a driver going down must not restore a sandbox it refused.
-                let _ = std::fs::remove_file(layout.path(SandboxFile::Spec));
-                if let Initial::Claimed(claimed) = initial {
-                    self.discard(*claimed);
-                }
-                Err(match e {
-                    InsertError::Taken => Status::already_exists(format!("sandbox {id} exists")),
-                    _ => Status::unavailable("the driver is shutting down"),
-                })
-            }
-        }
-    }
-
-    /// Stops a claimed VM that no sandbox took, in the background.
-    fn discard(&self, claimed: ClaimedVm) {
-        let pool = Arc::clone(&self.pool);
-        tokio::spawn(async move { pool.discard(claimed).await });
+    /// A service over `hub`; `accelerator` is what `auto` resolves to here, and why.
+    pub fn new(hub: Arc<Hub>, accelerator: (String, String)) -> Self {
+        Self { reg: hub, accelerator }
     }
 }
 
@@ -97,10 +53,10 @@ pub(super) fn sandbox_id(text: &str) -> Result<SandboxId, Status> {
 const UNIX_READINESS: &str = "unix readiness endpoints are not offered on this host; use READINESS_TCP";
 
 /// Problems with a create request, in words; empty when it is fine.
-fn problems(reg: &Registry, req: &CreateSandboxRequest) -> Vec<String> {
+fn problems(reg: &Hub, req: &CreateSandboxRequest) -> Vec<String> {
     let mut out = Vec::new();
     match SandboxId::parse(&req.sandbox_id) {
-        Ok(id) if reg.contains(&id) => out.push(format!("sandbox {id} exists")),
+        Ok(id) if reg.registry.contains(&id) => out.push(format!("sandbox {id} exists")),
         Ok(_) => {}
         Err(e) => out.push(e.to_string()),
     }
@@ -123,14 +79,6 @@ fn problems(reg: &Registry, req: &CreateSandboxRequest) -> Vec<String> {
         out.push("environment names must be non-empty and contain no '=' or NUL".into());
     }
     out
-}
-
-async fn ask<T>(reg: &Registry, id: &SandboxId, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, Status> {
-    let inbox = reg.inbox(id).ok_or_else(|| Status::not_found(format!("no sandbox {id}")))?;
-    let (tx, rx) = oneshot::channel();
-    inbox.send(make(tx)).await.map_err(|_| Status::not_found(format!("sandbox {id} is being removed")))?;
-    // The actor ends only on delete or shutdown: either way the sandbox is gone for this request.
-    rx.await.map_err(|_| Status::not_found(format!("sandbox {id} was removed")))
 }
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
@@ -177,12 +125,11 @@ impl Driver for Api {
     async fn create_sandbox(&self, req: Request<CreateSandboxRequest>) -> Result<Response<Sandbox>, Status> {
         let req = req.into_inner();
         let id = sandbox_id(&req.sandbox_id)?;
-        let exists = || Status::already_exists(format!("sandbox {id} exists"));
-        if self.reg.is_closing() {
+        if self.reg.registry.is_closing() {
             return Err(Status::unavailable("the driver is shutting down"));
         }
-        if self.reg.contains(&id) {
-            return Err(exists());
+        if self.reg.registry.contains(&id) {
+            return Err(Status::already_exists(format!("sandbox {id} exists")));
         }
         let problems = problems(&self.reg, &req);
         if problems.iter().any(|p| p == UNIX_READINESS) {
@@ -192,59 +139,27 @@ impl Driver for Api {
             return Err(Status::invalid_argument(problems.join("; ")));
         }
         let spec =
-            StoredSpec::from_api(&req.spec.unwrap_or_default()).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let image = self.reg.ctx.images.resolve(&spec.image).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        // In a task of its own: a client that goes away mid-claim must not drop a VM in hand.
-        let api = self.clone();
-        let claim_id = id.clone();
-        let attempt = tokio::spawn(async move {
-            match api.pool.claim(spec.shape, &image).await {
-                Some(claimed) => Ok(api.create_claimed(claim_id, spec, claimed).await),
-                None => Err(spec),
-            }
-        });
-        let spec = match attempt.await.map_err(|_| Status::internal("the claim failed"))? {
-            Ok(created) => {
-                created?;
-                self.reg.platform(&id, "provisioning", "accepted; claimed a pooled VM");
-                return self.reg.get(&id).map(Response::new).ok_or_else(|| Status::internal("the sandbox vanished"));
-            }
-            Err(spec) => spec,
-        };
-        let layout = self.reg.ctx.state.create_sandbox(&id).map_err(|e| match e {
-            StateError::Exists(_) => exists(),
-            _ => Status::internal("cannot create the sandbox directory"),
-        })?;
-        store::save_spec(&layout, &spec).map_err(|_| Status::internal("cannot record the spec"))?;
-        match actor::spawn(&self.reg, id.clone(), layout.clone(), spec, Initial::Start, true) {
-            Ok(()) => {}
-            Err((InsertError::Taken, _)) => return Err(exists()),
-            Err((e, _)) => {
-                let _ = std::fs::remove_dir_all(layout.dir());
-                return Err(match e {
-                    InsertError::Refused(why) => Status::resource_exhausted(why.to_string()),
-                    _ => Status::unavailable("the driver is shutting down"),
-                });
-            }
-        }
-        self.reg.platform(&id, "provisioning", "accepted; booting");
-        self.reg.get(&id).map(Response::new).ok_or_else(|| Status::internal("the sandbox vanished"))
+            convert::stored_spec(&req.spec.unwrap_or_default()).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let record = self.reg.create(id, spec).await?;
+        Ok(Response::new(convert::sandbox(&record)))
     }
 
     async fn get_sandbox(&self, req: Request<SandboxRef>) -> Result<Response<Sandbox>, Status> {
         let id = sandbox_id(&req.get_ref().sandbox_id)?;
-        self.reg.get(&id).map(Response::new).ok_or_else(|| Status::not_found(format!("no sandbox {id}")))
+        let record = self.reg.registry.get(&id).ok_or_else(|| Status::not_found(format!("no sandbox {id}")))?;
+        Ok(Response::new(convert::sandbox(&record)))
     }
 
     async fn list_sandboxes(
         &self,
         _: Request<ListSandboxesRequest>,
     ) -> Result<Response<ListSandboxesResponse>, Status> {
-        Ok(Response::new(ListSandboxesResponse { sandboxes: self.reg.list() }))
+        let sandboxes = self.reg.registry.list().iter().map(convert::sandbox).collect();
+        Ok(Response::new(ListSandboxesResponse { sandboxes }))
     }
 
     async fn list_pool(&self, _: Request<ListPoolRequest>) -> Result<Response<ListPoolResponse>, Status> {
-        Ok(Response::new(self.pool.list()))
+        Ok(Response::new(convert::pool(self.reg.pool.list())))
     }
 
     type WatchStream = WatchStream;
@@ -254,16 +169,22 @@ impl Driver for Api {
             "" => None,
             text => Some(sandbox_id(text)?.to_string()),
         };
-        let rx = self.reg.subscribe();
-        let snapshot: Vec<Sandbox> =
-            self.reg.list().into_iter().filter(|s| filter.as_ref().is_none_or(|f| *f == s.sandbox_id)).collect();
+        let rx = self.reg.events.subscribe();
+        let snapshot: Vec<Sandbox> = self
+            .reg
+            .registry
+            .list()
+            .iter()
+            .map(convert::sandbox)
+            .filter(|s| filter.as_ref().is_none_or(|f| *f == s.sandbox_id))
+            .collect();
         let matches = move |e: &WatchEvent| match (&filter, &e.event) {
             (None, _) => true,
             (Some(f), Some(watch_event::Event::Changed(s))) => *f == s.sandbox_id,
             (Some(f), Some(watch_event::Event::Platform(p))) => *f == p.sandbox_id,
             (Some(_), None) => false,
         };
-        let changes = BroadcastStream::new(rx).filter_map(move |item| match item {
+        let changes = BroadcastStream::new(rx).filter_map(move |item| match item.map(|e| convert::watch_event(&e)) {
             Ok(e) if matches(&e) => Some(Ok(e)),
             Ok(_) => None,
             Err(_) => Some(Err(Status::data_loss("this watcher fell behind; watch again"))),
@@ -277,17 +198,20 @@ impl Driver for Api {
 
     async fn stop_sandbox(&self, req: Request<SandboxRef>) -> Result<Response<Sandbox>, Status> {
         let id = sandbox_id(&req.get_ref().sandbox_id)?;
-        ask(&self.reg, &id, Command::Stop).await.map(Response::new)
+        let record = self.reg.ask(&id, Command::Stop).await??;
+        Ok(Response::new(convert::sandbox(&record)))
     }
 
     async fn start_sandbox(&self, req: Request<SandboxRef>) -> Result<Response<Sandbox>, Status> {
         let id = sandbox_id(&req.get_ref().sandbox_id)?;
-        ask(&self.reg, &id, Command::Start).await?.map(Response::new)
+        let record = self.reg.ask(&id, Command::Start).await??;
+        Ok(Response::new(convert::sandbox(&record)))
     }
 
     async fn delete_sandbox(&self, req: Request<SandboxRef>) -> Result<Response<DeleteSandboxResponse>, Status> {
         let id = sandbox_id(&req.get_ref().sandbox_id)?;
-        ask(&self.reg, &id, Command::Delete).await.map(|()| Response::new(DeleteSandboxResponse {}))
+        self.reg.ask(&id, Command::Delete).await?;
+        Ok(Response::new(DeleteSandboxResponse {}))
     }
 
     async fn list_processes(&self, req: Request<SandboxRef>) -> Result<Response<ListProcessesResponse>, Status> {
@@ -296,12 +220,15 @@ impl Driver for Api {
         let mut attached = crate::attach_client::connect(&self.reg.ctx.state.layout(&id))
             .await
             .map_err(|_| Status::unavailable("supervisor unreachable"))?;
-        attached.send(ToGuest::ListProcesses).await.map_err(|_| Status::unavailable("supervisor unreachable"))?;
+        attached
+            .send(SupervisorRequest::ListProcesses)
+            .await
+            .map_err(|_| Status::unavailable("supervisor unreachable"))?;
         let answer = async {
             while let Some(Ok(msg)) = attached.recv().await {
                 match msg {
-                    ToHost::Processes { list } => return Some(Ok(list)),
-                    ToHost::Refused { .. } => {
+                    ToClient::Supervisor(SupervisorReply::Processes { list }) => return Some(Ok(list)),
+                    ToClient::Process(ProcessEvent::Refused { .. }) => {
                         return Some(Err(Status::permission_denied("denied by the sandbox policy")));
                     }
                     _ => {}
@@ -356,7 +283,9 @@ impl Driver for Api {
         &self,
         req: Request<RotateCredentialsRequest>,
     ) -> Result<Response<RotateCredentialsResponse>, Status> {
-        super::credentials::rotate(&self.reg, req.into_inner()).await
+        let (id, rotation) = convert::rotation(req.into_inner())?;
+        super::credentials::rotate(&self.reg, &id, rotation).await?;
+        Ok(Response::new(RotateCredentialsResponse { outcome: RotationOutcome::Applied.describe().into() }))
     }
 
     type ExecStream = ExecStream;

@@ -20,12 +20,13 @@ use futures_util::Stream as FuturesStream;
 use tokio::sync::{mpsc, watch};
 use tonic::{Status, Streaming};
 use vm_contract::ids::SandboxId;
+use vm_protocol::attach::SupervisorRequest;
 use vm_protocol::driver_api::{exec_request, exec_response, ExecExited, ExecRequest, ExecResponse, ExecStarted};
 use vm_protocol::flow::MAX_WINDOW_BYTES;
 use vm_protocol::message::{EnvVar, Refusal};
-use vm_protocol::{Capabilities, ExitStatus, ProcId, PtySize, SignalName, Spawn, Stream, ToGuest, ToHost};
+use vm_protocol::{Capabilities, ExitStatus, ProcId, ProcessEvent, ProcessRequest, PtySize, SignalName, Spawn, Stream};
 
-use super::registry::Registry;
+use super::hub::Hub;
 use crate::attach_mux::{Conn, Lost, Process};
 use crate::relay::ProcessRelay;
 
@@ -76,7 +77,7 @@ enum Opening {
 ///
 /// # Errors
 /// A status for a malformed opening, an unknown or unready sandbox, or an unreachable supervisor.
-pub async fn exec(reg: Arc<Registry>, mut inbound: Streaming<ExecRequest>) -> Result<ExecStream, Status> {
+pub async fn exec(reg: Arc<Hub>, mut inbound: Streaming<ExecRequest>) -> Result<ExecStream, Status> {
     let first = inbound.message().await?.and_then(|m| m.request);
     let (sandbox, opening, reattach) = match first {
         Some(exec_request::Request::Start(start)) => {
@@ -114,7 +115,7 @@ pub async fn exec(reg: Arc<Registry>, mut inbound: Streaming<ExecRequest>) -> Re
             if spawn.pty.is_some() && !conn.capabilities().contains(Capabilities::PTY) {
                 return Err(Status::failed_precondition("the sandbox's agent offers no terminals"));
             }
-            let spec_env = view.spec.map(|s| s.env).unwrap_or_default();
+            let spec_env = view.spec.env;
             spawn.env = spec_env.into_iter().chain(extra_env).map(|(key, value)| EnvVar { key, value }).collect();
             Opened::Spawn(spawn)
         }
@@ -149,11 +150,13 @@ impl Opened {
     async fn open(&self, conn: &Conn) -> Result<Process, Lost> {
         match self {
             Self::Spawn(spawn) => {
-                conn.open(spawn.output_window, |id| ToGuest::Spawn(Spawn { id, ..spawn.clone() })).await
+                conn.open(spawn.output_window, |id| ProcessRequest::Spawn(Spawn { id, ..spawn.clone() }).into()).await
             }
             // A re-attached process keeps the window it was started with, which the supervisor enforces; the
             // driver's queue for it is bounded by the largest window any process may have.
-            Self::Reattach(pid) => conn.open(MAX_WINDOW_BYTES, |id| ToGuest::Reattach { id, pid: *pid }).await,
+            Self::Reattach(pid) => {
+                conn.open(MAX_WINDOW_BYTES, |id| SupervisorRequest::Reattach { id, pid: *pid }.into()).await
+            }
         }
     }
 }
@@ -309,13 +312,13 @@ enum Reply {
     Nothing,
 }
 
-fn from_sandbox(relay: &mut ProcessRelay, msg: ToHost, reattached: bool) -> Reply {
+fn from_sandbox(relay: &mut ProcessRelay, msg: ProcessEvent, reattached: bool) -> Reply {
     match msg {
-        ToHost::Started { pid, stdin_window, output_window, .. } => {
+        ProcessEvent::Started { pid, stdin_window, output_window, .. } => {
             relay.started(stdin_window, output_window);
             Reply::Send(response(exec_response::Response::Started(ExecStarted { process_id: pid, reattached })), 0)
         }
-        ToHost::Output { stream, data, .. } => {
+        ProcessEvent::Output { stream, data, .. } => {
             let bytes = data.len();
             let r = match stream {
                 Stream::Stdout => exec_response::Response::Stdout(data.into_vec()),
@@ -323,23 +326,19 @@ fn from_sandbox(relay: &mut ProcessRelay, msg: ToHost, reattached: bool) -> Repl
             };
             Reply::Send(response(r), bytes)
         }
-        ToHost::StdinCredit { bytes, .. } => match relay.stdin_credit(bytes) {
+        ProcessEvent::StdinCredit { bytes, .. } => match relay.stdin_credit(bytes) {
             Ok(()) => Reply::Nothing,
             Err(_) => Reply::End(vec![Err(Status::internal("the sandbox broke the stdin credit rules"))]),
         },
-        ToHost::Exited { status, .. } => Reply::End(vec![response(exec_response::Response::Exited(exited(status)))]),
+        ProcessEvent::Exited { status, .. } => {
+            Reply::End(vec![response(exec_response::Response::Exited(exited(status)))])
+        }
         // As a shell shows it: the message on stderr, then the status.
-        ToHost::SpawnFailed { status, message, .. } => Reply::End(vec![
+        ProcessEvent::SpawnFailed { status, message, .. } => Reply::End(vec![
             response(exec_response::Response::Stderr(format!("{message}\n").into_bytes())),
             response(exec_response::Response::Exited(exited(status))),
         ]),
-        ToHost::Refused { reason, .. } => Reply::End(vec![Err(refusal(reason))]),
-        ToHost::Pong { .. }
-        | ToHost::Processes { .. }
-        | ToHost::PolicyAck { .. }
-        | ToHost::CredentialsAck { .. }
-        | ToHost::Hello(_)
-        | ToHost::Reserved => Reply::Nothing,
+        ProcessEvent::Refused { reason, .. } => Reply::End(vec![Err(refusal(reason))]),
     }
 }
 
@@ -358,12 +357,12 @@ async fn from_client(process: &Process, relay: &mut ProcessRelay, r: exec_reques
                 rows: u16::try_from(size.rows).unwrap_or(u16::MAX),
                 cols: u16::try_from(size.cols).unwrap_or(u16::MAX),
             };
-            process.send(ToGuest::Resize { id, size }).await
+            process.send(ProcessRequest::Resize { id, size }).await
         }
         exec_request::Request::Signal(name) => {
             let signal = SignalName::parse(&name)
                 .ok_or_else(|| Status::invalid_argument("unknown signal name (see GetCapabilities.signals)"))?;
-            process.send(ToGuest::Signal { id, signal }).await
+            process.send(ProcessRequest::Signal { id, signal }).await
         }
         exec_request::Request::Start(_) | exec_request::Request::Attach(_) => {
             return Err(Status::invalid_argument("start and attach only open a stream"));

@@ -2,7 +2,10 @@
 //!
 //! - [`socket`]: the API socket and who may connect.
 //! - [`api`]: the gRPC service (`vmdriver.v1.Driver`, with server reflection).
-//! - [`registry`] and [`actor`]: the sandboxes and the task that runs each one.
+//! - [`hub`]: the façade between the API and the sandboxes, over the service's parts: the [`registry`]
+//!   (which sandboxes exist), the [`ledger`] (their shares of the host), [`events`] (what `Watch` follows),
+//!   [`tokens`] (the session each supervisor must open) and the credential rotations ([`credentials`]).
+//! - [`actor`]: the task that runs each sandbox, over its [`record`].
 //! - [`pool`]: the warm pool, VMs booted ahead of demand and claimed by `CreateSandbox`.
 //! - [`sessions`]: supervisors' sessions, which gate readiness.
 //! - [`exec`]: process streams relayed to the sandboxes' attach sockets.
@@ -17,13 +20,19 @@ mod actor;
 pub mod admission;
 mod api;
 pub mod client;
+mod context;
 mod credentials;
+mod events;
 mod exec;
+mod hub;
+mod ledger;
 pub mod pool;
+mod record;
 mod registry;
 mod sessions;
 mod socket;
 mod store;
+mod tokens;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -36,22 +45,20 @@ use vm_contract::args::PROBE_ACCEL;
 use vm_contract::ids::SandboxId;
 use vm_contract::layout::SandboxLayout;
 use vm_contract::status::SupervisorStatus;
-use vm_contract::test_control::TestControl;
 use vm_contract::tombstone::{EndReason, Tombstone};
 use vm_protocol::driver_api::driver_server::DriverServer;
 use vm_protocol::driver_api::FILE_DESCRIPTOR_SET;
 
 use self::actor::{Command, Initial};
-use self::registry::{Context, Registry};
+use self::context::Context;
+use self::hub::Hub;
+use self::ledger::Ledger;
 use self::socket::PeerPolicy;
 use crate::image::ImageSet;
 use crate::reap;
 use crate::sandbox::supervisor::{self, SupervisorError};
 use crate::state::{StateDir, StateError};
 use crate::telemetry::{self, HeaderError, TelemetryConfig};
-
-/// Longest Unix socket path.
-const MAX_SUN_PATH: usize = 107;
 
 /// What `serve` is started with.
 #[derive(Debug, Clone)]
@@ -82,6 +89,8 @@ pub struct ServeConfig {
     pub pool: Vec<pool::PoolTarget>,
     /// Pooled VMs are restored from a snapshot saved at start (`--pool-snapshots`).
     pub pool_snapshots: bool,
+    /// The test controls (all off but in the causal tests).
+    pub controls: crate::controls::Controls,
 }
 
 /// Why `serve` could not start.
@@ -137,24 +146,20 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
     let state = StateDir::open(&config.state_dir)?;
     // One server per state directory: a second would reap, restore and boot the same sandboxes again.
     let _lock = lock_state_dir(&config.state_dir)?;
-    for reaped in reap::reap_all(&state.sandboxes_dir()) {
-        if reaped.killed() {
-            eprintln!("vm-driver: reaped orphaned sandbox {} (its supervisor was gone)", reaped.sandbox);
-        }
-    }
-    crate::gc::collect(&state.sandboxes_dir(), config.retention);
+    let controls = config.controls;
+    clean_up(&state, &config);
     let binary = supervisor::locate()?;
     let accelerator = probe_accelerator(&binary, config.accel).await;
     let jail = config.jail.resolve(&binary)?;
     let sessions_path = config.state_dir.join("sessions.sock");
-    if sessions_path.as_os_str().len() > MAX_SUN_PATH {
+    if sessions_path.as_os_str().len() > crate::unix::MAX_SUN_PATH {
         return Err(ServeError::PathTooLong);
     }
     let mut terminate = signal(SignalKind::terminate()).map_err(ServeError::Signals)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(ServeError::Signals)?;
     let api_listener = socket::bind(&config.socket).await?;
     let sessions_listener = sessions::bind(&sessions_path).map_err(ServeError::Sessions)?;
-    let reg = Arc::new(Registry::new(Context {
+    let ctx = Arc::new(Context {
         state: state.clone(),
         sessions_socket: sessions_path.clone(),
         supervisor: binary,
@@ -167,14 +172,66 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         stop_timeout: config.stop_timeout,
         limits: admission::Limits::of_this_host(&config.admission).ok_or(ServeError::HostMemory)?,
         pool: !config.pool.is_empty(),
-    }));
-    let limits = reg.ctx.limits;
+        controls,
+    });
+    let limits = ctx.limits;
+    say_limits(&limits, fds);
+    let ledger = Ledger::new(limits);
+    let pool = pool::Pool::new(Arc::clone(&ctx), Arc::clone(&ledger), config.pool.clone(), config.pool_snapshots)?;
+    let hub = Hub::new(ctx, ledger, Arc::clone(&pool));
+    // Before the refill: the restored sandboxes hold their shares first.
+    restore(&hub, &state);
+    pool.start();
+    say_pool(&config);
+
+    let (gate, gate_rx) = watch::channel(sessions::Gate::default());
+    // Held until the end of `serve`: dropping it would end every session.
+    let gate = Arc::new(gate);
+    tokio::spawn(sessions::serve(sessions_listener, Arc::clone(&hub), gate_rx));
+    if controls.service.session_gate_signals {
+        session_controls(&gate);
+    }
+
+    let any_peer = controls.service.api_no_peer_check;
+    let policy = PeerPolicy { uid: rustix::process::getuid().as_raw(), pid: config.gateway_pid, any_peer };
+    if controls.service.api_socket_world_reachable {
+        loosen_for_tests(&config.socket);
+    }
+    let server = api_server(api::Api::new(Arc::clone(&hub), accelerator), api_listener, policy)?;
+    eprintln!("vm-driver: serving on {}", config.socket.display());
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = interrupt.recv() => {}
+    }
+    eprintln!("vm-driver: stopping every sandbox");
+    shut_down(&hub, &pool).await;
+    server.abort();
+    drop(gate);
+    let _ = std::fs::remove_file(&config.socket);
+    let _ = std::fs::remove_file(&sessions_path);
+    Ok(())
+}
+
+/// Reaps what an earlier driver left running and collects ended launch sandboxes.
+fn clean_up(state: &StateDir, config: &ServeConfig) {
+    for reaped in reap::reap_all(&state.sandboxes_dir(), config.controls.reaper) {
+        if reaped.killed() {
+            eprintln!("vm-driver: reaped orphaned sandbox {} (its supervisor was gone)", reaped.sandbox);
+        }
+    }
+    crate::gc::collect(&state.sandboxes_dir(), config.retention);
+}
+
+/// Says what may be admitted.
+fn say_limits(limits: &admission::Limits, fds: u64) {
     eprintln!(
         "vm-driver: admitting up to {} sandboxes, {} vCPUs, {} MiB, {} Exec streams ({} per sandbox); {fds} descriptors",
         limits.sandboxes, limits.vcpus, limits.memory_mib, limits.exec_streams, limits.exec_per_sandbox
     );
-    restore(&reg, &state);
-    let pool = pool::Pool::start(Arc::clone(&reg), config.pool.clone(), config.pool_snapshots)?;
+}
+
+/// Says what the warm pool keeps booted.
+fn say_pool(config: &ServeConfig) {
     let how = if config.pool_snapshots { "restored from a snapshot" } else { "booted" };
     for t in &config.pool {
         let image = if t.image.is_empty() { "default" } else { &t.image };
@@ -185,15 +242,14 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
             t.shape.memory_mib()
         );
     }
+}
 
-    let (gate, gate_rx) = watch::channel(sessions::Gate::default());
-    // Held until the end of `serve`: dropping it would end every session.
-    let gate = Arc::new(gate);
-    tokio::spawn(sessions::serve(sessions_listener, Arc::clone(&reg), gate_rx));
-    session_controls(&gate);
-
-    let policy = PeerPolicy { uid: rustix::process::getuid().as_raw(), pid: config.gateway_pid };
-    loosen_for_tests(&config.socket);
+/// Serves `api` (with server reflection) on the connections `policy` admits, in a task of its own.
+fn api_server(
+    api: api::Api,
+    listener: tokio::net::UnixListener,
+    policy: PeerPolicy,
+) -> Result<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>, ServeError> {
     // Both reflection versions: v1, and v1alpha, which many clients (grpcurl, Python's grpcio-reflection) use.
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
@@ -204,30 +260,23 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         .build_v1alpha()
         .map_err(ServeError::Reflection)?;
     let server = tonic::transport::Server::builder()
-        .add_service(DriverServer::new(api::Api::new(Arc::clone(&reg), Arc::clone(&pool), accelerator)))
+        .add_service(DriverServer::new(api))
         .add_service(reflection)
         .add_service(reflection_alpha)
-        .serve_with_incoming(socket::incoming(api_listener, policy));
-    let server = tokio::spawn(server);
-    eprintln!("vm-driver: serving on {}", config.socket.display());
-    tokio::select! {
-        _ = terminate.recv() => {}
-        _ = interrupt.recv() => {}
-    }
-    eprintln!("vm-driver: stopping every sandbox");
-    // No new sandbox after this point: each one known now gets its orderly stop.
-    let stops = reg.close().into_iter().map(|inbox| async move {
+        .serve_with_incoming(socket::incoming(listener, policy));
+    Ok(tokio::spawn(server))
+}
+
+/// Refuses new sandboxes, then gives each known one its orderly stop (keeping its intent) and stops the
+/// pool, all in parallel.
+async fn shut_down(hub: &Hub, pool: &pool::Pool) {
+    let stops = hub.close().into_iter().map(|inbox| async move {
         let (tx, rx) = oneshot::channel();
         if inbox.send(Command::Shutdown(tx)).await.is_ok() {
             let _ = rx.await;
         }
     });
     futures_util::future::join(futures_util::future::join_all(stops), pool.close()).await;
-    server.abort();
-    drop(gate);
-    let _ = std::fs::remove_file(&config.socket);
-    let _ = std::fs::remove_file(&sessions_path);
-    Ok(())
 }
 
 /// Holds an exclusive lock on `STATE/serve.lock` for as long as the returned descriptor lives.
@@ -247,7 +296,7 @@ fn lock_state_dir(dir: &Path) -> Result<std::fs::File, ServeError> {
 }
 
 /// Brings back what the state directory holds.
-fn restore(reg: &Arc<Registry>, state: &StateDir) {
+fn restore(hub: &Arc<Hub>, state: &StateDir) {
     let Ok(entries) = std::fs::read_dir(state.sandboxes_dir()) else { return };
     for entry in entries.flatten() {
         let layout = SandboxLayout::new(entry.path());
@@ -260,7 +309,7 @@ fn restore(reg: &Arc<Registry>, state: &StateDir) {
         } else {
             Initial::Start
         };
-        let _ = actor::spawn(reg, id, layout, spec, initial, false);
+        hub.restore(id, layout, spec, initial);
     }
 }
 
@@ -277,9 +326,6 @@ async fn probe_accelerator(binary: &Path, accel: AccelChoice) -> (String, String
 /// Fault injection (`session-gate-signals`): SIGUSR1 drops every supervisor session and holds new ones;
 /// SIGUSR2 lets them in again. Tests use it to watch readiness close on session loss and reopen.
 fn session_controls(gate: &Arc<watch::Sender<sessions::Gate>>) {
-    if !crate::control(TestControl::SessionGateSignals) {
-        return;
-    }
     let gate = Arc::clone(gate);
     let (Ok(mut usr1), Ok(mut usr2)) = (signal(SignalKind::user_defined1()), signal(SignalKind::user_defined2()))
     else {
@@ -303,11 +349,9 @@ fn session_controls(gate: &Arc<watch::Sender<sessions::Gate>>) {
 /// is what refuses them.
 fn loosen_for_tests(socket: &Path) {
     use std::os::unix::fs::PermissionsExt;
-    if crate::control(TestControl::ApiSocketWorldReachable) {
-        let _ = std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o666));
-        if let Some(dir) = socket.parent() {
-            let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711));
-        }
+    let _ = std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o666));
+    if let Some(dir) = socket.parent() {
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711));
     }
 }
 

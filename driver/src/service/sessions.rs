@@ -9,11 +9,10 @@ use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
-use vm_contract::ids::SandboxId;
 use vm_contract::session::{SessionHello, SessionNote, SessionReply};
 
 use super::actor::Command;
-use super::registry::Registry;
+use super::hub::Hub;
 
 /// Binds the session socket (0600, in the private state directory).
 ///
@@ -43,7 +42,7 @@ const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Accepts sessions forever. An accept error (such as running out of descriptors) is waited out, never
 /// fatal: without this server no sandbox can become ready.
-pub async fn serve(listener: UnixListener, reg: Arc<Registry>, gate: watch::Receiver<Gate>) {
+pub async fn serve(listener: UnixListener, hub: Arc<Hub>, gate: watch::Receiver<Gate>) {
     let our_uid = rustix::process::getuid().as_raw();
     let mut serial = 0u64;
     loop {
@@ -60,11 +59,11 @@ pub async fn serve(listener: UnixListener, reg: Arc<Registry>, gate: watch::Rece
             continue;
         }
         serial += 1;
-        tokio::spawn(session(stream, serial, Arc::clone(&reg), gate.clone()));
+        tokio::spawn(session(stream, serial, Arc::clone(&hub), gate.clone()));
     }
 }
 
-async fn session(stream: UnixStream, serial: u64, reg: Arc<Registry>, mut gate: watch::Receiver<Gate>) {
+async fn session(stream: UnixStream, serial: u64, hub: Arc<Hub>, mut gate: watch::Receiver<Gate>) {
     let (read, mut write) = stream.into_split();
     let mut lines = BufReader::new(read.take(MAX_LINE_BYTES)).lines();
     let Ok(Ok(Some(first))) = tokio::time::timeout(HELLO_TIMEOUT, lines.next_line()).await else { return };
@@ -75,9 +74,8 @@ async fn session(stream: UnixStream, serial: u64, reg: Arc<Registry>, mut gate: 
     let hello = serde_json::from_str::<SessionHello>(&first).ok();
     let accepted = hello
         .as_ref()
-        .filter(|h| reg.check_session(h))
-        .and_then(|h| SandboxId::parse(&h.sandbox_id).ok())
-        .and_then(|id| Some((reg.inbox(&id)?, id, hello.as_ref()?.generation)));
+        .and_then(|h| Some((hub.tokens.check(h)?, h.generation)))
+        .and_then(|(id, generation)| Some((hub.registry.inbox(&id)?, id, generation)));
     let reply = match accepted {
         Some(_) => SessionReply { accepted: true, reason: String::new() },
         None => SessionReply { accepted: false, reason: "unknown sandbox, generation or token".into() },

@@ -9,11 +9,10 @@ use std::io;
 use serde::{Deserialize, Serialize};
 use vm_contract::layout::{SandboxFile, SandboxLayout};
 use vm_contract::session::Generation;
-use vm_contract::shape::{SandboxShape, ShapeError};
-use vm_protocol::driver_api::{ReadinessKind, SandboxSpec};
-use vm_protocol::policy::{PolicyError, SandboxPolicy};
+use vm_contract::shape::SandboxShape;
+use vm_protocol::policy::SandboxPolicy;
 
-/// The spec as stored.
+/// The spec as stored (made from the API's in `super::api`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoredSpec {
@@ -27,49 +26,6 @@ pub struct StoredSpec {
     /// The approved policy; none: every operation.
     #[serde(default)]
     pub policy: Option<SandboxPolicy>,
-}
-
-/// Why a spec from the API cannot be accepted.
-#[derive(Debug, thiserror::Error)]
-pub enum SpecError {
-    /// vCPUs or memory out of range.
-    #[error(transparent)]
-    Shape(#[from] ShapeError),
-    /// The policy is not valid.
-    #[error(transparent)]
-    Policy(#[from] PolicyError),
-}
-
-impl StoredSpec {
-    /// From the API, with defaults filled in.
-    ///
-    /// # Errors
-    /// [`SpecError`] for a shape out of range or a policy that is not valid.
-    pub fn from_api(spec: &SandboxSpec) -> Result<Self, SpecError> {
-        let policy = if spec.policy.is_empty() {
-            None
-        } else {
-            Some(SandboxPolicy::parse(&spec.policy, &vm_protocol::identity::WORKLOAD)?)
-        };
-        Ok(Self {
-            shape: SandboxShape::with_defaults(spec.cpus, spec.memory_mib)?,
-            env: spec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-            image: spec.image.clone(),
-            policy,
-        })
-    }
-
-    /// Back to the API.
-    pub fn to_api(&self) -> SandboxSpec {
-        SandboxSpec {
-            cpus: u32::from(self.shape.cpus()),
-            memory_mib: self.shape.memory_mib(),
-            env: self.env.clone().into_iter().collect(),
-            readiness: ReadinessKind::ReadinessTcp.into(),
-            image: self.image.clone(),
-            policy: self.policy.as_ref().map(SandboxPolicy::to_json).unwrap_or_default(),
-        }
-    }
 }
 
 /// Writes the spec.

@@ -1,4 +1,4 @@
-//! Host entropy and the host's clock for the guest kernel ([`vm_protocol::ToGuest::Reseed`]).
+//! Host entropy and the host's clock for the guest kernel ([`vm_protocol::link::VmRequest::Reseed`]).
 //!
 //! A VM restored from a snapshot is one of many clones: everything in guest memory, the kernel's RNG state
 //! included, is the same in each, and the kernel reseeds on a schedule that runs on guest time, which a
@@ -15,7 +15,7 @@ use std::os::fd::AsRawFd;
 
 use nix::sys::time::TimeSpec;
 use nix::time::{clock_settime, ClockId};
-use vm_protocol::message::RESEED_BYTES;
+use vm_protocol::link::RESEED_BYTES;
 
 /// [`RESEED_BYTES`] as the kernel's `int`.
 #[allow(clippy::cast_possible_truncation, reason = "64")]

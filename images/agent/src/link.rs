@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{killpg, Signal};
 use vm_protocol::handshake::{self, FirstFrameError};
 use vm_protocol::identity::{WorkloadIdentity, WORKLOAD};
-use vm_protocol::message::RESEED_BYTES;
-use vm_protocol::{frame, Capabilities, FrameError, Hello, ProcId, SignalName, ToGuest, ToHost};
+use vm_protocol::link::{ToGuest, ToHost, VmRequest, RESEED_BYTES};
+use vm_protocol::{frame, Capabilities, FrameError, Hello, ProcId, ProcessEvent, ProcessRequest, SignalName};
 
 use crate::outbox::Outbox;
 use crate::process::{self, Lookup, StdinCmd, Table};
@@ -133,14 +133,14 @@ impl Shared {
     }
 
     /// Sends a control frame; a failure means the host is gone, which the reader notices on its own.
-    pub(crate) fn send(&self, msg: &ToHost) {
-        let _ = self.outbox.send(msg);
+    pub(crate) fn send(&self, msg: impl Into<ToHost>) {
+        let _ = self.outbox.send(&msg.into());
     }
 
     /// Sends the `Exited` of a process that just left the table.
-    pub(crate) fn finish(&self, exited: Option<ToHost>) {
+    pub(crate) fn finish(&self, exited: Option<ProcessEvent>) {
         if let Some(msg) = exited {
-            self.send(&msg);
+            self.send(msg);
             self.drained.notify_all();
         }
     }
@@ -204,11 +204,7 @@ fn handshake(shared: &Shared, reader: &mut impl Read, scratch: &mut Vec<u8>) -> 
         Ok(false) => return Err(LinkError::ClosedDuringHandshake),
         Err(e) => return Err(LinkError::Handshake(e.into())),
     }
-    handshake::accept_first(scratch, Capabilities::NONE, |m| match m {
-        ToGuest::Hello(h) => Some(h),
-        _ => None,
-    })
-    .map_err(LinkError::Handshake)
+    handshake::accept_first(scratch, Capabilities::NONE).map_err(LinkError::Handshake)
 }
 
 /// How the reading of requests ended, or a shutdown request (after which reading goes on).
@@ -256,13 +252,34 @@ fn serve_requests(
     }
 }
 
-/// Handles one request; `Ok(Some(grace))` is a shutdown request.
+/// Handles one request; `Ok(Some(grace))` is a shutdown request. Attach-socket requests have no tag on the
+/// link: the decoder already refused them.
 fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<Duration>, LinkError> {
     match msg {
-        ToGuest::Spawn(req) => process::spawn(shared, config, req),
-        ToGuest::Stdin { id, data } if data.is_empty() => return Err(violation(id, "empty stdin")),
-        ToGuest::Credit { id, bytes: 0 } => return Err(violation(id, "zero credit")),
-        ToGuest::Stdin { id, data } => {
+        ToGuest::Process(req) => process_request(shared, config, req)?,
+        ToGuest::Vm(VmRequest::Reseed { entropy, unix_nanos }) => {
+            let Ok(entropy) = <&[u8; RESEED_BYTES]>::try_from(entropy.0.as_slice()) else {
+                return Err(LinkError::Violation { what: "reseed without 64 bytes of entropy".into() });
+            };
+            // Fails closed: the link ends (and the VM with it) rather than serve with the saved RNG state.
+            if config.own_kernel {
+                crate::entropy::reseed(entropy, unix_nanos).map_err(LinkError::Reseed)?;
+            }
+        }
+        ToGuest::Vm(VmRequest::Shutdown { grace_ms }) => return Ok(Some(Duration::from_millis(u64::from(grace_ms)))),
+        ToGuest::Ping { nonce } => shared.send(ToHost::Pong { nonce }),
+        ToGuest::Hello(_) => return Err(LinkError::Violation { what: "unexpected hello after the handshake".into() }),
+    }
+    Ok(None)
+}
+
+/// Handles one request about a process.
+fn process_request(shared: &Arc<Shared>, config: &Config, msg: ProcessRequest) -> Result<(), LinkError> {
+    match msg {
+        ProcessRequest::Spawn(req) => process::spawn(shared, config, req),
+        ProcessRequest::Stdin { id, data } if data.is_empty() => return Err(violation(id, "empty stdin")),
+        ProcessRequest::Credit { id, bytes: 0 } => return Err(violation(id, "zero credit")),
+        ProcessRequest::Stdin { id, data } => {
             let mut table = shared.table();
             if let Lookup::Live(p) = known(&mut table, id)? {
                 p.stdin_window.consume(data.len()).map_err(|e| violation(id, &e.to_string()))?;
@@ -273,7 +290,7 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
                 let _ = tx.send(StdinCmd::Data(data.into_vec()));
             }
         }
-        ToGuest::StdinEof { id } => {
+        ProcessRequest::StdinEof { id } => {
             let mut table = shared.table();
             if let Lookup::Live(p) = known(&mut table, id)? {
                 let tx = p.stdin.take().ok_or_else(|| violation(id, "second stdin EOF"))?;
@@ -282,20 +299,20 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
                 }
             }
         }
-        ToGuest::Signal { id, signal } => {
+        ProcessRequest::Signal { id, signal } => {
             let mut table = shared.table();
             if let Lookup::Live(p) = known(&mut table, id)? {
                 // ESRCH: the group is already gone, a benign race with its exit.
                 let _ = killpg(p.pid, to_nix(signal));
             }
         }
-        ToGuest::Credit { id, bytes } => {
+        ProcessRequest::Credit { id, bytes } => {
             let mut table = shared.table();
             if let Lookup::Live(p) = known(&mut table, id)? {
                 p.credit.grant(bytes).map_err(|e| violation(id, &e.to_string()))?;
             }
         }
-        ToGuest::Resize { id, size } => {
+        ProcessRequest::Resize { id, size } => {
             let mut table = shared.table();
             if let Lookup::Live(p) = known(&mut table, id)? {
                 // Only a terminal has a size. `Refused` is for spawns alone: answering a running process
@@ -305,29 +322,8 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
                 }
             }
         }
-        ToGuest::Reseed { entropy, unix_nanos } => {
-            let Ok(entropy) = <&[u8; RESEED_BYTES]>::try_from(entropy.0.as_slice()) else {
-                return Err(LinkError::Violation { what: "reseed without 64 bytes of entropy".into() });
-            };
-            // Fails closed: the link ends (and the VM with it) rather than serve with the saved RNG state.
-            if config.own_kernel {
-                crate::entropy::reseed(entropy, unix_nanos).map_err(LinkError::Reseed)?;
-            }
-        }
-        ToGuest::Ping { nonce } => shared.send(&ToHost::Pong { nonce }),
-        ToGuest::Shutdown { grace_ms } => return Ok(Some(Duration::from_millis(u64::from(grace_ms)))),
-        ToGuest::Hello(_) | ToGuest::Reserved => {
-            return Err(LinkError::Violation { what: "unexpected hello after the handshake".into() })
-        }
-        ToGuest::Reattach { .. }
-        | ToGuest::ListProcesses
-        | ToGuest::UpdatePolicy(_)
-        | ToGuest::RotateCredentials(_)
-        | ToGuest::Detach { .. } => {
-            return Err(LinkError::Violation { what: "an attach-socket request reached the guest".into() })
-        }
     }
-    Ok(None)
+    Ok(())
 }
 
 /// Resolves an id, turning a never-spawned id into a violation.

@@ -28,7 +28,8 @@ use std::sync::{Mutex, PoisonError};
 use rustix::io::{ioctl_fionread, Errno};
 use rustix::pipe::{fcntl_setpipe_size, pipe_with, splice, PipeFlags, SpliceFlags};
 use vm_protocol::frame::{self, MAX_DATA_BYTES, OUTPUT_PREFIX_BYTES};
-use vm_protocol::{FrameError, ProcId, Stream, ToHost};
+use vm_protocol::link::ToHost;
+use vm_protocol::{FrameError, ProcId, Stream};
 
 /// Serialized access to the channel's write half.
 #[derive(Debug)]

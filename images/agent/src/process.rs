@@ -23,7 +23,7 @@ use rustix::pipe::PipeFlags;
 use vm_protocol::flow::DEFAULT_WINDOW_BYTES;
 use vm_protocol::frame::MAX_DATA_BYTES;
 use vm_protocol::message::{Refusal, MAX_FAILURE_MESSAGE_BYTES};
-use vm_protocol::{ExitStatus, ProcId, PtySize, Spawn, Stream, ToHost, Window};
+use vm_protocol::{ExitStatus, ProcId, ProcessEvent, PtySize, Spawn, Stream, Window};
 
 use crate::credit::Credit;
 use crate::link::{Config, Shared};
@@ -105,24 +105,24 @@ impl Table {
     }
 
     /// Records a reaped child. Returns the `Exited` to send if that finished the process.
-    pub(crate) fn reaped(&mut self, pid: Pid, status: ExitStatus) -> Option<ToHost> {
+    pub(crate) fn reaped(&mut self, pid: Pid, status: ExitStatus) -> Option<ProcessEvent> {
         let id = self.by_pid.remove(&pid)?;
         self.live.get_mut(&id)?.status = Some(status);
         self.finish_if_done(id)
     }
 
     /// Records that one output stream reached EOF. Returns the `Exited` to send if that finished it.
-    fn stream_closed(&mut self, id: ProcId) -> Option<ToHost> {
+    fn stream_closed(&mut self, id: ProcId) -> Option<ProcessEvent> {
         let proc = self.live.get_mut(&id)?;
         proc.open_streams = proc.open_streams.saturating_sub(1);
         self.finish_if_done(id)
     }
 
-    fn finish_if_done(&mut self, id: ProcId) -> Option<ToHost> {
+    fn finish_if_done(&mut self, id: ProcId) -> Option<ProcessEvent> {
         let proc = self.live.get(&id)?;
         let status = proc.status.filter(|_| proc.open_streams == 0)?;
         self.live.remove(&id);
-        Some(ToHost::Exited { id, status })
+        Some(ProcessEvent::Exited { id, status })
     }
 }
 
@@ -130,7 +130,7 @@ impl Table {
 pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
     let id = req.id;
     if let Err(reason) = admit(shared, config, &req) {
-        shared.send(&ToHost::Refused { id, reason });
+        shared.send(ProcessEvent::Refused { id, reason });
         return;
     }
     let output = Arc::new(Credit::new(req.output_window));
@@ -179,7 +179,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
         // (The reaper reports nothing for it: it is in no table.)
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
         drop(table);
-        shared.send(&ToHost::Refused { id, reason: Refusal::Invalid });
+        shared.send(ProcessEvent::Refused { id, reason: Refusal::Invalid });
         return;
     };
     let (stdin_tx, stdin_rx) = mpsc::channel();
@@ -202,7 +202,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
     shared.children_changed();
 
     // `Started` goes out before any pump exists, so it precedes all output.
-    shared.send(&ToHost::Started {
+    shared.send(ProcessEvent::Started {
         id,
         pid: pid.as_raw().unsigned_abs(),
         stdin_window: DEFAULT_WINDOW_BYTES,
@@ -307,7 +307,7 @@ fn fail_early(shared: &Shared, id: ProcId, msg: &str, code: i32) {
         end -= 1;
     }
     let message = msg[..end].to_owned();
-    shared.send(&ToHost::SpawnFailed { id, status: ExitStatus::Code(code), message });
+    shared.send(ProcessEvent::SpawnFailed { id, status: ExitStatus::Code(code), message });
 }
 
 fn start_thread(shared: &Arc<Shared>, role: &str, body: impl FnOnce(Arc<Shared>) + Send + 'static) {
@@ -428,7 +428,7 @@ fn write_stdin(shared: &Shared, id: ProcId, mut pipe: impl Write, tty: bool, rx:
                 return;
             }
         }
-        shared.send(&ToHost::StdinCredit { id, bytes });
+        shared.send(ProcessEvent::StdinCredit { id, bytes });
     }
     // `Eof`, or the process left the table: dropping `pipe` closes the process's stdin.
 }

@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 
 use vm_agent::link::{self, End, LinkError};
 use vm_protocol::handshake::{FirstFrameError, HandshakeError};
-use vm_protocol::message::{EnvVar, HostEntropy, Refusal, RESEED_BYTES};
+use vm_protocol::link::{HostEntropy, ToGuest, ToHost, VmRequest, RESEED_BYTES};
+use vm_protocol::message::{EnvVar, Refusal};
 use vm_protocol::{
-    frame, Capabilities, ExitStatus, Hello, ProcId, PtySize, SignalName, Spawn, Stream, ToGuest, ToHost,
+    frame, Capabilities, ExitStatus, Hello, ProcId, ProcessEvent, ProcessRequest, PtySize, SignalName, Spawn, Stream,
 };
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -64,14 +65,14 @@ impl Host {
     }
 
     fn spawn(&mut self, id: u32, argv: &[&str], window: u32) {
-        self.send(&ToGuest::Spawn(Spawn {
+        self.send(&ToGuest::Process(ProcessRequest::Spawn(Spawn {
             id: ProcId(id),
             argv: argv.iter().map(|s| (*s).to_string()).collect(),
             env: vec![],
             cwd: None,
             pty: None,
             output_window: window,
-        }));
+        })));
     }
 
     /// Collects one process's frames until `Exited`, granting credit for every byte it receives.
@@ -79,38 +80,38 @@ impl Host {
         let mut run = Run::default();
         loop {
             match self.recv().expect("channel closed before Exited") {
-                ToHost::Started { id: got, .. } if got == ProcId(id) => run.started = true,
-                ToHost::Output { id: got, stream, data } if got == ProcId(id) => {
+                ToHost::Process(ProcessEvent::Started { id: got, .. }) if got == ProcId(id) => run.started = true,
+                ToHost::Process(ProcessEvent::Output { id: got, stream, data }) if got == ProcId(id) => {
                     assert!(run.status.is_none(), "output after exit");
                     match stream {
                         Stream::Stdout => run.stdout.extend_from_slice(&data),
                         Stream::Stderr => run.stderr.extend_from_slice(&data),
                     }
                     let bytes = u32::try_from(data.len()).unwrap();
-                    self.send(&ToGuest::Credit { id: ProcId(id), bytes });
+                    self.send(&ToGuest::Process(ProcessRequest::Credit { id: ProcId(id), bytes }));
                 }
-                ToHost::Exited { id: got, status } if got == ProcId(id) => {
+                ToHost::Process(ProcessEvent::Exited { id: got, status }) if got == ProcId(id) => {
                     run.status = Some(status);
                     return run;
                 }
-                ToHost::Refused { id: got, reason } if got == ProcId(id) => {
+                ToHost::Process(ProcessEvent::Refused { id: got, reason }) if got == ProcId(id) => {
                     run.refused = Some(reason);
                     return run;
                 }
                 // As the host shows it: the message on the process's stderr, then the status.
-                ToHost::SpawnFailed { id: got, status, message } if got == ProcId(id) => {
+                ToHost::Process(ProcessEvent::SpawnFailed { id: got, status, message }) if got == ProcId(id) => {
                     run.stderr.extend_from_slice(format!("{message}\n").as_bytes());
                     run.status = Some(status);
                     return run;
                 }
-                ToHost::StdinCredit { .. } => {}
+                ToHost::Process(ProcessEvent::StdinCredit { .. }) => {}
                 other => panic!("unexpected {other:?}"),
             }
         }
     }
 
     fn finish(mut self) -> Result<End, LinkError> {
-        self.send(&ToGuest::Shutdown { grace_ms: 1000 });
+        self.send(&ToGuest::Vm(VmRequest::Shutdown { grace_ms: 1000 }));
         self.agent.take().unwrap().join().unwrap()
     }
 }
@@ -154,14 +155,14 @@ fn a_missing_command_exits_127_with_a_message() {
 fn a_missing_working_directory_is_a_clear_error() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut host = Host::start();
-    host.send(&ToGuest::Spawn(Spawn {
+    host.send(&ToGuest::Process(ProcessRequest::Spawn(Spawn {
         id: ProcId(1),
         argv: vec!["true".into()],
         env: vec![],
         cwd: Some("/no/such/dir".into()),
         pty: None,
         output_window: 4096,
-    }));
+    })));
     let run = host.collect(1);
     assert_eq!(run.status, Some(ExitStatus::Code(126)));
     assert!(String::from_utf8_lossy(&run.stderr).contains("/no/such/dir"));
@@ -173,18 +174,18 @@ fn stdin_reaches_the_process_and_eof_is_explicit() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut host = Host::start();
     host.spawn(1, &["cat"], 1 << 20);
-    host.send(&ToGuest::Stdin { id: ProcId(1), data: b"abc".to_vec().into() });
+    host.send(&ToGuest::Process(ProcessRequest::Stdin { id: ProcId(1), data: b"abc".to_vec().into() }));
     // Without EOF, cat keeps running: nothing but output may arrive.
     host.stream.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
     let mut seen = Vec::new();
     while let Ok(Some(msg)) = frame::read::<ToHost, _>(&mut host.stream, &mut host.scratch) {
-        assert!(!matches!(msg, ToHost::Exited { .. }), "cat exited without stdin EOF");
-        if let ToHost::Output { data, .. } = msg {
+        assert!(!matches!(msg, ToHost::Process(ProcessEvent::Exited { .. })), "cat exited without stdin EOF");
+        if let ToHost::Process(ProcessEvent::Output { data, .. }) = msg {
             seen.extend_from_slice(&data);
         }
     }
     host.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    host.send(&ToGuest::StdinEof { id: ProcId(1) });
+    host.send(&ToGuest::Process(ProcessRequest::StdinEof { id: ProcId(1) }));
     let run = host.collect(1);
     seen.extend_from_slice(&run.stdout);
     assert_eq!(seen, b"abc");
@@ -199,7 +200,7 @@ fn stdin_larger_than_the_window_flows_with_credit() {
     let mut host = Host::start();
     host.spawn(1, &["sha256sum"], 4096);
     let mut credit = match host.recv().unwrap() {
-        ToHost::Started { stdin_window, .. } => stdin_window as usize,
+        ToHost::Process(ProcessEvent::Started { stdin_window, .. }) => stdin_window as usize,
         other => panic!("{other:?}"),
     };
     let input: Vec<u8> = (0..TOTAL).map(|i| u8::try_from(i * 7 % 251).unwrap()).collect();
@@ -207,16 +208,19 @@ fn stdin_larger_than_the_window_flows_with_credit() {
     while sent < TOTAL {
         while credit == 0 {
             match host.recv().unwrap() {
-                ToHost::StdinCredit { bytes, .. } => credit += bytes as usize,
+                ToHost::Process(ProcessEvent::StdinCredit { bytes, .. }) => credit += bytes as usize,
                 other => panic!("{other:?}"),
             }
         }
         let n = credit.min(frame::MAX_DATA_BYTES).min(TOTAL - sent);
-        host.send(&ToGuest::Stdin { id: ProcId(1), data: input[sent..sent + n].to_vec().into() });
+        host.send(&ToGuest::Process(ProcessRequest::Stdin {
+            id: ProcId(1),
+            data: input[sent..sent + n].to_vec().into(),
+        }));
         sent += n;
         credit -= n;
     }
-    host.send(&ToGuest::StdinEof { id: ProcId(1) });
+    host.send(&ToGuest::Process(ProcessRequest::StdinEof { id: ProcId(1) }));
     let run = host.collect(1);
     // Hashed in-process: a child of ours would be reaped by the agent's reaper, which waits for any child.
     let expected: String = sha2::Sha256::digest(&input).iter().map(|b| format!("{b:02x}")).collect();
@@ -228,14 +232,14 @@ fn stdin_larger_than_the_window_flows_with_credit() {
 fn env_and_cwd_reach_the_process() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut host = Host::start();
-    host.send(&ToGuest::Spawn(Spawn {
+    host.send(&ToGuest::Process(ProcessRequest::Spawn(Spawn {
         id: ProcId(1),
         argv: vec!["/bin/sh".into(), "-c".into(), "echo \"$GREETING\"; pwd".into()],
         env: vec![EnvVar { key: "GREETING".into(), value: "hello there".into() }],
         cwd: Some("/tmp".into()),
         pty: None,
         output_window: 4096,
-    }));
+    })));
     let run = host.collect(1);
     assert_eq!(String::from_utf8_lossy(&run.stdout), "hello there\n/tmp\n");
     host.finish().unwrap();
@@ -254,8 +258,8 @@ fn output_stops_at_the_credit_window_and_resumes_when_granted() {
     let deadline = Instant::now() + Duration::from_secs(2);
     while Instant::now() < deadline {
         match frame::read::<ToHost, _>(&mut host.stream, &mut host.scratch) {
-            Ok(Some(ToHost::Output { data, .. })) => held += data.len(),
-            Ok(Some(ToHost::Started { .. })) => {}
+            Ok(Some(ToHost::Process(ProcessEvent::Output { data, .. }))) => held += data.len(),
+            Ok(Some(ToHost::Process(ProcessEvent::Started { .. }))) => {}
             Ok(Some(other)) => panic!("unexpected {other:?}"),
             Ok(None) => panic!("closed"),
             Err(_) => {}
@@ -263,7 +267,7 @@ fn output_stops_at_the_credit_window_and_resumes_when_granted() {
     }
     assert_eq!(held, WINDOW as usize, "the agent sent exactly its window and then waited");
     host.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    host.send(&ToGuest::Credit { id: ProcId(1), bytes: WINDOW });
+    host.send(&ToGuest::Process(ProcessRequest::Credit { id: ProcId(1), bytes: WINDOW }));
     let run = host.collect(1);
     assert_eq!(held + run.stdout.len(), TOTAL);
     assert_eq!(run.status, Some(ExitStatus::Code(0)));
@@ -325,13 +329,13 @@ fn signals_reach_the_process_group() {
     // The shell waits on sleep; SIGINT to the group interrupts both, as Ctrl-C in a terminal would.
     host.spawn(1, &["/bin/sh", "-c", "sleep 30; echo not reached"], 4096);
     let pid = match host.recv().unwrap() {
-        ToHost::Started { pid, .. } => pid,
+        ToHost::Process(ProcessEvent::Started { pid, .. }) => pid,
         other => panic!("{other:?}"),
     };
     // Signal only once sleep has exec'd: a signal that lands between fork and exec hits the shell's
     // handler in the child and is lost, which would test dash rather than us.
     wait_for_group_member(pid, "sleep");
-    host.send(&ToGuest::Signal { id: ProcId(1), signal: SignalName::Int });
+    host.send(&ToGuest::Process(ProcessRequest::Signal { id: ProcId(1), signal: SignalName::Int }));
     let run = host.collect(1);
     assert_eq!(run.status, Some(ExitStatus::Signaled(2)));
     assert!(run.stdout.is_empty());
@@ -339,14 +343,14 @@ fn signals_reach_the_process_group() {
 }
 
 fn spawn_tty(host: &mut Host, id: u32, argv: &[&str], rows: u16, cols: u16) {
-    host.send(&ToGuest::Spawn(Spawn {
+    host.send(&ToGuest::Process(ProcessRequest::Spawn(Spawn {
         id: ProcId(id),
         argv: argv.iter().map(|s| (*s).to_string()).collect(),
         env: vec![],
         cwd: None,
         pty: Some(PtySize { rows, cols }),
         output_window: 1 << 20,
-    }));
+    })));
 }
 
 #[test]
@@ -376,11 +380,11 @@ fn a_resize_delivers_sigwinch_and_the_new_size() {
     spawn_tty(&mut host, 1, &["/bin/sh", "-c", script], 24, 80);
     let mut seen = Vec::new();
     while !String::from_utf8_lossy(&seen).contains("ready") {
-        if let Some(ToHost::Output { data, .. }) = host.recv() {
+        if let Some(ToHost::Process(ProcessEvent::Output { data, .. })) = host.recv() {
             seen.extend_from_slice(&data);
         }
     }
-    host.send(&ToGuest::Resize { id: ProcId(1), size: PtySize { rows: 50, cols: 132 } });
+    host.send(&ToGuest::Process(ProcessRequest::Resize { id: ProcId(1), size: PtySize { rows: 50, cols: 132 } }));
     let run = host.collect(1);
     assert!(String::from_utf8_lossy(&run.stdout).contains("50 132"), "{:?}", String::from_utf8_lossy(&run.stdout));
     assert_eq!(run.status, Some(ExitStatus::Code(0)));
@@ -401,13 +405,13 @@ fn ctrl_c_on_a_pty_interrupts_the_foreground_job() {
     let mut seen = Vec::new();
     while !String::from_utf8_lossy(&seen).contains("ready") {
         match host.recv() {
-            Some(ToHost::Output { data, .. }) => seen.extend_from_slice(&data),
-            Some(ToHost::Started { .. }) => {}
+            Some(ToHost::Process(ProcessEvent::Output { data, .. })) => seen.extend_from_slice(&data),
+            Some(ToHost::Process(ProcessEvent::Started { .. })) => {}
             other => panic!("{other:?}"),
         }
     }
     // The byte a terminal sends for Ctrl-C; the line discipline turns it into SIGINT.
-    host.send(&ToGuest::Stdin { id: ProcId(1), data: vec![0x03].into() });
+    host.send(&ToGuest::Process(ProcessRequest::Stdin { id: ProcId(1), data: vec![0x03].into() }));
     let run = host.collect(1);
     assert!(String::from_utf8_lossy(&run.stdout).contains("got-int"));
     assert_eq!(run.status, Some(ExitStatus::Code(42)));
@@ -423,7 +427,7 @@ fn ids_must_increase() {
     host.spawn(5, &["true"], 4096);
     assert_eq!(host.collect(5).refused, Some(Refusal::IdNotIncreasing));
     // A late message for an exited process is a benign race, not a violation.
-    host.send(&ToGuest::Credit { id: ProcId(5), bytes: 1 });
+    host.send(&ToGuest::Process(ProcessRequest::Credit { id: ProcId(5), bytes: 1 }));
     host.spawn(6, &["true"], 4096);
     assert_eq!(host.collect(6).status, Some(ExitStatus::Code(0)));
     host.finish().unwrap();
@@ -433,7 +437,7 @@ fn ids_must_increase() {
 fn a_message_for_a_never_spawned_id_is_a_violation() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut host = Host::start();
-    host.send(&ToGuest::StdinEof { id: ProcId(99) });
+    host.send(&ToGuest::Process(ProcessRequest::StdinEof { id: ProcId(99) }));
     let result = host.agent.take().unwrap().join().unwrap();
     assert!(matches!(result, Err(LinkError::Violation { .. })), "{result:?}");
 }
@@ -444,13 +448,13 @@ fn stdin_beyond_the_granted_window_is_a_violation() {
     let mut host = Host::start();
     host.spawn(1, &["sleep", "30"], 4096);
     let window = match host.recv().unwrap() {
-        ToHost::Started { stdin_window, .. } => stdin_window as usize,
+        ToHost::Process(ProcessEvent::Started { stdin_window, .. }) => stdin_window as usize,
         other => panic!("{other:?}"),
     };
     // sleep never reads, so after its pipe fills no more credit comes back: twice the window must overrun.
     let chunk = vec![0u8; frame::MAX_DATA_BYTES];
     for _ in 0..2 * window / chunk.len() {
-        let msg = ToGuest::Stdin { id: ProcId(1), data: chunk.clone().into() };
+        let msg = ToGuest::Process(ProcessRequest::Stdin { id: ProcId(1), data: chunk.clone().into() });
         if frame::write(&mut host.stream, &msg, &mut Vec::new()).is_err() {
             break; // the agent already hung up on us
         }
@@ -464,8 +468,8 @@ fn shutdown_stops_running_processes_and_reports_them() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut host = Host::start();
     host.spawn(1, &["sleep", "300"], 4096);
-    assert!(matches!(host.recv(), Some(ToHost::Started { .. })));
-    host.send(&ToGuest::Shutdown { grace_ms: 2000 });
+    assert!(matches!(host.recv(), Some(ToHost::Process(ProcessEvent::Started { .. }))));
+    host.send(&ToGuest::Vm(VmRequest::Shutdown { grace_ms: 2000 }));
     let run = host.collect(1);
     assert_eq!(run.status, Some(ExitStatus::Signaled(15)), "SIGTERM within the grace period");
     assert_eq!(host.agent.take().unwrap().join().unwrap().unwrap(), End::Shutdown);
@@ -477,7 +481,7 @@ fn host_going_away_kills_everything() {
     let mut host = Host::start();
     host.spawn(1, &["/bin/sh", "-c", "echo $$; exec sleep 300"], 4096);
     let pid: i32 = loop {
-        if let Some(ToHost::Output { data, .. }) = host.recv() {
+        if let Some(ToHost::Process(ProcessEvent::Output { data, .. })) = host.recv() {
             break String::from_utf8_lossy(&data).trim().parse().unwrap();
         }
     };
@@ -511,15 +515,15 @@ fn rejects_a_host_of_another_version() {
 fn the_host_breaking_the_rules_ends_the_link() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let broken: [fn(ProcId) -> ToGuest; 3] = [
-        |id| ToGuest::Stdin { id, data: Vec::new().into() },
-        |id| ToGuest::Credit { id, bytes: 0 },
+        |id| ToGuest::Process(ProcessRequest::Stdin { id, data: Vec::new().into() }),
+        |id| ToGuest::Process(ProcessRequest::Credit { id, bytes: 0 }),
         // Credit for output that was never sent: the window would pass its capacity.
-        |id| ToGuest::Credit { id, bytes: 1 },
+        |id| ToGuest::Process(ProcessRequest::Credit { id, bytes: 1 }),
     ];
     for make in broken {
         let mut host = Host::start();
         host.spawn(1, &["sleep", "30"], 4096);
-        assert!(matches!(host.recv(), Some(ToHost::Started { .. })));
+        assert!(matches!(host.recv(), Some(ToHost::Process(ProcessEvent::Started { .. }))));
         let msg = make(ProcId(1));
         host.send(&msg);
         let result = host.agent.take().unwrap().join().unwrap();
@@ -534,13 +538,13 @@ fn a_reseed_is_taken_in_turn_and_one_without_64_bytes_ends_the_link() {
     // order, nothing more.
     let mut host = Host::start();
     let entropy = |n: usize| HostEntropy(vec![7u8; n].into());
-    host.send(&ToGuest::Reseed { entropy: entropy(RESEED_BYTES), unix_nanos: 1 });
+    host.send(&ToGuest::Vm(VmRequest::Reseed { entropy: entropy(RESEED_BYTES), unix_nanos: 1 }));
     host.send(&ToGuest::Ping { nonce: 9 });
     assert_eq!(host.recv(), Some(ToHost::Pong { nonce: 9 }));
     host.finish().unwrap();
     for size in [0, RESEED_BYTES - 1, RESEED_BYTES + 1] {
         let mut host = Host::start();
-        host.send(&ToGuest::Reseed { entropy: entropy(size), unix_nanos: 1 });
+        host.send(&ToGuest::Vm(VmRequest::Reseed { entropy: entropy(size), unix_nanos: 1 }));
         let result = host.agent.take().unwrap().join().unwrap();
         assert!(matches!(result, Err(LinkError::Violation { .. })), "{size} bytes: {result:?}");
     }

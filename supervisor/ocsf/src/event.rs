@@ -1,140 +1,13 @@
-//! Event classes, the objects they require, and their two renderings (JSON and a shorthand line).
+//! The event, its builders (one per class and activity), and its two renderings (JSON and a shorthand line).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use vm_contract::logs::printable;
-
+use crate::class::Class;
+use crate::finding::Finding;
+use crate::objects::{Actor, Api, AppInfo, Device, Endpoint, FindingInfo, Metadata, ProcessInfo, Product, Service};
 use crate::version::SchemaVersion;
-
-/// The OCSF `product` object; used for `metadata.product` and for `app`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Product {
-    /// Product name.
-    pub name: String,
-    /// Vendor.
-    pub vendor_name: String,
-    /// Version.
-    pub version: String,
-    /// A unique id, where the product is an instance (a sandbox).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub uid: Option<String>,
-}
-
-/// `metadata`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Metadata {
-    /// The schema version.
-    pub version: String,
-    /// What produced the event.
-    pub product: Product,
-    /// Sequence number of the event within its sandbox, for finding gaps.
-    pub sequence: u64,
-}
-
-/// `device`: the sandbox's VM.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Device {
-    /// 6 = Virtual.
-    pub type_id: u8,
-    /// "Virtual".
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    /// The sandbox id.
-    pub name: String,
-    /// The sandbox id.
-    pub uid: String,
-    /// The guest hostname.
-    pub hostname: String,
-}
-
-/// `actor`: who caused the activity.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Actor {
-    /// The acting application.
-    pub app_name: String,
-    /// Its instance (the sandbox id).
-    pub app_uid: String,
-}
-
-/// `api`: the control-plane call an API Activity records.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Api {
-    /// The call (`UpdatePolicy`, `RotateCredentials`).
-    pub operation: String,
-    /// Who serves it.
-    pub service: Service,
-}
-
-/// `service`: the endpoint's service.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Service {
-    /// Its name.
-    pub name: String,
-}
-
-/// `src_endpoint`: where a call came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Endpoint {
-    /// Its name (the socket it came through).
-    pub name: String,
-}
-
-/// `process`: a workload process inside the guest.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ProcessInfo {
-    /// Pid inside the guest, once known.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pid: Option<i32>,
-    /// argv\[0\]'s file name.
-    pub name: String,
-    /// argv joined by spaces.
-    pub cmd_line: String,
-    /// `<sandbox>/<process id>`.
-    pub uid: String,
-}
-
-/// Longest `cmd_line` in an event, in characters; a longer one is cut and ends in `...`.
-pub const MAX_CMD_LINE_CHARS: usize = 1024;
-/// Longest process `name` in an event, in characters.
-pub const MAX_NAME_CHARS: usize = 256;
-
-impl ProcessInfo {
-    /// Describes a process from its argv: the workload chose it, so it is cut to a bound and every control
-    /// character (newline, ESC) becomes `?`, and no event, shorthand line or terminal gets one.
-    pub fn new(sandbox: &str, id: u32, pid: Option<i32>, argv: &[String]) -> Self {
-        let name = argv.first().map(|a| a.rsplit('/').next().unwrap_or(a)).unwrap_or_default();
-        Self {
-            pid,
-            name: printable(name, MAX_NAME_CHARS),
-            cmd_line: printable(&argv.join(" "), MAX_CMD_LINE_CHARS),
-            uid: format!("{sandbox}/{id}"),
-        }
-    }
-}
-
-/// `finding_info`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FindingInfo {
-    /// Unique id of the finding.
-    pub uid: String,
-    /// One-line title.
-    pub title: String,
-    /// What exactly was observed (fixed text plus ids; never payload).
-    pub desc: String,
-    /// A stable kind for filtering.
-    pub types: Vec<String>,
-}
-
-/// The application whose lifecycle an event reports.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AppInfo {
-    /// `sandbox` or `microvm`.
-    pub name: String,
-    /// Version of what runs it (supervisor, agent).
-    pub version: String,
-}
 
 /// OCSF `severity_id`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -194,86 +67,12 @@ pub enum ProcessActivity {
     Terminate,
 }
 
-/// The security findings a supervisor reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finding {
-    /// The driver's liveness pipe closed: the VM was killed.
-    LivenessLost,
-    /// The lease with the watchdog failed: the VM was killed.
-    LeaseLost,
-    /// The watchdog killed the VMM.
-    WatchdogAction,
-    /// A request to use the sandbox was refused (wrong peer, bad input).
-    AdmissionRefused,
-    /// The guest broke the boundary protocol.
-    GuestProtocolViolation,
-    /// Events over the sandbox's rate or size limits were dropped (and counted).
-    TelemetryDropped,
-    /// A log the guest writes (console, VMM) reached its cap; the rest is dropped and counted.
-    LogCapped,
-    /// The VMM ran into a limit of its jail's cgroup (memory: killed; pids: refused).
-    VmmLimit,
-    /// The sandbox's policy denied a client's operation (the detail names it and the revision).
-    PolicyDenied,
-    /// The launch descriptor did not match the trusted arguments: the start was stopped.
-    DescriptorMismatch,
-}
-
-impl Finding {
-    fn title(self) -> &'static str {
-        match self {
-            Self::LivenessLost => "Parent liveness lost; VM killed",
-            Self::LeaseLost => "Watchdog lease lost; VM killed",
-            Self::WatchdogAction => "Watchdog killed the VMM",
-            Self::AdmissionRefused => "Admission refused",
-            Self::GuestProtocolViolation => "Guest violated the boundary protocol",
-            Self::TelemetryDropped => "Telemetry over its limits was dropped",
-            Self::LogCapped => "A guest log reached its cap",
-            Self::VmmLimit => "The VMM hit a limit of its jail",
-            Self::PolicyDenied => "The sandbox policy denied an operation",
-            Self::DescriptorMismatch => "The launch descriptor did not match; start stopped",
-        }
-    }
-
-    fn kind(self) -> &'static str {
-        match self {
-            Self::LivenessLost => "liveness_lost",
-            Self::LeaseLost => "lease_lost",
-            Self::WatchdogAction => "watchdog_action",
-            Self::AdmissionRefused => "admission_refused",
-            Self::GuestProtocolViolation => "guest_protocol_violation",
-            Self::TelemetryDropped => "telemetry_dropped",
-            Self::LogCapped => "log_capped",
-            Self::VmmLimit => "vmm_limit",
-            Self::PolicyDenied => "policy_denied",
-            Self::DescriptorMismatch => "descriptor_mismatch",
-        }
-    }
-
-    fn severity(self) -> Severity {
-        match self {
-            Self::AdmissionRefused | Self::TelemetryDropped | Self::LogCapped | Self::PolicyDenied => Severity::Medium,
-            Self::LivenessLost
-            | Self::LeaseLost
-            | Self::WatchdogAction
-            | Self::GuestProtocolViolation
-            | Self::VmmLimit
-            | Self::DescriptorMismatch => Severity::High,
-        }
-    }
-}
-
 /// One OCSF event. Fields a class does not have stay `None` and are not serialized.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Event {
-    /// Class.
-    pub class_uid: u32,
-    /// Class caption.
-    pub class_name: &'static str,
-    /// Category.
-    pub category_uid: u32,
-    /// Category caption.
-    pub category_name: &'static str,
+    /// Class and category: serialized as `class_uid`, `class_name`, `category_uid` and `category_name`.
+    #[serde(flatten)]
+    pub class: Class,
     /// Activity within the class.
     pub activity_id: u32,
     /// Activity caption.
@@ -362,32 +161,20 @@ impl Source {
         }
     }
 
-    #[expect(clippy::too_many_arguments, reason = "one argument per classification field")]
-    fn base(
-        &self,
-        class_uid: u32,
-        class_name: &'static str,
-        category_uid: u32,
-        category_name: &'static str,
-        activity_id: u32,
-        activity_name: &'static str,
-        severity: Severity,
-        message: String,
-    ) -> Event {
+    /// An event of `class`, activity `(activity_id, activity_name)`.
+    fn base(&self, class: Class, activity: (u32, &'static str), severity: Severity, message: String) -> Event {
+        let (activity_id, activity_name) = activity;
         let time = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         let sequence = self.sequence.get() + 1;
         self.sequence.set(sequence);
         Event {
-            class_uid,
-            class_name,
-            category_uid,
-            category_name,
+            class,
             activity_id,
             activity_name,
-            type_uid: u64::from(class_uid) * 100 + u64::from(activity_id),
-            type_name: format!("{class_name}: {activity_name}"),
+            type_uid: u64::from(class.uid) * 100 + u64::from(activity_id),
+            type_name: format!("{}: {activity_name}", class.caption),
             severity_id: severity as u8,
             severity: severity.name(),
             time,
@@ -417,8 +204,7 @@ impl Source {
         let severity = if status == Status::Success { Severity::Informational } else { Severity::Medium };
         let outcome = if status == Status::Success { "" } else { " failed" };
         let message = format!("{} {}{outcome}", app.name, name.to_lowercase());
-        let mut event =
-            self.base(6002, "Application Lifecycle", 6, "Application Activity", id, name, severity, message);
+        let mut event = self.base(Class::APPLICATION_LIFECYCLE, (id, name), severity, message);
         event.app = Some(Product {
             name: app.name.clone(),
             vendor_name: self.product.vendor_name.clone(),
@@ -440,8 +226,7 @@ impl Source {
             Some(code) => format!("process {} exited {code}: {}", process.uid, process.cmd_line),
             None => format!("process {} launched: {}", process.uid, process.cmd_line),
         };
-        let mut event =
-            self.base(1007, "Process Activity", 1, "System Activity", id, name, Severity::Informational, message);
+        let mut event = self.base(Class::PROCESS_ACTIVITY, (id, name), Severity::Informational, message);
         event.actor = Some(Actor { app_name: self.product.name.clone(), app_uid: self.sandbox.clone() });
         event.device = Some(self.device());
         event.process = Some(process);
@@ -452,16 +237,7 @@ impl Source {
     /// Detection Finding (2004). `detail` must be fixed text plus ids, never payload.
     pub fn finding(&self, finding: Finding, detail: &str) -> Event {
         let sequence = self.sequence.get() + 1;
-        let mut event = self.base(
-            2004,
-            "Detection Finding",
-            2,
-            "Findings",
-            1,
-            "Create",
-            finding.severity(),
-            finding.title().into(),
-        );
+        let mut event = self.base(Class::DETECTION_FINDING, (1, "Create"), finding.severity(), finding.title().into());
         event.finding_info = Some(FindingInfo {
             uid: format!("{}-{sequence}", self.sandbox),
             title: finding.title().into(),
@@ -476,16 +252,8 @@ impl Source {
     /// API Activity (6003), Update: a control-plane call that changed (or was refused a change of) the
     /// sandbox's settings, made through the attach socket `endpoint`; `outcome` is fixed text.
     pub fn api_update(&self, operation: &str, endpoint: &str, status: Status, outcome: &str) -> Event {
-        let mut event = self.base(
-            6003,
-            "API Activity",
-            6,
-            "Application Activity",
-            3,
-            "Update",
-            Severity::Informational,
-            format!("{operation} {outcome}"),
-        );
+        let message = format!("{operation} {outcome}");
+        let mut event = self.base(Class::API_ACTIVITY, (3, "Update"), Severity::Informational, message);
         event.actor = Some(Actor { app_name: "vm-driver".into(), app_uid: self.sandbox.clone() });
         event.api = Some(Api { operation: operation.to_owned(), service: Service { name: self.product.name.clone() } });
         event.src_endpoint = Some(Endpoint { name: endpoint.to_owned() });
@@ -495,16 +263,7 @@ impl Source {
 
     /// Device Config State Change (5019): a configuration or policy change of the sandbox.
     pub fn config_change(&self, what: &str) -> Event {
-        let mut event = self.base(
-            5019,
-            "Device Config State Change",
-            5,
-            "Discovery",
-            1,
-            "Log",
-            Severity::Informational,
-            what.into(),
-        );
+        let mut event = self.base(Class::DEVICE_CONFIG_STATE_CHANGE, (1, "Log"), Severity::Informational, what.into());
         event.device = Some(self.device());
         event
     }
@@ -528,20 +287,15 @@ impl Event {
 
     /// A compact human line: `OCSF <class>:<activity> [severity] message`.
     pub fn shorthand(&self) -> String {
-        let class = match self.class_uid {
-            6002 => "LIFECYCLE",
-            1007 => "PROCESS",
-            2004 => "FINDING",
-            5019 => "CONFIG",
-            _ => "EVENT",
-        };
-        format!("OCSF {class}:{} [{}] {}", self.activity_name.to_uppercase(), self.severity, self.message)
+        let (class, activity) = (self.class.shorthand, self.activity_name.to_uppercase());
+        format!("OCSF {class}:{activity} [{}] {}", self.severity, self.message)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::objects::MAX_CMD_LINE_CHARS;
 
     fn source() -> Source {
         Source::new(SchemaVersion::default(), "sb1", "vm-supervisor", "0.1.0")
@@ -551,7 +305,7 @@ mod tests {
     fn type_uid_is_class_times_100_plus_activity() {
         let s = source();
         let e = s.process(ProcessActivity::Terminate, ProcessInfo::new("sb1", 3, Some(7), &["ls".into()]), Some(2));
-        assert_eq!((e.class_uid, e.activity_id, e.type_uid), (1007, 2, 100_702));
+        assert_eq!((e.class.uid, e.activity_id, e.type_uid), (1007, 2, 100_702));
         let e = s.finding(Finding::LeaseLost, "no echo");
         assert_eq!(e.type_uid, 200_401);
         assert_eq!(e.severity_id, 4);
@@ -603,5 +357,50 @@ mod tests {
         let line = e.shorthand();
         assert!(line.starts_with("OCSF FINDING:CREATE [High]"));
         assert!(!line.contains('\n'));
+    }
+
+    /// One event of every builder, so of every class.
+    fn one_of_each(s: &Source) -> Vec<Event> {
+        let app = AppInfo { name: "sandbox".into(), version: "0.1.0".into() };
+        vec![
+            s.lifecycle(Lifecycle::Start, &app, Status::Success, None),
+            s.process(ProcessActivity::Launch, ProcessInfo::new("sb1", 1, None, &["ls".into()]), None),
+            s.finding(Finding::LogCapped, "console.log"),
+            s.config_change("policy"),
+            s.api_update("UpdatePolicy", "attach.sock", Status::Success, "revision 1 applied"),
+        ]
+    }
+
+    #[test]
+    fn every_class_is_built_and_named_by_its_class() {
+        let events = one_of_each(&source());
+        for class in Class::ALL {
+            let event = events.iter().find(|e| e.class == *class).unwrap_or_else(|| panic!("no builder: {class:?}"));
+            assert!(event.shorthand().starts_with(&format!("OCSF {}:", class.shorthand)), "{}", event.shorthand());
+            let json: serde_json::Value = serde_json::from_str(&event.to_json()).unwrap();
+            assert_eq!(json["class_uid"], class.uid);
+            assert_eq!(json["class_name"], class.caption);
+            assert_eq!(json["category_uid"], class.category.uid);
+            assert_eq!(json["category_name"], class.category.caption);
+            assert_eq!(json["type_uid"], u64::from(class.uid) * 100 + u64::from(event.activity_id));
+        }
+    }
+
+    #[test]
+    fn api_activity_prints_as_api() {
+        let e = source().api_update("RotateCredentials", "attach.sock", Status::Failure, "refused: bad CA");
+        assert!(
+            e.shorthand().starts_with("OCSF API:UPDATE [Informational] RotateCredentials refused"),
+            "{}",
+            e.shorthand()
+        );
+    }
+
+    #[test]
+    fn the_classification_leads_the_json_as_before() {
+        let json = source().api_update("UpdatePolicy", "attach.sock", Status::Success, "applied").to_json();
+        let head = r#"{"class_uid":6003,"class_name":"API Activity","category_uid":6,"category_name":"Application Activity","activity_id":3,"#;
+        assert!(json.starts_with(head), "{json}");
+        assert!(!json.contains(r#""class":"#), "{json}");
     }
 }

@@ -7,8 +7,8 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use vm_protocol::codec::{self, HostFrameReader};
 use vm_protocol::handshake::FirstFrameError;
-use vm_protocol::message::{HostEntropy, RESEED_BYTES};
-use vm_protocol::{frame, Capabilities, Hello, ToGuest, ToHost};
+use vm_protocol::link::{HostEntropy, ToGuest, ToHost, VmRequest, RESEED_BYTES};
+use vm_protocol::{frame, Capabilities, Hello};
 
 use crate::inbox::Senders;
 
@@ -64,7 +64,7 @@ pub struct LinkStart<'a> {
     pub reseed_restored: bool,
 }
 
-/// Accepts the VMM's connection and completes the handshake within `timeout`, queues the [`ToGuest::Reseed`]
+/// Accepts the VMM's connection and completes the handshake within `timeout`, queues the [`VmRequest::Reseed`]
 /// first of all, then starts the reader and writer tasks. Guest messages go to the loop's bounded guest
 /// queue: when it is full the reader waits, and the guest with it.
 ///
@@ -122,13 +122,13 @@ async fn settle(stream: &mut UnixStream, first: impl Iterator<Item = ToGuest>) -
     }
 }
 
-/// Fresh host entropy and the wall clock for the guest ([`ToGuest::Reseed`]).
+/// Fresh host entropy and the wall clock for the guest ([`VmRequest::Reseed`]).
 fn reseed() -> std::io::Result<ToGuest> {
     let mut entropy = vec![0u8; RESEED_BYTES];
     host_random(&mut entropy)?;
     let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     let unix_nanos = u64::try_from(since_epoch.as_nanos()).unwrap_or(u64::MAX);
-    Ok(ToGuest::Reseed { entropy: HostEntropy(entropy.into()), unix_nanos })
+    Ok(VmRequest::Reseed { entropy: HostEntropy(entropy.into()), unix_nanos }.into())
 }
 
 /// Fills `buf` from the host's RNG.

@@ -27,7 +27,8 @@ use tokio::net::{UnixListener, UnixStream};
 use vm_contract::layout::SandboxFile;
 use vm_contract::snapshot::SnapshotFile;
 use vm_protocol::handshake;
-use vm_protocol::{frame, Hello, ToHost};
+use vm_protocol::link::ToHost;
+use vm_protocol::{frame, Hello};
 
 use super::guest_link::{GuestLink, REQUIRED};
 
@@ -82,11 +83,7 @@ pub fn saved_hello(dir: &Path) -> std::io::Result<Hello> {
     if body.len() as u64 > MAX_HELLO_BYTES {
         return Err(std::io::ErrorKind::InvalidData.into());
     }
-    handshake::accept_first(&body, REQUIRED, |m| match m {
-        ToHost::Hello(h) => Some(h),
-        _ => None,
-    })
-    .map_err(|_| std::io::ErrorKind::InvalidData.into())
+    handshake::accept_first(&body, REQUIRED).map_err(|_| std::io::ErrorKind::InvalidData.into())
 }
 
 /// Saves the VM behind `line` and `link` into `dir` (which must not hold a snapshot yet) within

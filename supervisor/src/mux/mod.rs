@@ -17,16 +17,20 @@
 //! re-attaches with `Reattach { pid }`, and so does the exit of one that ends meanwhile (the most recent
 //! [`MAX_FINISHED_DETACHED`] such are kept).
 //!
-//! This is pure state: it returns [`Action`]s and never does I/O, so it is tested without a VM.
+//! The clients' half is here, the guest's in `guest.rs`. This is pure state: it returns [`Action`]s and never
+//! does I/O, so it is tested without a VM.
 
+mod guest;
 mod route;
 mod violation;
 
 use std::collections::HashMap;
 
+use vm_protocol::attach::{ProcessSummary, SupervisorReply, SupervisorRequest, ToClient, ToSupervisor};
 use vm_protocol::flow::MAX_WINDOW_BYTES;
-use vm_protocol::message::{ProcessSummary, Refusal, MAX_FAILURE_MESSAGE_BYTES};
-use vm_protocol::{ExitStatus, ProcId, ToGuest, ToHost};
+use vm_protocol::link::ToGuest;
+use vm_protocol::message::Refusal;
+use vm_protocol::{ExitStatus, ProcId, ProcessEvent, ProcessRequest};
 
 pub use self::route::MAX_KEPT_ARGV_BYTES;
 use self::route::{Phase, Route};
@@ -35,14 +39,14 @@ use crate::policy::{Denial, Gate};
 use vm_protocol::policy::{Operation, SandboxPolicy, UpdateOutcome};
 
 /// The policy operation a client message is, if it is one (credit, pings and policy updates are not).
-fn operation(msg: &ToGuest) -> Option<Operation> {
+fn operation(msg: &ToSupervisor) -> Option<Operation> {
     Some(match msg {
-        ToGuest::Spawn(_) => Operation::Exec,
-        ToGuest::Stdin { .. } | ToGuest::StdinEof { .. } => Operation::Stdin,
-        ToGuest::Signal { .. } => Operation::Signal,
-        ToGuest::Resize { .. } => Operation::Resize,
-        ToGuest::Reattach { .. } => Operation::Reattach,
-        ToGuest::ListProcesses => Operation::ListProcesses,
+        ToSupervisor::Process(ProcessRequest::Spawn(_)) => Operation::Exec,
+        ToSupervisor::Process(ProcessRequest::Stdin { .. } | ProcessRequest::StdinEof { .. }) => Operation::Stdin,
+        ToSupervisor::Process(ProcessRequest::Signal { .. }) => Operation::Signal,
+        ToSupervisor::Process(ProcessRequest::Resize { .. }) => Operation::Resize,
+        ToSupervisor::Supervisor(SupervisorRequest::Reattach { .. }) => Operation::Reattach,
+        ToSupervisor::Supervisor(SupervisorRequest::ListProcesses) => Operation::ListProcesses,
         _ => return None,
     })
 }
@@ -71,7 +75,7 @@ pub enum Action {
     /// Send to the guest.
     ToGuest(ToGuest),
     /// Send to a client.
-    ToClient(ClientId, ToHost),
+    ToClient(ClientId, ToClient),
     /// A workload process started (for telemetry).
     Started {
         /// The guest-wide id.
@@ -240,7 +244,7 @@ impl Mux {
     ///
     /// # Errors
     /// A [`ClientViolation`]; the caller disconnects the client (and calls [`Mux::remove_client`]).
-    pub fn from_client(&mut self, client: ClientId, msg: ToGuest) -> Result<Vec<Action>, ClientViolation> {
+    pub fn from_client(&mut self, client: ClientId, msg: ToSupervisor) -> Result<Vec<Action>, ClientViolation> {
         // The control's broken design: an update applied only once the message queued behind it was handled.
         let late = self.late_update.take();
         let handled = self.handle_client(client, msg);
@@ -250,53 +254,69 @@ impl Mux {
         handled
     }
 
-    fn handle_client(&mut self, client: ClientId, msg: ToGuest) -> Result<Vec<Action>, ClientViolation> {
+    fn handle_client(&mut self, client: ClientId, msg: ToSupervisor) -> Result<Vec<Action>, ClientViolation> {
         // A removed (or never added) client's late messages go nowhere.
         if !self.clients.contains_key(&client) {
             return Ok(Vec::new());
         }
         if let Some(op) = operation(&msg) {
             let admitted = match &msg {
-                ToGuest::Spawn(spawn) => self.gate.admit_spawn(spawn, self.running()),
+                ToSupervisor::Process(ProcessRequest::Spawn(spawn)) => self.gate.admit_spawn(spawn, self.running()),
                 _ => self.gate.admit(op, None),
             };
             if let Err(denial) = admitted {
                 return Ok(self.deny(client, &msg, op, denial));
             }
         }
-        let reply = |m: ToHost| Ok(vec![Action::ToClient(client, m)]);
-        let forward = |m: ToGuest| Ok(vec![Action::ToGuest(m)]);
         match msg {
-            ToGuest::Spawn(spawn) => Ok(self.spawn(client, spawn)),
-            ToGuest::Stdin { id, data } => match self.client_route(client, id)? {
+            ToSupervisor::Process(req) => self.process_request(client, req),
+            ToSupervisor::Supervisor(req) => self.session(client, req),
+            ToSupervisor::Ping { nonce } => Ok(vec![Action::ToClient(client, ToClient::Pong { nonce })]),
+            ToSupervisor::Hello(_) => Err(ClientViolation::Unexpected("a second Hello")),
+        }
+    }
+
+    /// A client's request about one of its processes, forwarded under the guest-wide id.
+    fn process_request(&mut self, client: ClientId, req: ProcessRequest) -> Result<Vec<Action>, ClientViolation> {
+        let forward = |m: ProcessRequest| Ok(vec![Action::ToGuest(ToGuest::Process(m))]);
+        match req {
+            ProcessRequest::Spawn(spawn) => Ok(self.spawn(client, spawn)),
+            ProcessRequest::Stdin { id, data } => match self.client_route(client, id)? {
                 _ if data.is_empty() => Err(ClientViolation::Empty(id)),
                 Some((_, route)) if route.stdin_closed => Err(ClientViolation::Unexpected("stdin after EOF")),
                 Some((guest_id, route)) => {
                     route.stdin(data.len()).map_err(|source| ClientViolation::Credit { id, source })?;
-                    forward(ToGuest::Stdin { id: guest_id, data })
+                    forward(ProcessRequest::Stdin { id: guest_id, data })
                 }
                 None => Ok(Vec::new()),
             },
-            ToGuest::StdinEof { id } => match self.client_route(client, id)? {
+            ProcessRequest::StdinEof { id } => match self.client_route(client, id)? {
                 Some((guest_id, route)) if !route.stdin_closed => {
                     route.stdin_closed = true;
-                    forward(ToGuest::StdinEof { id: guest_id })
+                    forward(ProcessRequest::StdinEof { id: guest_id })
                 }
                 // Already closed (by the client before a re-attach): EOF twice is still EOF.
                 Some(_) | None => Ok(Vec::new()),
             },
-            ToGuest::Credit { id, bytes } => self.credit(client, id, bytes),
-            ToGuest::Signal { id, signal } => match self.client_route(client, id)? {
-                Some((guest_id, _)) => forward(ToGuest::Signal { id: guest_id, signal }),
+            ProcessRequest::Credit { id, bytes } => self.credit(client, id, bytes),
+            ProcessRequest::Signal { id, signal } => match self.client_route(client, id)? {
+                Some((guest_id, _)) => forward(ProcessRequest::Signal { id: guest_id, signal }),
                 None => Ok(Vec::new()),
             },
             // Only a terminal has a size; a resize of anything else is dropped here.
-            ToGuest::Resize { id, size } => match self.client_route(client, id)? {
-                Some((guest_id, route)) if route.tty => forward(ToGuest::Resize { id: guest_id, size }),
+            ProcessRequest::Resize { id, size } => match self.client_route(client, id)? {
+                Some((guest_id, route)) if route.tty => forward(ProcessRequest::Resize { id: guest_id, size }),
                 Some(_) | None => Ok(Vec::new()),
             },
-            ToGuest::Reattach { id, pid } => Ok(self.reattach(client, id, pid)),
-            ToGuest::ListProcesses => {
+        }
+    }
+
+    /// A client's request that the supervisor answers itself.
+    fn session(&mut self, client: ClientId, req: SupervisorRequest) -> Result<Vec<Action>, ClientViolation> {
+        let reply = |m: SupervisorReply| Ok(vec![Action::ToClient(client, ToClient::Supervisor(m))]);
+        match req {
+            SupervisorRequest::Reattach { id, pid } => Ok(self.reattach(client, id, pid)),
+            SupervisorRequest::ListProcesses => {
                 let list = self
                     .routes
                     .values()
@@ -305,45 +325,40 @@ impl Mux {
                         Some(ProcessSummary { pid: r.pid?, argv: r.argv.clone(), attached: !r.detached, tty: r.tty })
                     })
                     .collect();
-                reply(ToHost::Processes { list })
+                reply(SupervisorReply::Processes { list })
             }
-            ToGuest::Ping { nonce } => reply(ToHost::Pong { nonce }),
             // Every operation handled before this one is already dispatched: the acknowledgment is sent after it.
-            ToGuest::UpdatePolicy(update) if !self.serialized_policy => {
+            SupervisorRequest::UpdatePolicy(update) if !self.serialized_policy => {
                 let (revision, outcome) = (update.revision, UpdateOutcome::Applied);
                 self.late_update = Some(update);
                 Ok(vec![
                     Action::PolicyUpdated { revision, outcome, allowed: self.gate.allowed() },
-                    Action::ToClient(client, ToHost::PolicyAck { revision, outcome }),
+                    Action::ToClient(client, SupervisorReply::PolicyAck { revision, outcome }.into()),
                 ])
             }
-            ToGuest::UpdatePolicy(update) => {
+            SupervisorRequest::UpdatePolicy(update) => {
                 let outcome = self.gate.update(&update);
                 let revision = update.revision;
                 Ok(vec![
                     Action::PolicyUpdated { revision, outcome, allowed: self.gate.allowed() },
-                    Action::ToClient(client, ToHost::PolicyAck { revision, outcome }),
+                    Action::ToClient(client, SupervisorReply::PolicyAck { revision, outcome }.into()),
                 ])
             }
             // Kept by the supervisor: credentials never reach the guest.
-            ToGuest::RotateCredentials(rotation) => Ok(vec![Action::RotateCredentials(client, rotation)]),
-            ToGuest::Detach { id } => self.detach(client, id),
-            ToGuest::Shutdown { .. } => Err(ClientViolation::Unexpected("Shutdown")),
-            ToGuest::Reseed { .. } => Err(ClientViolation::Unexpected("Reseed")),
-            ToGuest::Hello(_) => Err(ClientViolation::Unexpected("a second Hello")),
-            ToGuest::Reserved => Err(ClientViolation::Unexpected("the reserved message")),
+            SupervisorRequest::RotateCredentials(rotation) => Ok(vec![Action::RotateCredentials(client, rotation)]),
+            SupervisorRequest::Detach { id } => self.detach(client, id),
         }
     }
 
     /// A denied operation: a finding, and for a request that expects an answer, a refusal. Stdin, signals and
     /// resizes are dropped (the client sees no effect).
-    fn deny(&self, client: ClientId, msg: &ToGuest, op: Operation, denial: Denial) -> Vec<Action> {
+    fn deny(&self, client: ClientId, msg: &ToSupervisor, op: Operation, denial: Denial) -> Vec<Action> {
         let mut actions = vec![Action::Denied { op, revision: self.gate.revision(), denial }];
-        let refused = |id| Action::ToClient(client, ToHost::Refused { id, reason: Refusal::Denied });
+        let refused = |id| Action::ToClient(client, ProcessEvent::Refused { id, reason: Refusal::Denied }.into());
         match msg {
-            ToGuest::Spawn(spawn) => actions.push(refused(spawn.id)),
-            ToGuest::Reattach { id, .. } => actions.push(refused(*id)),
-            ToGuest::ListProcesses => actions.push(refused(ProcId(0))),
+            ToSupervisor::Process(ProcessRequest::Spawn(spawn)) => actions.push(refused(spawn.id)),
+            ToSupervisor::Supervisor(SupervisorRequest::Reattach { id, .. }) => actions.push(refused(*id)),
+            ToSupervisor::Supervisor(SupervisorRequest::ListProcesses) => actions.push(refused(ProcId(0))),
             _ => {}
         }
         actions
@@ -351,7 +366,7 @@ impl Mux {
 
     fn spawn(&mut self, client: ClientId, mut spawn: vm_protocol::Spawn) -> Vec<Action> {
         let id = spawn.id;
-        let refuse = |reason| vec![Action::ToClient(client, ToHost::Refused { id, reason })];
+        let refuse = |reason| vec![Action::ToClient(client, ProcessEvent::Refused { id, reason }.into())];
         let left = OUTPUT_BUDGET_BYTES.saturating_sub(self.output_in_use()).max(u64::from(MIN_WINDOW_BYTES));
         let state = self.clients.entry(client).or_default();
         if !self.accepting {
@@ -374,7 +389,7 @@ impl Mux {
         state.procs.insert(id, guest_id);
         self.routes.insert(guest_id, Route::new(client, id, &spawn.argv, spawn.output_window, spawn.pty.is_some()));
         spawn.id = guest_id;
-        vec![Action::ToGuest(ToGuest::Spawn(spawn))]
+        vec![Action::ToGuest(ProcessRequest::Spawn(spawn).into())]
     }
 
     fn credit(&mut self, client: ClientId, id: ProcId, bytes: u32) -> Result<Vec<Action>, ClientViolation> {
@@ -390,141 +405,13 @@ impl Mux {
         Ok(match route.phase {
             // A finished process needs no more credit.
             Phase::Exited(_) => Vec::new(),
-            _ => vec![Action::ToGuest(ToGuest::Credit { id: guest_id, bytes })],
+            _ => vec![Action::ToGuest(ProcessRequest::Credit { id: guest_id, bytes }.into())],
         })
-    }
-
-    /// Handles one message from the guest.
-    ///
-    /// # Errors
-    /// A [`GuestViolation`]; the caller stops the VM.
-    pub fn from_guest(&mut self, msg: ToHost) -> Result<Vec<Action>, GuestViolation> {
-        let enforce = self.enforce;
-        match msg {
-            ToHost::Started { id, pid, stdin_window, output_window } => {
-                let route = self.live_route(id)?;
-                if enforce && route.phase != Phase::Spawned {
-                    return Err(GuestViolation::StartedTwice(id));
-                }
-                if enforce && (stdin_window > MAX_WINDOW_BYTES || output_window != route.output_window()) {
-                    return Err(GuestViolation::WindowTooLarge(id));
-                }
-                let output_window = route.output_window();
-                route.started(pid, stdin_window);
-                let mut actions = vec![Action::Started { guest_id: id, pid, argv: route.argv.clone() }];
-                if !route.detached {
-                    let msg = ToHost::Started { id: route.client_id, pid, stdin_window, output_window };
-                    actions.push(Action::ToClient(route.client, msg));
-                }
-                Ok(actions)
-            }
-            ToHost::Output { id, stream, data } => {
-                let route = self.live_route(id)?;
-                if enforce && data.is_empty() {
-                    return Err(GuestViolation::Empty(id));
-                }
-                if enforce && route.phase != Phase::Running {
-                    return Err(GuestViolation::OutOfOrder(id));
-                }
-                route.output(stream, data.clone()).map_err(|source| GuestViolation::Credit { id, source })?;
-                if route.detached {
-                    return Ok(Vec::new());
-                }
-                Ok(vec![Action::ToClient(route.client, ToHost::Output { id: route.client_id, stream, data })])
-            }
-            ToHost::StdinCredit { id, bytes } => {
-                if enforce && bytes == 0 {
-                    return Err(GuestViolation::Empty(id));
-                }
-                match self.routes.get_mut(&id).filter(|r| r.phase == Phase::Running) {
-                    Some(route) => {
-                        let passed =
-                            route.stdin_credit(bytes).map_err(|source| GuestViolation::Credit { id, source })?;
-                        if route.detached || passed == 0 {
-                            return Ok(Vec::new());
-                        }
-                        let msg = ToHost::StdinCredit { id: route.client_id, bytes: passed };
-                        Ok(vec![Action::ToClient(route.client, msg)])
-                    }
-                    // The agent credits stdin it wrote just before the process exited: a benign race.
-                    None if id.0 < self.next_guest_id => Ok(Vec::new()),
-                    None => Err(GuestViolation::UnknownProcess(id)),
-                }
-            }
-            ToHost::Exited { id, status } => {
-                let route = self.live_route(id)?;
-                if enforce && route.phase != Phase::Running {
-                    return Err(GuestViolation::OutOfOrder(id));
-                }
-                if enforce && !status.is_plausible() {
-                    return Err(GuestViolation::ImplausibleStatus(id));
-                }
-                route.phase = Phase::Exited(status);
-                let mut actions =
-                    vec![Action::Exited { guest_id: id, pid: route.pid, argv: route.argv.clone(), status }];
-                if !route.detached {
-                    actions.push(Action::ToClient(route.client, ToHost::Exited { id: route.client_id, status }));
-                    if route.delivered() {
-                        self.end_route(id);
-                    }
-                } else {
-                    self.forget_old_finished();
-                }
-                Ok(actions)
-            }
-            ToHost::SpawnFailed { id, status, message } => {
-                let route = self.live_route(id)?;
-                if enforce && route.phase != Phase::Spawned {
-                    return Err(GuestViolation::OutOfOrder(id));
-                }
-                if enforce && !status.is_plausible() {
-                    return Err(GuestViolation::ImplausibleStatus(id));
-                }
-                if enforce && message.len() > MAX_FAILURE_MESSAGE_BYTES {
-                    return Err(GuestViolation::MessageTooLong(id));
-                }
-                let (client, client_id, detached, argv) =
-                    (route.client, route.client_id, route.detached, route.argv.clone());
-                self.end_route(id);
-                let mut actions = vec![Action::Exited { guest_id: id, pid: None, argv, status }];
-                if !detached {
-                    actions.push(Action::ToClient(client, ToHost::SpawnFailed { id: client_id, status, message }));
-                }
-                Ok(actions)
-            }
-            ToHost::Refused { id, reason } => {
-                let route = self.live_route(id)?;
-                if enforce && route.phase != Phase::Spawned {
-                    return Err(GuestViolation::OutOfOrder(id));
-                }
-                let (client, client_id, detached) = (route.client, route.client_id, route.detached);
-                self.end_route(id);
-                Ok(if detached {
-                    Vec::new()
-                } else {
-                    vec![Action::ToClient(client, ToHost::Refused { id: client_id, reason })]
-                })
-            }
-            ToHost::Pong { .. } => Err(GuestViolation::Unexpected("an unsolicited Pong")),
-            ToHost::Processes { .. } => Err(GuestViolation::Unexpected("a process list")),
-            ToHost::PolicyAck { .. } => Err(GuestViolation::Unexpected("a policy acknowledgment")),
-            ToHost::CredentialsAck { .. } => Err(GuestViolation::Unexpected("a credentials acknowledgment")),
-            ToHost::Hello(_) => Err(GuestViolation::Unexpected("a second Hello")),
-            ToHost::Reserved => Err(GuestViolation::Unexpected("the reserved message")),
-        }
-    }
-
-    /// The route of a process that has not exited.
-    fn live_route(&mut self, id: ProcId) -> Result<&mut Route, GuestViolation> {
-        self.routes
-            .get_mut(&id)
-            .filter(|r| !matches!(r.phase, Phase::Exited(_)))
-            .ok_or(GuestViolation::UnknownProcess(id))
     }
 
     /// Moves a detached process to `client` as `id` and replays what it retained.
     fn reattach(&mut self, client: ClientId, id: ProcId, pid: u32) -> Vec<Action> {
-        let refuse = |reason| vec![Action::ToClient(client, ToHost::Refused { id, reason })];
+        let refuse = |reason| vec![Action::ToClient(client, ProcessEvent::Refused { id, reason }.into())];
         let state = self.clients.entry(client).or_default();
         if state.highest.is_some_and(|h| id <= h) {
             return refuse(Refusal::IdNotIncreasing);
@@ -535,10 +422,11 @@ impl Mux {
         };
         let stdin_window = route.reattach(client, id);
         let output_window = route.output_window();
-        let mut actions = vec![Action::ToClient(client, ToHost::Started { id, pid, stdin_window, output_window })];
+        let started = ProcessEvent::Started { id, pid, stdin_window, output_window };
+        let mut actions = vec![Action::ToClient(client, started.into())];
         actions.extend(route.replay(id).map(|m| Action::ToClient(client, m)));
         if let Phase::Exited(status) = route.phase {
-            actions.push(Action::ToClient(client, ToHost::Exited { id, status }));
+            actions.push(Action::ToClient(client, ProcessEvent::Exited { id, status }.into()));
         }
         if route.delivered() {
             self.routes.remove(&guest_id);

@@ -9,7 +9,8 @@
 use std::collections::VecDeque;
 
 use serde_bytes::ByteBuf;
-use vm_protocol::{CreditError, ExitStatus, ProcId, Stream, ToHost, Window};
+use vm_protocol::attach::ToClient;
+use vm_protocol::{CreditError, ExitStatus, ProcId, ProcessEvent, Stream, Window};
 
 use super::ClientId;
 
@@ -116,8 +117,10 @@ impl Route {
     }
 
     /// Everything retained, for a client that re-attaches.
-    pub(super) fn replay(&self, id: ProcId) -> impl Iterator<Item = ToHost> + '_ {
-        self.unacked.iter().map(move |(stream, data)| ToHost::Output { id, stream: *stream, data: data.clone() })
+    pub(super) fn replay(&self, id: ProcId) -> impl Iterator<Item = ToClient> + '_ {
+        self.unacked
+            .iter()
+            .map(move |(stream, data)| ProcessEvent::Output { id, stream: *stream, data: data.clone() }.into())
     }
 
     /// Stdin from the client, within the guest's credit.
@@ -190,9 +193,9 @@ mod tests {
         r.output(Stream::Stdout, b"abcd".to_vec().into()).unwrap();
         r.output(Stream::Stderr, b"ef".to_vec().into()).unwrap();
         r.acked(3).unwrap();
-        let left: Vec<ToHost> = r.replay(ProcId(1)).collect();
+        let left: Vec<ToClient> = r.replay(ProcId(1)).collect();
         assert_eq!(left.len(), 2);
-        assert!(matches!(&left[0], ToHost::Output { data, .. } if data.as_ref() == b"d"));
+        assert!(matches!(&left[0], ToClient::Process(ProcessEvent::Output { data, .. }) if data.as_ref() == b"d"));
         assert_eq!(r.retained(), 3);
         assert!(r.acked(4).is_err(), "more than was sent");
     }

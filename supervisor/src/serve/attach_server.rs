@@ -13,8 +13,9 @@ use futures_util::StreamExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::codec::FramedRead;
+use vm_protocol::attach::{ToClient, ToSupervisor};
 use vm_protocol::codec::{self, FrameCodec};
-use vm_protocol::{Capabilities, Hello, ToGuest, ToHost};
+use vm_protocol::{Capabilities, Hello};
 
 use crate::inbox::{Control, Senders};
 use crate::mux::ClientId;
@@ -33,7 +34,7 @@ pub const TO_CLIENT_ITEMS: usize = 4096;
 #[derive(Debug)]
 pub struct ClientHandle {
     /// Frames to the client, in order.
-    pub tx: mpsc::Sender<ToHost>,
+    pub tx: mpsc::Sender<ToClient>,
     /// The task writing them; it ends after the last queued frame once `tx` is dropped.
     pub writer: tokio::task::JoinHandle<()>,
     /// The task reading the client's frames; aborting it (with `tx` dropped) disconnects the client.
@@ -87,7 +88,7 @@ async fn client(mut stream: UnixStream, id: ClientId, capabilities: Capabilities
         Err(_) => return refuse(&senders, "attach handshake timed out"),
     }
     let (read, write) = stream.into_split();
-    let (tx, rx) = mpsc::channel::<ToHost>(TO_CLIENT_ITEMS);
+    let (tx, rx) = mpsc::channel::<ToClient>(TO_CLIENT_ITEMS);
     let writer = tokio::spawn(crate::framed::drain_into(write, rx));
     // The reader starts only once `Connected` is queued: the same queue carries its frames, after it.
     let (known, known_rx) = tokio::sync::oneshot::channel::<()>();
@@ -96,7 +97,7 @@ async fn client(mut stream: UnixStream, id: ClientId, capabilities: Capabilities
         if known_rx.await.is_err() {
             return;
         }
-        let mut frames = FramedRead::new(read, FrameCodec::<ToGuest, ToHost>::new());
+        let mut frames = FramedRead::new(read, FrameCodec::<ToSupervisor, ToClient>::new());
         while let Some(Ok(msg)) = frames.next().await {
             if !reader_senders.client(id, msg).await {
                 return;

@@ -27,9 +27,10 @@ use tokio::time::Instant;
 use vm_contract::args::SupervisorArgs;
 use vm_contract::layout::SandboxFile;
 use vm_ocsf::{Finding, ProcessActivity, ProcessInfo, Status};
+use vm_protocol::attach::{SupervisorReply, SupervisorRequest, ToClient, ToSupervisor};
 use vm_protocol::credentials::RotationOutcome;
+use vm_protocol::link::{ToGuest, VmRequest};
 use vm_protocol::policy::UpdateOutcome;
-use vm_protocol::{ToGuest, ToHost};
 
 use self::attach_server::ClientHandle;
 use crate::boot::lease::{Lease, LeaseFailure};
@@ -210,7 +211,7 @@ impl Serving<'_> {
     fn on_client(&mut self, from: FromClient) {
         match from {
             FromClient::Message(id, msg, _permit) => {
-                if matches!(msg, ToGuest::UpdatePolicy(_)) {
+                if matches!(msg, ToSupervisor::Supervisor(SupervisorRequest::UpdatePolicy(_))) {
                     self.telemetry.spans().policy_update_received();
                 }
                 match self.mux.from_client(id, msg) {
@@ -268,7 +269,7 @@ impl Serving<'_> {
         self.mux.stop_accepting();
         let grace = self.args.stop_grace_ms;
         // A guest that does not read its channel cannot take the shutdown; the deadline covers it.
-        let _ = self.guest.try_send(ToGuest::Shutdown { grace_ms: grace });
+        let _ = self.guest.try_send(VmRequest::Shutdown { grace_ms: grace }.into());
         let kill_at = Instant::now() + Duration::from_millis(u64::from(grace)) + vm_contract::stop::POWER_OFF;
         self.stopping = Some((reason, kill_at));
     }
@@ -350,7 +351,7 @@ impl Serving<'_> {
                 Action::RotateCredentials(client, rotation) => {
                     let outcome = self.telemetry.rotate(&rotation);
                     self.api_call("RotateCredentials", outcome == RotationOutcome::Applied, outcome.describe());
-                    self.send_to_client(client, ToHost::CredentialsAck { outcome });
+                    self.send_to_client(client, SupervisorReply::CredentialsAck { outcome }.into());
                 }
                 Action::Exited { guest_id, pid, argv, status } => {
                     let pid = pid.and_then(|p| i32::try_from(p).ok());
@@ -370,7 +371,7 @@ impl Serving<'_> {
         self.telemetry.emit(event);
     }
 
-    fn send_to_client(&mut self, id: ClientId, msg: ToHost) {
+    fn send_to_client(&mut self, id: ClientId, msg: ToClient) {
         let Some(client) = self.clients.get(&id) else { return };
         if let Err(mpsc::error::TrySendError::Full(_)) = client.tx.try_send(msg) {
             self.client_violation(id, &ClientViolation::NotReading);

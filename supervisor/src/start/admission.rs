@@ -90,10 +90,11 @@ pub(crate) fn admit(
     let started = SystemTime::now();
     if let Err(mismatch) = descriptor(args, safeguards) {
         let settings = Box::new(from.settings(Vec::new()));
-        let outlet = Outlet::Refused { console, settings, sandbox_id: args.sandbox_id.to_string() };
+        let sandbox_id = args.sandbox_id.to_string();
+        let outlet = Outlet::Refused { console, settings, sandbox_id, controls: safeguards.telemetry };
         return Err(Failure::new(AdmitError::Descriptor(mismatch), outlet));
     }
-    let (telemetry, token) = match start_telemetry(args, &console, from) {
+    let (telemetry, token) = match start_telemetry(args, safeguards, &console, from) {
         Ok(started) => started,
         Err(e) => return Err(Failure::new(e, Outlet::Console(console))),
     };
@@ -131,13 +132,14 @@ fn descriptor(args: &SupervisorArgs, safeguards: &Safeguards) -> Result<(), Mism
 /// The auth bundle (read once, then gone) and the sinks its settings ask for.
 fn start_telemetry(
     args: &SupervisorArgs,
+    safeguards: &Safeguards,
     console: &Console,
     from: SettingsFrom<'_>,
 ) -> Result<(Telemetry, Option<String>), AdmitError> {
     let bundle = AuthBundle::take(Path::new(".")).map_err(AdmitError::Bundle)?;
     let settings = from.settings(bundle.otlp_headers).map_err(AdmitError::Settings)?;
-    let telemetry =
-        Telemetry::start(console.handle(), args.sandbox_id.as_str(), &settings).map_err(AdmitError::Telemetry)?;
+    let telemetry = Telemetry::start(console.handle(), args.sandbox_id.as_str(), &settings, safeguards.telemetry)
+        .map_err(AdmitError::Telemetry)?;
     Ok((telemetry, bundle.session_token))
 }
 

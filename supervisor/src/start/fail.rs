@@ -13,7 +13,7 @@ use crate::status;
 use crate::stop::{self, StopReason};
 use crate::telemetry::console::Console;
 use crate::telemetry::settings::{SettingsError, TelemetrySettings};
-use crate::telemetry::Telemetry;
+use crate::telemetry::{Telemetry, TelemetryControls};
 
 /// How long the console may take to drain after a failure with no telemetry.
 const CONSOLE_DRAIN: Duration = Duration::from_secs(1);
@@ -30,6 +30,8 @@ pub(crate) enum Outlet {
         settings: Box<Result<TelemetrySettings, SettingsError>>,
         /// The id the refused sandbox claimed.
         sandbox_id: String,
+        /// What the sinks are told.
+        controls: TelemetryControls,
     },
     /// An admitted sandbox, whose telemetry ends the console at its flush.
     Sandbox(Box<Sandbox>),
@@ -63,8 +65,8 @@ pub(crate) async fn fail(outlet: Outlet, error: StartError) -> Result<StopReason
             status::report(&SupervisorStatus::Failed { error: line });
             console.shutdown(Instant::now() + CONSOLE_DRAIN);
         }
-        Outlet::Refused { console, settings, sandbox_id } => {
-            refuse(&error, console, *settings, &sandbox_id).await;
+        Outlet::Refused { console, settings, sandbox_id, controls } => {
+            refuse(&error, console, *settings, &sandbox_id, controls).await;
             status::report(&SupervisorStatus::Failed { error: line });
         }
         Outlet::Sandbox(mut sandbox) => {
@@ -86,10 +88,11 @@ async fn refuse(
     console: Console,
     settings: Result<TelemetrySettings, SettingsError>,
     sandbox_id: &str,
+    controls: TelemetryControls,
 ) {
     tracing::error!(error = %chain(error), "start-up refused");
     let settings = settings.map(|s| TelemetrySettings { otlp: None, ..s });
-    let telemetry = settings.ok().and_then(|s| Telemetry::start(console.handle(), sandbox_id, &s).ok());
+    let telemetry = settings.ok().and_then(|s| Telemetry::start(console.handle(), sandbox_id, &s, controls).ok());
     let Some(mut telemetry) = telemetry else {
         console.shutdown(Instant::now() + CONSOLE_DRAIN);
         return;

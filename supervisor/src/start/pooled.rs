@@ -66,7 +66,7 @@ pub async fn run(
     status::report(&SupervisorStatus::Pooled { vmm_pid: booted.vm.vmm_record.pid.unsigned_abs(), agent });
     tracing::info!(slot = %args.sandbox_id, "pooled VM ready; waiting for a claim");
     // Control: the naive pool, whose VM reports its boot under the slot's id before any claim.
-    let _early = (!safeguards.identity_at_claim).then(|| boot_event(&args, &console)).flatten();
+    let _early = (!safeguards.identity_at_claim).then(|| boot_event(&args, safeguards, &console)).flatten();
     let vm = &mut booted.vm;
     let claim = match claim::wait(&mut vm.vmm, &mut vm.lease, &mut inbox, claim_rx).await {
         Ok(claim) => claim,
@@ -146,9 +146,10 @@ fn end_unclaimed(reason: StopReason, console: Console) -> StopReason {
 }
 
 /// The `pool-identity-at-boot` control's telemetry: started at boot from the environment, under the slot's id.
-fn boot_event(args: &SupervisorArgs, console: &Console) -> Option<Telemetry> {
+fn boot_event(args: &SupervisorArgs, safeguards: &Safeguards, console: &Console) -> Option<Telemetry> {
     let settings = TelemetrySettings::load(Vec::new()).ok()?;
-    let mut telemetry = Telemetry::start(console.handle(), args.sandbox_id.as_str(), &settings).ok()?;
+    let sandbox_id = args.sandbox_id.as_str();
+    let mut telemetry = Telemetry::start(console.handle(), sandbox_id, &settings, safeguards.telemetry).ok()?;
     let vm = AppInfo { name: "microvm".into(), version: env!("CARGO_PKG_VERSION").into() };
     let event = telemetry.source().lifecycle(Lifecycle::Start, &vm, Status::Success, None);
     telemetry.emit(event);

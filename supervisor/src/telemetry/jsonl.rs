@@ -47,21 +47,21 @@ pub struct JsonlReport {
 
 impl Jsonl {
     /// Opens (appends to) the events file, mode 0600; `cap` is [`CAP_BYTES`] except in the
-    /// `no-telemetry-limits` control.
+    /// `no-telemetry-limits` control; `verbose_failures` is the `verbose-failure-logs` control.
     ///
     /// # Errors
     /// The file cannot be opened.
-    pub fn open(path: &Path, cap: u64) -> std::io::Result<Self> {
+    pub fn open(path: &Path, cap: u64, verbose_failures: bool) -> std::io::Result<Self> {
         let file = OpenOptions::new().create(true).append(true).mode(0o600).open(path)?;
-        Ok(Self::start(file, cap))
+        Ok(Self::start(file, cap, verbose_failures))
     }
 
     /// A sink on an arbitrary file (test builds inject a failing one).
-    pub fn on_file(file: File) -> Self {
-        Self::start(file, CAP_BYTES)
+    pub fn on_file(file: File, verbose_failures: bool) -> Self {
+        Self::start(file, CAP_BYTES, verbose_failures)
     }
 
-    fn start(file: File, cap: u64) -> Self {
+    fn start(file: File, cap: u64, verbose_failures: bool) -> Self {
         let (tx, rx) = mpsc::sync_channel::<Line>(QUEUE_LINES);
         let (done_tx, done) = mpsc::channel();
         let failed = Arc::new(AtomicU64::new(0));
@@ -87,7 +87,7 @@ impl Jsonl {
                         ok &= writeln!(out, "{line}").is_ok();
                     }
                     ok &= out.flush().is_ok();
-                    if !ok && crate::diagnostics::verbose_failures() {
+                    if !ok && verbose_failures {
                         // The control of the redaction test: what a naive sink would log.
                         tracing::warn!(record = %batch[0].0, "OCSF JSONL sink write failed");
                     } else if !ok && failures.fetch_add(1, Ordering::Relaxed) == 0 {
@@ -130,7 +130,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("jsonl-cap-{}.jsonl", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let cap = RESERVE_BYTES + 10_000;
-        let sink = Jsonl::open(&path, cap).unwrap();
+        let sink = Jsonl::open(&path, cap, false).unwrap();
         for _ in 0..1_000 {
             sink.write("x".repeat(99), false);
         }

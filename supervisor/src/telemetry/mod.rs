@@ -3,17 +3,20 @@
 //!
 //! - [`console`]: the one bounded, non-blocking stderr writer, shared with the diagnostics.
 //! - [`jsonl`]: `events.jsonl` in the sandbox directory.
-//! - [`otlp`]: OTLP log export over gRPC or HTTP/protobuf; [`exporter`] builds its exporter (TLS with a CA
+//! - [`otlp`]: OTLP log export over gRPC or HTTP/protobuf; [`exporter`] builds the exporters (TLS with a CA
 //!   bundle for `https://`), [`credentials`] holds the headers and the CA bundle in slots rotated live.
 //! - [`spans`]: the supervisor's spans (boot, admission, exec, policy update, stop), and [`span_export`],
 //!   their OTLP trace export to the same collector, with the same credentials.
-//! - [`settings`]: the environment and the auth bundle.
+//! - `batch`: the one batch exporter (bounded queue, export task) behind both OTLP exports.
+//! - [`settings`]: the environment and the auth bundle; [`TelemetryControls`]: the test controls the sinks
+//!   obey, read by the caller at the binary's edge.
 //!
 //! Console JSON is independent of the file sink and of the diagnostic filter (`RUST_LOG`): every event of
 //! severity Informational or above reaches it. The JSON switch and the schema version are shared by console
 //! JSON and the JSONL file. On an orderly stop the final events are emitted and everything queued is flushed
 //! within a bound; see [`Telemetry::shutdown`].
 
+pub(crate) mod batch;
 pub mod console;
 pub mod credentials;
 pub mod exporter;
@@ -27,11 +30,11 @@ pub mod spans;
 use std::time::{Duration, Instant};
 
 use vm_contract::layout::SandboxFile;
-use vm_contract::test_control::TestControl;
 use vm_ocsf::{Event, Finding, Source};
 use vm_protocol::credentials::{CredentialRotation, RotationOutcome};
 
 use self::console::{Console, ConsoleHandle, CONSOLE_DRAIN};
+use self::exporter::ExporterSpec;
 use self::jsonl::{Jsonl, JsonlReport};
 use self::limit::Limiter;
 use self::otlp::{ExportReport, Otlp, OtlpError};
@@ -57,6 +60,39 @@ pub struct TelemetryReport {
     pub jsonl: JsonlReport,
     /// Console lines dropped (queue full, over the cap, or still queued at exit).
     pub console_dropped: u64,
+}
+
+/// The test controls the sinks obey: plain values, read once where the binary starts. All off in a build
+/// without the `test-controls` feature.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TelemetryControls {
+    /// `jsonl-sink-fails`: fault injection, every write to `events.jsonl` fails (ENOSPC).
+    pub jsonl_fails: bool,
+    /// `no-telemetry-limits`: no rate limit on events and no cap on `events.jsonl`.
+    pub no_limits: bool,
+    /// `verbose-failure-logs`: the sinks log failures with their error text and records.
+    pub verbose_failures: bool,
+}
+
+impl TelemetryControls {
+    /// The controls set in this process's environment.
+    #[cfg(feature = "test-controls")]
+    pub fn from_env() -> Self {
+        use vm_contract::test_control::TestControl;
+        Self {
+            jsonl_fails: TestControl::JsonlSinkFails.is_on(),
+            no_limits: TestControl::NoTelemetryLimits.is_on(),
+            verbose_failures: TestControl::VerboseFailureLogs.is_on(),
+        }
+    }
+
+    /// The controls this build obeys: those of the environment in a controls build, none otherwise.
+    pub fn at_start() -> Self {
+        #[cfg(feature = "test-controls")]
+        return Self::from_env();
+        #[cfg(not(feature = "test-controls"))]
+        Self::default()
+    }
 }
 
 /// Why telemetry could not start.
@@ -86,7 +122,8 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    /// Starts the sinks `settings` ask for, in the current (sandbox) directory. Must run inside tokio.
+    /// Starts the sinks `settings` ask for, in the current (sandbox) directory, under `controls`. Must run
+    /// inside tokio.
     ///
     /// # Errors
     /// [`TelemetryError`].
@@ -94,21 +131,19 @@ impl Telemetry {
         console: ConsoleHandle,
         sandbox_id: &str,
         settings: &TelemetrySettings,
+        controls: TelemetryControls,
     ) -> Result<Self, TelemetryError> {
         let source = Source::new(settings.schema.clone(), sandbox_id, "vm-supervisor", env!("CARGO_PKG_VERSION"));
-        let limits = !crate::control(TestControl::NoTelemetryLimits);
-        let jsonl = if settings.json { Some(open_jsonl(limits).map_err(TelemetryError::Jsonl)?) } else { None };
+        let limits = !controls.no_limits;
+        let jsonl = if settings.json { Some(open_jsonl(controls).map_err(TelemetryError::Jsonl)?) } else { None };
         let (otlp, spans) = match &settings.otlp {
             Some(otlp) => {
                 let resource = otlp::resource(sandbox_id, settings.gateway_name.as_deref());
-                let logs = Otlp::start(otlp, resource.clone()).map_err(TelemetryError::Otlp)?;
+                let logs =
+                    Otlp::start(otlp, resource.clone(), controls.verbose_failures).map_err(TelemetryError::Otlp)?;
                 // The spans go where the logs go, with the same credentials (and their rotations).
-                let source = SpanSource {
-                    endpoint: otlp.endpoint.clone(),
-                    protocol: otlp.protocol,
-                    resource,
-                    slots: logs.slots().clone(),
-                };
+                let spec = ExporterSpec { endpoint: otlp.endpoint.clone(), protocol: otlp.protocol, resource };
+                let source = SpanSource { spec, slots: logs.slots().clone() };
                 (Some(logs), Spans::start(source, sandbox_id).map_err(TelemetryError::Otlp)?)
             }
             None => (None, Spans::default()),
@@ -238,10 +273,12 @@ impl Telemetry {
     }
 }
 
-fn open_jsonl(limits: bool) -> std::io::Result<Jsonl> {
-    if crate::control(TestControl::JsonlSinkFails) {
+fn open_jsonl(controls: TelemetryControls) -> std::io::Result<Jsonl> {
+    let verbose = controls.verbose_failures;
+    if controls.jsonl_fails {
         // Fault injection: every write fails (ENOSPC).
-        return Ok(Jsonl::on_file(std::fs::OpenOptions::new().write(true).open("/dev/full")?));
+        return Ok(Jsonl::on_file(std::fs::OpenOptions::new().write(true).open("/dev/full")?, verbose));
     }
-    Jsonl::open(SandboxFile::Events.as_ref(), if limits { jsonl::CAP_BYTES } else { u64::MAX })
+    let cap = if controls.no_limits { u64::MAX } else { jsonl::CAP_BYTES };
+    Jsonl::open(SandboxFile::Events.as_ref(), cap, verbose)
 }

@@ -1,35 +1,32 @@
 //! OTLP log export of OCSF events, over gRPC or HTTP/protobuf (opentelemetry-otlp).
 //!
 //! Each event becomes one log record: the body is the event's JSON text; severity is mapped from
-//! `severity_id` (see [`severity`]); attributes carry `ocsf.class_uid`, `ocsf.class_name`,
-//! `ocsf.activity_id`, `ocsf.type_uid`, `ocsf.severity_id` and `ocsf.schema_version`. The resource carries
-//! `service.name`, `service.version`, `openshell.sandbox.id` and `openshell.gateway.name`.
+//! `severity_id` (see [`severity`]); the event name is its class's (`ocsf.api_activity`, see
+//! [`vm_ocsf::Class`]); attributes carry `ocsf.class_uid`, `ocsf.class_name`, `ocsf.activity_id`,
+//! `ocsf.type_uid`, `ocsf.severity_id` and `ocsf.schema_version`. The resource carries `service.name`,
+//! `service.version`, `openshell.sandbox.id` and `openshell.gateway.name`.
 //!
-//! Records go through our own processor instead of the SDK's batch processor: that one drops a batch when
-//! an export fails and drops records when its 2,048-record queue is full. Ours keeps up to
-//! [`MAX_QUEUED_RECORDS`], retries failed batches with backoff, and at shutdown flushes until a deadline,
-//! counting (never silently losing) what it could not deliver. A collector that is down, slow or rejecting
-//! never stalls the supervisor: export runs in its own task. Failures are logged with fixed text only.
+//! Records go through the batch exporter ([`super::batch`]) instead of the SDK's batch processor: that one
+//! drops a batch when an export fails and drops records when its 2,048-record queue is full. Ours keeps up
+//! to [`MAX_QUEUED_RECORDS`] (and [`MAX_QUEUED_BYTES`]), retries failed batches with backoff, and at shutdown
+//! flushes until a deadline, counting (never silently losing) what it could not deliver. A collector that is
+//! down, slow or rejecting never stalls the supervisor: export runs in its own task.
 
-use std::collections::VecDeque;
+use std::fmt::Debug;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use opentelemetry::logs::{AnyValue, LogRecord as _, Logger as _, LoggerProvider as _, Severity};
 use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_otlp::LogExporter;
 use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::logs::{LogBatch, LogExporter as _, LogProcessor, SdkLogRecord, SdkLogger, SdkLoggerProvider};
+use opentelemetry_sdk::logs::{LogBatch, LogProcessor, SdkLogRecord, SdkLogger, SdkLoggerProvider};
 use opentelemetry_sdk::Resource;
-use tokio::sync::{watch, Notify};
-use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
+use super::batch::{BatchConfig, BatchExport, Bounds, Export, Queue};
 use super::credentials::{CaBundle, CaError, CredentialSlots, Credentials};
-use super::exporter::ExporterSpec;
+use super::exporter::{ExporterSpec, Logs, Rebuild, Signal as _};
 
 /// Records kept waiting for the collector before new ones are dropped (and counted).
 pub const MAX_QUEUED_RECORDS: usize = 100_000;
@@ -44,11 +41,6 @@ const BATCH_RECORDS: usize = 1024;
 const IN_FLIGHT: usize = 4;
 /// Per-request timeout.
 pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Retry backoff bounds.
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
-/// At most one failure line per this interval.
-const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The wire protocol to the collector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +75,7 @@ pub struct OtlpSettings {
     pub ca_path: Option<PathBuf>,
 }
 
-impl std::fmt::Debug for OtlpSettings {
+impl Debug for OtlpSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OtlpSettings")
             .field("endpoint", &self.endpoint)
@@ -122,60 +114,25 @@ pub struct ExportReport {
     pub failed_requests: u64,
 }
 
-type Item = (SdkLogRecord, InstrumentationScope, usize);
+/// A queued log record.
+type LogItem = (SdkLogRecord, InstrumentationScope);
 
-#[derive(Debug, Default)]
-struct Queue {
-    items: Mutex<Items>,
-    ready: Notify,
-    dropped: AtomicU64,
-}
+impl Export for LogExporter {
+    type Item = LogItem;
 
-#[derive(Debug, Default)]
-struct Items {
-    queue: VecDeque<Item>,
-    bytes: usize,
-}
-
-impl Queue {
-    fn push(&self, record: SdkLogRecord, scope: InstrumentationScope, size: usize) {
-        let mut items = self.items.lock().unwrap_or_else(PoisonError::into_inner);
-        if items.queue.len() >= MAX_QUEUED_RECORDS || items.bytes + size > MAX_QUEUED_BYTES {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        items.bytes += size;
-        items.queue.push_back((record, scope, size));
-        drop(items);
-        self.ready.notify_one();
+    async fn export(&self, batch: &[LogItem]) -> OTelSdkResult {
+        let refs: Vec<(&SdkLogRecord, &InstrumentationScope)> = batch.iter().map(|(r, s)| (r, s)).collect();
+        opentelemetry_sdk::logs::LogExporter::export(self, LogBatch::new(&refs)).await
     }
 
-    fn take(&self, max: usize) -> Vec<Item> {
-        let mut items = self.items.lock().unwrap_or_else(PoisonError::into_inner);
-        let n = items.queue.len().min(max);
-        let batch: Vec<Item> = items.queue.drain(..n).collect();
-        items.bytes -= batch.iter().map(|i| i.2).sum::<usize>();
-        batch
-    }
-
-    fn put_back(&self, batch: Vec<Item>) {
-        let mut items = self.items.lock().unwrap_or_else(PoisonError::into_inner);
-        items.bytes += batch.iter().map(|i| i.2).sum::<usize>();
-        for item in batch.into_iter().rev() {
-            items.queue.push_front(item);
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.items.lock().unwrap_or_else(PoisonError::into_inner).queue.len()
+    fn payload(item: &LogItem) -> Option<&dyn Debug> {
+        item.0.body().map(|body| body as &dyn Debug)
     }
 }
 
-/// Hands every record to the export task's queue.
+/// Hands every record to the export task's queue, sized by its body.
 #[derive(Debug)]
-struct QueueProcessor {
-    queue: Arc<Queue>,
-}
+struct QueueProcessor(Arc<Queue<LogItem>>);
 
 impl LogProcessor for QueueProcessor {
     fn emit(&self, record: &mut SdkLogRecord, scope: &InstrumentationScope) {
@@ -183,7 +140,7 @@ impl LogProcessor for QueueProcessor {
             Some(AnyValue::String(body)) => body.as_str().len() + RECORD_OVERHEAD_BYTES,
             _ => RECORD_OVERHEAD_BYTES,
         };
-        self.queue.push(record.clone(), scope.clone(), size);
+        self.0.push((record.clone(), scope.clone()), size);
     }
 
     fn force_flush(&self) -> OTelSdkResult {
@@ -200,9 +157,7 @@ impl LogProcessor for QueueProcessor {
 pub struct Otlp {
     provider: SdkLoggerProvider,
     logger: SdkLogger,
-    queue: Arc<Queue>,
-    stop: watch::Sender<Option<Instant>>,
-    task: JoinHandle<ExportReport>,
+    export: BatchExport<LogItem>,
     slots: CredentialSlots,
 }
 
@@ -220,30 +175,24 @@ pub fn severity(severity_id: u8) -> Severity {
 }
 
 impl Otlp {
-    /// Builds the exporter and starts the export task. Must run inside the tokio runtime.
+    /// Builds the exporter and starts the export task; `verbose_failures` is the `verbose-failure-logs`
+    /// control. Must run inside the tokio runtime.
     ///
     /// # Errors
     /// [`OtlpError`] for a bad header, CA bundle or endpoint.
-    pub fn start(settings: &OtlpSettings, resource: Resource) -> Result<Self, OtlpError> {
+    pub fn start(settings: &OtlpSettings, resource: Resource, verbose_failures: bool) -> Result<Self, OtlpError> {
         let ca = settings.ca_path.as_deref().map(CaBundle::load).transpose().map_err(OtlpError::Ca)?;
         if ca.is_none() && super::exporter::is_https(&settings.endpoint) {
             return Err(OtlpError::HttpsWithoutCa);
         }
-        let credentials = Credentials { headers: settings.headers.clone(), ca };
+        let slots = CredentialSlots::new(Credentials { headers: settings.headers.clone(), ca });
         let spec = ExporterSpec { endpoint: settings.endpoint.clone(), protocol: settings.protocol, resource };
-        let exporter = spec.build(&credentials)?;
-        let slots = CredentialSlots::new(credentials);
-        let resource = spec.resource.clone();
-        let queue = Arc::new(Queue::default());
-        let provider = SdkLoggerProvider::builder()
-            .with_resource(resource)
-            .with_log_processor(QueueProcessor { queue: Arc::clone(&queue) })
-            .build();
-        let logger = provider.logger("vm-supervisor");
-        let (stop, stopped) = watch::channel(None);
-        let source = ExporterSource { spec, slots: slots.clone(), version: 0 };
-        let task = tokio::spawn(export_loop(Arc::new(exporter), source, Arc::clone(&queue), stopped));
-        Ok(Self { provider, logger, queue, stop, task, slots })
+        let (provider, logger, queue) = logger(spec.resource.clone());
+        let (exporter, mut rebuild) = Rebuild::<Logs>::first(spec, slots.clone())?;
+        let config =
+            BatchConfig { name: Logs::NAME, batch_items: BATCH_RECORDS, in_flight: IN_FLIGHT, verbose_failures };
+        let export = BatchExport::start(exporter, move || rebuild.refresh(), queue, config);
+        Ok(Self { provider, logger, export, slots })
     }
 
     /// The credential slots the export task reads.
@@ -253,172 +202,45 @@ impl Otlp {
 
     /// Queues one event for export.
     pub fn emit(&self, event: &vm_ocsf::Event, json: &str) {
-        let mut record = self.logger.create_log_record();
-        let millis = u64::try_from(event.time).unwrap_or(0);
-        record.set_timestamp(UNIX_EPOCH + Duration::from_millis(millis));
-        record.set_observed_timestamp(SystemTime::now());
-        record.set_severity_number(severity(event.severity_id));
-        record.set_severity_text(event.severity);
-        record.set_event_name(event_name(event.class_uid));
-        record.set_body(AnyValue::String(json.to_owned().into()));
-        record.add_attribute("ocsf.class_uid", i64::from(event.class_uid));
-        record.add_attribute("ocsf.class_name", event.class_name);
-        record.add_attribute("ocsf.activity_id", i64::from(event.activity_id));
-        record.add_attribute("ocsf.type_uid", i64::try_from(event.type_uid).unwrap_or(i64::MAX));
-        record.add_attribute("ocsf.severity_id", i64::from(event.severity_id));
-        record.add_attribute("ocsf.schema_version", event.metadata.version.clone());
-        self.logger.emit(record);
+        emit(&self.logger, event, json);
     }
 
     /// Flushes until `budget` has passed, then stops. Everything not delivered by then is counted as dropped.
     pub async fn shutdown(self, budget: Duration) -> ExportReport {
-        let _ = self.stop.send(Some(Instant::now() + budget));
-        let mut report = self.task.await.unwrap_or_default();
-        report.dropped += self.queue.dropped.load(Ordering::Relaxed);
+        let report = self.export.shutdown(budget).await;
         let _ = self.provider.shutdown();
         report
     }
 }
 
-fn event_name(class_uid: u32) -> &'static str {
-    match class_uid {
-        6002 => "ocsf.application_lifecycle",
-        1007 => "ocsf.process_activity",
-        2004 => "ocsf.detection_finding",
-        5019 => "ocsf.device_config_state_change",
-        _ => "ocsf.event",
-    }
+/// A logger whose records go into the returned queue.
+fn logger(resource: Resource) -> (SdkLoggerProvider, SdkLogger, Arc<Queue<LogItem>>) {
+    let queue = Arc::new(Queue::new(Bounds { items: MAX_QUEUED_RECORDS, bytes: MAX_QUEUED_BYTES }));
+    let provider = SdkLoggerProvider::builder()
+        .with_resource(resource)
+        .with_log_processor(QueueProcessor(Arc::clone(&queue)))
+        .build();
+    let logger = provider.logger("vm-supervisor");
+    (provider, logger, queue)
 }
 
-/// Where the export task gets its exporter: rebuilt when the credential slots changed.
-#[derive(Debug)]
-struct ExporterSource {
-    spec: ExporterSpec,
-    slots: CredentialSlots,
-    /// The slots' version the current exporter was built from.
-    version: u64,
-}
-
-impl ExporterSource {
-    /// Swaps in an exporter built from the credentials now in force, if they changed. Requests in flight
-    /// finish on the old one.
-    fn refresh(&mut self, exporter: &mut Arc<LogExporter>) {
-        if self.slots.version() == self.version {
-            return;
-        }
-        let (version, credentials) = self.slots.current();
-        self.version = version;
-        match self.spec.build(&credentials) {
-            Ok(new) => *exporter = Arc::new(new),
-            // Validated at the rotation, so not expected; the old credentials stay in use.
-            Err(_) => tracing::warn!("cannot build the OCSF OTLP exporter for rotated credentials; keeping the old"),
-        }
-    }
-}
-
-/// One export request of `batch`; gives the batch back with the outcome.
-async fn export_one(exporter: Arc<LogExporter>, batch: Vec<Item>) -> (Vec<Item>, OTelSdkResult) {
-    let refs: Vec<(&SdkLogRecord, &InstrumentationScope)> = batch.iter().map(|b| (&b.0, &b.1)).collect();
-    let timeout = opentelemetry_sdk::error::OTelSdkError::Timeout(EXPORT_TIMEOUT);
-    let result =
-        tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(LogBatch::new(&refs))).await.unwrap_or(Err(timeout));
-    drop(refs);
-    (batch, result)
-}
-
-/// Exports until told to stop, then flushes until the deadline: up to [`IN_FLIGHT`] requests at once, failed
-/// batches back at the head of the queue after a backoff. What is still queued or in flight at the deadline
-/// is counted as dropped.
-async fn export_loop(
-    mut exporter: Arc<LogExporter>,
-    mut source: ExporterSource,
-    queue: Arc<Queue>,
-    mut stop: watch::Receiver<Option<Instant>>,
-) -> ExportReport {
-    let mut report = ExportReport::default();
-    let mut backoff = BACKOFF_MIN;
-    let mut resume_at: Option<Instant> = None;
-    let mut last_failure_log: Option<Instant> = None;
-    let mut in_flight = FuturesUnordered::new();
-    let mut in_flight_records = 0usize;
-    let mut flushing = false;
-    loop {
-        let deadline = *stop.borrow();
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            break;
-        }
-        if deadline.is_some() && !flushing {
-            // The flush tries at once: a backoff earned before the stop would eat its budget.
-            flushing = true;
-            (resume_at, backoff) = (None, BACKOFF_MIN);
-        }
-        if resume_at.is_none_or(|t| Instant::now() >= t) {
-            resume_at = None;
-            // Every export presents the credentials in force when it starts.
-            source.refresh(&mut exporter);
-            while in_flight.len() < IN_FLIGHT {
-                let batch = queue.take(BATCH_RECORDS);
-                if batch.is_empty() {
-                    break;
-                }
-                in_flight_records += batch.len();
-                in_flight.push(export_one(Arc::clone(&exporter), batch));
-            }
-        }
-        if in_flight.is_empty() && deadline.is_some() && queue.len() == 0 {
-            break;
-        }
-        let wake = resume_at.or(deadline);
-        tokio::select! {
-            Some((batch, result)) = in_flight.next() => match (in_flight_records -= batch.len(), result).1 {
-                Ok(()) => {
-                    report.exported += batch.len() as u64;
-                    backoff = BACKOFF_MIN;
-                }
-                Err(e) => {
-                    report.failed_requests += 1;
-                    // The control of the redaction test logs what a naive exporter would: every failure, with
-                    // its error and records (rate-limited, the first failed batch may hold no payload yet).
-                    let verbose = crate::diagnostics::verbose_failures();
-                    if verbose || last_failure_log.is_none_or(|t| t.elapsed() >= FAILURE_LOG_INTERVAL) {
-                        if verbose {
-                            let records: Vec<_> = batch.iter().filter_map(|(r, _, _)| r.body()).collect();
-                            tracing::warn!(error = %e, ?records, "OCSF OTLP export failed; retrying");
-                        } else {
-                            // Fixed text: the error could carry the collector's message or echo a header.
-                            tracing::warn!(queued = queue.len() + batch.len(), "OCSF OTLP export failed; retrying");
-                        }
-                        last_failure_log = Some(Instant::now());
-                    }
-                    queue.put_back(batch);
-                    resume_at = Some(Instant::now() + backoff);
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                }
-            },
-            () = queue.ready.notified(), if in_flight.len() < IN_FLIGHT && resume_at.is_none() => {}
-            () = sleep_until_some(wake) => {}
-            _ = stop.changed() => {}
-        }
-    }
-    drop(in_flight);
-    // Records of requests cut at the deadline count as dropped: the collector may not have them.
-    report.dropped += (queue.take(usize::MAX).len() + in_flight_records) as u64;
-    if report.dropped > 0 || report.failed_requests > 0 {
-        tracing::warn!(
-            exported = report.exported,
-            dropped = report.dropped,
-            failed_requests = report.failed_requests,
-            "OCSF OTLP export incomplete"
-        );
-    }
-    report
-}
-
-async fn sleep_until_some(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
+/// `event` as a log record, emitted through `logger`.
+fn emit(logger: &SdkLogger, event: &vm_ocsf::Event, json: &str) {
+    let mut record = logger.create_log_record();
+    let millis = u64::try_from(event.time).unwrap_or(0);
+    record.set_timestamp(UNIX_EPOCH + Duration::from_millis(millis));
+    record.set_observed_timestamp(SystemTime::now());
+    record.set_severity_number(severity(event.severity_id));
+    record.set_severity_text(event.severity);
+    record.set_event_name(event.class.event_name);
+    record.set_body(AnyValue::String(json.to_owned().into()));
+    record.add_attribute("ocsf.class_uid", i64::from(event.class.uid));
+    record.add_attribute("ocsf.class_name", event.class.caption);
+    record.add_attribute("ocsf.activity_id", i64::from(event.activity_id));
+    record.add_attribute("ocsf.type_uid", i64::try_from(event.type_uid).unwrap_or(i64::MAX));
+    record.add_attribute("ocsf.severity_id", i64::from(event.severity_id));
+    record.add_attribute("ocsf.schema_version", event.metadata.version.clone());
+    logger.emit(record);
 }
 
 /// The resource every record (and any span) of this supervisor carries.
@@ -454,7 +276,7 @@ mod tests {
             headers: vec![("authorization".into(), "Bearer s3cret".into())],
             ca_path: ca.map(PathBuf::from),
         };
-        let start = |ca| Otlp::start(&settings(ca), resource("sb", None)).err();
+        let start = |ca| Otlp::start(&settings(ca), resource("sb", None), false).err();
         assert!(matches!(start(None), Some(OtlpError::HttpsWithoutCa)));
         assert!(matches!(start(Some("/nonexistent/ca.pem")), Some(OtlpError::Ca(CaError::Unreadable))));
         assert!(matches!(start(Some("/dev/null")), Some(OtlpError::Ca(CaError::Unreadable))), "not a regular file");
@@ -466,5 +288,25 @@ mod tests {
         assert_eq!(Protocol::parse(""), Some(Protocol::Grpc));
         assert_eq!(Protocol::parse("http/protobuf"), Some(Protocol::HttpProtobuf));
         assert_eq!(Protocol::parse("http/json"), None);
+    }
+
+    #[test]
+    fn every_class_exports_under_its_event_name() {
+        let (_provider, logger, queue) = logger(resource("sb", None));
+        let source = vm_ocsf::Source::new(vm_ocsf::SchemaVersion::default(), "sb", "vm-supervisor", "0.1.0");
+        let events = [
+            source.api_update("UpdatePolicy", "attach.sock", vm_ocsf::Status::Success, "revision 1 applied"),
+            source.config_change("policy"),
+        ];
+        for event in &events {
+            emit(&logger, event, &event.to_json());
+        }
+        let names: Vec<_> = queue.snapshot().iter().map(|(record, _)| record.event_name()).collect();
+        assert_eq!(names, [Some("ocsf.api_activity"), Some("ocsf.device_config_state_change")]);
+        let records = queue.snapshot();
+        let attribute =
+            |key: &str| records[0].0.attributes_iter().find(|(k, _)| k.as_str() == key).map(|(_, v)| v.clone());
+        assert_eq!(attribute("ocsf.class_uid"), Some(AnyValue::Int(6003)));
+        assert_eq!(attribute("ocsf.class_name"), Some(AnyValue::String("API Activity".into())));
     }
 }

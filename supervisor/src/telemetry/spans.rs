@@ -18,13 +18,15 @@ use std::time::{Duration, SystemTime};
 
 use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt as _, Tracer as _, TracerProvider as _};
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, Span};
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, Span, SpanData};
 use opentelemetry_sdk::Resource;
+use vm_protocol::link::{ToGuest, ToHost};
 use vm_protocol::policy::UpdateOutcome;
-use vm_protocol::{ProcId, ToGuest, ToHost};
+use vm_protocol::{ProcId, ProcessEvent, ProcessRequest};
 
+use super::batch::{BatchExport, Queue};
 use super::otlp::{ExportReport, OtlpError};
-use super::span_export::{QueueProcessor, SpanExport, SpanQueue, SpanSource};
+use super::span_export::{QueueProcessor, SpanSource, SPAN_BOUNDS};
 use crate::stop::StopReason;
 
 /// Exec spans open at once (dispatched, not yet answered); the multiplexer keeps far fewer processes.
@@ -57,9 +59,9 @@ impl ExecOutcome {
 /// The guest's answer to a spawn, if `msg` is one: the guest-wide id and the outcome.
 pub fn spawn_answer(msg: &ToHost) -> Option<(ProcId, ExecOutcome)> {
     match msg {
-        ToHost::Started { id, pid, .. } => Some((*id, ExecOutcome::Started(*pid))),
-        ToHost::SpawnFailed { id, .. } => Some((*id, ExecOutcome::SpawnFailed)),
-        ToHost::Refused { id, .. } => Some((*id, ExecOutcome::Refused)),
+        ToHost::Process(ProcessEvent::Started { id, pid, .. }) => Some((*id, ExecOutcome::Started(*pid))),
+        ToHost::Process(ProcessEvent::SpawnFailed { id, .. }) => Some((*id, ExecOutcome::SpawnFailed)),
+        ToHost::Process(ProcessEvent::Refused { id, .. }) => Some((*id, ExecOutcome::Refused)),
         _ => None,
     }
 }
@@ -67,7 +69,7 @@ pub fn spawn_answer(msg: &ToHost) -> Option<(ProcId, ExecOutcome)> {
 /// The guest-wide id of a spawn being dispatched, if `msg` is one.
 pub fn dispatched_spawn(msg: &ToGuest) -> Option<ProcId> {
     match msg {
-        ToGuest::Spawn(spawn) => Some(spawn.id),
+        ToGuest::Process(ProcessRequest::Spawn(spawn)) => Some(spawn.id),
         _ => None,
     }
 }
@@ -107,8 +109,8 @@ struct Inner {
     execs: HashMap<ProcId, Span>,
     update_received: Option<SystemTime>,
     stop: Option<Span>,
-    queue: Arc<SpanQueue>,
-    export: Option<SpanExport>,
+    queue: Arc<Queue<SpanData>>,
+    export: Option<BatchExport<SpanData>>,
 }
 
 impl Spans {
@@ -118,17 +120,16 @@ impl Spans {
     /// # Errors
     /// [`OtlpError`] for a bad header, CA bundle or endpoint.
     pub(crate) fn start(source: SpanSource, sandbox_id: &str) -> Result<Self, OtlpError> {
-        let (exporter, version) = source.build()?;
-        let mut spans = Self::unexported(source.resource.clone(), sandbox_id);
+        let mut spans = Self::unexported(source.spec.resource.clone(), sandbox_id);
         if let Some(inner) = &mut spans.0 {
-            inner.export = Some(SpanExport::start(exporter, source.refresher(version), Arc::clone(&inner.queue)));
+            inner.export = Some(source.start(Arc::clone(&inner.queue))?);
         }
         Ok(spans)
     }
 
     /// The spans without an export task: they stay in the queue (for tests, and as the core of `start`).
     fn unexported(resource: Resource, sandbox_id: &str) -> Self {
-        let queue = Arc::new(SpanQueue::default());
+        let queue = Arc::new(Queue::new(SPAN_BOUNDS));
         let provider = SdkTracerProvider::builder()
             .with_resource(resource)
             .with_span_processor(QueueProcessor(Arc::clone(&queue)))

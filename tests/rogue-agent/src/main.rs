@@ -28,7 +28,8 @@ use std::time::Duration;
 use vm_protocol::flow::DEFAULT_WINDOW_BYTES;
 use vm_protocol::frame::{self, MAX_FRAME_BYTES};
 use vm_protocol::handshake::{self, Capabilities, Hello};
-use vm_protocol::{ExitStatus, ProcId, Stream, ToGuest, ToHost, CHANNEL_PORT_NAME};
+use vm_protocol::link::{ToGuest, ToHost, VmRequest};
+use vm_protocol::{ExitStatus, ProcId, ProcessEvent, ProcessRequest, Stream, CHANNEL_PORT_NAME};
 
 const CAPABILITIES: Capabilities =
     Capabilities::EXEC.union(Capabilities::SIGNALS).union(Capabilities::POWER_OFF).union(Capabilities::PING);
@@ -42,11 +43,7 @@ fn main() {
     send(&mut out, &ToHost::Hello(Hello::ours(CAPABILITIES, "vm-rogue-agent")));
     let mut scratch = Vec::new();
     frame::read_body(&mut port, &mut scratch).expect("host hello");
-    handshake::accept_first(&scratch, Capabilities::NONE, |m| match m {
-        ToGuest::Hello(h) => Some(h),
-        _ => None,
-    })
-    .expect("host hello");
+    handshake::accept_first(&scratch, Capabilities::NONE).expect("host hello");
     eprintln!("vm-rogue-agent: handshake done; attacking");
     match mode.as_str() {
         "garbage-after-handshake" => {
@@ -83,7 +80,12 @@ fn main() {
 }
 
 fn attack_process(out: &mut File, attack: &str, (id, window): (ProcId, u32)) {
-    let started = ToHost::Started { id, pid: 4242, stdin_window: DEFAULT_WINDOW_BYTES, output_window: window };
+    let started = ToHost::Process(ProcessEvent::Started {
+        id,
+        pid: 4242,
+        stdin_window: DEFAULT_WINDOW_BYTES,
+        output_window: window,
+    });
     match attack {
         "empty-output-flood" => {
             send(out, &started);
@@ -114,16 +116,16 @@ fn attack_process(out: &mut File, attack: &str, (id, window): (ProcId, u32)) {
         "stdin-credit-overflow" => {
             send(out, &started);
             for _ in 0..64 {
-                send(out, &ToHost::StdinCredit { id, bytes: u32::MAX });
+                send(out, &ToHost::Process(ProcessEvent::StdinCredit { id, bytes: u32::MAX }));
             }
         }
         "exit-signal-max" => {
             send(out, &started);
-            send(out, &ToHost::Exited { id, status: ExitStatus::Signaled(i32::MAX) });
+            send(out, &ToHost::Process(ProcessEvent::Exited { id, status: ExitStatus::Signaled(i32::MAX) }));
         }
         "exit-signal-negative" => {
             send(out, &started);
-            send(out, &ToHost::Exited { id, status: ExitStatus::Signaled(-128) });
+            send(out, &ToHost::Process(ProcessEvent::Exited { id, status: ExitStatus::Signaled(-128) }));
         }
         other => eprintln!("vm-rogue-agent: unknown mode {other:?}; idling"),
     }
@@ -135,21 +137,31 @@ fn polite(port: &mut File, out: &mut File, ignore_shutdown: bool) {
     let mut scratch = Vec::new();
     while let Ok(true) = frame::read_body(port, &mut scratch) {
         match frame::decode_body::<ToGuest>(&scratch) {
-            Ok(ToGuest::Spawn(spawn)) => {
+            Ok(ToGuest::Process(ProcessRequest::Spawn(spawn))) => {
                 let id = spawn.id;
                 let output_window = spawn.output_window;
-                send(out, &ToHost::Started { id, pid: 1000 + id.0, stdin_window: DEFAULT_WINDOW_BYTES, output_window });
+                send(
+                    out,
+                    &ToHost::Process(ProcessEvent::Started {
+                        id,
+                        pid: 1000 + id.0,
+                        stdin_window: DEFAULT_WINDOW_BYTES,
+                        output_window,
+                    }),
+                );
                 if spawn.argv.first().map(String::as_str) != Some("hang") {
                     send(out, &output(id, b"polite\n"));
-                    send(out, &ToHost::Exited { id, status: ExitStatus::Code(0) });
+                    send(out, &ToHost::Process(ProcessEvent::Exited { id, status: ExitStatus::Code(0) }));
                 }
             }
-            Ok(ToGuest::Signal { id, signal }) => {
-                send(out, &ToHost::Exited { id, status: ExitStatus::Signaled(signal.number()) });
+            Ok(ToGuest::Process(ProcessRequest::Signal { id, signal })) => {
+                send(out, &ToHost::Process(ProcessEvent::Exited { id, status: ExitStatus::Signaled(signal.number()) }));
             }
             Ok(ToGuest::Ping { nonce }) => send(out, &ToHost::Pong { nonce }),
-            Ok(ToGuest::Shutdown { .. }) if ignore_shutdown => eprintln!("vm-rogue-agent: ignoring Shutdown"),
-            Ok(ToGuest::Shutdown { .. }) => return,
+            Ok(ToGuest::Vm(VmRequest::Shutdown { .. })) if ignore_shutdown => {
+                eprintln!("vm-rogue-agent: ignoring Shutdown")
+            }
+            Ok(ToGuest::Vm(VmRequest::Shutdown { .. })) => return,
             _ => {}
         }
     }
@@ -161,7 +173,7 @@ fn wait_for_spawn(port: &mut File) -> (ProcId, u32) {
     loop {
         match frame::read_body(port, &mut scratch) {
             Ok(true) => {
-                if let Ok(ToGuest::Spawn(spawn)) = frame::decode_body::<ToGuest>(&scratch) {
+                if let Ok(ToGuest::Process(ProcessRequest::Spawn(spawn))) = frame::decode_body::<ToGuest>(&scratch) {
                     return (spawn.id, spawn.output_window);
                 }
             }
@@ -171,7 +183,7 @@ fn wait_for_spawn(port: &mut File) -> (ProcId, u32) {
 }
 
 fn output(id: ProcId, data: &[u8]) -> ToHost {
-    ToHost::Output { id, stream: Stream::Stdout, data: data.to_vec().into() }
+    ToHost::Process(ProcessEvent::Output { id, stream: Stream::Stdout, data: data.to_vec().into() })
 }
 
 fn send(out: &mut File, msg: &ToHost) {

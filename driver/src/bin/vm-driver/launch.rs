@@ -30,8 +30,9 @@ use vm_driver::sandbox::{self, Ended, Running, StartSpec, Stopping, HUNG_STOP_TI
 use vm_driver::state::{self, StateDir};
 use vm_driver::telemetry::{self, TelemetryConfig};
 use vm_driver::{image, reap};
+use vm_protocol::attach::ToClient;
 use vm_protocol::message::{EnvVar, Refusal};
-use vm_protocol::{ExitStatus, ProcId, SignalName, Spawn, Stream, ToGuest, ToHost};
+use vm_protocol::{ExitStatus, ProcId, ProcessEvent, ProcessRequest, SignalName, Spawn, Stream};
 
 use crate::stdin;
 
@@ -63,6 +64,8 @@ pub struct LaunchConfig {
     pub jail: JailRequest,
     /// The sandbox policy.
     pub policy: Option<vm_protocol::policy::SandboxPolicy>,
+    /// The test controls (all off but in the causal tests).
+    pub controls: vm_driver::controls::Controls,
     /// Stop the sandbox after this long.
     pub timeout: Option<Duration>,
     /// Boot timeout.
@@ -96,7 +99,7 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
     let jail = config.jail.resolve(&supervisor)?;
     let root = config.state_dir.clone().unwrap_or_else(state::default_root);
     let state = StateDir::open(&root)?;
-    for reaped in reap::reap_all(&state.sandboxes_dir()) {
+    for reaped in reap::reap_all(&state.sandboxes_dir(), config.controls.reaper) {
         if reaped.killed() {
             eprintln!("vm-driver: reaped orphaned sandbox {} (its supervisor was gone)", reaped.sandbox);
         }
@@ -127,6 +130,7 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
         session: None,
         jail,
         policy: config.policy.clone(),
+        controls: config.controls,
     };
     let running = match sandbox::start(&spec) {
         Ok(running) => running,
@@ -286,12 +290,12 @@ async fn run_local(
     let mut stdin = stdin::chunks();
     let (mut stdout, mut stderr) = (tokio::io::stdout(), tokio::io::stderr());
     let mut stdin_open = true;
-    attached.send(ToGuest::Spawn(spawn)).await?;
+    attached.send(ProcessRequest::Spawn(spawn)).await?;
     loop {
         tokio::select! {
             frame = attached.recv() => match frame {
-                Some(Ok(ToHost::Started { stdin_window, output_window, .. })) => relay.started(stdin_window, output_window),
-                Some(Ok(ToHost::Output { stream, data, .. })) => {
+                Some(Ok(ToClient::Process(ProcessEvent::Started { stdin_window, output_window, .. }))) => relay.started(stdin_window, output_window),
+                Some(Ok(ToClient::Process(ProcessEvent::Output { stream, data, .. }))) => {
                     let sink: &mut (dyn AsyncWrite + Unpin) = match stream {
                         Stream::Stdout => &mut stdout,
                         Stream::Stderr => &mut stderr,
@@ -302,8 +306,8 @@ async fn run_local(
                         attached.send(credit).await?;
                     }
                 }
-                Some(Ok(ToHost::StdinCredit { bytes, .. })) => relay.stdin_credit(bytes).map_err(|_| RunError::Credit)?,
-                Some(Ok(ToHost::Exited { status, .. })) => {
+                Some(Ok(ToClient::Process(ProcessEvent::StdinCredit { bytes, .. }))) => relay.stdin_credit(bytes).map_err(|_| RunError::Credit)?,
+                Some(Ok(ToClient::Process(ProcessEvent::Exited { status, .. }))) => {
                     stdout.flush().await.map_err(RunError::Output)?;
                     stderr.flush().await.map_err(RunError::Output)?;
                     // Everything is written: tell the supervisor, which keeps undelivered output.
@@ -313,12 +317,12 @@ async fn run_local(
                     return Ok(status);
                 }
                 // As a shell shows it: the message on stderr, then the status.
-                Some(Ok(ToHost::SpawnFailed { status, message, .. })) => {
+                Some(Ok(ToClient::Process(ProcessEvent::SpawnFailed { status, message, .. }))) => {
                     stderr.write_all(format!("{message}\n").as_bytes()).await.map_err(RunError::Output)?;
                     stderr.flush().await.map_err(RunError::Output)?;
                     return Ok(status);
                 }
-                Some(Ok(ToHost::Refused { reason, .. })) => return Err(RunError::Refused(reason)),
+                Some(Ok(ToClient::Process(ProcessEvent::Refused { reason, .. }))) => return Err(RunError::Refused(reason)),
                 Some(Ok(_)) => {}
                 Some(Err(e)) => return Err(AttachError::Frame(e).into()),
                 None => return Err(RunError::SandboxEnded),
@@ -331,7 +335,7 @@ async fn run_local(
                     relay.stdin_eof();
                 }
             },
-            Some(signal) = signals.recv() => attached.send(ToGuest::Signal { id: relay.id(), signal }).await?,
+            Some(signal) = signals.recv() => attached.send(ProcessRequest::Signal { id: relay.id(), signal }).await?,
         }
         while let Some(msg) = relay.next_stdin() {
             attached.send(msg).await?;

@@ -24,9 +24,12 @@ use client::Lifecycle;
 use exec::Target;
 use launch::LaunchConfig;
 use vm_contract::exit::driver::DRIVER_ERROR;
+use vm_driver::controls::Controls;
 use vm_driver::service::{self, ServeConfig};
 use vm_protocol::driver_api::SandboxSpec;
 use vm_protocol::identity::{IdSelector, RunAs};
+
+vm_contract::test_controls!();
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -48,7 +51,9 @@ fn main() -> ExitCode {
             return ExitCode::from(DRIVER_ERROR);
         }
     };
-    let code = match runtime.block_on(run(cli.command)) {
+    // The one read of the test controls: the library takes them as plain values.
+    let controls = Controls::from_switches(control);
+    let code = match runtime.block_on(run(cli.command, controls)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("vm-driver: {e:#}");
@@ -60,7 +65,7 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
-async fn run(command: Command) -> Result<u8> {
+async fn run(command: Command, controls: Controls) -> Result<u8> {
     match command {
         Command::Launch(args) => {
             let args = *args;
@@ -85,6 +90,7 @@ async fn run(command: Command) -> Result<u8> {
                 id: args.id,
                 keep: args.keep,
                 telemetry: args.telemetry.config()?,
+                controls,
             })
             .await
         }
@@ -114,6 +120,7 @@ async fn run(command: Command) -> Result<u8> {
                 retention,
                 pool: args.pool,
                 pool_snapshots: args.pool_snapshots,
+                controls,
             })
             .await?;
             Ok(0)
@@ -163,7 +170,7 @@ async fn run(command: Command) -> Result<u8> {
             };
             exec::exec(&args.socket.path(), args.id.as_str(), target, args.interactive, args.tty).await
         }
-        Command::Reap { state_dir, retention } => reap(state_dir, &retention).map(|()| 0),
+        Command::Reap { state_dir, retention } => reap(state_dir, &retention, controls).map(|()| 0),
     }
 }
 
@@ -184,10 +191,10 @@ fn state_dir(vm: &VmArgs) -> PathBuf {
     vm.state_dir.clone().unwrap_or_else(vm_driver::state::default_root)
 }
 
-fn reap(state_dir: Option<PathBuf>, retention: &cli::RetentionArgs) -> Result<()> {
+fn reap(state_dir: Option<PathBuf>, retention: &cli::RetentionArgs, controls: Controls) -> Result<()> {
     let root = state_dir.unwrap_or_else(vm_driver::state::default_root);
     let state = vm_driver::state::StateDir::open(&root)?;
-    for reaped in vm_driver::reap::reap_all(&state.sandboxes_dir()) {
+    for reaped in vm_driver::reap::reap_all(&state.sandboxes_dir(), controls.reaper) {
         let what = if reaped.killed() { "killed its VM" } else { "nothing left running" };
         println!("{}: supervisor gone; {what}; marked terminated", reaped.sandbox);
     }

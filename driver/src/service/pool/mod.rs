@@ -6,8 +6,9 @@
 //!   hands the VM its identity ([`crate::sandbox::Running::claim`]); the slot is gone from then on. A
 //!   pooled VM serves one sandbox and is never returned: when the sandbox stops, its VM is shut down.
 //! - **Refill.** One slot boots at a time, in the background, and only within capacity: a slot reserves its
-//!   share ([`Registry::reserve_pooled`]) before it boots, so pooled VMs count against the same limits as
-//!   sandboxes, and a claim transfers the share instead of needing room. Boots that fail back off (2 s
+//!   share ([`Ledger::admit_pooled`]) before it boots, so pooled VMs count against the same limits as
+//!   sandboxes, and a claim transfers the share instead of needing room. The boot itself (locks, files,
+//!   the supervisor's fork and exec) runs on a blocking thread. Boots that fail back off (2 s
 //!   doubling to a minute) instead of looping.
 //! - **Snapshots** (`--pool-snapshots`). The first slot of a target boots and saves its idle VM into
 //!   `STATE/snapshots/<slot>/` ([`PooledStart::Save`]) and ends; every later slot is restored from it
@@ -19,11 +20,13 @@
 //!   an earlier `serve` (their VMs died with its liveness pipes) are reaped and removed once their
 //!   supervisors have exited.
 
+mod listing;
 mod slot;
 pub mod target;
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -31,10 +34,11 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 use vm_contract::ids::SandboxId;
 use vm_contract::layout::SandboxLayout;
 use vm_contract::pids::SandboxPids;
-use vm_protocol::driver_api::{ListPoolResponse, PoolTarget as ApiTarget, PooledVm};
 
+pub use self::listing::{PoolListing, PooledView};
 pub use self::target::{PoolKey, PoolTarget};
-use super::registry::Registry;
+use super::context::Context;
+use super::ledger::{Ledger, Share};
 use crate::image::Image;
 use crate::sandbox::{PooledStart, Running};
 
@@ -47,10 +51,12 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// A pooled VM handed to a sandbox: its slot and its running generation, ready as pooled.
 #[derive(Debug)]
 pub struct ClaimedVm {
-    /// The slot it came from (its share is the sandbox's once the sandbox is registered).
+    /// The slot it came from.
     pub slot: SandboxId,
     /// The VM, still in the slot's directory.
     pub running: Running,
+    /// The slot's share of the host: the sandbox's once the sandbox is registered.
+    pub share: Option<Share>,
 }
 
 /// One slot as the pool lists it.
@@ -61,8 +67,8 @@ struct Slot {
     start: PooledStart,
     state: SlotState,
     supervisor_pid: u32,
-    /// The slot's task takes a claim from here and answers with its VM.
-    claims: mpsc::Sender<oneshot::Sender<Running>>,
+    /// The slot's task takes a claim from here and answers with its VM and share.
+    claims: mpsc::Sender<oneshot::Sender<(Running, Share)>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,8 +116,11 @@ struct State {
 /// The pool.
 #[derive(Debug)]
 pub struct Pool {
-    reg: Arc<Registry>,
+    ctx: Arc<Context>,
+    ledger: Arc<Ledger>,
     state: Mutex<State>,
+    /// Slots whose boot is under way on a blocking thread (not yet in `state`).
+    starting: AtomicUsize,
     wake: Notify,
     closing: watch::Sender<bool>,
 }
@@ -122,14 +131,19 @@ pub struct Pool {
 pub struct PoolError(#[from] crate::image::NamedImageError);
 
 impl Pool {
-    /// The pool for `targets` (empty: no pool), its refill started.
-    /// With `snapshots`, each target's VMs are restored from a snapshot saved by its first slot.
+    /// The pool for `targets` (empty: no pool), its shares taken from `ledger`; [`Self::start`] starts its
+    /// refill. With `snapshots`, each target's VMs are restored from a snapshot saved by its first slot.
     ///
     /// # Errors
     /// [`PoolError`] when a target's image cannot be resolved.
-    pub fn start(reg: Arc<Registry>, targets: Vec<PoolTarget>, snapshots: bool) -> Result<Arc<Self>, PoolError> {
+    pub fn new(
+        ctx: Arc<Context>,
+        ledger: Arc<Ledger>,
+        targets: Vec<PoolTarget>,
+        snapshots: bool,
+    ) -> Result<Arc<Self>, PoolError> {
         // An earlier serve's snapshots may come from another QEMU, image or build: never restored.
-        let dir = reg.ctx.state.snapshots_dir();
+        let dir = ctx.state.snapshots_dir();
         let _ = std::fs::remove_dir_all(&dir);
         let made = snapshots && std::fs::DirBuilder::new().mode(0o700).create(&dir).is_ok();
         if snapshots && !made {
@@ -140,21 +154,26 @@ impl Pool {
         let targets = targets
             .into_iter()
             .map(|config| {
-                let image = reg.ctx.images.resolve(&config.image)?;
+                let image = ctx.images.resolve(&config.image)?;
                 let key = PoolKey { shape: config.shape, image };
                 let snapshot = snapshot.clone();
                 Ok(Target { config, key, failures: 0, retry_at: None, no_room: false, snapshot, snapshot_failures: 0 })
             })
             .collect::<Result<Vec<_>, PoolError>>()?;
-        let active = !targets.is_empty();
-        let pool = Arc::new(Self {
-            reg,
+        Ok(Arc::new(Self {
+            ctx,
+            ledger,
             state: Mutex::new(State { targets, slots: Vec::new(), tasks: Vec::new() }),
+            starting: AtomicUsize::new(0),
             wake: Notify::new(),
             closing: watch::channel(false).0,
-        });
-        tokio::spawn(Arc::clone(&pool).refill(active));
-        Ok(pool)
+        }))
+    }
+
+    /// Starts the refill (after the restored sandboxes took their shares).
+    pub fn start(self: &Arc<Self>) {
+        let active = !self.lock().targets.is_empty();
+        tokio::spawn(Arc::clone(self).refill(active));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -182,10 +201,10 @@ impl Pool {
                 Err(_) => None,
             };
             // `None`: the slot's VM ended in that instant; its task cleans up and removes it. Try another.
-            if let Some(running) = handed {
+            if let Some((running, share)) = handed {
                 self.lock().slots.retain(|s| s.id != id);
                 self.wake.notify_one();
-                return Some(ClaimedVm { slot: id, running });
+                return Some(ClaimedVm { slot: id, running, share: Some(share) });
             }
         }
     }
@@ -193,46 +212,9 @@ impl Pool {
     /// Stops a claimed VM that no sandbox took (its id was taken meanwhile) and gives its share back.
     pub async fn discard(&self, claimed: ClaimedVm) {
         let layout = claimed.running.layout().clone();
-        slot::end(claimed.running, self.reg.ctx.stop_timeout).await;
+        slot::end(claimed.running, self.ctx.stop_timeout).await;
         let _ = std::fs::remove_dir_all(layout.dir());
-        self.reg.release_pooled(&claimed.slot);
-    }
-
-    /// The pool as `ListPool` shows it.
-    pub fn list(&self) -> ListPoolResponse {
-        let state = self.lock();
-        let vms = state
-            .slots
-            .iter()
-            .map(|s| {
-                let target = &state.targets[s.target].config;
-                let (label, vmm_pid) = match s.state {
-                    SlotState::Booting => ("booting", 0),
-                    SlotState::Ready { vmm_pid } => ("ready", vmm_pid),
-                    SlotState::Claiming => ("claiming", 0),
-                };
-                PooledVm {
-                    slot_id: s.id.to_string(),
-                    cpus: u32::from(target.shape.cpus()),
-                    memory_mib: target.shape.memory_mib(),
-                    image: target.image.clone(),
-                    state: label.into(),
-                    supervisor_pid: s.supervisor_pid,
-                    vmm_pid,
-                }
-            })
-            .collect();
-        let targets = state
-            .targets
-            .iter()
-            .map(|t| ApiTarget {
-                count: t.config.count,
-                cpus: u32::from(t.config.shape.cpus()),
-                memory_mib: t.config.shape.memory_mib(),
-                image: t.config.image.clone(),
-            })
-            .collect();
-        ListPoolResponse { vms, targets }
+        drop(claimed.share);
     }
 
     /// Stops every pooled VM (in order, in parallel) and the refill.
@@ -241,8 +223,12 @@ impl Pool {
         // Until none is left: a slot started in the same instant pushes its task after the first take.
         loop {
             let tasks = std::mem::take(&mut self.lock().tasks);
-            if tasks.is_empty() {
+            if tasks.is_empty() && self.starting.load(Ordering::SeqCst) == 0 {
                 return;
+            }
+            if tasks.is_empty() {
+                // A boot is under way on a blocking thread: its task is pushed once it is back.
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
             futures_util::future::join_all(tasks).await;
         }
@@ -260,7 +246,7 @@ impl Pool {
                 return;
             }
             if let Some(target) = self.next_target() {
-                self.start_slot(target);
+                self.start_slot(target).await;
             }
             tokio::select! {
                 () = self.wake.notified() => {}
@@ -275,13 +261,13 @@ impl Pool {
     /// Whether any is left (its supervisor still exiting).
     fn sweep_strays(&self) -> bool {
         let mut left = false;
-        let Ok(entries) = std::fs::read_dir(self.reg.ctx.state.pool_dir()) else { return false };
+        let Ok(entries) = std::fs::read_dir(self.ctx.state.pool_dir()) else { return false };
         for entry in entries.flatten() {
             let ours = self.lock().slots.iter().any(|s| entry.file_name().to_str() == Some(s.id.as_str()));
             let layout = SandboxLayout::new(entry.path());
             let running = SandboxPids::read(layout.dir()).is_some_and(|p| p.supervisor.is_alive());
             if !ours && !running {
-                crate::reap::reap_one(&layout);
+                crate::reap::reap_one(&layout, self.ctx.controls.reaper);
                 let _ = std::fs::remove_dir_all(layout.dir());
             }
             left |= !ours && running;
@@ -302,29 +288,35 @@ impl Pool {
         })
     }
 
-    /// Starts one slot of `target`, if it fits.
-    fn start_slot(self: &Arc<Self>, target: usize) {
+    /// Starts one slot of `target`, if it fits; its boot runs on a blocking thread.
+    async fn start_slot(self: &Arc<Self>, target: usize) {
         let Ok(id) = crate::state::random_id("pool") else { return };
         let shape = self.lock().targets[target].key.shape;
         // No room: the next look (a wake or the recheck) tries again.
-        let reserved = self.reg.reserve_pooled(&id, shape);
+        let reserved = self.ledger.admit_pooled(shape);
         let said = std::mem::replace(&mut self.lock().targets[target].no_room, reserved.is_err());
-        if let Err(why) = reserved {
-            if !said {
-                eprintln!("vm-driver: warm pool: no room for another pooled VM ({why}); waiting");
+        let share = match reserved {
+            Ok(share) => share,
+            Err(why) => {
+                if !said {
+                    eprintln!("vm-driver: warm pool: no room for another pooled VM ({why}); waiting");
+                }
+                return;
             }
-            return;
-        }
-        let layout = SandboxLayout::new(self.reg.ctx.state.pool_dir().join(id.as_str()));
+        };
+        let layout = SandboxLayout::new(self.ctx.state.pool_dir().join(id.as_str()));
         let key = self.lock().targets[target].key.clone();
         let start = self.pooled_start(target, &id);
-        let started = slot::boot(&self.reg.ctx, &id, &layout, &key, &start);
-        let running = match started {
+        self.starting.fetch_add(1, Ordering::SeqCst);
+        let (ctx, slot_id, slot_layout, how) = (Arc::clone(&self.ctx), id.clone(), layout.clone(), start.clone());
+        let booted = tokio::task::spawn_blocking(move || slot::boot(&ctx, &slot_id, &slot_layout, &key, &how)).await;
+        let running = match booted.map_err(|_| slot::SlotError::Task).and_then(|started| started) {
             Ok(running) => running,
             Err(e) => {
+                self.starting.fetch_sub(1, Ordering::SeqCst);
                 eprintln!("vm-driver: cannot start a pooled VM: {}", vm_contract::logs::chain(&e));
                 let _ = std::fs::remove_dir_all(layout.dir());
-                self.reg.release_pooled(&id);
+                drop(share);
                 self.snapshot_failed(target, &start);
                 self.boot_failed(target);
                 return;
@@ -332,11 +324,13 @@ impl Pool {
         };
         let (claims_tx, claims_rx) = mpsc::channel(1);
         let supervisor_pid = running.supervisor_pid().unwrap_or(0);
-        let task = tokio::spawn(slot::run(Arc::clone(self), id.clone(), running, claims_rx, self.closing.subscribe()));
+        let run = slot::run(Arc::clone(self), id.clone(), (running, share), claims_rx, self.closing.subscribe());
+        let task = tokio::spawn(run);
         let mut state = self.lock();
         state.slots.push(Slot { id, target, start, state: SlotState::Booting, supervisor_pid, claims: claims_tx });
         state.tasks.retain(|t| !t.is_finished());
         state.tasks.push(task);
+        self.starting.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// How the next slot of `target` (`id`) comes up: booted, restored, or booted to save the snapshot.
@@ -346,7 +340,7 @@ impl Pool {
             Snapshot::Off => PooledStart::Boot,
             Snapshot::Ready(dir) => PooledStart::Restore(dir),
             Snapshot::Wanted => {
-                let dir = self.reg.ctx.state.snapshots_dir().join(id.as_str());
+                let dir = self.ctx.state.snapshots_dir().join(id.as_str());
                 match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
                     Ok(()) => PooledStart::Save(dir),
                     // Counted like a failed save: two in a row and the target boots.

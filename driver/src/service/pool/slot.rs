@@ -13,7 +13,8 @@ use vm_contract::tombstone::EndReason;
 use super::{Pool, PoolKey};
 use crate::sandbox::supervisor::Ready;
 use crate::sandbox::{self, Ended, PooledStart, Running, StartSpec, HUNG_STOP_TIMEOUT};
-use crate::service::registry::Context;
+use crate::service::context::Context;
+use crate::service::ledger::Share;
 
 /// Why a pooled VM could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +25,9 @@ pub enum SlotError {
     /// The supervisor could not be started.
     #[error(transparent)]
     Start(#[from] sandbox::StartError),
+    /// The blocking boot ended abnormally.
+    #[error("the pooled boot's task ended abnormally")]
+    Task,
 }
 
 /// Starts a pooled VM in a new slot directory. It has no identity: no telemetry settings, credentials,
@@ -50,6 +54,7 @@ pub(super) fn boot(
         session: None,
         jail: ctx.jail,
         policy: None,
+        controls: ctx.controls,
     };
     Ok(sandbox::start_pooled(&spec, start)?)
 }
@@ -59,26 +64,27 @@ pub(super) async fn end(running: Running, timeout: Duration) {
     running.stop(timeout).await.end(EndReason::Failed).await;
 }
 
-/// The slot's life: booting, then waiting for a claim (answered with the VM), its own end, or the pool's.
+/// The slot's life: booting, then waiting for a claim (answered with the VM and its share), its own end, or
+/// the pool's.
 pub(super) async fn run(
     pool: Arc<Pool>,
     id: SandboxId,
-    mut running: Running,
-    mut claims: mpsc::Receiver<oneshot::Sender<Running>>,
+    (mut running, mut share): (Running, Share),
+    mut claims: mpsc::Receiver<oneshot::Sender<(Running, Share)>>,
     mut closing: watch::Receiver<bool>,
 ) {
-    let stop_timeout = pool.reg.ctx.stop_timeout;
+    let stop_timeout = pool.ctx.stop_timeout;
     let ready = tokio::select! {
         ready = running.ready() => ready,
         () = closed(&mut closing) => {
-            finish(&pool, &id, running, stop_timeout, true).await;
+            finish(&pool, &id, (running, share), stop_timeout, true).await;
             return;
         }
     };
     let vmm_pid = match ready {
         Ok(Ready { saved: Some(bytes), .. }) => {
             pool.snapshot_saved(&id, bytes);
-            finish(&pool, &id, running, stop_timeout, true).await;
+            finish(&pool, &id, (running, share), stop_timeout, true).await;
             return;
         }
         Ok(ready) if ready.pooled => {
@@ -88,13 +94,13 @@ pub(super) async fn run(
         }
         Ok(_) => {
             eprintln!("vm-driver: pooled VM {id} reported ready as a sandbox; stopping it");
-            finish(&pool, &id, running, stop_timeout, false).await;
+            finish(&pool, &id, (running, share), stop_timeout, false).await;
             return;
         }
         Err(e) => {
             let what = if pool.saves(&id) { "could not be saved" } else { "did not boot" };
             eprintln!("vm-driver: pooled VM {id} {what}: {}", vm_contract::logs::chain(&e));
-            finish(&pool, &id, running, stop_timeout, false).await;
+            finish(&pool, &id, (running, share), stop_timeout, false).await;
             return;
         }
     };
@@ -102,12 +108,12 @@ pub(super) async fn run(
         tokio::select! {
             claim = claims.recv() => {
                 let Some(reply) = claim else { break };
-                match reply.send(running) {
+                match reply.send((running, share)) {
                     // The sandbox owns it now; the claimer removed the slot.
                     Ok(()) => return,
                     // The claimer gave up before taking it: claimable again.
                     Err(back) => {
-                        running = back;
+                        (running, share) = back;
                         pool.slot_ready(&id, vmm_pid);
                     }
                 }
@@ -115,21 +121,21 @@ pub(super) async fn run(
             ended = running.ended() => {
                 let timeout = if matches!(ended, Ended::Hung) { HUNG_STOP_TIMEOUT } else { stop_timeout };
                 eprintln!("vm-driver: pooled VM {id} ended on its own; replacing it");
-                finish(&pool, &id, running, timeout, true).await;
+                finish(&pool, &id, (running, share), timeout, true).await;
                 return;
             }
             () = closed(&mut closing) => break,
         }
     }
-    finish(&pool, &id, running, stop_timeout, true).await;
+    finish(&pool, &id, (running, share), stop_timeout, true).await;
 }
 
 /// Ends an unclaimed slot: its VM down, its directory removed, its share given back.
-async fn finish(pool: &Pool, id: &SandboxId, running: Running, timeout: Duration, booted: bool) {
+async fn finish(pool: &Pool, id: &SandboxId, (running, share): (Running, Share), timeout: Duration, booted: bool) {
     let layout = running.layout().clone();
     end(running, timeout).await;
     let _ = std::fs::remove_dir_all(layout.dir());
-    pool.reg.release_pooled(id);
+    drop(share);
     pool.slot_gone(id, booted);
 }
 

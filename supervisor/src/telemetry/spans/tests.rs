@@ -127,8 +127,8 @@ fn without_an_endpoint_everything_is_a_no_op() {
 
 #[test]
 fn guest_answers_are_recognized() {
-    let started = ToHost::Started { id: ProcId(4), pid: 9, stdin_window: 1, output_window: 1 };
+    let started = ToHost::Process(ProcessEvent::Started { id: ProcId(4), pid: 9, stdin_window: 1, output_window: 1 });
     assert_eq!(spawn_answer(&started), Some((ProcId(4), ExecOutcome::Started(9))));
     assert_eq!(spawn_answer(&ToHost::Pong { nonce: 1 }), None);
-    assert_eq!(dispatched_spawn(&ToGuest::ListProcesses), None);
+    assert_eq!(dispatched_spawn(&ToGuest::Ping { nonce: 1 }), None);
 }

@@ -1,0 +1,53 @@
+//! What every sandbox actor and the pool need from the driver: settings fixed at `serve`'s start.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use vm_contract::accel::AccelChoice;
+
+use super::admission::Limits;
+use crate::image::ImageSet;
+use crate::state::StateDir;
+use crate::telemetry::TelemetryConfig;
+
+/// Shared settings. Its `Debug` names the collector headers, never their values.
+pub struct Context {
+    /// The state directory.
+    pub state: StateDir,
+    /// The session socket supervisors connect to.
+    pub sessions_socket: PathBuf,
+    /// The supervisor binary.
+    pub supervisor: PathBuf,
+    /// The guest images.
+    pub images: ImageSet,
+    /// The accelerator asked for.
+    pub accel: AccelChoice,
+    /// How VMMs are confined here.
+    pub jail: crate::jail::JailConfig,
+    /// Telemetry settings for supervisors.
+    pub telemetry: TelemetryConfig,
+    /// Collector headers, for each sandbox's auth bundle.
+    pub otlp_headers: Vec<(String, String)>,
+    /// Boot timeout.
+    pub boot_timeout: Duration,
+    /// Supervisor stop bound.
+    pub stop_timeout: Duration,
+    /// What may be admitted on this host.
+    pub limits: Limits,
+    /// Whether a warm pool is configured (`serve --pool`).
+    pub pool: bool,
+    /// The test controls (all off but in the causal tests).
+    pub controls: crate::controls::Controls,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("state", &self.state)
+            .field("supervisor", &self.supervisor)
+            .field("accel", &self.accel)
+            .field("jail", &self.jail)
+            .field("otlp_headers", &self.otlp_headers.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,131 @@
+//! The admission ledger: what the sandboxes and pooled VMs hold of the host. Each holder keeps a [`Share`],
+//! which gives its room back when dropped, so no path can forget to.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use vm_contract::shape::SandboxShape;
+
+use super::admission::{self, Limits, Refused, Usage};
+
+/// What is held, against the limits.
+#[derive(Debug)]
+pub struct Ledger {
+    limits: Limits,
+    used: Mutex<Usage>,
+}
+
+/// One sandbox's or pooled VM's room on the host, held until dropped.
+#[derive(Debug)]
+#[must_use = "dropping a share gives its room back at once"]
+pub struct Share {
+    ledger: Arc<Ledger>,
+    shape: SandboxShape,
+    pooled: bool,
+}
+
+impl Ledger {
+    /// Nothing held yet.
+    pub fn new(limits: Limits) -> Arc<Self> {
+        Arc::new(Self { limits, used: Mutex::new(Usage::default()) })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Usage> {
+        self.used.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What is held now.
+    pub fn usage(&self) -> Usage {
+        *self.lock()
+    }
+
+    /// A sandbox's share, if `shape` fits beside everything held.
+    ///
+    /// # Errors
+    /// [`Refused`]: the first limit it would pass.
+    pub fn admit(self: &Arc<Self>, shape: SandboxShape) -> Result<Share, Refused> {
+        self.take(shape, false)
+    }
+
+    /// A pooled VM's share, if `shape` fits beside everything held.
+    ///
+    /// # Errors
+    /// [`Refused`].
+    pub fn admit_pooled(self: &Arc<Self>, shape: SandboxShape) -> Result<Share, Refused> {
+        self.take(shape, true)
+    }
+
+    /// A share held already: a sandbox restored at start-up was admitted before, and is not refused now.
+    pub fn hold(self: &Arc<Self>, shape: SandboxShape) -> Share {
+        let mut used = self.lock();
+        used.add(shape);
+        Share { ledger: Arc::clone(self), shape, pooled: false }
+    }
+
+    fn take(self: &Arc<Self>, shape: SandboxShape, pooled: bool) -> Result<Share, Refused> {
+        let mut used = self.lock();
+        admission::admit(*used, &self.limits, shape)?;
+        used.add(shape);
+        used.pooled += u32::from(pooled);
+        Ok(Share { ledger: Arc::clone(self), shape, pooled })
+    }
+}
+
+impl Share {
+    /// A pooled VM's share, taken over by the sandbox that claimed it: a claim never needs room a cold boot
+    /// would.
+    pub fn claimed(mut self) -> Self {
+        if self.pooled {
+            let mut used = self.ledger.lock();
+            used.pooled = used.pooled.saturating_sub(1);
+            self.pooled = false;
+        }
+        self
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut used = self.ledger.lock();
+        used.remove(self.shape);
+        if self.pooled {
+            used.pooled = used.pooled.saturating_sub(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::admission::AdmissionConfig;
+
+    fn shape(cpus: u32, mib: u32) -> SandboxShape {
+        SandboxShape::new(cpus, mib).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn shares_are_refused_past_a_limit_and_give_back_on_drop() {
+        let config = AdmissionConfig { max_sandboxes: 2, ..Default::default() };
+        let ledger = Ledger::new(Limits::new(&config, 4, 8192));
+        let first = ledger.admit(shape(1, 128));
+        let pooled = ledger.admit_pooled(shape(1, 128));
+        assert!(first.is_ok() && pooled.is_ok());
+        assert_eq!(ledger.usage().pooled, 1);
+        assert!(matches!(ledger.admit(shape(1, 128)), Err(Refused::Sandboxes { limit: 2 })));
+        drop(first);
+        assert_eq!(ledger.usage().sandboxes, 1);
+        let claimed = pooled.map(Share::claimed);
+        assert_eq!((ledger.usage().sandboxes, ledger.usage().pooled), (1, 0));
+        drop(claimed);
+        assert_eq!(ledger.usage(), Usage::default());
+    }
+
+    #[test]
+    fn a_held_share_is_never_refused_but_counts() {
+        let config = AdmissionConfig { max_sandboxes: 1, ..Default::default() };
+        let ledger = Ledger::new(Limits::new(&config, 4, 8192));
+        let _a = ledger.hold(shape(1, 128));
+        let _b = ledger.hold(shape(1, 128));
+        assert_eq!(ledger.usage().sandboxes, 2);
+        assert!(matches!(ledger.admit(shape(1, 128)), Err(Refused::Sandboxes { limit: 1 })));
+    }
+}
