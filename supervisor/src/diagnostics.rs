@@ -6,7 +6,6 @@
 //! Failures of the telemetry sinks are logged in fixed text with counts, never the error or the record.
 
 use std::path::Path;
-use std::sync::OnceLock;
 
 use tracing_subscriber::filter::{filter_fn, FilterExt};
 use tracing_subscriber::layer::SubscriberExt;
@@ -20,28 +19,19 @@ use crate::telemetry::console::ConsoleHandle;
 /// Lines of `vmm.log` and `console.log` quoted in a boot failure.
 const LOG_TAIL_LINES: usize = 12;
 
-/// Whether failures are logged with their error text: set once, by [`init`].
-static VERBOSE_FAILURES: OnceLock<bool> = OnceLock::new();
-
-/// Installs the diagnostics subscriber on `console`; `quiet_failures` off (the `verbose-failure-logs` control)
-/// logs failures with their error text and lets the libraries be heard.
+/// Installs the diagnostics subscriber on `console`. `quiet_failures` is off only in the control of the
+/// redaction test (`verbose-failure-logs`): then the libraries are heard, to show that this filter is what
+/// keeps payloads out of the logs.
 pub fn init(console: ConsoleHandle, quiet_failures: bool) {
-    let _ = VERBOSE_FAILURES.set(!quiet_failures);
     let env = EnvFilter::try_new(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let layer = tracing_subscriber::fmt::layer().with_writer(console).with_ansi(false);
-    let layer = if verbose_failures() {
+    let layer = if !quiet_failures {
         layer.with_filter(FilterExt::boxed(env))
     } else {
         layer.with_filter(FilterExt::boxed(env.and(filter_fn(|meta| !is_silenced(meta.target())))))
     };
     let _ = tracing_subscriber::registry().with(layer).try_init();
-}
-
-/// Whether failures are logged with their error text and libraries are heard: only in the control of the
-/// redaction test (`verbose-failure-logs`), to show that this is what keeps payloads out of the logs.
-pub fn verbose_failures() -> bool {
-    VERBOSE_FAILURES.get().copied().unwrap_or(false)
 }
 
 /// The last lines of QEMU's and the guest's logs, for a boot failure message.
