@@ -151,5 +151,6 @@ pub fn to_host(ids: Range<u32>) -> impl Strategy<Value = ToHost> {
             .prop_map(|(revision, outcome)| ToHost::PolicyAck { revision, outcome }),
         1 => prop::sample::select(vec![RotationOutcome::Applied, RotationOutcome::NoCollector, RotationOutcome::BadHeader, RotationOutcome::CaUnreadable, RotationOutcome::Empty])
             .prop_map(|outcome| ToHost::CredentialsAck { outcome }),
+        1 => Just(ToHost::Disconnected { reason: crate::message::Disconnect::NotReading }),
     ]
 }

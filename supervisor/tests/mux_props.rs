@@ -113,7 +113,8 @@ impl Peers {
             ToHost::Processes { list } => prop_assert!(list.len() <= MAX_PROCESSES),
             // The supervisor answers a client's Ping itself.
             ToHost::Pong { .. } | ToHost::PolicyAck { .. } | ToHost::CredentialsAck { .. } => {}
-            ToHost::Hello(_) | ToHost::Reserved => {
+            // The notice of a disconnection comes from a client's writer, never from the multiplexer.
+            ToHost::Hello(_) | ToHost::Reserved | ToHost::Disconnected { .. } => {
                 prop_assert!(false, "not for a client: {msg:?}");
             }
         }

@@ -150,6 +150,7 @@ fn process_of(msg: &ToHost) -> Option<ProcId> {
         | ToHost::Processes { .. }
         | ToHost::PolicyAck { .. }
         | ToHost::CredentialsAck { .. }
+        | ToHost::Disconnected { .. }
         | ToHost::Hello(_)
         | ToHost::Reserved => None,
     }

@@ -338,6 +338,7 @@ fn from_sandbox(relay: &mut ProcessRelay, msg: ToHost, reattached: bool) -> Repl
         | ToHost::Processes { .. }
         | ToHost::PolicyAck { .. }
         | ToHost::CredentialsAck { .. }
+        | ToHost::Disconnected { .. }
         | ToHost::Hello(_)
         | ToHost::Reserved => Reply::Nothing,
     }

@@ -501,6 +501,7 @@ impl Mux {
             ToHost::Processes { .. } => Err(GuestViolation::Unexpected("a process list")),
             ToHost::PolicyAck { .. } => Err(GuestViolation::Unexpected("a policy acknowledgment")),
             ToHost::CredentialsAck { .. } => Err(GuestViolation::Unexpected("a credentials acknowledgment")),
+            ToHost::Disconnected { .. } => Err(GuestViolation::Unexpected("a disconnection notice")),
             ToHost::Hello(_) => Err(GuestViolation::Unexpected("a second Hello")),
             ToHost::Reserved => Err(GuestViolation::Unexpected("the reserved message")),
         }
