@@ -10,6 +10,8 @@
 //! - a client whose queue stays full while nothing is written to it for [`STALL_MS`] is not reading, and is
 //!   cut; so is one whose queue passes twice the bounds (answers to requests it sends and does not read).
 //!
+//! A stall is measured on the socket: when a write last went through.
+//!
 //! A cut client gets what the writer had already taken, then [`ToHost::Disconnected`] with the reason, if
 //! it takes them within [`FAREWELL_MS`].
 
@@ -33,8 +35,9 @@ use vm_protocol::ToHost;
 pub const TO_CLIENT_ITEMS: usize = 4096;
 /// Bytes of them (overhead, and payloads other than `Output`) before the guest link waits for it.
 pub const TO_CLIENT_BYTES: usize = 4 * 1024 * 1024;
-/// A full queue and nothing written for this long: the client is not reading.
-pub const STALL_MS: u64 = 5_000;
+/// A full queue and nothing written for this long: the client is not reading. Generous: a client that
+/// reads tiny frames slowly on a loaded host frees a write's worth of socket buffer only every few seconds.
+pub const STALL_MS: u64 = 10_000;
 /// How long a cut client has to take what was already on its way, and the reason.
 pub const FAREWELL_MS: u64 = 10_000;
 /// A queue this many times over its bounds is cut at once.
@@ -43,6 +46,9 @@ const HARD_FACTOR: usize = 2;
 const FRAME_OVERHEAD_BYTES: usize = 64;
 /// How often a writer that is waiting on its client looks for a stall or a cut.
 const CHECK_MS: u64 = 250;
+/// The most one write hands the socket: the kernel frees a write's buffer only once the client has read all
+/// of it, so smaller writes show a slow reader's progress sooner.
+const WRITE_CHUNK_BYTES: usize = 64 * 1024;
 
 /// How many clients' queues are full; the guest link waits while any is.
 #[derive(Debug, Clone)]
@@ -315,7 +321,8 @@ struct Progress<W> {
 
 impl<W: AsyncWrite + Unpin> AsyncWrite for Progress<W> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        let chunk = &buf[..buf.len().min(WRITE_CHUNK_BYTES)];
+        let polled = Pin::new(&mut self.inner).poll_write(cx, chunk);
         if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
             self.shared.lock().last_write = Instant::now();
         }

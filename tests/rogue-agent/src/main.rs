@@ -15,7 +15,7 @@
 //! | `console-flood` | answers politely, and writes to the serial console without end |
 //! | `ignore-shutdown` | answers politely, and never powers off when told to |
 //! | `one-byte-output` | legal: 1 MiB of stdout in 1-byte frames within the credit, then `Exited(3)` |
-//! | `one-byte-interleaved` | the same, with stdout and stderr taking turns (frames no host can join) |
+//! | `one-byte-interleaved` | the same with 512 KiB, stdout and stderr taking turns (frames no host can join) |
 //!
 //! "Answers politely" means: every `Spawn` gets `Started`, one line of output and `Exited(0)`, without
 //! running anything; a `Spawn` of `hang` gets `Started` only, and a signal ends it. The fixture never powers
@@ -142,6 +142,8 @@ fn attack_process(out: &mut File, attack: &str, (id, window): (ProcId, u32)) {
 
 /// Bytes `one-byte-output` sends; byte `i` is `i % 251`, so the receiver can check every one, in order.
 const ONE_BYTE_TOTAL: u64 = 1024 * 1024;
+/// Bytes `one-byte-interleaved` sends: half on each stream (a reader of many tiny frames is slow).
+const INTERLEAVED_TOTAL: u64 = 512 * 1024;
 /// The exit status that follows them.
 const ONE_BYTE_EXIT: i32 = 3;
 
@@ -161,10 +163,11 @@ fn one_byte_flood(mut port: File, out: &mut File, (id, window): (ProcId, u32), i
         }
     });
     send(out, &ToHost::Started { id, pid: 4242, stdin_window: DEFAULT_WINDOW_BYTES, output_window: window });
+    let total = if interleaved { INTERLEAVED_TOTAL } else { ONE_BYTE_TOTAL };
     let mut sent = 0u64;
     let mut wire = Vec::new();
-    while sent < ONE_BYTE_TOTAL {
-        let n = credit.load(Ordering::Acquire).min(ONE_BYTE_TOTAL - sent).min(4096);
+    while sent < total {
+        let n = credit.load(Ordering::Acquire).min(total - sent).min(4096);
         if n == 0 {
             std::thread::sleep(Duration::from_millis(1));
             continue;
