@@ -5,7 +5,9 @@
 //! (credit means "delivered"), and the guest's window only reopens then. So the retained bytes are exactly
 //! the window's outstanding bytes, bounded by the window; and when a client leaves, everything it never
 //! credited is still here, in order, for the client that re-attaches. Small pieces of one stream are kept
-//! joined (up to [`RETAIN_JOIN_BYTES`]), so a guest writing byte by byte costs the window, not a chunk a byte.
+//! joined (up to [`RETAIN_JOIN_BYTES`]), so a guest writing byte by byte to one stream costs the window, not
+//! a chunk a byte. (Pieces of two streams taking turns cannot be joined without losing their order: each
+//! still costs a chunk.)
 
 use std::collections::VecDeque;
 
@@ -92,7 +94,10 @@ impl Route {
     pub(super) fn output(&mut self, stream: Stream, data: ByteBuf) -> Result<(), CreditError> {
         self.output.consume(data.len())?;
         match self.unacked.back_mut() {
-            Some((last, kept)) if *last == stream && kept.len() + data.len() <= RETAIN_JOIN_BYTES => {
+            // An empty piece (only with the guest's rules off) stays its own, as the control measures.
+            Some((last, kept))
+                if *last == stream && !data.is_empty() && kept.len() + data.len() <= RETAIN_JOIN_BYTES =>
+            {
                 kept.extend_from_slice(&data);
             }
             _ => self.unacked.push_back((stream, data)),
