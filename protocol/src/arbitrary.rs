@@ -10,7 +10,7 @@ use std::ops::Range;
 
 use proptest::prelude::*;
 
-use crate::attach::{ProcessSummary, SupervisorReply, SupervisorRequest, ToClient, ToSupervisor};
+use crate::attach::{Disconnect, ProcessSummary, SupervisorReply, SupervisorRequest, ToClient, ToSupervisor};
 use crate::credentials::{CredentialRotation, RotationOutcome};
 use crate::flow::MAX_WINDOW_BYTES;
 use crate::handshake::{Capabilities, Hello, HELLO_MAGIC, PROTOCOL_VERSION};
@@ -216,5 +216,6 @@ pub fn supervisor_reply() -> impl Strategy<Value = SupervisorReply> {
             RotationOutcome::Empty,
         ])
         .prop_map(|outcome| SupervisorReply::CredentialsAck { outcome }),
+        Just(SupervisorReply::Disconnected { reason: Disconnect::NotReading }),
     ]
 }

@@ -105,6 +105,27 @@ pub enum SupervisorReply {
         /// What became of it.
         outcome: RotationOutcome,
     },
+    /// Unasked, and the last frame on the socket: the supervisor disconnects this client, and says why.
+    Disconnected {
+        /// Why.
+        reason: Disconnect,
+    },
+}
+
+/// Why the supervisor disconnected an attach client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Disconnect {
+    /// Its queue of frames stayed full while it took none of them: it was not reading.
+    NotReading,
+}
+
+impl Disconnect {
+    /// What the client tells its user (fixed text).
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::NotReading => "the client was not reading its frames",
+        }
+    }
 }
 
 /// One running process, as `Processes` lists it.

@@ -1,5 +1,5 @@
-//! The writer half shared by the guest link and attach clients: drain a queue into a framed socket,
-//! flushing once per burst rather than once per frame.
+//! The guest link's writer half: drain a queue into a framed socket, flushing once per burst rather than
+//! once per frame. (Attach clients have their own, `attach_server::outbox`.)
 
 use futures_util::SinkExt;
 use serde::Serialize;

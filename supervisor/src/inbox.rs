@@ -5,6 +5,7 @@
 //! - **Control** (a client connected, a refusal, the session's state): a small bounded queue.
 //! - **The guest** and **the clients**: bounded in items and in bytes. A reader that finds its queue full
 //!   waits, and stops reading its socket: the guest (or client) is slowed down, never buffered without end.
+//!   The guest's reader also waits while a client's outbound queue is full (`attach_server::outbox`).
 //!   Each message carries the byte permits it holds until the loop has handled it.
 
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use vm_protocol::link::ToHost;
 use vm_protocol::{FrameError, ProcessEvent, ProcessRequest};
 
 use crate::mux::ClientId;
+use crate::serve::attach_server::outbox::Pressure;
 use crate::serve::attach_server::ClientHandle;
 
 /// Messages from the guest waiting for the loop.
@@ -92,6 +94,8 @@ pub struct Senders {
     client_bytes: Arc<Semaphore>,
     /// The VMM's SIGKILL, for the liveness thread.
     pub vmm_kill: crate::stop::kill_switch::KillSwitch,
+    /// Clients' full queues, which the guest's messages wait for.
+    pub pressure: Pressure,
 }
 
 /// The loop's side.
@@ -121,6 +125,7 @@ pub fn new() -> (Senders, Inbox) {
         clients,
         client_bytes: Arc::new(Semaphore::new(CLIENT_QUEUE_BYTES as usize)),
         vmm_kill: crate::stop::kill_switch::KillSwitch::default(),
+        pressure: Pressure::default(),
     };
     (senders, Inbox { stop: stop_rx, control: control_rx, guest: guest_rx, clients: clients_rx })
 }
@@ -152,8 +157,10 @@ fn size_of_client(msg: &ToSupervisor) -> usize {
 }
 
 impl Senders {
-    /// Queues a guest message, waiting for room. `false` once the loop is gone.
+    /// Queues a guest message, waiting for room, and first for every client's queue to have room (a client
+    /// that reads sets the guest's pace). `false` once the loop is gone.
     pub async fn guest(&self, msg: ToHost) -> bool {
+        self.pressure.room().await;
         let permit = permit(&self.guest_bytes, GUEST_QUEUE_BYTES, size_of_guest(&msg)).await;
         self.guest.send(FromGuest::Message(msg, permit)).await.is_ok()
     }

@@ -102,9 +102,12 @@ impl Peers {
         match msg {
             ToClient::Process(event) => self.event_to_client(client, event)?,
             ToClient::Supervisor(SupervisorReply::Processes { list }) => prop_assert!(list.len() <= MAX_PROCESSES),
+            // The notice of a disconnection comes from a client's writer, never from the multiplexer.
+            ToClient::Hello(_) | ToClient::Supervisor(SupervisorReply::Disconnected { .. }) => {
+                prop_assert!(false, "not for a client: {msg:?}");
+            }
             // The supervisor answers a client's Ping itself.
             ToClient::Pong { .. } | ToClient::Supervisor(_) => {}
-            ToClient::Hello(_) => prop_assert!(false, "not for a client: {msg:?}"),
             ToClient::Reserved(never) | ToClient::LinkOnly(never) => match *never {},
         }
         Ok(())

@@ -43,6 +43,21 @@ impl Binaries {
         }
         bins
     }
+
+    /// A copy of this build in `dir` (created, mode 0755 like the binaries), for a test that runs it as
+    /// another user: the build may lie where that user cannot reach it (root's home is 0700). The driver
+    /// finds its supervisor, and the supervisor its watchdog and jailer, next to itself, so all four go.
+    pub fn copied_to(&self, dir: &Path) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let from = self.driver.parent().unwrap();
+        for name in ["vm-driver", "vm-supervisor", "vm-watchdog", "vm-jailer"] {
+            std::fs::copy(from.join(name), dir.join(name)).unwrap();
+            std::fs::set_permissions(dir.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        Self { driver: dir.join("vm-driver"), supervisor: dir.join("vm-supervisor") }
+    }
 }
 
 /// Where the binaries and the image are, and which accelerator the tests ask for.

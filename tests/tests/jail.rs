@@ -375,7 +375,8 @@ fn not_root_the_vmm_runs_in_a_user_namespace_and_the_driver_says_so() {
     const NOBODY: u32 = 65_534;
     let s = Scratch::new("jail-nonroot");
     std::fs::set_permissions(&s.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    // The harness image lives under root's home: give the unprivileged driver its own copy.
+    // The harness image and the build may live under root's home (0700): give the unprivileged driver its
+    // own copies.
     let image = s.dir.join("image");
     std::fs::create_dir_all(&image).unwrap();
     for file in ["vmlinuz", "initramfs.cpio"] {
@@ -386,9 +387,10 @@ fn not_root_the_vmm_runs_in_a_user_namespace_and_the_driver_says_so() {
     std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
     std::os::unix::fs::chown(&state, Some(NOBODY), Some(NOBODY)).unwrap();
     let h = vm_e2e::harness();
+    let shipped = h.shipped.copied_to(&s.dir.join("bin"));
     let mut driver = Command::new("setpriv")
         .args(["--reuid", &NOBODY.to_string(), "--regid", &NOBODY.to_string(), "--clear-groups", "--"])
-        .arg(&h.shipped.driver)
+        .arg(&shipped.driver)
         .args(["launch", "--state-dir"])
         .arg(&state)
         .arg("--image")

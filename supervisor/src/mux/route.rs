@@ -4,7 +4,10 @@
 //! Output is **retained until credited**: the copy a client was sent stays here until the client credits it
 //! (credit means "delivered"), and the guest's window only reopens then. So the retained bytes are exactly
 //! the window's outstanding bytes, bounded by the window; and when a client leaves, everything it never
-//! credited is still here, in order, for the client that re-attaches.
+//! credited is still here, in order, for the client that re-attaches. Small pieces of one stream are kept
+//! joined (up to [`RETAIN_JOIN_BYTES`]), so a guest writing byte by byte to one stream costs the window, not
+//! a chunk a byte. (Pieces of two streams taking turns cannot be joined without losing their order: each
+//! still costs a chunk.)
 
 use std::collections::VecDeque;
 
@@ -16,6 +19,10 @@ use super::ClientId;
 
 /// Most bytes of argv kept per process (for listings and events); the rest is cut.
 pub const MAX_KEPT_ARGV_BYTES: usize = 4096;
+
+/// Retained output of one stream is joined into pieces of up to this much: few enough pieces for a 1-byte
+/// flood, and small enough that a client crediting byte by byte moves little at each credit.
+pub const RETAIN_JOIN_BYTES: usize = 4096;
 
 /// Where a process is in its life.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,7 +94,15 @@ impl Route {
     /// Output from the guest: within credit, kept until credited.
     pub(super) fn output(&mut self, stream: Stream, data: ByteBuf) -> Result<(), CreditError> {
         self.output.consume(data.len())?;
-        self.unacked.push_back((stream, data));
+        match self.unacked.back_mut() {
+            // An empty piece (only with the guest's rules off) stays its own, as the control measures.
+            Some((last, kept))
+                if *last == stream && !data.is_empty() && kept.len() + data.len() <= RETAIN_JOIN_BYTES =>
+            {
+                kept.extend_from_slice(&data);
+            }
+            _ => self.unacked.push_back((stream, data)),
+        }
         Ok(())
     }
 
@@ -198,5 +213,32 @@ mod tests {
         assert!(matches!(&left[0], ToClient::Process(ProcessEvent::Output { data, .. }) if data.as_ref() == b"d"));
         assert_eq!(r.retained(), 3);
         assert!(r.acked(4).is_err(), "more than was sent");
+    }
+
+    #[test]
+    fn a_one_byte_flood_is_retained_in_few_pieces_and_replayed_whole() {
+        let window = 4 * RETAIN_JOIN_BYTES + 2;
+        let mut r = Route::new(ClientId(1), ProcId(1), &["flood".into()], u32::try_from(window).unwrap(), false);
+        r.started(9, 0);
+        for i in 0..window {
+            let stream = if i == window - 1 { Stream::Stderr } else { Stream::Stdout };
+            r.output(stream, vec![u8::try_from(i % 251).unwrap()].into()).unwrap();
+        }
+        assert_eq!(r.unacked.len(), 6, "four full pieces, one of one byte, and the other stream's");
+        r.acked(1).unwrap();
+        let replay: Vec<ToClient> = r.replay(ProcId(1)).collect();
+        let bytes: Vec<u8> = replay
+            .iter()
+            .flat_map(|m| match m {
+                ToClient::Process(ProcessEvent::Output { data, .. }) => data.to_vec(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(bytes.len(), window - 1);
+        assert!(
+            bytes.iter().enumerate().all(|(i, b)| usize::from(*b) == (i + 1) % 251),
+            "in order, from the credit on"
+        );
+        assert!(matches!(replay.last(), Some(ToClient::Process(ProcessEvent::Output { stream: Stream::Stderr, .. }))));
     }
 }

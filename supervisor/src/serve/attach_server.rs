@@ -4,19 +4,23 @@
 //! (`SO_PEERCRED`). At most [`MAX_CLIENTS`] are connected at once. The supervisor plays the guest's part of the
 //! handshake, advertising the agent's capabilities, then relays frames through the multiplexer. Each client's
 //! frames reach the loop through the bounded client queue; the loop's frames to a client go through a bounded
-//! queue of their own, and a client that lets it fill is not reading and is disconnected.
+//! queue of their own ([`outbox`]): a full one holds the guest link back, and a client that takes nothing
+//! from it is not reading, and is disconnected with the reason.
+
+pub mod outbox;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_util::codec::FramedRead;
 use vm_protocol::attach::{ToClient, ToSupervisor};
 use vm_protocol::codec::{self, FrameCodec};
 use vm_protocol::{Capabilities, Hello};
 
+pub use self::outbox::{Outbox, TO_CLIENT_BYTES, TO_CLIENT_ITEMS};
 use crate::inbox::{Control, Senders};
 use crate::mux::ClientId;
 
@@ -26,15 +30,11 @@ const HANDSHAKE_TIMEOUT_MS: u64 = 5_000;
 /// Attach connections at once (the driver's contract).
 pub const MAX_CLIENTS: usize = vm_contract::attach::MAX_CLIENTS;
 
-/// Frames queued towards one client. Output is bounded by the windows the client granted; this bounds the
-/// rest (starts, exits, credits).
-pub const TO_CLIENT_ITEMS: usize = 4096;
-
 /// The loop's handle on one connected client.
 #[derive(Debug)]
 pub struct ClientHandle {
     /// Frames to the client, in order.
-    pub tx: mpsc::Sender<ToClient>,
+    pub tx: Outbox,
     /// The task writing them; it ends after the last queued frame once `tx` is dropped.
     pub writer: tokio::task::JoinHandle<()>,
     /// The task reading the client's frames; aborting it (with `tx` dropped) disconnects the client.
@@ -88,8 +88,12 @@ async fn client(mut stream: UnixStream, id: ClientId, capabilities: Capabilities
         Err(_) => return refuse(&senders, "attach handshake timed out"),
     }
     let (read, write) = stream.into_split();
-    let (tx, rx) = mpsc::channel::<ToClient>(TO_CLIENT_ITEMS);
-    let writer = tokio::spawn(crate::framed::drain_into(write, rx));
+    // A writer that finds its client not reading tells the loop, as if the client had gone.
+    let stalled = {
+        let senders = senders.clone();
+        async move { senders.client_closed(id).await }
+    };
+    let (tx, writer) = outbox::start(&senders.pressure, write, stalled);
     // The reader starts only once `Connected` is queued: the same queue carries its frames, after it.
     let (known, known_rx) = tokio::sync::oneshot::channel::<()>();
     let reader_senders = senders.clone();

@@ -373,7 +373,7 @@ impl Serving<'_> {
 
     fn send_to_client(&mut self, id: ClientId, msg: ToClient) {
         let Some(client) = self.clients.get(&id) else { return };
-        if let Err(mpsc::error::TrySendError::Full(_)) = client.tx.try_send(msg) {
+        if client.tx.push(msg).is_err() {
             self.client_violation(id, &ClientViolation::NotReading);
         }
     }

@@ -14,6 +14,8 @@
 //! | `exit-signal-max` / `exit-signal-negative` | a process "killed by" signal `i32::MAX` / `-128` |
 //! | `console-flood` | answers politely, and writes to the serial console without end |
 //! | `ignore-shutdown` | answers politely, and never powers off when told to |
+//! | `one-byte-output` | legal: 1 MiB of stdout in 1-byte frames within the credit, then `Exited(3)` |
+//! | `one-byte-interleaved` | the same with 512 KiB, stdout and stderr taking turns (frames no host can join) |
 //!
 //! "Answers politely" means: every `Spawn` gets `Started`, one line of output and `Exited(0)`, without
 //! running anything; a `Spawn` of `hang` gets `Started` only, and a signal ends it. The fixture never powers
@@ -23,6 +25,8 @@
 
 use std::fs::File;
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use vm_protocol::flow::DEFAULT_WINDOW_BYTES;
@@ -66,6 +70,13 @@ fn main() {
             polite(&mut port, &mut out, false);
         }
         "ignore-shutdown" => polite(&mut port, &mut out, true),
+        "one-byte-output" | "one-byte-interleaved" => {
+            let spawned = wait_for_spawn(&mut port);
+            one_byte_flood(port, &mut out, spawned, mode == "one-byte-interleaved");
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
         attack => {
             let id = wait_for_spawn(&mut port);
             attack_process(&mut out, attack, id);
@@ -129,6 +140,56 @@ fn attack_process(out: &mut File, attack: &str, (id, window): (ProcId, u32)) {
         }
         other => eprintln!("vm-rogue-agent: unknown mode {other:?}; idling"),
     }
+}
+
+/// Bytes `one-byte-output` sends; byte `i` is `i % 251`, so the receiver can check every one, in order.
+const ONE_BYTE_TOTAL: u64 = 1024 * 1024;
+/// Bytes `one-byte-interleaved` sends: half on each stream (a reader of many tiny frames is slow).
+const INTERLEAVED_TOTAL: u64 = 512 * 1024;
+/// The exit status that follows them.
+const ONE_BYTE_EXIT: i32 = 3;
+
+/// A legal flood: every byte its own frame, never past the credit (the host's `Credit`s are read on a
+/// thread of their own, which also keeps reading after the flood so the host's writes never block).
+fn one_byte_flood(mut port: File, out: &mut File, (id, window): (ProcId, u32), interleaved: bool) {
+    let credit = Arc::new(AtomicU64::new(u64::from(window)));
+    let granted = Arc::clone(&credit);
+    std::thread::spawn(move || {
+        let mut scratch = Vec::new();
+        while let Ok(true) = frame::read_body(&mut port, &mut scratch) {
+            if let Ok(ToGuest::Process(ProcessRequest::Credit { id: got, bytes })) =
+                frame::decode_body::<ToGuest>(&scratch)
+            {
+                if got == id {
+                    granted.fetch_add(u64::from(bytes), Ordering::AcqRel);
+                }
+            }
+        }
+    });
+    let started = ProcessEvent::Started { id, pid: 4242, stdin_window: DEFAULT_WINDOW_BYTES, output_window: window };
+    send(out, &ToHost::Process(started));
+    let total = if interleaved { INTERLEAVED_TOTAL } else { ONE_BYTE_TOTAL };
+    let mut sent = 0u64;
+    let mut wire = Vec::new();
+    while sent < total {
+        let n = credit.load(Ordering::Acquire).min(total - sent).min(4096);
+        if n == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        }
+        credit.fetch_sub(n, Ordering::AcqRel);
+        wire.clear();
+        for i in sent..sent + n {
+            let stream = if interleaved && i % 2 == 1 { Stream::Stderr } else { Stream::Stdout };
+            let data = vec![u8::try_from(i % 251).unwrap()].into();
+            frame::encode(&ToHost::Process(ProcessEvent::Output { id, stream, data }), &mut wire).unwrap();
+        }
+        if out.write_all(&wire).is_err() {
+            return;
+        }
+        sent += n;
+    }
+    send(out, &ToHost::Process(ProcessEvent::Exited { id, status: ExitStatus::Code(ONE_BYTE_EXIT) }));
 }
 
 /// Answers every request as a well-behaved agent would, without running anything; on `Shutdown`, keeps

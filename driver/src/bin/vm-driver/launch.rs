@@ -30,7 +30,7 @@ use vm_driver::sandbox::{self, Ended, Running, StartSpec, Stopping, HUNG_STOP_TI
 use vm_driver::state::{self, StateDir};
 use vm_driver::telemetry::{self, TelemetryConfig};
 use vm_driver::{image, reap};
-use vm_protocol::attach::ToClient;
+use vm_protocol::attach::{Disconnect, SupervisorReply, ToClient};
 use vm_protocol::message::{EnvVar, Refusal};
 use vm_protocol::{ExitStatus, ProcId, ProcessEvent, ProcessRequest, SignalName, Spawn, Stream};
 
@@ -268,6 +268,9 @@ enum RunError {
     /// The sandbox went away before the process exited.
     #[error("the sandbox stopped before the process exited")]
     SandboxEnded,
+    /// The supervisor cut this client off, and said why.
+    #[error("the sandbox cut the attach connection: {}", .0.describe())]
+    Disconnected(Disconnect),
     /// The sandbox refused to start the process.
     #[error("the sandbox refused to start the process ({0:?})")]
     Refused(Refusal),
@@ -323,6 +326,9 @@ async fn run_local(
                     return Ok(status);
                 }
                 Some(Ok(ToClient::Process(ProcessEvent::Refused { reason, .. }))) => return Err(RunError::Refused(reason)),
+                Some(Ok(ToClient::Supervisor(SupervisorReply::Disconnected { reason }))) => {
+                    return Err(RunError::Disconnected(reason))
+                }
                 Some(Ok(_)) => {}
                 Some(Err(e)) => return Err(AttachError::Frame(e).into()),
                 None => return Err(RunError::SandboxEnded),
