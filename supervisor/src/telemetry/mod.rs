@@ -62,8 +62,8 @@ pub struct TelemetryReport {
     pub console_dropped: u64,
 }
 
-/// The test controls the sinks obey: plain values, read once where the binary starts. All off in a build
-/// without the `test-controls` feature.
+/// The test controls the sinks obey: plain values, read once where the binary starts (`crate::safeguards`).
+/// All off in a build without the `test-controls` feature.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TelemetryControls {
     /// `jsonl-sink-fails`: fault injection, every write to `events.jsonl` fails (ENOSPC).
@@ -72,27 +72,6 @@ pub struct TelemetryControls {
     pub no_limits: bool,
     /// `verbose-failure-logs`: the sinks log failures with their error text and records.
     pub verbose_failures: bool,
-}
-
-impl TelemetryControls {
-    /// The controls set in this process's environment.
-    #[cfg(feature = "test-controls")]
-    pub fn from_env() -> Self {
-        use vm_contract::test_control::TestControl;
-        Self {
-            jsonl_fails: TestControl::JsonlSinkFails.is_on(),
-            no_limits: TestControl::NoTelemetryLimits.is_on(),
-            verbose_failures: TestControl::VerboseFailureLogs.is_on(),
-        }
-    }
-
-    /// The controls this build obeys: those of the environment in a controls build, none otherwise.
-    pub fn at_start() -> Self {
-        #[cfg(feature = "test-controls")]
-        return Self::from_env();
-        #[cfg(not(feature = "test-controls"))]
-        Self::default()
-    }
 }
 
 /// Why telemetry could not start.
