@@ -1,11 +1,11 @@
 //! QEMU's confinement, from the driver's side: which mode this host gives ([`choose`]), and the uid and gid
-//! each jailed VMM gets ([`claim`], [`release`]).
+//! each jailed VMM gets ([`reserve`], [`release`]).
 //!
-//! Ids are claimed host-wide, not per state directory: two drivers with different state directories must
-//! never hand two VMMs the same uid, or one could signal the other. A claim is a file
-//! `<CLAIMS_DIR>/<id>` made with `O_EXCL`, naming the sandbox directory; the sandbox directory records the id
-//! in `jail-id`. A claim whose sandbox directory no longer records that id (removed without a release) is
-//! stale and taken over. Claims and releases hold an exclusive `flock` on the claims directory.
+//! Ids are reserved host-wide, not per state directory: two drivers with different state directories must
+//! never hand two VMMs the same uid, or one could signal the other. A reservation is a file
+//! `<RESERVATIONS_DIR>/<id>` made with `O_EXCL`, naming the sandbox directory; the sandbox directory records the id
+//! in `jail-id`. A reservation whose sandbox directory no longer records that id (removed without a release) is
+//! stale and taken over. Reservations and releases hold an exclusive `flock` on the reservations directory.
 
 use std::fs;
 use std::io;
@@ -81,8 +81,8 @@ impl JailRequest {
     }
 }
 
-/// Where the host's id claims live (root only).
-pub const CLAIMS_DIR: &str = "/run/vm-driver-jail-ids";
+/// Where the host's id reservations live (root only).
+pub const RESERVATIONS_DIR: &str = "/run/vm-driver-jail-ids";
 
 /// Why confinement cannot be set up as asked.
 #[derive(Debug, thiserror::Error)]
@@ -93,12 +93,12 @@ pub enum JailSetupError {
     /// `--confinement userns` where the kernel refuses unprivileged user namespaces.
     #[error("--confinement userns: this host does not allow unprivileged user namespaces")]
     NoUserns,
-    /// Every id of the range is claimed.
+    /// Every id of the range is reserved.
     #[error("every uid of the jail range {0} is in use (--jail-ids)")]
     RangeFull(IdRange),
-    /// A claim could not be made.
-    #[error("cannot claim a uid for the VMM in {CLAIMS_DIR}")]
-    Claim(#[source] io::Error),
+    /// A reservation could not be made.
+    #[error("cannot reserve a uid for the VMM in {RESERVATIONS_DIR}")]
+    Reserve(#[source] io::Error),
 }
 
 /// `vm-jailer`, installed beside `vm-supervisor`.
@@ -149,40 +149,40 @@ fn startup_line(mode: Confinement) -> Option<&'static str> {
     }
 }
 
-/// Claims a free id of `range` for the sandbox in `layout` and records it there.
+/// Reservations a free id of `range` for the sandbox in `layout` and records it there.
 ///
 /// # Errors
-/// [`JailSetupError::RangeFull`] or [`JailSetupError::Claim`].
-pub fn claim(range: IdRange, layout: &SandboxLayout) -> Result<u32, JailSetupError> {
-    claim_in(Path::new(CLAIMS_DIR), range, layout)
+/// [`JailSetupError::RangeFull`] or [`JailSetupError::Reserve`].
+pub fn reserve(range: IdRange, layout: &SandboxLayout) -> Result<u32, JailSetupError> {
+    reserve_in(Path::new(RESERVATIONS_DIR), range, layout)
 }
 
-fn claim_in(claims: &Path, range: IdRange, layout: &SandboxLayout) -> Result<u32, JailSetupError> {
+fn reserve_in(reservations: &Path, range: IdRange, layout: &SandboxLayout) -> Result<u32, JailSetupError> {
     use std::os::unix::fs::DirBuilderExt;
-    match fs::DirBuilder::new().mode(0o700).create(claims) {
-        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(JailSetupError::Claim(e)),
+    match fs::DirBuilder::new().mode(0o700).create(reservations) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(JailSetupError::Reserve(e)),
         _ => {}
     }
-    let _lock = lock(claims).map_err(JailSetupError::Claim)?;
+    let _lock = lock(reservations).map_err(JailSetupError::Reserve)?;
     let offset = crate::state::random_hex::<4>().ok().and_then(|h| u32::from_str_radix(&h, 16).ok()).unwrap_or(0);
     for i in 0..range.count {
         let n = u32::try_from((u64::from(offset) + u64::from(i)) % u64::from(range.count)).unwrap_or(0);
         let Some(id) = range.nth(n) else { continue };
-        let file = claims.join(id.to_string());
+        let file = reservations.join(id.to_string());
         let taken = match fs::OpenOptions::new().write(true).create_new(true).open(&file) {
             Ok(_) => true,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => is_stale(&file, id),
-            Err(e) => return Err(JailSetupError::Claim(e)),
+            Err(e) => return Err(JailSetupError::Reserve(e)),
         };
         if taken {
-            // The canonical path: drivers started from other directories must read the same claim.
+            // The canonical path: drivers started from other directories must read the same reservation.
             let recorded = fs::canonicalize(layout.dir()).and_then(|dir| {
                 fs::write(&file, dir.as_os_str().as_encoded_bytes())?;
                 fs::write(layout.path(SandboxFile::JailId), id.to_string())
             });
             if let Err(e) = recorded {
                 let _ = fs::remove_file(&file);
-                return Err(JailSetupError::Claim(e));
+                return Err(JailSetupError::Reserve(e));
             }
             return Ok(id);
         }
@@ -190,7 +190,7 @@ fn claim_in(claims: &Path, range: IdRange, layout: &SandboxLayout) -> Result<u32
     Err(JailSetupError::RangeFull(range))
 }
 
-/// Whether the claim `file` for `id` is stale: empty (its claimer died before writing it; claims are made under
+/// Whether the reservation `file` for `id` is stale: empty (its reserver died before writing it; reservations are made under
 /// the lock), or naming a sandbox directory that is gone or records another id. Any other doubt keeps it.
 fn is_stale(file: &Path, id: u32) -> bool {
     let Ok(dir) = fs::read_to_string(file) else { return false };
@@ -205,15 +205,15 @@ fn is_stale(file: &Path, id: u32) -> bool {
 
 /// Releases the id recorded in `layout`, if any (at the end of every generation, and by the reaper).
 pub fn release(layout: &SandboxLayout) {
-    release_in(Path::new(CLAIMS_DIR), layout);
+    release_in(Path::new(RESERVATIONS_DIR), layout);
 }
 
-fn release_in(claims: &Path, layout: &SandboxLayout) {
+fn release_in(reservations: &Path, layout: &SandboxLayout) {
     let record = layout.path(SandboxFile::JailId);
     let Ok(id) = fs::read_to_string(&record) else { return };
-    let _lock = lock(claims);
-    let file = claims.join(id.trim());
-    // Only a claim that names this very directory is ours to remove.
+    let _lock = lock(reservations);
+    let file = reservations.join(id.trim());
+    // Only a reservation that names this very directory is ours to remove.
     let ours = fs::canonicalize(layout.dir()).ok();
     if fs::read_to_string(&file).is_ok_and(|dir| ours.as_deref() == Some(Path::new(&dir))) {
         let _ = fs::remove_file(&file);
@@ -221,24 +221,24 @@ fn release_in(claims: &Path, layout: &SandboxLayout) {
     let _ = fs::remove_file(record);
 }
 
-/// Moves a sandbox directory (a claimed pool slot's) to `to`, which must not exist, keeping its jail id: the
-/// claim names the directory's canonical path, so it is rewritten in the same step, under the lock, and never
-/// looks stale to another claimer.
+/// Moves a sandbox directory (a reserved pool slot's) to `to`, which must not exist, keeping its jail id: the
+/// reservation names the directory's canonical path, so it is rewritten in the same step, under the lock, and never
+/// looks stale to another reserver.
 ///
 /// # Errors
-/// `to` exists, or the move or the claim's rewrite failed (then nothing moved).
+/// `to` exists, or the move or the reservation's rewrite failed (then nothing moved).
 pub fn move_sandbox(from: &SandboxLayout, to: &Path) -> io::Result<SandboxLayout> {
-    move_in(Path::new(CLAIMS_DIR), from, to)
+    move_in(Path::new(RESERVATIONS_DIR), from, to)
 }
 
-fn move_in(claims: &Path, from: &SandboxLayout, to: &Path) -> io::Result<SandboxLayout> {
+fn move_in(reservations: &Path, from: &SandboxLayout, to: &Path) -> io::Result<SandboxLayout> {
     use rustix::fs::{renameat_with, RenameFlags, CWD};
     let id = fs::read_to_string(from.path(SandboxFile::JailId)).ok();
-    let _lock = id.as_ref().map(|_| lock(claims)).transpose()?;
+    let _lock = id.as_ref().map(|_| lock(reservations)).transpose()?;
     renameat_with(CWD, from.dir(), CWD, to, RenameFlags::NOREPLACE)?;
     if let Some(id) = id {
-        let rewritten =
-            fs::canonicalize(to).and_then(|dir| fs::write(claims.join(id.trim()), dir.as_os_str().as_encoded_bytes()));
+        let rewritten = fs::canonicalize(to)
+            .and_then(|dir| fs::write(reservations.join(id.trim()), dir.as_os_str().as_encoded_bytes()));
         if let Err(e) = rewritten {
             let _ = renameat_with(CWD, to, CWD, from.dir(), RenameFlags::NOREPLACE);
             return Err(e);
@@ -247,9 +247,9 @@ fn move_in(claims: &Path, from: &SandboxLayout, to: &Path) -> io::Result<Sandbox
     Ok(SandboxLayout::new(to.to_owned()))
 }
 
-/// An exclusive lock on the claims directory, held until the returned file is dropped.
-fn lock(claims: &Path) -> io::Result<fs::File> {
-    let dir = fs::File::open(claims)?;
+/// An exclusive lock on the reservations directory, held until the returned file is dropped.
+fn lock(reservations: &Path) -> io::Result<fs::File> {
+    let dir = fs::File::open(reservations)?;
     rustix::fs::flock(&dir, rustix::fs::FlockOperation::LockExclusive)?;
     Ok(dir)
 }
@@ -267,43 +267,43 @@ mod tests {
     }
 
     #[test]
-    fn ids_are_exclusive_released_and_stale_claims_taken_over() {
-        let dir = scratch("claims");
-        let claims = dir.join("claims");
+    fn ids_are_exclusive_released_and_stale_reservations_taken_over() {
+        let dir = scratch("reservations");
+        let reservations = dir.join("reservations");
         let range = IdRange { start: 5000, count: 2 };
         let (a, b) = (SandboxLayout::new(dir.join("a")), SandboxLayout::new(dir.join("b")));
-        let first = claim_in(&claims, range, &a).unwrap();
-        let second = claim_in(&claims, range, &b).unwrap();
+        let first = reserve_in(&reservations, range, &a).unwrap();
+        let second = reserve_in(&reservations, range, &b).unwrap();
         assert_ne!(first, second);
         let c = SandboxLayout::new(dir.join("c"));
         fs::create_dir_all(c.dir()).unwrap();
-        assert!(matches!(claim_in(&claims, range, &c), Err(JailSetupError::RangeFull(_))));
-        release_in(&claims, &a);
+        assert!(matches!(reserve_in(&reservations, range, &c), Err(JailSetupError::RangeFull(_))));
+        release_in(&reservations, &a);
         assert!(!a.path(SandboxFile::JailId).exists());
-        assert_eq!(claim_in(&claims, range, &c).unwrap(), first, "a released id is free again");
-        // b's directory goes without a release: its claim is stale.
+        assert_eq!(reserve_in(&reservations, range, &c).unwrap(), first, "a released id is free again");
+        // b's directory goes without a release: its reservation is stale.
         fs::remove_dir_all(b.dir()).unwrap();
         fs::create_dir_all(a.dir()).unwrap();
-        assert_eq!(claim_in(&claims, range, &a).unwrap(), second);
+        assert_eq!(reserve_in(&reservations, range, &a).unwrap(), second);
         let _ = fs::remove_dir_all(dir);
     }
 
     #[test]
-    fn a_moved_sandbox_keeps_its_claim() {
+    fn a_moved_sandbox_keeps_its_reservation() {
         let dir = scratch("move");
-        let claims = dir.join("claims");
+        let reservations = dir.join("reservations");
         let range = IdRange { start: 6000, count: 1 };
         let a = SandboxLayout::new(dir.join("a"));
-        let id = claim_in(&claims, range, &a).unwrap();
+        let id = reserve_in(&reservations, range, &a).unwrap();
         // `b` exists: the move is refused and nothing changes.
-        assert!(move_in(&claims, &a, &dir.join("b")).is_err());
-        let moved = move_in(&claims, &a, &dir.join("c")).unwrap();
+        assert!(move_in(&reservations, &a, &dir.join("b")).is_err());
+        let moved = move_in(&reservations, &a, &dir.join("c")).unwrap();
         assert!(!a.dir().exists() && moved.path(SandboxFile::JailId).exists());
         // Not stale under its new name: the only id stays taken.
         let other = SandboxLayout::new(dir.join("b"));
-        assert!(matches!(claim_in(&claims, range, &other), Err(JailSetupError::RangeFull(_))));
-        release_in(&claims, &moved);
-        assert_eq!(claim_in(&claims, range, &other).unwrap(), id, "released under its new name");
+        assert!(matches!(reserve_in(&reservations, range, &other), Err(JailSetupError::RangeFull(_))));
+        release_in(&reservations, &moved);
+        assert_eq!(reserve_in(&reservations, range, &other).unwrap(), id, "released under its new name");
         let _ = fs::remove_dir_all(dir);
     }
 }

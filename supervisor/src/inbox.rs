@@ -2,7 +2,7 @@
 //!
 //! - **Stop requests** (SIGTERM, the driver gone) are flags in a watch channel, set by threads that never
 //!   wait: they cannot queue behind anything, and the loop looks at them first.
-//! - **Control** (a client connected, a refusal, the session's state): a small bounded queue.
+//! - **Notices** (a client connected, a refusal, the session's state): a small bounded queue.
 //! - **The guest** and **the clients**: bounded in items and in bytes. A reader that finds its queue full
 //!   waits, and stops reading its socket: the guest (or client) is slowed down, never buffered without end.
 //!   The guest's reader also waits while a client's outbound queue is full (`attach_server::outbox`).
@@ -27,8 +27,8 @@ pub const GUEST_QUEUE_BYTES: u32 = 4 * 1024 * 1024;
 pub const CLIENT_QUEUE_ITEMS: usize = 256;
 /// Bytes of them.
 pub const CLIENT_QUEUE_BYTES: u32 = 4 * 1024 * 1024;
-/// Control events waiting for the loop.
-const CONTROL_QUEUE_ITEMS: usize = 64;
+/// Notices waiting for the loop.
+const NOTICE_QUEUE_ITEMS: usize = 64;
 
 /// Why the sandbox was asked to stop from outside.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -41,7 +41,7 @@ pub struct StopRequests {
 
 /// Everything but stop requests and messages.
 #[derive(Debug)]
-pub enum Control {
+pub enum Notice {
     /// An attach connection was refused (fixed text).
     AdmissionRefused(&'static str),
     /// The driver accepted the session; the readiness listener is open at this address.
@@ -86,8 +86,8 @@ pub struct Permit(
 pub struct Senders {
     /// Stop requests.
     pub stop: Arc<watch::Sender<StopRequests>>,
-    /// Control events.
-    pub control: mpsc::Sender<Control>,
+    /// Notices.
+    pub notices: mpsc::Sender<Notice>,
     guest: mpsc::Sender<FromGuest>,
     guest_bytes: Arc<Semaphore>,
     clients: mpsc::Sender<FromClient>,
@@ -103,8 +103,8 @@ pub struct Senders {
 pub struct Inbox {
     /// Stop requests.
     pub stop: watch::Receiver<StopRequests>,
-    /// Control events.
-    pub control: mpsc::Receiver<Control>,
+    /// Notices.
+    pub notices: mpsc::Receiver<Notice>,
     /// The guest.
     pub guest: mpsc::Receiver<FromGuest>,
     /// The clients.
@@ -114,12 +114,12 @@ pub struct Inbox {
 /// The four queues.
 pub fn new() -> (Senders, Inbox) {
     let (stop, stop_rx) = watch::channel(StopRequests::default());
-    let (control, control_rx) = mpsc::channel(CONTROL_QUEUE_ITEMS);
+    let (notices, notices_rx) = mpsc::channel(NOTICE_QUEUE_ITEMS);
     let (guest, guest_rx) = mpsc::channel(GUEST_QUEUE_ITEMS);
     let (clients, clients_rx) = mpsc::channel(CLIENT_QUEUE_ITEMS);
     let senders = Senders {
         stop: Arc::new(stop),
-        control,
+        notices,
         guest,
         guest_bytes: Arc::new(Semaphore::new(GUEST_QUEUE_BYTES as usize)),
         clients,
@@ -127,7 +127,7 @@ pub fn new() -> (Senders, Inbox) {
         vmm_kill: crate::stop::kill_switch::KillSwitch::default(),
         pressure: Pressure::default(),
     };
-    (senders, Inbox { stop: stop_rx, control: control_rx, guest: guest_rx, clients: clients_rx })
+    (senders, Inbox { stop: stop_rx, notices: notices_rx, guest: guest_rx, clients: clients_rx })
 }
 
 /// Waits for `bytes` of a budget (all of it, for a message larger than the budget).

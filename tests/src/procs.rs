@@ -101,7 +101,9 @@ fn parent(pid: i32) -> Option<i32> {
     text.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()
 }
 
-/// Polls `/proc` every 10 ms and remembers every process found inside a directory.
+/// Polls `/proc` and remembers every process found inside a directory: every 10 ms for the first
+/// seconds, where the short-lived helpers of a start come and go, then every 100 ms, so that a long test's
+/// watcher does not take a core of the machine whose load it measures. Stopping takes one last look.
 #[derive(Debug)]
 pub struct Watcher {
     stop: Arc<AtomicBool>,
@@ -115,7 +117,9 @@ impl Watcher {
         let seen = Arc::new(Mutex::new(Vec::<ProcInfo>::new()));
         let (dir, stop2, seen2) = (dir.to_owned(), Arc::clone(&stop), Arc::clone(&seen));
         let thread = thread::spawn(move || {
-            while !stop2.load(Ordering::Acquire) {
+            let started = std::time::Instant::now();
+            loop {
+                let last = stop2.load(Ordering::Acquire);
                 let found = inside(&dir);
                 let mut seen = seen2.lock().unwrap_or_else(|e| e.into_inner());
                 for p in found {
@@ -128,7 +132,11 @@ impl Watcher {
                     }
                 }
                 drop(seen);
-                thread::sleep(Duration::from_millis(10));
+                if last {
+                    return;
+                }
+                let fast = started.elapsed() < Duration::from_secs(5);
+                thread::sleep(Duration::from_millis(if fast { 10 } else { 100 }));
             }
         });
         Self { stop, seen, thread: Some(thread) }
@@ -175,7 +183,7 @@ fn kib_field(path: &str, field: &str) -> Option<u64> {
 
 /// The peak resident memory of the supervisors inside a scratch directory whose command line contains a
 /// needle: the largest `VmHWM` (the kernel's own high-water mark, so no peak falls between two samples but
-/// the last), sampled every 20 ms until stopped.
+/// the last), sampled every 100 ms until stopped.
 #[derive(Debug)]
 pub struct PeakRss {
     stop: Arc<AtomicBool>,
@@ -199,7 +207,7 @@ impl PeakRss {
                 if done {
                     return peak;
                 }
-                thread::sleep(Duration::from_millis(20));
+                thread::sleep(Duration::from_millis(100));
             }
         });
         Self { stop, thread: Some(thread) }

@@ -242,8 +242,10 @@ fn ok(out: &std::process::Output) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// Floods the console for 60 s beside a healthy sandbox on the same service; with `controls` off, the
-/// flood is capped. Returns the flooding sandbox's console.log size.
+/// Floods the console for a minute beside a healthy sandbox on the same service, then until the flood has
+/// passed the console's cap (how fast a guest's UART fills it depends on the host's load, so the test waits
+/// for the bytes, not for a time). With `controls` off, the flood is capped. Returns the flooding sandbox's
+/// console.log size.
 ///
 /// "The neighbour's usual time" is measured in the same run, beside a guest that spins its vCPU in an
 /// ordinary busy loop: a console flood must cost the neighbour no more than any busy guest does.
@@ -264,22 +266,34 @@ fn a_minute_of_console_flood(s: &Scratch, controls: &[TestControl]) -> u64 {
     let peak = PeakRss::supervisors(&s.dir, "flood");
     ok(&serve.cli("create", &["--image", "rogue-console-flood", "flood"]));
     let flood_dir = serve.state.join("sandboxes/flood");
+    let flooding = Instant::now();
     s.waiting_for("a minute of console flood");
     let (typical, slowest) = exec_times(&serve, "healthy", 30, Duration::from_secs(2));
+    s.waiting_for("the console flood to pass the cap");
+    let past_cap = || {
+        let console = size(&flood_dir, SandboxFile::Console);
+        if controls.is_empty() {
+            findings(&events(&flood_dir)).contains(&"log_capped")
+        } else {
+            console > CONSOLE_CAP_BYTES
+        }
+    };
+    let passed = wait_until(Duration::from_secs(240), past_cap);
     let peak = peak.peak();
     let console = size(&flood_dir, SandboxFile::Console);
     eprintln!(
-        "e2e: console flood for 60 s: console.log {console} bytes; flooding supervisor peak RSS {peak} KiB; \
-         neighbour exec median {typical:?} (slowest {slowest:?}); idle {idle:?}, beside a busy guest {beside_busy:?}"
+        "e2e: console flood: past the cap {passed} after {:?}; console.log {console} bytes; flooding supervisor peak \
+         RSS {peak} KiB; neighbour exec median {typical:?} (slowest {slowest:?}); idle {idle:?}, beside a busy \
+         guest {beside_busy:?}",
+        flooding.elapsed()
     );
+    assert!(passed, "the flood never passed the cap (console.log {console} bytes)");
     if let Some(usual) = beside_busy {
         logs_within_caps(&flood_dir);
         assert!(peak <= RSS_BOUND_KIB, "the flooding sandbox's supervisor peaked at {peak} KiB");
         // Within the usual time under load, with room for a 2-core machine's noise; never a stall.
         assert!(typical <= usual * 2 + Duration::from_millis(100), "{typical:?} against {usual:?} beside a busy guest");
         assert!(slowest <= Duration::from_secs(10), "an exec took {slowest:?}");
-        let capped = findings(&events(&flood_dir)).contains(&"log_capped");
-        assert!(capped, "the cap is reported as a finding");
         // SIGKILL to the driver (here, the service) still ends both VMs.
         let vmms = serve.vmms();
         let start = Instant::now();
@@ -294,14 +308,14 @@ fn a_minute_of_console_flood(s: &Scratch, controls: &[TestControl]) -> u64 {
 
 #[test]
 fn a_console_flood_is_capped_and_the_neighbour_stays_responsive() {
-    let s = Scratch::with_deadline("flood-serve", Duration::from_secs(300));
+    let s = Scratch::with_deadline("flood-serve", Duration::from_secs(480));
     let console = a_minute_of_console_flood(&s, &[]);
     assert!(console <= CONSOLE_CAP_BYTES);
 }
 
 #[test]
 fn control_without_log_caps_a_console_flood_grows_console_log() {
-    let s = Scratch::with_deadline("flood-serve-ctl", Duration::from_secs(300));
+    let s = Scratch::with_deadline("flood-serve-ctl", Duration::from_secs(480));
     let console = a_minute_of_console_flood(&s, &[TestControl::NoLogCaps]);
     assert!(console > CONSOLE_CAP_BYTES, "control: uncapped, console.log grows past the cap ({console} bytes)");
 }

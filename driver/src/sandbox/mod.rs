@@ -133,7 +133,7 @@ pub enum StartError {
     /// The launch descriptor could not be written for the supervisor.
     #[error("cannot write the launch descriptor")]
     Descriptor(#[source] std::io::Error),
-    /// No uid could be claimed for the jailed VMM.
+    /// No uid could be reserved for the jailed VMM.
     #[error(transparent)]
     Jail(#[from] crate::jail::JailSetupError),
     /// A pooled VM can only be claimed by a start of `serve`, with a session.
@@ -219,12 +219,12 @@ fn clear_last_generation(layout: &SandboxLayout) {
     AuthBundle::remove(layout.dir());
 }
 
-/// Claims the jail id and the cgroups, and starts the supervisor (`pooled`: with no identity).
+/// Reserves the jail id, makes the cgroups, and starts the supervisor (`pooled`: with no identity).
 fn launch(spec: &StartSpec, pooled_start: Option<&PooledStart>) -> Result<Running, StartError> {
     let pooled = pooled_start.is_some();
     let dir = spec.layout.dir();
     let jail_id = match spec.jail.confinement {
-        Confinement::Jail => match crate::jail::claim(spec.jail.ids, &spec.layout) {
+        Confinement::Jail => match crate::jail::reserve(spec.jail.ids, &spec.layout) {
             Ok(id) => Some(id),
             Err(e) => {
                 reap::end_generation(&spec.layout, None, EndReason::Failed, spec.controls.reaper);

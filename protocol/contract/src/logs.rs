@@ -2,12 +2,15 @@
 //! any `RUST_LOG`: their messages can carry a collector's error text or echo request metadata (headers,
 //! tokens). Each process filters them out with [`is_silenced`], whatever directives `RUST_LOG` holds.
 
-/// Library crates whose log targets are dropped.
-pub const SILENCED: [&str; 11] = [
+/// Library crates whose log targets are dropped. OpenTelemetry's own diagnostics use the package name as
+/// the target, hyphens and all (`opentelemetry-otlp`), beside the module paths (`opentelemetry_otlp::..`).
+pub const SILENCED: [&str; 13] = [
     "opentelemetry",
     "opentelemetry_sdk",
     "opentelemetry_otlp",
+    "opentelemetry-otlp",
     "opentelemetry_http",
+    "opentelemetry-http",
     "tonic",
     "h2",
     "hyper",
@@ -60,5 +63,6 @@ mod tests {
     fn silenced_by_crate_not_by_prefix() {
         assert!(is_silenced("h2") && is_silenced("h2::codec") && is_silenced("opentelemetry_otlp::logs"));
         assert!(!is_silenced("h2o") && !is_silenced("vm_supervisor::telemetry::otlp"));
+        assert!(is_silenced("opentelemetry-otlp") && is_silenced("opentelemetry-http"), "internal-log targets");
     }
 }

@@ -157,7 +157,7 @@ async fn guest_logs(
 ) -> Result<GuestLogs, BootError> {
     let broken = |what: SandboxFile, e: std::io::Error| BootError::Log(what, e);
     let copy = |from, file: SandboxFile, cap: u64| {
-        guest_logs::copy_capped(from, file.as_ref(), safeguards.log_cap(cap), file.name(), senders.control.clone())
+        guest_logs::copy_capped(from, file.as_ref(), safeguards.log_cap(cap), file.name(), senders.notices.clone())
             .map_err(|e| broken(file, e))
     };
     let stderr =

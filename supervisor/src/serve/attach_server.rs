@@ -21,7 +21,7 @@ use vm_protocol::codec::{self, FrameCodec};
 use vm_protocol::{Capabilities, Hello};
 
 pub use self::outbox::{Outbox, TO_CLIENT_BYTES, TO_CLIENT_ITEMS};
-use crate::inbox::{Control, Senders};
+use crate::inbox::{Notice, Senders};
 use crate::mux::ClientId;
 
 /// How long a connecting client has to complete its handshake.
@@ -44,7 +44,7 @@ pub struct ClientHandle {
 /// Accepts clients forever, each in its own task.
 pub fn serve(listener: UnixListener, capabilities: Capabilities, senders: Senders) {
     tokio::spawn(async move {
-        let slots = Arc::new(Semaphore::new(MAX_CLIENTS));
+        let room = Arc::new(Semaphore::new(MAX_CLIENTS));
         let mut next = 0u64;
         loop {
             // An accept error (out of descriptors, say) is waited out: the sandbox stays reachable.
@@ -53,7 +53,7 @@ pub fn serve(listener: UnixListener, capabilities: Capabilities, senders: Sender
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             };
-            let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            let Ok(place) = Arc::clone(&room).try_acquire_owned() else {
                 refuse(&senders, "too many attach connections");
                 continue;
             };
@@ -62,7 +62,7 @@ pub fn serve(listener: UnixListener, capabilities: Capabilities, senders: Sender
             let senders = senders.clone();
             tokio::spawn(async move {
                 client(stream, id, capabilities, senders).await;
-                drop(slot);
+                drop(place);
             });
         }
     });
@@ -71,7 +71,7 @@ pub fn serve(listener: UnixListener, capabilities: Capabilities, senders: Sender
 fn refuse(senders: &Senders, why: &'static str) {
     tracing::warn!(reason = why, "refused an attach connection");
     // A full control queue drops the report, never the refusal.
-    let _ = senders.control.try_send(Control::AdmissionRefused(why));
+    let _ = senders.notices.try_send(Notice::AdmissionRefused(why));
 }
 
 async fn client(mut stream: UnixStream, id: ClientId, capabilities: Capabilities, senders: Senders) {
@@ -112,7 +112,7 @@ async fn client(mut stream: UnixStream, id: ClientId, capabilities: Capabilities
     let handle = ClientHandle { tx, writer, reader: reader.abort_handle() };
     if senders.client_connected(id, handle).await {
         let _ = known.send(());
-        // Keep the slot while the client is served.
+        // Keep the place while the client is served.
         let _ = reader.await;
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! loop { stop requests | VMM exit | lease step | kill deadline  (in this order, always first)
-//!        then, fairly: control | guest | clients | telemetry tick }
+//!        then, fairly: notices | guest | clients | telemetry tick }
 //! ```
 //!
 //! Stop requests, the VMM's exit and the lease come first: no guest or client traffic, however much, can make
@@ -34,7 +34,7 @@ use vm_protocol::policy::UpdateOutcome;
 
 use self::attach_server::ClientHandle;
 use crate::boot::lease::{Lease, LeaseFailure};
-use crate::inbox::{Control, FromClient, FromGuest, Inbox};
+use crate::inbox::{FromClient, FromGuest, Inbox, Notice};
 use crate::mux::{Action, ClientId, ClientViolation, GuestViolation, Mux};
 use crate::stop::StopReason;
 use crate::telemetry::spans::ExecOutcome;
@@ -125,7 +125,7 @@ pub(crate) async fn serve(
                 tracing::warn!("the VM did not power off in time; killing the VMM");
                 state.kill_vmm();
             }
-            traffic = next_traffic(&mut inbox.control, &mut inbox.guest, &mut inbox.clients, &mut tick) => {
+            traffic = next_traffic(&mut inbox.notices, &mut inbox.guest, &mut inbox.clients, &mut tick) => {
                 state.handle(traffic);
             }
         }
@@ -139,22 +139,22 @@ pub(crate) async fn serve(
 
 /// What the loop handles after stop requests, the VMM and the lease.
 enum Traffic {
-    Control(Control),
+    Notice(Notice),
     Guest(FromGuest),
     Client(FromClient),
     Tick,
 }
 
-/// The next message of control, guest or client traffic, or the telemetry tick: fair between them, so a
+/// The next notice, guest message or client traffic, or the telemetry tick: fair between them, so a
 /// guest that floods its queue cannot starve the clients whose credit it waits for.
 async fn next_traffic(
-    control: &mut mpsc::Receiver<Control>,
+    notices: &mut mpsc::Receiver<Notice>,
     guest: &mut mpsc::Receiver<FromGuest>,
     clients: &mut mpsc::Receiver<FromClient>,
     tick: &mut tokio::time::Interval,
 ) -> Traffic {
     tokio::select! {
-        Some(c) = control.recv() => Traffic::Control(c),
+        Some(n) = notices.recv() => Traffic::Notice(n),
         Some(g) = guest.recv() => Traffic::Guest(g),
         Some(c) = clients.recv() => Traffic::Client(c),
         _ = tick.tick() => Traffic::Tick,
@@ -171,7 +171,7 @@ async fn sleep_until_some(at: Option<Instant>) {
 impl Serving<'_> {
     fn handle(&mut self, traffic: Traffic) {
         match traffic {
-            Traffic::Control(c) => self.control(c),
+            Traffic::Notice(n) => self.notice(n),
             Traffic::Guest(g) => self.on_guest(g),
             Traffic::Client(c) => self.on_client(c),
             Traffic::Tick => self.telemetry.tick(),
@@ -227,16 +227,16 @@ impl Serving<'_> {
         }
     }
 
-    fn control(&mut self, control: Control) {
-        match control {
-            Control::AdmissionRefused(what) => self.finding(Finding::AdmissionRefused, what),
-            Control::SessionUp(readiness) => tracing::info!(readiness = %readiness, "session accepted; readiness open"),
-            Control::SessionDown => tracing::warn!("session with the driver lost; readiness closed; reconnecting"),
-            Control::LogCapped(log) => {
+    fn notice(&mut self, notice: Notice) {
+        match notice {
+            Notice::AdmissionRefused(what) => self.finding(Finding::AdmissionRefused, what),
+            Notice::SessionUp(readiness) => tracing::info!(readiness = %readiness, "session accepted; readiness open"),
+            Notice::SessionDown => tracing::warn!("session with the driver lost; readiness closed; reconnecting"),
+            Notice::LogCapped(log) => {
                 let detail = format!("{log} reached its cap; the rest is dropped and counted");
                 self.finding(Finding::LogCapped, &detail);
             }
-            Control::SessionRefused => {
+            Notice::SessionRefused => {
                 self.finding(Finding::AdmissionRefused, "the driver refused this supervisor's session");
                 self.stop(StopReason::SessionRefused);
             }

@@ -15,7 +15,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, UnixStream};
 use vm_contract::session::{SessionHello, SessionNote, SessionReply};
 
-use crate::inbox::{Control, Senders};
+use crate::inbox::{Notice, Senders};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -49,20 +49,20 @@ pub async fn run(config: SessionConfig, senders: Senders) {
                         port = addr.port();
                         let note = SessionNote { readiness: addr.to_string() };
                         let _ = write_line(&mut stream, &note).await;
-                        let _ = senders.control.send(Control::SessionUp(addr.to_string())).await;
+                        let _ = senders.notices.send(Notice::SessionUp(addr.to_string())).await;
                         tokio::select! {
                             () = serve_probes(listener) => {}
                             () = closed(&mut stream) => {}
                         }
                         // The listener is gone with the select: connections are refused from here on.
-                        let _ = senders.control.send(Control::SessionDown).await;
+                        let _ = senders.notices.send(Notice::SessionDown).await;
                     }
                     Err(_) => tracing::error!("cannot open the readiness listener"),
                 }
             }
             Ok(Accepted::No(reason)) => {
                 tracing::error!(reason = %reason, "the driver refused this supervisor's session");
-                let _ = senders.control.send(Control::SessionRefused).await;
+                let _ = senders.notices.send(Notice::SessionRefused).await;
                 return;
             }
             Err(_) => {}

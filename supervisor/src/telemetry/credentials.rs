@@ -1,4 +1,4 @@
-//! Credential slots: the OTLP collector headers (a bearer token) and the CA bundle, shared by the telemetry,
+//! Live credentials: the OTLP collector headers (a bearer token) and the CA bundle, shared by the telemetry,
 //! which rotates them, and the export task, which checks them before every export and rebuilds its exporter
 //! when they changed. A rotation is validated before the swap, so a refused one changes nothing.
 //!
@@ -111,21 +111,21 @@ pub fn headers_valid(headers: &[(String, String)]) -> bool {
     })
 }
 
-/// The shared slots. Cloning shares them.
+/// The credentials in force, versioned. Cloning shares them.
 #[derive(Debug, Clone)]
-pub struct CredentialSlots(Arc<Slots>);
+pub struct LiveCredentials(Arc<Versioned>);
 
 #[derive(Debug)]
-struct Slots {
+struct Versioned {
     current: RwLock<(u64, Arc<Credentials>)>,
     /// Mirrors the version in `current`, for the export task's cheap check.
     version: AtomicU64,
 }
 
-impl CredentialSlots {
-    /// Slots holding `credentials`, version 0.
+impl LiveCredentials {
+    /// Live credentials holding `credentials`, version 0.
     pub fn new(credentials: Credentials) -> Self {
-        Self(Arc::new(Slots { current: RwLock::new((0, Arc::new(credentials))), version: AtomicU64::new(0) }))
+        Self(Arc::new(Versioned { current: RwLock::new((0, Arc::new(credentials))), version: AtomicU64::new(0) }))
     }
 
     /// Bumped by every applied rotation.
@@ -182,11 +182,11 @@ mod tests {
 
     #[test]
     fn rotations_are_validated_before_the_swap() {
-        let slots = CredentialSlots::new(Credentials { headers: vec![("k".into(), "old".into())], ca: None });
+        let live = LiveCredentials::new(Credentials { headers: vec![("k".into(), "old".into())], ca: None });
         let good = temp("good.pem", CERT);
         let bad = temp("bad.pem", "not a certificate");
         let rotate = |headers: Option<Vec<(String, String)>>, ca: Option<&Path>| {
-            slots.rotate(&CredentialRotation { headers, ca_path: ca.map(|p| p.to_string_lossy().into_owned()) })
+            live.rotate(&CredentialRotation { headers, ca_path: ca.map(|p| p.to_string_lossy().into_owned()) })
         };
         assert_eq!(rotate(None, None).0, RotationOutcome::Empty);
         assert_eq!(rotate(Some(vec![("k".into(), "a\nb".into())]), None).0, RotationOutcome::BadHeader);
@@ -194,15 +194,15 @@ mod tests {
         assert_eq!(rotate(None, Some(Path::new("relative.pem"))).0, RotationOutcome::CaUnreadable);
         assert_eq!(rotate(None, Some(Path::new("/nonexistent/ca.pem"))).0, RotationOutcome::CaUnreadable);
         assert_eq!(rotate(None, Some(Path::new("/dev/null"))).0, RotationOutcome::CaUnreadable, "not a file");
-        assert_eq!(slots.version(), 0, "nothing refused was swapped in");
-        assert_eq!(slots.current().1.headers, vec![("k".to_owned(), "old".to_owned())]);
+        assert_eq!(live.version(), 0, "nothing refused was swapped in");
+        assert_eq!(live.current().1.headers, vec![("k".to_owned(), "old".to_owned())]);
         assert_eq!(rotate(Some(vec![("k".into(), "new".into())]), Some(&good)), (RotationOutcome::Applied, 1));
-        let (version, now) = slots.current();
+        let (version, now) = live.current();
         assert_eq!((version, now.headers[0].1.as_str()), (1, "new"));
         assert_eq!(now.ca.as_ref().map(CaBundle::path), Some(good.as_path()));
         assert_eq!(rotate(Some(vec![("k".into(), "newer".into())]), None), (RotationOutcome::Applied, 2));
-        assert!(slots.current().1.ca.is_some(), "a CA path not given is kept");
-        let shown = format!("{:?}", slots.current().1);
+        assert!(live.current().1.ca.is_some(), "a CA path not given is kept");
+        let shown = format!("{:?}", live.current().1);
         assert!(!shown.contains("newer"), "{shown}");
         let _ = std::fs::remove_file(good);
         let _ = std::fs::remove_file(bad);

@@ -1,6 +1,6 @@
 //! Builds the OTLP exporters (logs and traces alike) from the endpoint, the protocol and the credentials in
 //! force: gRPC (tonic) or HTTP/protobuf (reqwest), each over TLS (rustls with ring) when a CA bundle is
-//! given. [`Rebuild`] builds a new one whenever the credential slots change, so the next export presents the
+//! given. [`Rebuild`] builds a new one whenever the live credentials change, so the next export presents the
 //! new token and its next connection trusts the new CA.
 
 use std::collections::HashMap;
@@ -17,7 +17,7 @@ use opentelemetry_sdk::trace::SpanExporter as _;
 use opentelemetry_sdk::Resource;
 
 use super::batch::Export;
-use super::credentials::{CaBundle, CaError, CredentialSlots, Credentials};
+use super::credentials::{CaBundle, CaError, Credentials, LiveCredentials};
 use super::otlp::{OtlpError, Protocol, EXPORT_TIMEOUT};
 
 /// Everything an exporter is built from but the credentials.
@@ -91,8 +91,8 @@ impl Signal for Traces {
 #[derive(Debug)]
 pub(crate) struct Rebuild<S> {
     spec: ExporterSpec,
-    slots: CredentialSlots,
-    /// The slots' version the current exporter was built from.
+    live: LiveCredentials,
+    /// The credentials' version the current exporter was built from.
     version: u64,
     signal: PhantomData<S>,
 }
@@ -102,20 +102,20 @@ impl<S: Signal> Rebuild<S> {
     ///
     /// # Errors
     /// [`OtlpError`] for a bad header, CA bundle or endpoint.
-    pub(crate) fn first(spec: ExporterSpec, slots: CredentialSlots) -> Result<(S::Exporter, Self), OtlpError> {
-        let (version, credentials) = slots.current();
+    pub(crate) fn first(spec: ExporterSpec, live: LiveCredentials) -> Result<(S::Exporter, Self), OtlpError> {
+        let (version, credentials) = live.current();
         let exporter = S::build(&spec, &credentials)?;
-        Ok((exporter, Self { spec, slots, version, signal: PhantomData }))
+        Ok((exporter, Self { spec, live, version, signal: PhantomData }))
     }
 
     /// What the export task calls before it sends: a new exporter once the credentials were rotated.
     /// Requests in flight finish on the old one. A build that fails keeps the old one (the rotation was
     /// validated, so it is not expected).
     pub(crate) fn refresh(&mut self) -> Option<S::Exporter> {
-        if self.slots.version() == self.version {
+        if self.live.version() == self.version {
             return None;
         }
-        let (version, credentials) = self.slots.current();
+        let (version, credentials) = self.live.current();
         self.version = version;
         match S::build(&self.spec, &credentials) {
             Ok(exporter) => Some(exporter),

@@ -4,7 +4,7 @@
 //! - [`console`]: the one bounded, non-blocking stderr writer, shared with the diagnostics.
 //! - [`jsonl`]: `events.jsonl` in the sandbox directory.
 //! - [`otlp`]: OTLP log export over gRPC or HTTP/protobuf; [`exporter`] builds the exporters (TLS with a CA
-//!   bundle for `https://`), [`credentials`] holds the headers and the CA bundle in slots rotated live.
+//!   bundle for `https://`), [`credentials`] holds the headers and the CA bundle rotated live.
 //! - [`spans`]: the supervisor's spans (boot, admission, exec, policy update, stop), and [`span_export`],
 //!   their OTLP trace export to the same collector, with the same credentials.
 //! - `batch`: the one batch exporter (bounded queue, export task) behind both OTLP exports.
@@ -122,7 +122,7 @@ impl Telemetry {
                     Otlp::start(otlp, resource.clone(), controls.verbose_failures).map_err(TelemetryError::Otlp)?;
                 // The spans go where the logs go, with the same credentials (and their rotations).
                 let spec = ExporterSpec { endpoint: otlp.endpoint.clone(), protocol: otlp.protocol, resource };
-                let source = SpanSource { spec, slots: logs.slots().clone() };
+                let source = SpanSource { spec, live: logs.live().clone() };
                 (Some(logs), Spans::start(source, sandbox_id).map_err(TelemetryError::Otlp)?)
             }
             None => (None, Spans::default()),
@@ -174,7 +174,7 @@ impl Telemetry {
             self.emit_rotation(outcome, 0, rotation);
             return outcome;
         };
-        let (outcome, version) = otlp.slots().rotate(rotation);
+        let (outcome, version) = otlp.live().rotate(rotation);
         self.emit_rotation(outcome, version, rotation);
         outcome
     }

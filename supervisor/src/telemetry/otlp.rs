@@ -25,7 +25,7 @@ use opentelemetry_sdk::logs::{LogBatch, LogProcessor, SdkLogRecord, SdkLogger, S
 use opentelemetry_sdk::Resource;
 
 use super::batch::{BatchConfig, BatchExport, Bounds, Export, Queue};
-use super::credentials::{CaBundle, CaError, CredentialSlots, Credentials};
+use super::credentials::{CaBundle, CaError, Credentials, LiveCredentials};
 use super::exporter::{ExporterSpec, Logs, Rebuild, Signal as _};
 
 /// Records kept waiting for the collector before new ones are dropped (and counted).
@@ -158,7 +158,7 @@ pub struct Otlp {
     provider: SdkLoggerProvider,
     logger: SdkLogger,
     export: BatchExport<LogItem>,
-    slots: CredentialSlots,
+    live: LiveCredentials,
 }
 
 /// Maps OCSF `severity_id` to OTLP severity: Informational -> INFO, Low -> INFO2, Medium -> WARN,
@@ -185,19 +185,19 @@ impl Otlp {
         if ca.is_none() && super::exporter::is_https(&settings.endpoint) {
             return Err(OtlpError::HttpsWithoutCa);
         }
-        let slots = CredentialSlots::new(Credentials { headers: settings.headers.clone(), ca });
+        let live = LiveCredentials::new(Credentials { headers: settings.headers.clone(), ca });
         let spec = ExporterSpec { endpoint: settings.endpoint.clone(), protocol: settings.protocol, resource };
         let (provider, logger, queue) = logger(spec.resource.clone());
-        let (exporter, mut rebuild) = Rebuild::<Logs>::first(spec, slots.clone())?;
+        let (exporter, mut rebuild) = Rebuild::<Logs>::first(spec, live.clone())?;
         let config =
             BatchConfig { name: Logs::NAME, batch_items: BATCH_RECORDS, in_flight: IN_FLIGHT, verbose_failures };
         let export = BatchExport::start(exporter, move || rebuild.refresh(), queue, config);
-        Ok(Self { provider, logger, export, slots })
+        Ok(Self { provider, logger, export, live })
     }
 
-    /// The credential slots the export task reads.
-    pub fn slots(&self) -> &CredentialSlots {
-        &self.slots
+    /// The live credentials the export task reads.
+    pub fn live(&self) -> &LiveCredentials {
+        &self.live
     }
 
     /// Queues one event for export.

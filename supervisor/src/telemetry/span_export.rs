@@ -1,6 +1,6 @@
 //! OTLP trace export of the supervisor's spans, through the batch exporter ([`super::batch`]), to the
 //! collector of the log export: the same endpoint and protocol, and the same credentials (headers, CA
-//! bundle), read from the log export's slots, so a rotation applies to both.
+//! bundle), read from the log export's live credentials, so a rotation applies to both.
 //!
 //! A full queue drops new spans (counted), one request is in flight at a time, a failed batch is retried
 //! with backoff, and at shutdown the queue is flushed until a deadline. Failures are logged with fixed text
@@ -14,7 +14,7 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
 
 use super::batch::{BatchConfig, BatchExport, Bounds, Export, Queue};
-use super::credentials::CredentialSlots;
+use super::credentials::LiveCredentials;
 use super::exporter::{ExporterSpec, Rebuild, Signal as _, Traces};
 use super::otlp::OtlpError;
 
@@ -53,13 +53,13 @@ impl SpanProcessor for QueueProcessor {
     }
 }
 
-/// Where the span exporter comes from: the log export's collector and credential slots.
+/// Where the span exporter comes from: the log export's collector and live credentials.
 #[derive(Debug, Clone)]
 pub(crate) struct SpanSource {
     /// The log export's collector, protocol and resource.
     pub(crate) spec: ExporterSpec,
     /// The log export's credentials.
-    pub(crate) slots: CredentialSlots,
+    pub(crate) live: LiveCredentials,
 }
 
 impl SpanSource {
@@ -68,7 +68,7 @@ impl SpanSource {
     /// # Errors
     /// [`OtlpError`] for a bad header, CA bundle or endpoint.
     pub(crate) fn start(self, queue: Arc<Queue<SpanData>>) -> Result<BatchExport<SpanData>, OtlpError> {
-        let (exporter, mut rebuild) = Rebuild::<Traces>::first(self.spec, self.slots)?;
+        let (exporter, mut rebuild) = Rebuild::<Traces>::first(self.spec, self.live)?;
         // The verbose-failure-logs control widens the log export's failure lines only.
         let config =
             BatchConfig { name: Traces::NAME, batch_items: BATCH_SPANS, in_flight: 1, verbose_failures: false };
