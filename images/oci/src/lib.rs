@@ -1,0 +1,19 @@
+//! OCI images as sandbox roots.
+//!
+//! - [`digest`]: a validated `sha256:` digest, and a reader that checks a blob against its descriptor's
+//!   digest and size as it streams (never reading past the size).
+//! - [`reference`]: `REGISTRY/NAME[:TAG|@DIGEST]`, with Docker Hub's short names resolved as Docker does.
+//! - [`layer`]: a layer blob as its tar stream: decompressed, bounded, its `diff_id` checked.
+//! - [`manifest`]: manifests, indexes and configs (OCI and Docker schema 2), bounded, `linux/amd64` only.
+//! - [`store`]: blobs by digest, written under a temporary name and renamed once verified.
+//! - [`unpack`]: layers applied in order into one tree (OCI whiteouts, hardlinks, symlinks), every entry's
+//!   path checked first: nothing a layer names can reach outside the tree.
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod digest;
+pub mod layer;
+pub mod manifest;
+pub mod reference;
+pub mod store;
+pub mod unpack;
