@@ -37,6 +37,9 @@ pub enum StoreError {
         #[source]
         source: io::Error,
     },
+    /// A blob of unknown digest was larger than its bound.
+    #[error("a blob is larger than {0} bytes")]
+    TooLarge(u64),
     /// The blob did not arrive whole, or differs from its descriptor (the source names which).
     #[error("blob {digest} was not stored")]
     Blob {
@@ -46,6 +49,43 @@ pub enum StoreError {
         #[source]
         source: io::Error,
     },
+}
+
+/// A hash fed by writes.
+#[derive(Default)]
+struct Hashing(sha2::Sha256);
+
+impl Hashing {
+    fn finish(self) -> Digest {
+        use sha2::Digest as _;
+        Digest::of_hash(self.0.finalize().as_slice())
+    }
+}
+
+impl Write for Hashing {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        sha2::Digest::update(&mut self.0, buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes to both.
+struct Tee<'a>(&'a mut fs::File, &'a mut Hashing);
+
+impl Write for Tee<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.0.write(buf)?;
+        self.1.write_all(&buf[..n])?;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.flush()
+    }
 }
 
 /// Names each download in progress apart within this process; the pid tells processes apart.
@@ -125,13 +165,53 @@ impl Store {
         Ok(target)
     }
 
+    /// Stores a blob whose digest is not known beforehand (a `docker save` archive names its files, not
+    /// their digests): hashed while written, then committed under the digest it has. At most `limit` bytes.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`], or [`StoreError::TooLarge`] past `limit`.
+    pub fn ingest_unnamed(&self, mut from: impl Read, limit: u64) -> Result<(Digest, u64), StoreError> {
+        let n = INGESTS.fetch_add(1, Ordering::Relaxed);
+        let partial = self.root.join("ingest").join(format!("unnamed.{}-{n}", std::process::id()));
+        let io = |source| StoreError::Io { path: partial.clone(), source };
+        let result = (|| {
+            let mut file = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&partial)?;
+            let mut hash = Hashing::default();
+            let size = io::copy(&mut (&mut from).take(limit + 1), &mut Tee(&mut file, &mut hash))?;
+            file.sync_all()?;
+            fs::set_permissions(&partial, fs::Permissions::from_mode(0o400))?;
+            Ok((hash.finish(), size))
+        })();
+        let (digest, size) = match result {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = fs::remove_file(&partial);
+                return Err(io(e));
+            }
+        };
+        if size > limit {
+            let _ = fs::remove_file(&partial);
+            return Err(StoreError::TooLarge(limit));
+        }
+        fs::rename(&partial, self.blob_path(&digest)).map_err(io)?;
+        Ok((digest, size))
+    }
+
     /// Removes downloads that no process is doing (left by a killed pull). Their locks are free.
     pub fn sweep_ingest(&self) {
         let Ok(entries) = fs::read_dir(self.root.join("ingest")) else { return };
         for entry in entries.flatten() {
             let name = entry.file_name();
             let Some(name) = name.to_str().filter(|n| !n.ends_with(".lock")) else { continue };
-            let Some((hex, _)) = name.split_once('.') else { continue };
+            let Some((hex, rest)) = name.split_once('.') else { continue };
+            if hex == "unnamed" {
+                // Its writer's pid is in its name; nothing else could be writing it.
+                let pid = rest.split('-').next().unwrap_or_default();
+                if !Path::new("/proc").join(pid).exists() {
+                    let _ = fs::remove_file(entry.path());
+                }
+                continue;
+            }
             let lock_path = self.root.join("ingest").join(format!("{hex}.lock"));
             let Ok(lock) = fs::OpenOptions::new().write(true).open(&lock_path) else { continue };
             if lock.try_lock().is_ok() {
@@ -211,6 +291,17 @@ mod tests {
         });
         assert_eq!(fetches.load(Ordering::Relaxed), 1);
         assert_eq!(blobs(&s), 1);
+        let _ = fs::remove_dir_all(s.root());
+    }
+
+    #[test]
+    fn an_unnamed_blob_is_stored_under_its_digest_within_its_bound() {
+        let s = store("unnamed");
+        let (digest, size) = s.ingest_unnamed(&b"config"[..], 100).unwrap();
+        assert_eq!((digest.clone(), size), (Digest::of(b"config"), 6));
+        assert!(s.has(&digest));
+        assert!(matches!(s.ingest_unnamed(&[0u8; 101][..], 100), Err(StoreError::TooLarge(100))));
+        assert_eq!((blobs(&s), partials(&s)), (1, 0));
         let _ = fs::remove_dir_all(s.root());
     }
 
