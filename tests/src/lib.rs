@@ -16,6 +16,7 @@ pub mod image;
 pub mod ocsf_schema;
 pub mod otlp_receiver;
 pub mod procs;
+pub mod registry;
 pub mod serve;
 
 use std::io::Write;

@@ -137,12 +137,18 @@ fn build_in(store: &Store, image: &Image, limits: Limits, staging: &Path) -> Res
     write::write(tree.root(), &spool, &root, owners)?;
     let disk = staging.join(DISK_FILE);
     let mut mkfs = Command::new("mkfs.erofs");
-    mkfs.arg("-T0").arg(format!("-U{}", uuid_of(&image.manifest))).arg("--quiet");
+    mkfs.arg("-T0").arg("-x-1").arg(format!("-U{}", uuid_of(&image.manifest)));
     if !owners {
         // Without root the written tree is the caller's; in the guest everything is root's.
         mkfs.arg("--all-root");
     }
-    let status = mkfs.arg(&disk).arg(&root).stdin(std::process::Stdio::null()).status();
+    let status = mkfs
+        .arg(&disk)
+        .arg(&root)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
     match status {
         Ok(s) if s.success() => {}
         Ok(s) => return Err(DiskError::Mkfs { status: Some(s) }),

@@ -32,7 +32,7 @@ use crate::reference::Reference;
 
 /// Connecting to a registry.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Waiting for response headers, and for each read of a body.
+/// Waiting for response headers, and for each read of a body, unless [`Options::read_timeout`] says.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest token response read.
 const MAX_TOKEN_BYTES: u64 = 64 * 1024;
@@ -48,6 +48,8 @@ pub struct Options {
     pub insecure: Vec<String>,
     /// A Docker `config.json` with logins (default: `~/.docker/config.json` if it exists).
     pub auth_file: Option<PathBuf>,
+    /// The longest wait for headers or for one read of a body (default 30 s).
+    pub read_timeout: Option<Duration>,
 }
 
 /// Why a registry request failed.
@@ -172,7 +174,7 @@ impl Registry {
         let http = Client::builder()
             .tls_backend_preconfigured(tls)
             .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(READ_TIMEOUT)
+            .timeout(options.read_timeout.unwrap_or(READ_TIMEOUT))
             .redirect(reqwest::redirect::Policy::custom(|attempt| {
                 let downgrade = attempt.previous().last().is_some_and(|u| u.scheme() == "https")
                     && attempt.url().scheme() != "https";
