@@ -181,7 +181,7 @@ impl Peers {
                 output_window: *window,
             }));
         }
-        if u32::from(len) <= *window && len % 8 != 0 {
+        if u32::from(len) <= *window && !len.is_multiple_of(8) {
             *window -= u32::from(len);
             let data = vec![b'x'; usize::from(len)];
             return Some(ToHost::Process(ProcessEvent::Output {

@@ -237,3 +237,47 @@ fn a_layout_and_a_docker_archive_of_one_image_give_the_same_layers() {
     std::fs::File::open(&archive).unwrap().take(4).read_to_end(&mut skip).unwrap();
     eprintln!("e2e: layout and docker-archive: {} layers, same diff_ids and config", from_layout.layers.len());
 }
+
+/// `vm-driver image ...` on the shipped build.
+fn cli(store: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(&vm_e2e::harness().shipped.driver)
+        .arg("image")
+        .arg("--image-cache")
+        .arg(store)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_image_commands_pull_list_and_remove() {
+    let s = Scratch::new("img-cli");
+    let reg = Registry::start(&s.dir.join("registry"), None);
+    let layout = test_layout(&s.dir);
+    let name = reg.push(&format!("oci:{}:v1", layout.display()), "e2e/app:v1");
+    let store_dir = s.dir.join("store");
+    let ca = reg.ca.to_str().unwrap();
+    let pulled = cli(&store_dir, &["pull", &name, "--registry-ca", ca]);
+    let text = String::from_utf8_lossy(&pulled.stderr).into_owned() + &String::from_utf8_lossy(&pulled.stdout);
+    assert!(pulled.status.success(), "{text}");
+    // Not a terminal: a plain line per layer.
+    assert_eq!(text.matches("vm-driver: layer ").count(), 2, "{text}");
+    let listed = String::from_utf8(cli(&store_dir, &["ls"]).stdout).unwrap();
+    assert!(listed.contains(name.as_str()), "{listed}");
+    // A tag that is not there: a clear error, exit 125, nothing new in the store.
+    let missing = cli(&store_dir, &["pull", &format!("{}/e2e/app:nope", reg.addr), "--registry-ca", ca]);
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert_eq!(missing.status.code(), Some(125), "{err}");
+    assert!(err.contains("not found"), "{err}");
+    // Without the CA the registry's certificate is not trusted.
+    let untrusted = cli(&s.dir.join("store-2"), &["pull", &name]);
+    assert_eq!(untrusted.status.code(), Some(125));
+    let removed = cli(&store_dir, &["rm", &name]);
+    assert!(removed.status.success(), "{}", String::from_utf8_lossy(&removed.stderr));
+    let listed = String::from_utf8(cli(&store_dir, &["ls"]).stdout).unwrap();
+    assert!(!listed.contains(&name), "{listed}");
+    let blobs = std::fs::read_dir(store_dir.join("blobs/sha256")).unwrap().count();
+    assert_eq!(blobs, 0, "the image's blobs went with it");
+    eprintln!("e2e: image pull/ls/rm through the CLI; missing tag: {}", err.trim());
+}

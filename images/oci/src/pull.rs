@@ -15,6 +15,8 @@ use crate::store::{Store, StoreError};
 pub struct Image {
     /// The image manifest's digest (its identity in the store).
     pub manifest: Digest,
+    /// The config blob's digest.
+    pub config: Digest,
     /// What of its config a sandbox honours.
     pub run: RunConfig,
     /// Its layers, in order.
@@ -79,7 +81,8 @@ pub fn pull(fetch: &mut dyn Fetch, store: &Store, progress: &mut dyn Progress) -
     if config.size() > MAX_CONFIG_BYTES {
         return Err(PullError::ConfigTooLarge(config.size()));
     }
-    let config_path = fetch.blob(store, &manifest::digest_of(config)?, config.size(), &mut |_| {})?;
+    let config_digest = manifest::digest_of(config)?;
+    let config_path = fetch.blob(store, &config_digest, config.size(), &mut |_| {})?;
     let mut config_bytes = Vec::new();
     std::fs::File::open(&config_path)
         .and_then(|f| f.take(MAX_CONFIG_BYTES).read_to_end(&mut config_bytes))
@@ -96,5 +99,5 @@ pub fn pull(fetch: &mut dyn Fetch, store: &Store, progress: &mut dyn Progress) -
     }
     // The manifest itself, so the store holds everything the image's digest covers.
     store.ingest(&fetched.digest, fetched.bytes.len() as u64, || Ok(fetched.bytes.as_slice()))?;
-    Ok(Image { manifest: fetched.digest, run, layers })
+    Ok(Image { manifest: fetched.digest, config: config_digest, run, layers })
 }

@@ -62,6 +62,10 @@ pub enum Command {
     ///
     /// Example: vm-driver credentials box-1 --headers-file - --ca /etc/otel/ca.pem <<< 'authorization=Bearer%20t2'
     Credentials(CredentialsArgs),
+    /// Pull, import, list and remove OCI images in the local store (docs/images.md).
+    ///
+    /// Example: vm-driver image pull python:3.12-slim
+    Image(crate::image::ImageArgs),
     /// Kill the VMs of sandboxes whose supervisor is gone, and mark them terminated.
     ///
     /// `launch` and `serve` do this first; run it by hand after a crash.

@@ -10,6 +10,7 @@ mod cli;
 mod client;
 mod credentials;
 mod exec;
+mod image;
 mod launch;
 mod stdin;
 
@@ -171,6 +172,8 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
             exec::exec(&args.socket.path(), args.id.as_str(), target, args.interactive, args.tty).await
         }
         Command::Reap { state_dir, retention } => reap(state_dir, &retention, controls).map(|()| 0),
+        // Registry I/O and disk builds block: off the runtime's thread.
+        Command::Image(args) => tokio::task::spawn_blocking(move || image::run(args)).await?,
     }
 }
 

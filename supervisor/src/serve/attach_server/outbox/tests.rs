@@ -20,7 +20,7 @@ fn nth(i: usize) -> u8 {
 
 /// Frame `i` of a flood whose streams take turns: stdout carries 0, stderr 1.
 fn turn(i: usize) -> ToClient {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         byte(1, Stream::Stdout, 0)
     } else {
         byte(1, Stream::Stderr, 1)
