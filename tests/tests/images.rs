@@ -75,6 +75,9 @@ fn listing(root: &Path) -> BTreeMap<String, String> {
             } else if meta.is_dir() {
                 walk(root, &path, out);
                 format!("d {:o}", meta.mode() & 0o7777)
+            } else if !meta.is_file() {
+                // A device node or FIFO (only umoci's tree has them).
+                format!("c {:o}", meta.mode() & 0o7777)
             } else {
                 let bytes = std::fs::read(&path).unwrap();
                 format!("f {:o} {} {}", meta.mode() & 0o7777, bytes.len(), vm_oci::digest::Digest::of(&bytes))
@@ -236,6 +239,52 @@ fn a_layout_and_a_docker_archive_of_one_image_give_the_same_layers() {
     let mut skip = Vec::new();
     std::fs::File::open(&archive).unwrap().take(4).read_to_end(&mut skip).unwrap();
     eprintln!("e2e: layout and docker-archive: {} layers, same diff_ids and config", from_layout.layers.len());
+}
+
+/// A real Debian root with python3 and curl (`scripts/test-image`: mmdebstrap, then umoci; cached by its
+/// inputs) merges into the tree `umoci unpack` makes of it, file for file: type, mode (setuid bits
+/// included), owner, size, content and link target. Only the device nodes differ: we drop them.
+#[test]
+fn the_debian_test_image_merges_as_umoci_unpacks_it() {
+    let s = Scratch::with_deadline("img-debian", Duration::from_secs(600));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/test-image");
+    s.waiting_for("scripts/test-image (mmdebstrap on first use)");
+    let layout = PathBuf::from(run(&mut Command::new(script)).trim().lines().last().unwrap());
+    let st = store(&s.dir, "store");
+    let image = pull(&mut FromLayout { dir: layout.clone(), tag: Some("py".into()) }, &st, &mut Quiet).unwrap();
+    assert!(image.run.env.iter().any(|e| e == "IMAGE_GREETING=from-the-image"), "{:?}", image.run.env);
+    let ours = s.dir.join("ours");
+    our_tree(&st, &image, &ours);
+    let bundle = s.dir.join("bundle");
+    run(Command::new("umoci").arg("unpack").arg("--image").arg(format!("{}:py", layout.display())).arg(&bundle));
+    let owned = |root: &Path| {
+        let mut out = listing(root);
+        for (path, what) in &mut out {
+            let meta = std::fs::symlink_metadata(root.join(path)).unwrap();
+            what.push_str(&format!(" {}:{}", meta.uid(), meta.gid()));
+        }
+        out
+    };
+    let mine = owned(&ours);
+    let mut theirs = owned(&bundle.join("rootfs"));
+    let devices: Vec<String> =
+        theirs.iter().filter(|(_, w)| w.starts_with("c ") || w.starts_with("b ")).map(|(p, _)| p.clone()).collect();
+    for device in &devices {
+        theirs.remove(device);
+    }
+    assert!(mine.len() > 5000, "a whole Debian root: {} entries", mine.len());
+    let differ: Vec<_> = mine.iter().filter(|(p, w)| theirs.get(*p) != Some(*w)).take(5).collect();
+    assert!(differ.is_empty() && mine.len() == theirs.len(), "differs from umoci's tree: {differ:?}");
+    let setuid = mine.values().filter(|w| w.starts_with("f 4")).count();
+    assert!(setuid > 0, "setuid bits kept");
+    let disk = disk_bytes(&st, &image);
+    eprintln!(
+        "e2e: Debian test image: {} entries as umoci unpacks them ({setuid} setuid, {} device nodes dropped); layer {} bytes, disk {} bytes",
+        mine.len(),
+        devices.len(),
+        image.stored_bytes(),
+        disk.len()
+    );
 }
 
 /// `vm-driver image ...` on the shipped build.
