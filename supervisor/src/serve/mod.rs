@@ -55,6 +55,9 @@ struct Serving<'a> {
     /// The session with `vm-driver serve`, if any: ended as soon as stopping begins, which closes the
     /// readiness listener, so a stopping sandbox never looks ready.
     session: Option<tokio::task::AbortHandle>,
+    /// This loop sent QEMU its SIGKILL: the watchdog, which exits with the VMM, may now close its pipe
+    /// before QEMU is reaped.
+    vmm_killed: bool,
 }
 
 /// The guest's side of the boundary: where admitted operations go, and the multiplexer (with the policy
@@ -76,7 +79,17 @@ pub(crate) async fn serve(
     telemetry: &mut Telemetry,
     session: Option<tokio::task::AbortHandle>,
 ) -> StopReason {
-    let mut state = Serving { args, vmm, telemetry, mux, guest, clients: HashMap::new(), stopping: None, session };
+    let mut state = Serving {
+        args,
+        vmm,
+        telemetry,
+        mux,
+        guest,
+        clients: HashMap::new(),
+        stopping: None,
+        session,
+        vmm_killed: false,
+    };
     let mut lease_ok = true;
     let mut tick = tokio::time::interval(TICK);
     let reason = loop {
@@ -111,8 +124,9 @@ pub(crate) async fn serve(
             step = lease.step(), if lease_ok => {
                 if let Err(e) = step {
                     lease_ok = false;
-                    // The watchdog exits when the VMM does: after the VM is gone that is the normal close.
-                    if state.vmm.has_exited() {
+                    // The watchdog exits when the VMM does: after the VM is gone, or once this loop killed it
+                    // (QEMU may not be reaped yet), that is the normal close, not a lost lease.
+                    if state.vmm_killed || state.vmm.has_exited() {
                         continue;
                     }
                     tracing::error!(error = %e, "lease lost; stopping the VM");
@@ -293,6 +307,7 @@ impl Serving<'_> {
     /// out keeps the loop from waking (and killing, and logging) again and again until QEMU is reaped.
     fn kill_vmm(&mut self) {
         self.vmm.start_kill();
+        self.vmm_killed = true;
         if let Some((_, at)) = self.stopping.as_mut() {
             *at = Instant::now() + Duration::from_secs(3600);
         }
