@@ -330,3 +330,21 @@ fn the_image_commands_pull_list_and_remove() {
     assert_eq!(blobs, 0, "the image's blobs went with it");
     eprintln!("e2e: image pull/ls/rm through the CLI; missing tag: {}", err.trim());
 }
+
+#[test]
+fn a_cached_name_needs_no_source_and_a_refresh_does() {
+    use vm_oci::obtain::{obtain, Freshness};
+    let s = Scratch::new("img-cached");
+    let layout = test_layout(&s.dir);
+    let st = store(&s.dir, "store");
+    let source: vm_oci::source::Source = format!("oci:{}:v1", layout.display()).parse().unwrap();
+    let get = |freshness| obtain(&source, &st, &Options::default(), Limits::default(), freshness, &mut Quiet);
+    let (first, dir) = get(Freshness::Refresh).unwrap();
+    assert!(dir.join(vm_oci::disk::DISK_FILE).is_file());
+    // The source goes away: the name is still served from the store, and only a refresh needs the source.
+    std::fs::remove_dir_all(&layout).unwrap();
+    let (cached, _) = get(Freshness::Cached).unwrap();
+    assert_eq!(cached.manifest, first.manifest);
+    let err = get(Freshness::Refresh).unwrap_err();
+    assert!(vm_contract::logs::chain(&err).contains("cannot read"), "{err}");
+}
