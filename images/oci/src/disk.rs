@@ -14,7 +14,7 @@
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -97,9 +97,7 @@ pub fn build(store: &Store, image: &Image, limits: Limits) -> Result<PathBuf, Di
     fs::DirBuilder::new().recursive(true).mode(0o700).create(&disks).map_err(io(&disks))?;
     let target = disk_dir(store, &image.manifest);
     let lock_path = disks.join(format!(".{}.lock", image.manifest.hex()));
-    let lock = fs::OpenOptions::new().create(true).write(true).truncate(false).mode(0o600).open(&lock_path);
-    let lock = lock.map_err(io(&lock_path))?;
-    lock.lock().map_err(io(&lock_path))?;
+    let _lock = crate::bounded::lock(&lock_path).map_err(io(&lock_path))?;
     if target.join(DISK_FILE).is_file() {
         return Ok(target);
     }

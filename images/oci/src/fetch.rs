@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
+use crate::bounded::read_up_to;
 use crate::digest::Digest;
 use crate::manifest::{self, MAX_MANIFEST_BYTES};
 use crate::reference::Reference;
@@ -206,12 +207,10 @@ impl Fetch for FromLayout {
 
 fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, FetchError> {
     let read = |source| FetchError::Read { path: path.to_owned(), source };
-    let mut bytes = Vec::new();
-    std::fs::File::open(path).map_err(read)?.take(limit + 1).read_to_end(&mut bytes).map_err(read)?;
-    if bytes.len() as u64 > limit {
-        return Err(FetchError::Malformed { path: path.to_owned(), why: format!("larger than {limit} bytes") });
-    }
-    Ok(bytes)
+    let file = std::fs::File::open(path).map_err(read)?;
+    read_up_to(file, limit)
+        .map_err(read)?
+        .ok_or_else(|| FetchError::Malformed { path: path.to_owned(), why: format!("larger than {limit} bytes") })
 }
 
 /// A `docker save` archive: every file stored by the digest it has, in one pass over the archive, and a
@@ -246,12 +245,8 @@ impl FromArchive {
             let name = clean(&entry.path_bytes());
             match entry.header().entry_type() {
                 tar::EntryType::Regular if name == b"manifest.json" => {
-                    let mut bytes = Vec::new();
-                    (&mut entry).take(MAX_INDEX_BYTES + 1).read_to_end(&mut bytes).map_err(read)?;
-                    if bytes.len() as u64 > MAX_INDEX_BYTES {
-                        return Err(malformed("manifest.json is too large"));
-                    }
-                    index = Some(bytes);
+                    let bytes = read_up_to(&mut entry, MAX_INDEX_BYTES).map_err(read)?;
+                    index = Some(bytes.ok_or_else(|| malformed("manifest.json is too large"))?);
                 }
                 tar::EntryType::Regular => {
                     let stored = store.ingest_unnamed(&mut entry, MAX_ARCHIVE_FILE_BYTES)?;

@@ -17,6 +17,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod bounded;
 pub mod catalog;
 pub mod digest;
 pub mod disk;

@@ -140,9 +140,7 @@ impl Store {
             move |source| StoreError::Io { path, source }
         };
         let lock_path = self.root.join("ingest").join(format!("{}.lock", digest.hex()));
-        let lock = fs::OpenOptions::new().create(true).write(true).truncate(false).mode(0o600).open(&lock_path);
-        let lock = lock.map_err(io(&lock_path))?;
-        lock.lock().map_err(io(&lock_path))?;
+        let _lock = crate::bounded::lock(&lock_path).map_err(io(&lock_path))?;
         if target.is_file() {
             return Ok(target);
         }

@@ -71,13 +71,11 @@ impl Logins {
     /// # Errors
     /// [`LoginsError`].
     pub fn read(path: &Path) -> Result<Self, LoginsError> {
-        use std::io::Read as _;
         let read = |source| LoginsError::Read { path: path.to_owned(), source };
-        let mut text = Vec::new();
-        std::fs::File::open(path).map_err(read)?.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut text).map_err(read)?;
-        if text.len() as u64 > MAX_CONFIG_BYTES {
-            return Err(read(std::io::ErrorKind::FileTooLarge.into()));
-        }
+        let file = std::fs::File::open(path).map_err(read)?;
+        let text = crate::bounded::read_up_to(file, MAX_CONFIG_BYTES)
+            .map_err(read)?
+            .ok_or_else(|| read(std::io::ErrorKind::FileTooLarge.into()))?;
         let config: DockerConfig =
             serde_json::from_slice(&text).map_err(|_| LoginsError::Malformed { path: path.to_owned() })?;
         let mut logins = BTreeMap::new();

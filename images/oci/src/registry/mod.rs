@@ -336,21 +336,13 @@ fn basic(login: &Login) -> String {
 
 /// The body, up to `limit` bytes; `Err` past it or on a broken read.
 fn read_bounded(response: Response, limit: u64) -> Result<Vec<u8>, ()> {
-    let mut bytes = Vec::new();
-    response.take(limit + 1).read_to_end(&mut bytes).map_err(drop)?;
-    if bytes.len() as u64 > limit {
-        return Err(());
-    }
-    Ok(bytes)
+    crate::bounded::read_up_to(response, limit).ok().flatten().ok_or(())
 }
 
 fn read_ca(path: &Path) -> Result<Vec<CertificateDer<'static>>, RegistryError> {
     let bad = || RegistryError::Ca(path.to_owned());
-    let mut pem = Vec::new();
-    std::fs::File::open(path).and_then(|f| f.take(MAX_CA_BYTES + 1).read_to_end(&mut pem)).map_err(|_| bad())?;
-    if pem.len() as u64 > MAX_CA_BYTES {
-        return Err(bad());
-    }
+    let file = std::fs::File::open(path).map_err(|_| bad())?;
+    let pem = crate::bounded::read_up_to(file, MAX_CA_BYTES).ok().flatten().ok_or_else(bad)?;
     let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem).collect::<Result<_, _>>().map_err(|_| bad())?;
     if certs.is_empty() {
         return Err(bad());
