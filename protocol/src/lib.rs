@@ -54,6 +54,7 @@ pub mod link;
 pub mod message;
 pub mod policy;
 pub mod process;
+pub mod root;
 
 /// Name of the virtio-serial port that carries the boundary channel (`/sys/class/virtio-ports/*/name`).
 pub const CHANNEL_PORT_NAME: &str = "vm.boundary";

@@ -319,7 +319,7 @@ impl<'a> Launch<'a> {
         cmd.arg("launch")
             .arg("--state-dir")
             .arg(self.scratch.state())
-            .arg("--image")
+            .arg("--boot-image")
             .arg(self.image.as_deref().unwrap_or(&h.image))
             .arg("--accel")
             .arg(self.accel.as_deref().unwrap_or(&h.accel))

@@ -89,7 +89,7 @@ impl Serve {
             .arg("serve")
             .arg("--state-dir")
             .arg(state)
-            .arg("--image")
+            .arg("--boot-image")
             .arg(&h.image)
             .args(["--accel", &h.accel])
             .args(args)

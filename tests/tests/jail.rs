@@ -393,7 +393,7 @@ fn not_root_the_vmm_runs_in_a_user_namespace_and_the_driver_says_so() {
         .arg(&shipped.driver)
         .args(["launch", "--state-dir"])
         .arg(&state)
-        .arg("--image")
+        .arg("--boot-image")
         .arg(&image)
         .args(["--accel", &h.accel, "--keep", "--", "/bin/sh", "-c", "echo up; exec sleep 1000"])
         .env_clear()

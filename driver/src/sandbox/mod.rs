@@ -26,6 +26,7 @@ use vm_contract::descriptor::Backend;
 use vm_contract::ids::SandboxId;
 use vm_contract::jail::Confinement;
 use vm_contract::layout::{SandboxFile, SandboxLayout};
+use vm_contract::root::RootImage;
 use vm_contract::session::{Generation, SessionId};
 use vm_contract::shape::SandboxShape;
 use vm_contract::status::SupervisorStatus;
@@ -72,6 +73,8 @@ pub struct StartSpec {
     pub layout: SandboxLayout,
     /// What to boot.
     pub image: Image,
+    /// The image root; the built-in root when `None`.
+    pub root: Option<RootImage>,
     /// vCPUs and memory.
     pub shape: SandboxShape,
     /// The accelerator asked for.
@@ -130,6 +133,9 @@ pub enum StartError {
     /// The policy could not be written for the supervisor.
     #[error("cannot write the sandbox's policy")]
     Policy(#[source] std::io::Error),
+    /// The image root could not be written for the supervisor.
+    #[error("cannot write the sandbox's image root")]
+    Root(#[source] vm_contract::root::RootFileError),
     /// The launch descriptor could not be written for the supervisor.
     #[error("cannot write the launch descriptor")]
     Descriptor(#[source] std::io::Error),

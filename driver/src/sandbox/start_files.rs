@@ -1,9 +1,10 @@
-//! What a start hands the supervisor in files: the auth bundle, the approved policy and the launch
-//! descriptor.
+//! What a start hands the supervisor in files: the auth bundle, the approved policy, the image root and the
+//! launch descriptor.
 
 use vm_contract::auth::AuthBundle;
 use vm_contract::descriptor::{LaunchDescriptor, MicrovmPayload};
 use vm_contract::layout::{SandboxFile, SandboxLayout};
+use vm_contract::root::RootImage;
 use vm_contract::session::SessionId;
 use vm_protocol::policy::SandboxPolicy;
 
@@ -19,6 +20,7 @@ pub(super) fn write_start_files(spec: &StartSpec) -> Result<(), StartError> {
     };
     bundle.write(dir)?;
     write_policy(&spec.layout, spec.policy.as_ref()).map_err(StartError::Policy)?;
+    RootImage::write(spec.root.as_ref(), &spec.layout).map_err(StartError::Root)?;
     LaunchDescriptor::microvm(&descriptor_payload(spec)).write(dir).map_err(StartError::Descriptor)
 }
 

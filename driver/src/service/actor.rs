@@ -396,6 +396,7 @@ impl Actor {
             id: id.clone(),
             layout: self.layout.clone(),
             image: ctx.images.resolve(&self.record.spec.image)?,
+            root: None,
             shape: self.record.spec.shape,
             accel: ctx.accel,
             boot_timeout: ctx.boot_timeout,

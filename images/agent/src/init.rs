@@ -1,5 +1,5 @@
-//! Bringing the guest up as PID 1: the kernel filesystems, the workload user's home and the modules the
-//! channel needs.
+//! Bringing the guest up as PID 1: the kernel filesystems, the workload user's home, the modules the
+//! channel needs and, when the host asks, the image root ([`crate::root`]).
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -32,6 +32,9 @@ pub enum InitError {
     /// The workload user's home or console access could not be set up.
     #[error("cannot prepare the workload user's home and console")]
     WorkloadUser(#[source] std::io::Error),
+    /// The image root could not be entered.
+    #[error("cannot enter the image root")]
+    Root(#[from] crate::root::RootError),
     /// A module did not load.
     #[error("cannot load module {path}")]
     LoadModule {
@@ -43,7 +46,8 @@ pub enum InitError {
     },
 }
 
-/// Mounts `/proc`, `/sys`, `/dev`, `/dev/pts` and `/run`, then loads the listed modules.
+/// Mounts `/proc`, `/sys`, `/dev`, `/dev/pts` and `/run`, then loads the listed modules; with an image
+/// root, loads its modules too and moves into it.
 ///
 /// # Errors
 /// The first mount or module that failed.
@@ -59,7 +63,12 @@ pub fn boot() -> Result<(), InitError> {
         let _ = nix::unistd::sethostname(name.trim());
     }
     prepare_for(&WORKLOAD)?;
-    load_modules(Path::new(MODULE_LIST))
+    load_modules(Path::new(MODULE_LIST))?;
+    if crate::root::asked()? {
+        load_modules(Path::new(crate::root::MODULE_LIST))?;
+        crate::root::enter(&WORKLOAD)?;
+    }
+    Ok(())
 }
 
 /// What the workload user needs: its own home, 0700 (the initramfs holds files owned by root only), and, as

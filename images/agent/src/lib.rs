@@ -17,6 +17,7 @@ pub mod init;
 pub mod link;
 pub mod port;
 pub mod power;
+pub mod root;
 
 mod credit;
 mod outbox;

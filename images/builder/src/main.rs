@@ -59,6 +59,7 @@ struct Pins {
     kernel: Pin,
     busybox: Pin,
     modules: Vec<String>,
+    root_modules: Vec<String>,
     mirrors: Vec<String>,
 }
 
@@ -71,6 +72,7 @@ struct Manifest {
     busybox: Part,
     agent_sha256: String,
     modules: Vec<String>,
+    root_modules: Vec<String>,
     initramfs: Part,
     mtime: u32,
 }
@@ -149,7 +151,19 @@ fn assemble(work: &Path, agent: &[u8], kernel_deb: &Path, busybox_deb: &Path, pi
 
     let (vmlinuz, release) = find_kernel(&kernel_root)?;
     fs::copy(&vmlinuz, image.join("vmlinuz")).context("cannot copy the kernel")?;
-    let modules = modules::resolve(&kernel_root.join("lib/modules").join(&release), &pins.modules)?;
+    let tree = kernel_root.join("lib/modules").join(&release);
+    let modules = modules::resolve(&tree, &pins.modules)?;
+    // What an image root needs beyond them, in load order.
+    let every: Vec<String> = pins.modules.iter().chain(&pins.root_modules).cloned().collect();
+    let root_modules: Vec<modules::Module> =
+        modules::resolve(&tree, &every)?.into_iter().filter(|m| !modules.iter().any(|b| b.name == m.name)).collect();
+    let read = |list: &[modules::Module]| -> Result<Vec<(String, Vec<u8>)>> {
+        list.iter()
+            .map(|m| {
+                Ok((m.name.clone(), fs::read(&m.path).with_context(|| format!("cannot read {}", m.path.display()))?))
+            })
+            .collect()
+    };
 
     let busybox_bin = busybox_root.join("bin/busybox");
     let listed = Command::new(&busybox_bin).arg("--list-full").output().context("cannot run busybox --list-full")?;
@@ -160,12 +174,8 @@ fn assemble(work: &Path, agent: &[u8], kernel_deb: &Path, busybox_deb: &Path, pi
         agent: agent.to_vec(),
         busybox: fs::read(&busybox_bin).context("cannot read busybox")?,
         applets: String::from_utf8_lossy(&listed.stdout).lines().map(str::to_owned).collect(),
-        modules: modules
-            .iter()
-            .map(|m| {
-                Ok((m.name.clone(), fs::read(&m.path).with_context(|| format!("cannot read {}", m.path.display()))?))
-            })
-            .collect::<Result<_>>()?,
+        modules: read(&modules)?,
+        root_modules: read(&root_modules)?,
     };
     let mut archive = Vec::new();
     cpio::write(&mut archive, &rootfs::entries(contents), mtime)?;
@@ -192,6 +202,7 @@ fn assemble(work: &Path, agent: &[u8], kernel_deb: &Path, busybox_deb: &Path, pi
         },
         agent_sha256: debian::sha256(agent),
         modules: modules.into_iter().map(|m| m.name).collect(),
+        root_modules: root_modules.into_iter().map(|m| m.name).collect(),
         initramfs: part(None, "initramfs.cpio")?,
         mtime,
     };

@@ -29,8 +29,10 @@ pub struct Contents {
     pub busybox: Vec<u8>,
     /// Applet paths from `busybox --list-full` (e.g. `usr/bin/head`).
     pub applets: Vec<String>,
-    /// Modules in load order: name and file contents.
+    /// Modules loaded at every boot, in load order: name and file contents.
     pub modules: Vec<(String, Vec<u8>)>,
+    /// Modules loaded only to boot an image root (the block device, EROFS, overlayfs), in load order.
+    pub root_modules: Vec<(String, Vec<u8>)>,
 }
 
 /// The archive entries, sorted by path, parents before children.
@@ -59,13 +61,17 @@ pub fn entries(contents: Contents) -> Vec<Entry> {
     for applet in contents.applets.iter().filter(|a| a.as_str() != "bin/busybox" && !a.contains("..")) {
         add(applet, 0o777, Kind::Symlink("/bin/busybox".into()));
     }
-    let mut list = String::new();
-    for (name, bytes) in contents.modules {
-        let path = format!("{MODULE_DIR}/{name}.ko");
-        list.push_str(&format!("/{path}\n"));
-        add(&path, 0o644, Kind::File(bytes));
+    for (list_path, modules) in
+        [("etc/vm-agent/modules", contents.modules), ("etc/vm-agent/modules-root", contents.root_modules)]
+    {
+        let mut list = String::new();
+        for (name, bytes) in modules {
+            let path = format!("{MODULE_DIR}/{name}.ko");
+            list.push_str(&format!("/{path}\n"));
+            add(&path, 0o644, Kind::File(bytes));
+        }
+        add(list_path, 0o644, Kind::File(list.into_bytes()));
     }
-    add("etc/vm-agent/modules", 0o644, Kind::File(list.into_bytes()));
     // The workload user's home is made by the agent at boot: archive entries here are all root's.
     let passwd = format!("root:x:0:0:root:/root:/bin/sh\n{}", WORKLOAD.passwd_line());
     add("etc/passwd", 0o644, Kind::File(passwd.into_bytes()));
@@ -85,6 +91,7 @@ mod tests {
             busybox: b"bb".to_vec(),
             applets: vec!["bin/sh".into(), "usr/bin/head".into(), "bin/busybox".into()],
             modules: vec![("virtio".into(), b"ko".to_vec())],
+            root_modules: vec![("erofs".into(), b"ko".to_vec())],
         });
         let paths: Vec<_> = entries.iter().map(|e| e.path.as_str()).collect();
         let mut sorted = paths.clone();
@@ -97,6 +104,8 @@ mod tests {
         }
         let list = entries.iter().find(|e| e.path == "etc/vm-agent/modules").unwrap();
         assert_eq!(list.kind, Kind::File(b"/lib/modules/vm/virtio.ko\n".to_vec()));
+        let list = entries.iter().find(|e| e.path == "etc/vm-agent/modules-root").unwrap();
+        assert_eq!(list.kind, Kind::File(b"/lib/modules/vm/erofs.ko\n".to_vec()));
         assert_eq!(paths.iter().filter(|p| **p == "bin/busybox").count(), 1);
         assert_eq!(paths.first(), Some(&"."), "the root's own mode comes first");
         assert_eq!(entries[0].perm, 0o755);

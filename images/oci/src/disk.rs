@@ -152,6 +152,7 @@ fn build_in(store: &Store, image: &Image, limits: Limits, staging: &Path) -> Res
         Ok(s) => return Err(DiskError::Mkfs { status: Some(s) }),
         Err(_) => return Err(DiskError::Mkfs { status: None }),
     }
+    shareable(&disk).map_err(io(&disk))?;
     let record = serde_json::to_vec_pretty(image)
         .map_err(|e| DiskError::Io { path: staging.join(IMAGE_FILE), source: e.into() })?;
     fs::write(staging.join(IMAGE_FILE), record).map_err(io(&staging.join(IMAGE_FILE)))?;
@@ -159,6 +160,13 @@ fn build_in(store: &Store, image: &Image, limits: Limits, staging: &Path) -> Res
         let _ = fs::remove_dir_all(staging.join(scratch));
     }
     Ok(())
+}
+
+/// Makes the disk readable by every VMM (0444): each runs as a uid of its own, and reaches the file only
+/// through its jail's bind mount, since the store's directories stay 0700.
+fn shareable(disk: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(disk, fs::Permissions::from_mode(0o444))
 }
 
 /// A UUID made of the digest's first 16 bytes.

@@ -191,22 +191,9 @@ pub struct Layer {
     pub diff_id: Digest,
 }
 
-/// What of an image's config a sandbox honours (docs/images.md).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RunConfig {
-    /// `KEY=VALUE`s.
-    pub env: Vec<String>,
-    /// The default working directory.
-    pub working_dir: Option<String>,
-    /// Docker's `ENTRYPOINT`.
-    pub entrypoint: Vec<String>,
-    /// Docker's `CMD`.
-    pub cmd: Vec<String>,
-    /// The stop signal's name or number.
-    pub stop_signal: Option<String>,
-    /// The user the image asks for: reported, not obeyed.
-    pub user: Option<String>,
-}
+/// What of an image's config a sandbox honours (docs/images.md): the supervisor's contract, so the two
+/// read one type.
+pub use vm_contract::root::RunConfig;
 
 /// The config's checked checks: the run settings, and the layers' diff ids (one per layer, in order).
 ///

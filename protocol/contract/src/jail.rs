@@ -67,12 +67,17 @@ impl FromStr for Confinement {
 pub const JAIL_KERNEL: &str = "kernel";
 /// The guest initramfs's name inside the jail.
 pub const JAIL_INITRD: &str = "initrd";
+/// An image root's disk (read-only) inside the jail.
+pub const JAIL_IMAGE_DISK: &str = "image-disk";
+/// The sandbox's writable layer inside the jail.
+pub const JAIL_WRITABLE_DISK: &str = "writable-disk";
 
 /// Open files: QEMU's eventfds, sockets and vCPU fds, with room.
 pub const RLIMIT_NOFILE: u64 = 4096;
 /// Processes and threads of the jail's uid: QEMU's vCPU, I/O and RCU threads (it may not fork).
 pub const RLIMIT_NPROC: u64 = 256;
-/// QEMU writes no regular file: any attempt is killed (SIGXFSZ).
+/// QEMU writes no regular file: any attempt is killed (SIGXFSZ). With a writable layer the limit is its
+/// size: QEMU writes within it and grows no file.
 pub const RLIMIT_FSIZE: u64 = 0;
 
 /// `vm-jailer --probe-userns`: exit 0 if this host lets an unprivileged process create a user namespace
@@ -179,6 +184,12 @@ pub struct JailerArgs {
     /// no other way in, and the jail has no such file).
     #[cfg_attr(feature = "clap", arg(long))]
     pub incoming: Option<PathBuf>,
+    /// An image root's disk, bound read-only into the jail as [`JAIL_IMAGE_DISK`].
+    #[cfg_attr(feature = "clap", arg(long, requires = "writable_disk"))]
+    pub image_disk: Option<PathBuf>,
+    /// The sandbox's writable layer, bound read-write into the jail as [`JAIL_WRITABLE_DISK`].
+    #[cfg_attr(feature = "clap", arg(long, requires = "image_disk"))]
+    pub writable_disk: Option<PathBuf>,
     /// QEMU's program and arguments.
     #[cfg_attr(feature = "clap", arg(last = true, required = true))]
     pub exec: Vec<OsString>,
@@ -212,6 +223,12 @@ impl JailerArgs {
         }
         if let Some(incoming) = &self.incoming {
             flag("--incoming", incoming.clone().into());
+        }
+        if let Some(disk) = &self.image_disk {
+            flag("--image-disk", disk.clone().into());
+        }
+        if let Some(disk) = &self.writable_disk {
+            flag("--writable-disk", disk.clone().into());
         }
         if self.kvm {
             argv.push("--kvm".into());
@@ -267,6 +284,8 @@ mod tests {
             nice: 10,
             cgroups: vec!["/sys/fs/cgroup/vm-driver/a-1234-vmm".into()],
             incoming: Some("/run/vm-driver/snapshots/k/state".into()),
+            image_disk: Some("/cache/disks/00/rootfs.erofs".into()),
+            writable_disk: Some("/run/vm-driver/sandboxes/a/disk.ext4".into()),
             exec: vec!["/usr/bin/qemu-system-x86_64".into(), "-m".into(), "256M".into(), "--".into()],
         };
         let minimal = JailerArgs {
@@ -276,6 +295,8 @@ mod tests {
             kvm: false,
             cgroups: Vec::new(),
             incoming: None,
+            image_disk: None,
+            writable_disk: None,
             ..full.clone()
         };
         for args in [full, minimal] {

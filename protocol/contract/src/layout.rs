@@ -52,11 +52,17 @@ pub enum SandboxFile {
     Generation,
     /// `serve`: present while the sandbox is stopped on purpose.
     Stopped,
+    /// The image root ([`crate::root::RootImage`], 0600, written by the driver at every start of a sandbox
+    /// with an image); absent for the built-in root.
+    Root,
+    /// The sandbox's writable layer (a sparse ext4 disk, made by the supervisor at the first boot and kept
+    /// across restarts).
+    WritableDisk,
 }
 
 impl SandboxFile {
     /// Every file, for listings and tests.
-    pub const ALL: [Self; 21] = [
+    pub const ALL: [Self; 23] = [
         Self::VmmRoot,
         Self::JailId,
         Self::Channel,
@@ -78,6 +84,8 @@ impl SandboxFile {
         Self::Spec,
         Self::Generation,
         Self::Stopped,
+        Self::Root,
+        Self::WritableDisk,
     ];
 
     /// The file's name inside the sandbox directory.
@@ -104,6 +112,8 @@ impl SandboxFile {
             Self::Spec => "spec.json",
             Self::Generation => "generation",
             Self::Stopped => "stopped",
+            Self::Root => "root.json",
+            Self::WritableDisk => "disk.ext4",
         }
     }
 

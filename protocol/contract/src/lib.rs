@@ -39,6 +39,7 @@ pub mod jail;
 pub mod layout;
 pub mod logs;
 pub mod pids;
+pub mod root;
 pub mod session;
 pub mod shape;
 pub mod snapshot;

@@ -9,10 +9,10 @@ use vm_contract::jail::{JailIds, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC};
 
 use crate::JailError;
 
-/// Sets QEMU's rlimits: open files, file size, no core dumps (guest memory would be in them), and, when it
-/// has a uid of its own, processes (counted per uid, so never for a uid it shares).
-pub fn limit(own_uid: bool) -> Result<(), JailError> {
-    let mut limits = vec![(Resource::Nofile, RLIMIT_NOFILE), (Resource::Fsize, RLIMIT_FSIZE), (Resource::Core, 0)];
+/// Sets QEMU's rlimits: open files, file size (`fsize`), no core dumps (guest memory would be in them),
+/// and, when it has a uid of its own, processes (counted per uid, so never for a uid it shares).
+pub fn limit(own_uid: bool, fsize: u64) -> Result<(), JailError> {
+    let mut limits = vec![(Resource::Nofile, RLIMIT_NOFILE), (Resource::Fsize, fsize), (Resource::Core, 0)];
     if own_uid {
         limits.push((Resource::Nproc, RLIMIT_NPROC));
     }
@@ -21,6 +21,14 @@ pub fn limit(own_uid: bool) -> Result<(), JailError> {
             .map_err(|e| JailError::Step("set an rlimit", e.into()))?;
     }
     Ok(())
+}
+
+/// The largest file QEMU may write: none ([`RLIMIT_FSIZE`]), or up to the writable layer's size.
+pub fn file_size_limit(writable_disk: Option<&std::path::Path>) -> Result<u64, JailError> {
+    match writable_disk {
+        Some(disk) => std::fs::metadata(disk).map(|m| m.len()).map_err(JailError::step("read the writable layer")),
+        None => Ok(RLIMIT_FSIZE),
+    }
 }
 
 /// The group that may open `/dev/kvm`: the jailed VMM gets it as its only supplementary group (never group 0).

@@ -112,6 +112,7 @@ fn confine_and_exec(args: &JailerArgs, safeguards: Safeguards) -> Result<Infalli
     }
     // Read while /proc is still there: the jail has none.
     let last_cap = creds::last_capability();
+    let fsize = creds::file_size_limit(args.writable_disk.as_deref())?;
     rustix::process::setpriority_process(None, i32::from(args.nice))
         .map_err(|e| JailError::step("set the niceness")(e.into()))?;
     match args.confinement {
@@ -120,7 +121,7 @@ fn confine_and_exec(args: &JailerArgs, safeguards: Safeguards) -> Result<Infalli
             let kvm_group = if args.kvm { creds::kvm_group()? } else { None };
             unshare(JAIL_NAMESPACES).map_err(JailError::errno("create the namespaces"))?;
             root::enter(args)?;
-            creds::limit(true)?;
+            creds::limit(true, fsize)?;
             creds::drop_to(ids, kvm_group, last_cap)?;
         }
         Confinement::Userns => {
@@ -128,12 +129,12 @@ fn confine_and_exec(args: &JailerArgs, safeguards: Safeguards) -> Result<Infalli
             unshare(CloneFlags::CLONE_NEWUSER | JAIL_NAMESPACES).map_err(JailError::errno("create the namespaces"))?;
             creds::map_self(uid.as_raw(), gid.as_raw())?;
             root::enter(args)?;
-            creds::limit(false)?;
+            creds::limit(false, fsize)?;
             creds::drop_capabilities(last_cap)?;
         }
         Confinement::None => {
             rustix::process::chdir(&args.root).map_err(|e| JailError::step("enter the VMM directory")(e.into()))?;
-            creds::limit(false)?;
+            creds::limit(false, fsize)?;
         }
     }
     rustix::thread::set_no_new_privs(true).map_err(|e| JailError::step("set no-new-privileges")(e.into()))?;

@@ -5,7 +5,7 @@
 //!
 //! Inside: QEMU's binary at its own path; the shared-library and firmware directories (`/lib`, `/lib64`,
 //! `/usr/lib`, `/usr/lib64`, `/usr/share/qemu`, or symlinks to them as on the host); the guest kernel and
-//! initramfs as `/kernel` and `/initrd`; `/dev/null`, `/dev/urandom` and, for KVM, `/dev/kvm`. No shell, no
+//! initramfs as `/kernel` and `/initrd`; an image root's disk (read-only) and the sandbox's writable layer; `/dev/null`, `/dev/urandom` and, for KVM, `/dev/kvm`. No shell, no
 //! `/etc`, `/proc`, `/sys` or `/tmp`, and nothing of the host's state directory.
 //!
 //! Mount points are made in the VMM directory on the host and stay there, empty, until the sandbox
@@ -18,7 +18,7 @@ use rustix::mount::{
     mount_bind, mount_bind_recursive, mount_change, mount_remount, unmount, MountFlags, MountPropagationFlags,
     UnmountFlags,
 };
-use vm_contract::jail::{JailerArgs, JAIL_INITRD, JAIL_KERNEL};
+use vm_contract::jail::{JailerArgs, JAIL_IMAGE_DISK, JAIL_INITRD, JAIL_KERNEL, JAIL_WRITABLE_DISK};
 
 use crate::JailError;
 
@@ -50,6 +50,12 @@ pub fn enter(args: &JailerArgs) -> Result<(), JailError> {
     bind_read_only(&qemu, &inside(root, &qemu), false)?;
     bind_read_only(&args.kernel, &root.join(JAIL_KERNEL), false)?;
     bind_read_only(&args.initrd, &root.join(JAIL_INITRD), false)?;
+    if let Some(disk) = &args.image_disk {
+        bind_read_only(disk, &root.join(JAIL_IMAGE_DISK), false)?;
+    }
+    if let Some(disk) = &args.writable_disk {
+        bind_writable(disk, &root.join(JAIL_WRITABLE_DISK))?;
+    }
     bind_read_only(Path::new("/dev/urandom"), &root.join("dev/urandom"), true)?;
     bind_device(Path::new("/dev/null"), &root.join("dev/null"))?;
     if args.kvm {
@@ -99,6 +105,14 @@ fn bind_read_only(source: &Path, target: &Path, device: bool) -> Result<(), Jail
         flags |= MountFlags::NODEV;
     }
     mount_remount(target, flags, "").map_err(io("make a jail mount read-only"))
+}
+
+/// Binds the writable layer's file writable, `nosuid`, `nodev` and not executable.
+fn bind_writable(source: &Path, target: &Path) -> Result<(), JailError> {
+    mount_point(source, target)?;
+    mount_bind(source, target).map_err(io("bind a disk into the jail"))?;
+    mount_remount(target, MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC, "")
+        .map_err(io("restrict a disk mount"))
 }
 
 /// Binds a device node writable (`/dev/null`, `/dev/kvm`), `nosuid` and not executable.

@@ -25,6 +25,9 @@ pub enum BootError {
         /// The path.
         path: PathBuf,
     },
+    /// An image root's disks are not ready.
+    #[error("the image root's disks are not ready")]
+    Disks(#[source] super::disks::DiskError),
     /// No watchdog or jailer binary next to the supervisor.
     #[error("{} not found (it is installed next to vm-supervisor)", .0.display())]
     NoSibling(PathBuf),

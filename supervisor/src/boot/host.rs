@@ -6,6 +6,7 @@ use tokio::net::UnixListener;
 use vm_contract::args::SupervisorArgs;
 use vm_contract::jail::{Confinement, JailIds};
 use vm_contract::layout::SandboxFile;
+use vm_contract::root::RootImage;
 use vm_contract::snapshot::SnapshotFile;
 use vm_contract::status::SupervisorStatus;
 use vm_protocol::Hello;
@@ -33,9 +34,9 @@ pub(super) struct Prepared {
     pub(super) restored: Option<Hello>,
 }
 
-/// Joins the cgroup, checks the image, the binaries and the accelerator (reporting it), and binds the
-/// sockets QEMU connects to.
-pub(super) fn prepare(args: &SupervisorArgs) -> Result<Prepared, BootError> {
+/// Joins the cgroup, checks the image, the binaries and the accelerator (reporting it), makes an image
+/// root's writable layer, and binds the sockets QEMU connects to.
+pub(super) fn prepare(args: &SupervisorArgs, root: Option<&RootImage>) -> Result<Prepared, BootError> {
     if let Some(cgroup) = &args.cgroup {
         // Before anything is started, so QEMU and the watchdog inherit it. Not fatal: it is the last sweep,
         // not the first line of defence.
@@ -62,6 +63,7 @@ pub(super) fn prepare(args: &SupervisorArgs) -> Result<Prepared, BootError> {
     if args.confinement == Confinement::Jail && ids.is_none() {
         return Err(BootError::NoJailId);
     }
+    let disks = root.map(|r| super::disks::prepare(r, ids)).transpose().map_err(BootError::Disks)?;
     let root = vmm_root(&args.sandbox_dir)?;
     let channel = bind(SandboxFile::Channel, ids)?;
     let console = bind(SandboxFile::ConsoleSocket, ids)?;
@@ -86,6 +88,7 @@ pub(super) fn prepare(args: &SupervisorArgs) -> Result<Prepared, BootError> {
         monitor: saving,
         incoming: args.restore_snapshot.as_deref().map(|dir| SnapshotFile::State.path(dir)),
         tsc_khz: args.tsc_khz,
+        disks,
     };
     Ok(Prepared { config, watchdog, channel, console, monitor, migration, restored })
 }

@@ -23,6 +23,7 @@ use vm_contract::args::SupervisorArgs;
 use vm_contract::jail::parse_vmm_pid_line;
 use vm_contract::layout::SandboxFile;
 use vm_contract::pids::{ProcessRecord, SandboxPids};
+use vm_contract::root::RootImage;
 use vm_protocol::handshake::FirstFrameError;
 
 use self::guest_link::{GuestLink, LinkError};
@@ -34,6 +35,7 @@ use crate::inbox::{Senders, StopRequests};
 use crate::safeguards::Safeguards;
 
 pub mod accel;
+mod disks;
 mod error;
 pub mod guest_link;
 pub mod guest_logs;
@@ -107,11 +109,12 @@ const CONSOLE_CONNECT_MS: u64 = 5_000;
 /// A [`BootError`]; nothing it started is left running.
 pub(crate) async fn boot(
     args: &SupervisorArgs,
+    root: Option<&RootImage>,
     safeguards: &Safeguards,
     senders: &Senders,
     stop: &mut watch::Receiver<StopRequests>,
 ) -> Result<Booted, BootError> {
-    let Prepared { config, watchdog, channel, console, monitor, migration, restored } = host::prepare(args)?;
+    let Prepared { config, watchdog, channel, console, monitor, migration, restored } = host::prepare(args, root)?;
     let saving = monitor.is_some();
     // Until QEMU's pid is known, the switch kills the jailer, and QEMU with it (its parent-death signal).
     let jailer = config.spawn(&safeguards.child_env).map_err(BootError::SpawnVmm)?;

@@ -13,6 +13,8 @@
 //! - The VMM runs at a lower CPU priority (nice [`VMM_NICE`]) than the control plane (driver, supervisor,
 //!   watchdog), set by the jailer so that every QEMU thread inherits it from the first instruction: on a
 //!   busy host the leash is scheduled before the emulation it guards.
+//! - An image root is two virtio-blk disks told apart by serial ([`vm_protocol::root`]): the image's,
+//!   read-only, and the sandbox's writable layer, the only file QEMU may write (up to its size).
 //! - Socket paths are relative to the VMM directory (QEMU's working directory, and its root when jailed),
 //!   which keeps them short whatever the state directory is.
 
@@ -22,10 +24,15 @@ use std::process::Stdio;
 
 use tokio::process::{Child, Command};
 use vm_contract::accel::Accelerator;
-use vm_contract::jail::{Confinement, JailIds, JailerArgs, JAIL_INITRD, JAIL_KERNEL};
+use vm_contract::jail::{
+    Confinement, JailIds, JailerArgs, JAIL_IMAGE_DISK, JAIL_INITRD, JAIL_KERNEL, JAIL_WRITABLE_DISK,
+};
 use vm_contract::layout::SandboxFile;
 use vm_contract::shape::SandboxShape;
+use vm_protocol::root::{IMAGE_DISK_SERIAL, KERNEL_ARG as IMAGE_ROOT_ARG, WRITABLE_DISK_SERIAL};
 use vm_protocol::CHANNEL_PORT_NAME;
+
+use super::disks::Disks;
 
 /// QEMU's TCG translation cache, MiB: the largest part of an emulated VM's host memory beyond its guest's.
 /// Measured in `docs/benchmarks.md` (density).
@@ -41,8 +48,10 @@ const KERNEL_ARGS: &str = "console=ttyS0 reboot=t panic=-1 quiet 8250.nr_uarts=1
 
 /// Extra kernel arguments under TCG: without a TSC frequency (`tsc_early_khz`, [`VmmConfig::tsc_khz`]) and
 /// with timer checks on, the boot stalls at "tsc: Marking TSC unstable"; mitigations only slow emulation
-/// down and protect nothing there.
-const TCG_KERNEL_ARGS: &str = "no_timer_check mitigations=off";
+/// down and protect nothing there. QEMU's TSC follows the host's clock, so it is reliable: without saying
+/// so, the clocksource watchdog on a loaded host compares it with the ticks the starved vCPU missed, marks
+/// it unstable and falls back to jiffies, and the guest's clock then loses time.
+const TCG_KERNEL_ARGS: &str = "no_timer_check tsc=reliable mitigations=off";
 
 /// The TSC rate a TCG guest is told when the host's is not known.
 pub const DEFAULT_TSC_KHZ: u32 = 2_000_000;
@@ -79,6 +88,8 @@ pub struct VmmConfig {
     pub incoming: Option<PathBuf>,
     /// The host's TSC rate in kHz (TCG only), when known.
     pub tsc_khz: Option<u32>,
+    /// An image root's disks; without them the guest keeps the initramfs as its root.
+    pub disks: Option<Disks>,
 }
 
 impl VmmConfig {
@@ -90,6 +101,11 @@ impl VmmConfig {
             let khz = self.tsc_khz.unwrap_or(DEFAULT_TSC_KHZ);
             kernel_args.push_str(&format!(" tsc_early_khz={khz} {TCG_KERNEL_ARGS}"));
         }
+        if self.disks.is_some() {
+            kernel_args.push(' ');
+            kernel_args.push_str(IMAGE_ROOT_ARG);
+        }
+        let jailed = self.confinement.has_jail_root();
         let mut args: Vec<OsString> = Vec::new();
         let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
         push(&["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
@@ -116,8 +132,23 @@ impl VmmConfig {
             // The stream then leaves out the run state (the VM is saved stopped), and a restore runs at once.
             push(&["-global", "migration.store-global-state=off"]);
         }
+        if let Some(disks) = &self.disks {
+            let (image, writable) = if jailed {
+                (JAIL_IMAGE_DISK.to_owned(), JAIL_WRITABLE_DISK.to_owned())
+            } else {
+                (disks.image.display().to_string(), disks.writable.display().to_string())
+            };
+            // QEMU's drive syntax takes a comma as a separator: a path with one is doubled (escaped).
+            let drive = |id: &str, file: &str, extra: &str| {
+                format!("id={id},file={},if=none,format=raw{extra}", file.replace(',', ",,"))
+            };
+            push(&["-drive", &drive("image", &image, ",readonly=on")]);
+            push(&["-device", &format!("virtio-blk-device,drive=image,serial={IMAGE_DISK_SERIAL}")]);
+            push(&["-drive", &drive("writable", &writable, ",discard=unmap")]);
+            push(&["-device", &format!("virtio-blk-device,drive=writable,serial={WRITABLE_DISK_SERIAL}")]);
+        }
         push(&["-append", &kernel_args]);
-        let (kernel, initrd) = if self.confinement.has_jail_root() {
+        let (kernel, initrd) = if jailed {
             (JAIL_KERNEL.into(), JAIL_INITRD.into())
         } else {
             (self.kernel.clone().into_os_string(), self.initrd.clone().into_os_string())
@@ -141,6 +172,8 @@ impl VmmConfig {
             nice: VMM_NICE,
             cgroups: self.cgroups.clone(),
             incoming: self.incoming.clone(),
+            image_disk: self.disks.as_ref().map(|d| d.image.clone()),
+            writable_disk: self.disks.as_ref().map(|d| d.writable.clone()),
             exec,
         }
     }
@@ -197,6 +230,7 @@ mod tests {
             monitor: false,
             incoming: None,
             tsc_khz: None,
+            disks: None,
         }
     }
 
@@ -217,7 +251,7 @@ mod tests {
 
     #[test]
     fn tcg_gets_its_boot_arguments_and_kvm_does_not() {
-        assert!(joined(Accelerator::Tcg).contains("tsc_early_khz=2000000 no_timer_check"));
+        assert!(joined(Accelerator::Tcg).contains("tsc_early_khz=2000000 no_timer_check tsc=reliable"));
         let measured = VmmConfig { tsc_khz: Some(2_600_000), ..config(Accelerator::Tcg) };
         let line = measured.args().iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
         assert!(line.contains("tsc_early_khz=2600000 "), "{line}");
@@ -235,5 +269,21 @@ mod tests {
         assert!(line.contains("-kernel /img/vmlinuz -initrd /img/initramfs.cpio"));
         let jailer = config(Accelerator::Kvm).jailer_args();
         assert!(jailer.kvm && jailer.nice == VMM_NICE && jailer.exec.first() == Some(&"qemu".into()));
+    }
+
+    #[test]
+    fn an_image_root_adds_two_disks_by_serial_and_the_kernel_argument() {
+        let disks = Disks { image: "/c/disks/a,b/rootfs.erofs".into(), writable: "/s/box/disk.ext4".into() };
+        let with = VmmConfig { disks: Some(disks.clone()), ..config(Accelerator::Tcg) };
+        let line = with.args().iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
+        assert!(line.contains(&format!("file={JAIL_IMAGE_DISK},if=none,format=raw,readonly=on")), "{line}");
+        assert!(line.contains(&format!("serial={IMAGE_DISK_SERIAL}")) && line.contains(WRITABLE_DISK_SERIAL));
+        assert!(line.contains(IMAGE_ROOT_ARG));
+        assert!(!joined(Accelerator::Tcg).contains(IMAGE_ROOT_ARG) && !joined(Accelerator::Tcg).contains("-drive"));
+        let open = VmmConfig { confinement: Confinement::None, ids: None, ..with.clone() };
+        let line = open.args().iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
+        assert!(line.contains("file=/c/disks/a,,b/rootfs.erofs,"), "a comma in a path is escaped: {line}");
+        let jailer = with.jailer_args();
+        assert_eq!((jailer.image_disk, jailer.writable_disk), (Some(disks.image), Some(disks.writable)));
     }
 }

@@ -36,6 +36,8 @@ pub use self::route::MAX_KEPT_ARGV_BYTES;
 use self::route::{Phase, Route};
 pub use self::violation::{ClientViolation, GuestViolation};
 use crate::policy::{Denial, Gate};
+use vm_contract::root::RunConfig;
+use vm_protocol::message::EnvVar;
 use vm_protocol::policy::{Operation, SandboxPolicy, UpdateOutcome};
 
 /// The policy operation a client message is, if it is one (credit, pings and policy updates are not).
@@ -140,6 +142,8 @@ pub struct Mux {
     gate: Gate,
     /// `unserialized-policy` control only: an update acknowledged but not yet applied.
     late_update: Option<vm_protocol::policy::PolicyUpdate>,
+    /// How the image root asks processes be run (nothing for the built-in root).
+    run: RunConfig,
 }
 
 impl Default for Mux {
@@ -160,12 +164,19 @@ impl Mux {
             serialized_policy: true,
             gate: Gate::default(),
             late_update: None,
+            run: RunConfig::default(),
         }
     }
 
     /// The same, applying policy updates in order with dispatch or (`serialized` off, controls only) late.
     pub fn with_serialized_policy(mut self, serialized: bool) -> Self {
         self.serialized_policy = serialized;
+        self
+    }
+
+    /// The same, running processes as the image root asks ([`image_defaults`]).
+    pub fn with_run_config(mut self, run: RunConfig) -> Self {
+        self.run = run;
         self
     }
 
@@ -254,10 +265,14 @@ impl Mux {
         handled
     }
 
-    fn handle_client(&mut self, client: ClientId, msg: ToSupervisor) -> Result<Vec<Action>, ClientViolation> {
+    fn handle_client(&mut self, client: ClientId, mut msg: ToSupervisor) -> Result<Vec<Action>, ClientViolation> {
         // A removed (or never added) client's late messages go nowhere.
         if !self.clients.contains_key(&client) {
             return Ok(Vec::new());
+        }
+        // Before the gate: the policy judges the program that will run, the image's entrypoint included.
+        if let ToSupervisor::Process(ProcessRequest::Spawn(spawn)) = &mut msg {
+            image_defaults(&self.run, spawn);
         }
         if let Some(op) = operation(&msg) {
             let admitted = match &msg {
@@ -472,6 +487,23 @@ impl Mux {
             None if state.highest.is_some_and(|h| id <= h) => Ok(None),
             None => Err(ClientViolation::UnknownProcess(id)),
         }
+    }
+}
+
+/// An image's defaults under a request, as Docker applies them: its command (the entrypoint, then the
+/// request's arguments or the image's `Cmd`), its variables under the request's (the guest lets a later
+/// value of a key win) and its working directory when the request names none.
+fn image_defaults(run: &RunConfig, spawn: &mut vm_protocol::Spawn) {
+    if let Some(argv) = run.command(&spawn.argv) {
+        spawn.argv = argv;
+    }
+    if !run.env.is_empty() {
+        let own = std::mem::take(&mut spawn.env);
+        spawn.env = run.env_pairs().map(|(key, value)| EnvVar { key: key.into(), value: value.into() }).collect();
+        spawn.env.extend(own);
+    }
+    if spawn.cwd.is_none() {
+        spawn.cwd.clone_from(&run.working_dir);
     }
 }
 

@@ -484,3 +484,42 @@ fn a_detached_process_whose_output_was_all_delivered_is_forgotten() {
         "a late detach is harmless"
     );
 }
+
+#[test]
+fn an_images_defaults_reach_the_guest_under_the_requests_own_and_the_gate_judges_the_entrypoint() {
+    let run = RunConfig {
+        env: vec!["PATH=/usr/local/bin:/usr/bin".into(), "LANG=C.UTF-8".into()],
+        working_dir: Some("/srv".into()),
+        entrypoint: vec!["/entry".into()],
+        cmd: vec!["serve".into()],
+        ..RunConfig::default()
+    };
+    let mut mux = mux_with(&[A]).with_run_config(run.clone());
+    let mut request = Spawn {
+        id: ProcId(1),
+        argv: vec![],
+        env: vec![EnvVar { key: "LANG".into(), value: "fr_FR".into() }],
+        cwd: None,
+        pty: None,
+        output_window: 8,
+    };
+    let actions = mux.from_client(A, ToSupervisor::Process(ProcessRequest::Spawn(request.clone()))).unwrap();
+    let [Action::ToGuest(ToGuest::Process(ProcessRequest::Spawn(sent)))] = actions.as_slice() else {
+        panic!("{actions:?}")
+    };
+    assert_eq!(sent.argv, ["/entry", "serve"]);
+    let keys: Vec<(&str, &str)> = sent.env.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
+    assert_eq!(keys, [("PATH", "/usr/local/bin:/usr/bin"), ("LANG", "C.UTF-8"), ("LANG", "fr_FR")]);
+    assert_eq!(sent.cwd.as_deref(), Some("/srv"));
+
+    // A request's own directory wins; only programs the policy names run, the entrypoint included.
+    let policy = SandboxPolicy { exec_programs: Some(vec!["sh".into()]), ..SandboxPolicy::default() };
+    let mut gated = mux_with(&[A]).with_policy(policy).with_run_config(run);
+    request.argv = vec!["sh".into()];
+    request.cwd = Some("/tmp".into());
+    let actions = gated.from_client(A, ToSupervisor::Process(ProcessRequest::Spawn(request))).unwrap();
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Denied { .. })),
+        "the program is the entrypoint, which the policy does not name: {actions:?}"
+    );
+}

@@ -14,6 +14,7 @@ use vm_contract::auth::{AuthBundle, BundleError};
 use vm_contract::claim::Claim;
 use vm_contract::descriptor::{LaunchDescriptor, Mismatch, Trusted};
 use vm_contract::layout::SandboxFile;
+use vm_contract::root::{RootFileError, RootImage};
 use vm_contract::session::SessionHello;
 use vm_protocol::policy::{PolicyError, SandboxPolicy};
 
@@ -49,6 +50,12 @@ pub enum AdmitError {
     /// The approved policy in the sandbox directory cannot be read.
     #[error("cannot read the sandbox's policy")]
     PolicyUnreadable(#[source] std::io::Error),
+    /// The sandbox's image root cannot be read.
+    #[error("cannot read the sandbox's image root")]
+    Root(#[source] RootFileError),
+    /// A pooled VM, booted on the built-in root, was claimed for a sandbox with an image root.
+    #[error("a pooled VM has the built-in root, and this sandbox asks for an image")]
+    RootOnPooledVm,
 }
 
 /// Where the telemetry settings come from.
@@ -69,11 +76,12 @@ impl SettingsFrom<'_> {
     }
 }
 
-/// An admitted sandbox: its telemetry running, its session settings and its policy.
+/// An admitted sandbox: its telemetry running, its session settings, its policy and its image root.
 pub(crate) struct Admitted {
     pub(crate) sandbox: Sandbox,
     pub(crate) session: Option<SessionConfig>,
     pub(crate) policy: SandboxPolicy,
+    pub(crate) root: Option<RootImage>,
 }
 
 /// Admits the sandbox `args` names, in the sandbox directory. The admission span starts here and is exported
@@ -103,15 +111,19 @@ pub(crate) fn admit(
         Ok(session) => session,
         Err(e) => return Err(Failure::new(e, Outlet::Sandbox(Box::new(sandbox)))),
     };
-    let policy = policy();
-    sandbox.telemetry().spans().admission(started, policy.is_ok());
-    let policy = match policy {
-        Ok(policy) => policy,
+    let pooled = matches!(from, SettingsFrom::Claim(_));
+    let checked = policy().and_then(|policy| Ok((policy, root(pooled)?)));
+    sandbox.telemetry().spans().admission(started, checked.is_ok());
+    let (policy, root) = match checked {
+        Ok(checked) => checked,
         Err(e) => return Err(Failure::new(e, Outlet::Sandbox(Box::new(sandbox)))),
     };
     let allowed: Vec<&str> = policy.allow.iter().map(|o| o.as_str()).collect();
     sandbox.config_change(&format!("policy revision 0 approved; allowed: {}", allowed.join(", ")));
-    Ok(Admitted { sandbox, session, policy })
+    if let Some(root) = &root {
+        sandbox.config_change(&format!("image root {}", root.manifest));
+    }
+    Ok(Admitted { sandbox, session, policy, root })
 }
 
 /// Admits the launch descriptor against the trusted arguments, before any credential is read or the policy
@@ -157,6 +169,15 @@ fn session(args: &SupervisorArgs, token: Option<String>) -> Result<Option<Sessio
         })),
         (Some(_), _, _) => Err(AdmitError::NoSessionToken),
         (None, _, _) => Ok(None),
+    }
+}
+
+/// The image root the driver chose, a trusted input like the policy; none for the built-in root. A pooled
+/// VM has booted already, on the built-in root.
+fn root(pooled: bool) -> Result<Option<RootImage>, AdmitError> {
+    match RootImage::read(Path::new(".")).map_err(AdmitError::Root)? {
+        Some(_) if pooled => Err(AdmitError::RootOnPooledVm),
+        root => Ok(root),
     }
 }
 

@@ -31,7 +31,7 @@ pub async fn run(args: SupervisorArgs, safeguards: &Safeguards, console: Console
         Ok(leash) => leash,
         Err(e) => return fail(Outlet::Sandbox(Box::new(admitted.sandbox)), e).await,
     };
-    let booted = match crate::boot::boot(&args, safeguards, &senders, &mut inbox.stop).await {
+    let booted = match crate::boot::boot(&args, admitted.root.as_ref(), safeguards, &senders, &mut inbox.stop).await {
         Ok(booted) => booted,
         Err(e) => return fail(Outlet::Sandbox(Box::new(admitted.sandbox)), e.into()).await,
     };

@@ -54,7 +54,7 @@ pub async fn run(
         Ok(leash) => leash,
         Err(e) => return fail(Outlet::Console(console), e).await,
     };
-    let mut booted = match crate::boot::boot(&args, safeguards, &senders, &mut inbox.stop).await {
+    let mut booted = match crate::boot::boot(&args, None, safeguards, &senders, &mut inbox.stop).await {
         Ok(booted) => booted,
         Err(e) => return fail(Outlet::Console(console), e.into()).await,
     };

@@ -111,7 +111,7 @@ impl Admitted {
         senders: Senders,
         mut inbox: Inbox,
     ) -> StopReason {
-        let Self { mut sandbox, session, policy } = self;
+        let Self { mut sandbox, session, policy, root } = self;
         let Booted { mut vm, link, attach, .. } = booted;
         sandbox.telemetry.spans().boot_ended(true);
         let microvm = AppInfo { name: "microvm".into(), version: link.hello.software_label() };
@@ -126,7 +126,8 @@ impl Admitted {
         let session = session.map(|s| tokio::spawn(crate::serve::session::run(s, senders.clone())).abort_handle());
         let mux = Mux::new(safeguards.guest_invariants)
             .with_serialized_policy(safeguards.serialized_policy)
-            .with_policy(policy);
+            .with_policy(policy)
+            .with_run_config(root.map(|r| r.run).unwrap_or_default());
         let boundary = crate::serve::Boundary { guest: link.tx, mux };
         let telemetry = &mut sandbox.telemetry;
         let reason =

@@ -84,6 +84,7 @@ impl BareVm {
             monitor: false,
             incoming: None,
             tsc_khz: vm_driver::tsc::khz(),
+            disks: None,
         };
         let started = Instant::now();
         let qemu = Command::new(&config.qemu)

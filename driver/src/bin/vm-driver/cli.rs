@@ -27,8 +27,9 @@ pub enum Command {
     /// to CMD as SIGINT (press it three times to stop the sandbox instead).
     ///
     /// Example: vm-driver launch -- /bin/sh -c 'uname -a; echo hello'
-    #[command(after_help = "The guest image comes from scripts/build-image unless --image, --kernel or --initrd say \
-                            otherwise.\nLogs of a failed start (console.log, vmm.log, supervisor.log) are kept in \
+    #[command(after_help = "The root filesystem is the OCI image --image names (pulled on first use), else the \
+                            built-in one. The kernel and the agent come from scripts/build-image unless --boot-image, \
+                            --kernel or --initrd say otherwise.\nLogs of a failed start (console.log, vmm.log, supervisor.log) are kept in \
                             the sandbox directory, whose path is printed.")]
     Launch(Box<LaunchArgs>),
     /// Serve the driver API (gRPC) on a Unix socket, for a gateway and for the commands below.
@@ -100,9 +101,9 @@ impl ShapeArgs {
 /// How VMs are booted (launch and serve).
 #[derive(Debug, Args)]
 pub struct VmArgs {
-    /// Guest image directory (vmlinuz + initramfs.cpio). Default: the image scripts/build-image made.
+    /// Boot image directory (vmlinuz + initramfs.cpio with the agent). Default: the one scripts/build-image made.
     #[arg(long, value_name = "DIR")]
-    pub image: Option<PathBuf>,
+    pub boot_image: Option<PathBuf>,
     /// Guest kernel (overrides the image's).
     #[arg(long, value_name = "FILE")]
     pub kernel: Option<PathBuf>,
@@ -255,12 +256,24 @@ pub struct LaunchArgs {
     /// The sandbox policy (JSON, docs/policy.md); every operation when not given.
     #[arg(long, value_name = "FILE", value_parser = read_policy)]
     pub policy: Option<SandboxPolicy>,
+    /// The root filesystem: an OCI image (REGISTRY/NAME[:TAG|@sha256:DIGEST], oci:DIR[:TAG],
+    /// docker-archive:FILE), pulled on first use (docs/images.md). Default: the built-in root.
+    #[arg(long, value_name = "REF")]
+    pub image: Option<String>,
+    /// The writable layer's size in MiB, with --image (a sparse file: unwritten space costs nothing).
+    #[arg(long, value_name = "MIB", default_value_t = vm_contract::root::DEFAULT_DISK_MIB,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(vm_contract::root::MAX_DISK_MIB)))]
+    pub disk: u32,
+    #[command(flatten)]
+    pub store: crate::image::StoreArgs,
+    #[command(flatten)]
+    pub registry: crate::image::RegistryArgs,
     #[command(flatten)]
     pub vm: VmArgs,
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The command and its arguments (with --image, the image's entrypoint and command when not given).
+    #[arg(last = true, required_unless_present = "image", value_name = "CMD")]
     pub cmd: Vec<String>,
 }
 

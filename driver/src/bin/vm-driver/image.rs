@@ -6,8 +6,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use vm_contract::root::RootImage;
 use vm_oci::obtain::{obtain, Freshness};
-use vm_oci::pull::Progress;
+use vm_oci::pull::{Image, Progress};
 use vm_oci::registry::Options;
 use vm_oci::source::Source;
 use vm_oci::store::Store;
@@ -173,14 +174,33 @@ pub fn run(args: ImageArgs) -> Result<u8> {
 }
 
 fn pull(store: &Store, source: &Source, options: &Options, freshness: Freshness) -> Result<u8> {
+    let (image, _) = get(store, source, options, freshness)?;
+    println!("{source} {}", image.manifest);
+    Ok(0)
+}
+
+/// `launch --image`: the image `reference` names, pulled on first use, as a sandbox's root with a writable
+/// layer of `disk_mib`.
+pub fn root(store: &StoreArgs, registry: &RegistryArgs, reference: &str, disk_mib: u32) -> Result<RootImage> {
+    let source: Source = reference.parse()?;
+    let (image, dir) = get(&store.open()?, &source, &registry.options(), Freshness::Cached)?;
+    Ok(RootImage {
+        manifest: image.manifest.to_string(),
+        disk: std::path::absolute(dir.join(vm_oci::disk::DISK_FILE))?,
+        disk_mib,
+        run: image.run,
+    })
+}
+
+/// The one path to an image for every command, with progress on stderr.
+fn get(store: &Store, source: &Source, options: &Options, freshness: Freshness) -> Result<(Image, PathBuf)> {
     let mut progress = Lines { terminal: std::io::stderr().is_terminal(), shown: None };
-    let (image, _) = obtain(source, store, options, Limits::default(), freshness, &mut progress)
+    let got = obtain(source, store, options, Limits::default(), freshness, &mut progress)
         .with_context(|| format!("cannot get the image {source}"))?;
-    if let Some(user) = &image.run.user {
+    if let Some(user) = &got.0.run.user {
         eprintln!(
             "vm-driver: the image asks for user {user:?}; workloads run as the fixed sandbox user (docs/policy.md)"
         );
     }
-    println!("{source} {}", image.manifest);
-    Ok(0)
+    Ok(got)
 }

@@ -50,8 +50,10 @@ pub struct LaunchConfig {
     pub env: Vec<(String, String)>,
     /// Working directory in the guest.
     pub workdir: Option<String>,
-    /// Image directory (default image when `None`).
-    pub image: Option<PathBuf>,
+    /// The image root (the built-in root when `None`).
+    pub root: Option<vm_contract::root::RootImage>,
+    /// Boot image directory (the default when `None`).
+    pub boot_image: Option<PathBuf>,
     /// Explicit kernel.
     pub kernel: Option<PathBuf>,
     /// Explicit initramfs.
@@ -94,7 +96,7 @@ struct Signals {
 /// # Errors
 /// Anything that kept the workload from producing an exit status.
 pub async fn run(config: LaunchConfig) -> Result<u8> {
-    let image = image::resolve(config.image.as_deref(), config.kernel.as_deref(), config.initrd.as_deref())?;
+    let image = image::resolve(config.boot_image.as_deref(), config.kernel.as_deref(), config.initrd.as_deref())?;
     let supervisor = sandbox::supervisor::locate()?;
     let jail = config.jail.resolve(&supervisor)?;
     let root = config.state_dir.clone().unwrap_or_else(state::default_root);
@@ -122,6 +124,7 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
         id: id.clone(),
         layout: layout.clone(),
         image,
+        root: config.root.clone(),
         shape: config.shape,
         accel: config.accel,
         boot_timeout: config.boot_timeout,

@@ -76,7 +76,12 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
                 argv: args.cmd,
                 env: args.env,
                 workdir: args.workdir,
-                image: args.vm.image,
+                root: args
+                    .image
+                    .as_deref()
+                    .map(|reference| image::root(&args.store, &args.registry, reference, args.disk))
+                    .transpose()?,
+                boot_image: args.vm.boot_image,
                 kernel: args.vm.kernel,
                 initrd: args.vm.initrd,
                 shape,
@@ -100,7 +105,7 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
             let (admission, retention) = (args.admission(), args.vm.retention.retention());
             let state_dir = state_dir(&args.vm);
             let default = vm_driver::image::resolve(
-                args.vm.image.as_deref(),
+                args.vm.boot_image.as_deref(),
                 args.vm.kernel.as_deref(),
                 args.vm.initrd.as_deref(),
             )?;

@@ -45,6 +45,7 @@ pub(super) fn boot(
         id: id.clone(),
         layout: layout.clone(),
         image: key.image.clone(),
+        root: None,
         shape: key.shape,
         accel: ctx.accel,
         boot_timeout: ctx.boot_timeout,

@@ -1,0 +1,90 @@
+//! A sandbox's disks when it boots an image root: the image's (read-only, shared, made by the driver's
+//! image store) and its own writable layer, made here on the first boot and kept across restarts.
+//!
+//! The writable layer is a sparse file formatted by `mkfs.ext4` with lazy initialisation, so a sandbox
+//! that writes nothing costs the filesystem's metadata only (docs/benchmarks.md).
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use vm_contract::jail::JailIds;
+use vm_contract::layout::SandboxFile;
+use vm_contract::root::RootImage;
+
+/// The VM's two disks, as QEMU opens them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disks {
+    /// The image's disk (absolute).
+    pub image: PathBuf,
+    /// The sandbox's writable layer (absolute).
+    pub writable: PathBuf,
+}
+
+/// Why the disks are not ready.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    /// The image's disk is missing (removed from the store under the sandbox).
+    #[error("the image's disk {} is missing", .0.display())]
+    NoImage(PathBuf),
+    /// `mkfs.ext4` is not installed.
+    #[error("mkfs.ext4 (e2fsprogs) is not installed")]
+    NoMkfs,
+    /// Making the writable layer failed.
+    #[error("cannot make the writable layer")]
+    Writable(#[source] std::io::Error),
+    /// `mkfs.ext4` failed.
+    #[error("mkfs.ext4 failed ({0})")]
+    Mkfs(std::process::ExitStatus),
+}
+
+/// The disks of `root`, the writable layer made (owned by the jail's ids, 0600) if this sandbox has none.
+/// Runs in the sandbox directory.
+///
+/// # Errors
+/// [`DiskError`]; a failed make leaves no writable layer behind.
+pub fn prepare(root: &RootImage, ids: Option<JailIds>) -> Result<Disks, DiskError> {
+    if !root.disk.is_file() {
+        return Err(DiskError::NoImage(root.disk.clone()));
+    }
+    let writable = std::path::absolute(SandboxFile::WritableDisk.name()).map_err(DiskError::Writable)?;
+    if !writable.is_file() {
+        make(&writable, root.disk_mib)?;
+    }
+    if let Some(ids) = ids {
+        std::os::unix::fs::chown(&writable, Some(ids.uid), Some(ids.gid)).map_err(DiskError::Writable)?;
+    }
+    Ok(Disks { image: root.disk.clone(), writable })
+}
+
+/// Makes a sparse ext4 filesystem of `mib` at `path`: under a temporary name, renamed once whole.
+fn make(path: &Path, mib: u32) -> Result<(), DiskError> {
+    let mkfs = ["/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"].into_iter().map(Path::new).find(|p| p.is_file());
+    let mkfs = mkfs.ok_or(DiskError::NoMkfs)?;
+    let partial = path.with_extension("partial");
+    let made = (|| {
+        let file = fs::File::create(&partial).map_err(DiskError::Writable)?;
+        file.set_permissions(fs::Permissions::from_mode(0o600)).map_err(DiskError::Writable)?;
+        file.set_len(u64::from(mib) << 20).map_err(DiskError::Writable)?;
+        drop(file);
+        // No reserved blocks (one user), and nothing zeroed ahead (the file is sparse and reads as zeros).
+        let status = Command::new(mkfs)
+            .args(["-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"])
+            .arg(&partial)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map_err(DiskError::Writable)?;
+        if !status.success() {
+            return Err(DiskError::Mkfs(status));
+        }
+        fs::rename(&partial, path).map_err(DiskError::Writable)
+    })();
+    if made.is_err() {
+        let _ = fs::remove_file(&partial);
+    }
+    made
+}

@@ -1,0 +1,188 @@
+//! Sandboxes on OCI image roots (issue 21): `launch --image` boots a real Debian image (`scripts/test-image`:
+//! mmdebstrap, umoci) from an OCI layout, from a real registry (`docker-registry`, pushed by skopeo) and from
+//! a `docker save` archive (made by skopeo), and runs the image's own programs in the microVM: its Python,
+//! under its `Env`, `WorkingDir` and `Cmd`, as the fixed sandbox user, on a writable layer of its own.
+#![allow(missing_docs)]
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use vm_e2e::registry::{run, Registry};
+use vm_e2e::{Launch, Outcome, Scratch};
+
+/// The Debian test image's OCI layout (tag `py`), built once per cache key.
+fn layout() -> &'static Path {
+    static LAYOUT: OnceLock<PathBuf> = OnceLock::new();
+    LAYOUT.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/test-image");
+        PathBuf::from(run(&mut Command::new(script)).trim().lines().last().unwrap())
+    })
+}
+
+/// One store for the tests that boot the layout, the image imported into it once.
+fn shared_store() -> &'static Path {
+    static STORE: OnceLock<PathBuf> = OnceLock::new();
+    STORE.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("e2e-image-store-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let started = Instant::now();
+        let out = Command::new(&vm_e2e::harness().shipped.driver)
+            .args(["image", "import", "--image-cache"])
+            .arg(&dir)
+            .arg(layout_ref())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "import: {}", String::from_utf8_lossy(&out.stderr));
+        eprintln!("e2e: imported the Debian test image in {:.1} s", started.elapsed().as_secs_f64());
+        dir
+    })
+}
+
+fn layout_ref() -> String {
+    format!("oci:{}:py", layout().display())
+}
+
+/// `launch --image REF` with the store `store`, then `cmd`.
+fn launch_image<'a>(s: &'a Scratch, store: &Path, reference: &str, cmd: &[&str]) -> Launch<'a> {
+    Launch::new(s, cmd).flag("--image").flag(reference).flag("--image-cache").flag(&store.display().to_string())
+}
+
+fn ok(out: &Outcome) -> String {
+    assert_eq!(out.code, Some(0), "stderr: {}", out.workload_stderr());
+    out.assert_nothing_left();
+    out.stdout_text()
+}
+
+/// The one sandbox directory a launch kept.
+fn sandbox_dir(s: &Scratch) -> PathBuf {
+    let mut dirs: Vec<PathBuf> =
+        std::fs::read_dir(s.state().join("sandboxes")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    dirs.remove(0)
+}
+
+#[test]
+fn an_oci_layout_boots_as_the_root_with_the_images_cmd_env_and_workdir() {
+    let s = Scratch::with_deadline("img-root", Duration::from_secs(600));
+    let store = shared_store();
+    // No command: the image's own (`python3 -c 'print("hello from the image")'`).
+    let text = ok(&launch_image(&s, store, &layout_ref(), &[]).run());
+    assert_eq!(text, "hello from the image\n");
+
+    let script = "python3 -c 'import sys; print(sys.version_info[0])'; echo \"$IMAGE_GREETING $OWN\"; pwd; \
+                  id -un; id -u; echo \"$HOME\"; getent passwd sandbox | cut -d: -f6; \
+                  echo kept > \"$HOME/note\"; cat \"$HOME/note\"; grep -c ' / overlay ' /proc/mounts";
+    let t = Scratch::with_deadline("img-root2", Duration::from_secs(300));
+    let out = launch_image(&t, store, &layout_ref(), &["/bin/sh", "-c", script]).flag("-e").flag("OWN=mine").run();
+    let lines: Vec<String> = ok(&out).lines().map(str::to_owned).collect();
+    assert_eq!(
+        lines,
+        ["3", "from-the-image mine", "/srv", "sandbox", "1000", "/home/sandbox", "/home/sandbox", "kept", "1"],
+        "the image's Python, Env and WorkingDir; the sandbox user with an account and a home; an overlay root"
+    );
+
+    // The request's variables and directory win over the image's.
+    let u = Scratch::with_deadline("img-root3", Duration::from_secs(300));
+    let out = launch_image(&u, store, &layout_ref(), &["/bin/sh", "-c", "echo $IMAGE_GREETING; pwd"])
+        .flag("-e")
+        .flag("IMAGE_GREETING=from-the-request")
+        .flag("-w")
+        .flag("/tmp")
+        .run();
+    assert_eq!(ok(&out), "from-the-request\n/tmp\n");
+
+    // What stayed on the host: the sandbox's own writable layer, sparse; the image's disk untouched.
+    let disk = sandbox_dir(&t).join("disk.ext4");
+    let meta = std::fs::metadata(&disk).unwrap();
+    assert_eq!(meta.len(), u64::from(vm_contract::root::DEFAULT_DISK_MIB) << 20);
+    let used = meta.blocks() * 512;
+    assert!(used < 8 << 20, "a sandbox that wrote a note uses {used} bytes of its writable layer");
+    eprintln!("e2e: writable layer after writing a note: {} KiB allocated of {} MiB", used >> 10, meta.len() >> 20);
+}
+
+#[test]
+fn two_sandboxes_of_one_image_do_not_see_each_others_writes() {
+    let store = shared_store();
+    let script =
+        |me: &str| format!("echo {me} > \"$HOME/who\"; sleep 3; cat \"$HOME/who\"; ls \"$HOME\" | tr '\\n' ' '; echo");
+    let (a, b) = (Scratch::with_deadline("img-iso-a", Duration::from_secs(300)), Scratch::new("img-iso-b"));
+    let (sa, sb) = (script("alpha"), script("beta"));
+    let (out_a, out_b) = std::thread::scope(|scope| {
+        let first = scope.spawn(|| launch_image(&a, store, &layout_ref(), &["/bin/sh", "-c", &sa]).run());
+        let second = scope.spawn(|| launch_image(&b, store, &layout_ref(), &["/bin/sh", "-c", &sb]).run());
+        (first.join().unwrap(), second.join().unwrap())
+    });
+    assert_eq!(ok(&out_a), "alpha\nwho \n", "each sandbox reads back only its own write");
+    assert_eq!(ok(&out_b), "beta\nwho \n");
+    let (da, db) = (sandbox_dir(&a).join("disk.ext4"), sandbox_dir(&b).join("disk.ext4"));
+    assert_ne!(std::fs::metadata(&da).unwrap().ino(), std::fs::metadata(&db).unwrap().ino());
+    eprintln!("e2e: two concurrent sandboxes of one image, each with its own writable layer");
+}
+
+#[test]
+fn a_registry_image_and_a_docker_archive_boot_alike() {
+    let s = Scratch::with_deadline("img-sources", Duration::from_secs(900));
+    let registry = Registry::start(&s.dir.join("registry"), None);
+    let reference = registry.push(&layout_ref(), "e2e/py:1");
+    let archive = s.dir.join("py.tar");
+    run(Command::new("skopeo")
+        .arg("copy")
+        .arg("--quiet")
+        .arg(layout_ref())
+        .arg(format!("docker-archive:{}:e2e/py:1", archive.display())));
+    let program = ["python3", "-c", "import os; print(6 * 7, os.environ['IMAGE_GREETING'], os.getcwd())"];
+    for (name, source) in
+        [("registry", reference.clone()), ("archive", format!("docker-archive:{}", archive.display()))]
+    {
+        let t = Scratch::with_deadline(&format!("img-{name}"), Duration::from_secs(600));
+        // A store of its own: the whole path, download and disk build included, on first use.
+        let store = t.dir.join("store");
+        let started = Instant::now();
+        let out = launch_image(&t, &store, &source, &program)
+            .flag("--registry-ca")
+            .flag(&registry.ca.display().to_string())
+            .run();
+        assert_eq!(ok(&out), "42 from-the-image /srv\n", "{name}");
+        eprintln!(
+            "e2e: launch --image from the {name}, first use (pull + disk): {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        // Cached now: the next launch asks nothing of the source.
+        let u = Scratch::new(&format!("img-{name}-again"));
+        let out = launch_image(&u, &store, &source, &program).run();
+        assert_eq!(ok(&out), "42 from-the-image /srv\n", "{name}, cached");
+    }
+}
+
+#[test]
+fn the_writable_layer_is_bounded_by_its_disk_size() {
+    let s = Scratch::with_deadline("img-full", Duration::from_secs(300));
+    let script = "dd if=/dev/zero of=\"$HOME/big\" bs=1M count=64 2>&1 | grep -o 'No space left on device' | head -1; \
+                  echo alive";
+    let out =
+        launch_image(&s, shared_store(), &layout_ref(), &["/bin/sh", "-c", script]).flag("--disk").flag("32").run();
+    assert_eq!(ok(&out), "No space left on device\nalive\n", "a full writable layer is the workload's error only");
+    let disk = std::fs::metadata(sandbox_dir(&s).join("disk.ext4")).unwrap();
+    assert_eq!(disk.len(), 32 << 20, "the host file never grows past the size asked for");
+    assert!(disk.blocks() * 512 <= 32 << 20);
+}
+
+#[test]
+fn a_missing_image_fails_fast_and_makes_no_sandbox() {
+    let s = Scratch::new("img-missing");
+    let started = Instant::now();
+    let missing = format!("oci:{}:py", s.dir.join("nowhere").display());
+    let out = launch_image(&s, &s.dir.join("store"), &missing, &["true"]).run();
+    assert_ne!(out.code, Some(0));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot get the image"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    let sandboxes = s.state().join("sandboxes");
+    assert!(!sandboxes.exists() || std::fs::read_dir(&sandboxes).unwrap().next().is_none(), "no sandbox was made");
+    out.assert_nothing_left();
+}
