@@ -6,7 +6,8 @@
 //!   [`attach_mux`]: one such connection per sandbox, shared by the service's `Exec` streams.
 //! - [`reap`] (with `cgroup` and `procs`): nothing a supervisor leaves behind survives it.
 //! - [`jail`]: how QEMU is confined on this host, and each jailed VMM's uid.
-//! - [`state`], [`image`], [`telemetry`]: where sandboxes live, what they boot, where their events go;
+//! - [`state`], [`image`], [`oci`], [`telemetry`]: where sandboxes live, what they boot (the kernel and
+//!   agent; an OCI image as the root), where their events go;
 //!   [`tsc`]: the host's TSC rate, which keeps a TCG guest's clock right.
 //! - [`service`]: `vm-driver serve`, the gateway-facing gRPC service for many sandboxes.
 //! - [`controls`]: the test controls, read once by the binary and taken by the core as plain values.
@@ -26,6 +27,7 @@ pub mod controls;
 pub mod gc;
 pub mod image;
 pub mod jail;
+pub mod oci;
 mod procs;
 pub mod reap;
 pub mod relay;

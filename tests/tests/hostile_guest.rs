@@ -150,8 +150,8 @@ fn a_forged_signal_number_stops_the_sandbox() {
 fn control_without_invariants_an_empty_output_flood_grows_the_supervisor() {
     let s = Scratch::with_deadline("rogue-flood-ctl", Duration::from_secs(420));
     let images = images_with_rogues(&s.dir, &["empty-output-flood"]);
-    let serve = Serve::with(&s, &[TestControl::NoGuestInvariants], &["--images", images.to_str().unwrap()]);
-    ok(&serve.cli("create", &["--image", "rogue-empty-output-flood", "flood"]));
+    let serve = Serve::with(&s, &[TestControl::NoGuestInvariants], &["--boot-images", images.to_str().unwrap()]);
+    ok(&serve.cli("create", &["--boot-image", "rogue-empty-output-flood", "flood"]));
     let pids = SandboxPids::read(&serve.state.join("sandboxes/flood")).expect("a pids file");
     let supervisor = pids.supervisor.pid;
     let vmm = ProcInfo::read(pids.vmm.expect("a VMM").pid).expect("the VMM runs");
@@ -251,7 +251,7 @@ fn ok(out: &std::process::Output) {
 /// ordinary busy loop: a console flood must cost the neighbour no more than any busy guest does.
 fn a_minute_of_console_flood(s: &Scratch, controls: &[TestControl]) -> u64 {
     let images = images_with_rogues(&s.dir, &["console-flood"]);
-    let serve = Serve::with(s, controls, &["--images", images.to_str().unwrap()]);
+    let serve = Serve::with(s, controls, &["--boot-images", images.to_str().unwrap()]);
     ok(&serve.cli("create", &["healthy"]));
     let (idle, _) = exec_times(&serve, "healthy", 5, Duration::ZERO);
     let beside_busy = controls.is_empty().then(|| {
@@ -264,7 +264,7 @@ fn a_minute_of_console_flood(s: &Scratch, controls: &[TestControl]) -> u64 {
         usual
     });
     let peak = PeakRss::supervisors(&s.dir, "flood");
-    ok(&serve.cli("create", &["--image", "rogue-console-flood", "flood"]));
+    ok(&serve.cli("create", &["--boot-image", "rogue-console-flood", "flood"]));
     let flood_dir = serve.state.join("sandboxes/flood");
     let flooding = Instant::now();
     s.waiting_for("a minute of console flood");

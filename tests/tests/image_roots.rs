@@ -186,3 +186,117 @@ fn a_missing_image_fails_fast_and_makes_no_sandbox() {
     assert!(!sandboxes.exists() || std::fs::read_dir(&sandboxes).unwrap().next().is_none(), "no sandbox was made");
     out.assert_nothing_left();
 }
+
+#[test]
+fn serve_creates_from_a_reference_with_the_pull_on_watch_and_keeps_the_image_while_it_is_used() {
+    use tokio_stream::StreamExt;
+    use vm_protocol::driver_api::{
+        pull_image_progress, watch_event, CreateSandboxRequest, ListImagesRequest, PullImageRequest,
+        RemoveImageRequest, SandboxSpec, SandboxState, WatchRequest,
+    };
+    let s = Scratch::with_deadline("img-serve", Duration::from_secs(900));
+    let registry = Registry::start(&s.dir.join("registry"), None);
+    let reference = registry.push(&layout_ref(), "e2e/py:1");
+    let store = s.dir.join("store");
+    let (store_arg, ca_arg) = (store.display().to_string(), registry.ca.display().to_string());
+    let serve = vm_e2e::serve::Serve::with(&s, &[], &["--image-cache", &store_arg, "--registry-ca", &ca_arg]);
+    let (rt, mut client) = serve.grpc();
+    let spec = |image: &str| SandboxSpec { image: image.into(), disk_mib: 256, ..SandboxSpec::default() };
+
+    // A create pulls on first use, with its progress on Watch, and the sandbox becomes ready on the image.
+    let (pull_notes, ready) = rt.block_on(async {
+        let request = WatchRequest { sandbox_id: "py".into() };
+        let mut watch = client.watch(request).await.unwrap().into_inner();
+        let create = CreateSandboxRequest { sandbox_id: "py".into(), spec: Some(spec(&reference)) };
+        client.create_sandbox(create).await.unwrap();
+        let mut notes = Vec::new();
+        while let Some(event) = watch.next().await {
+            match event.unwrap().event {
+                Some(watch_event::Event::Platform(p)) if p.kind == "pulling-image" => notes.push(p.message),
+                Some(watch_event::Event::Changed(sb)) if sb.state == SandboxState::Ready as i32 => {
+                    return (notes, true)
+                }
+                Some(watch_event::Event::Changed(sb)) if sb.state == SandboxState::Failed as i32 => {
+                    panic!("failed: {}", sb.detail)
+                }
+                _ => {}
+            }
+        }
+        (notes, false)
+    });
+    assert!(ready);
+    assert!(pull_notes.first().is_some_and(|n| n.starts_with("pulling image ")), "{pull_notes:?}");
+    assert!(pull_notes.iter().any(|n| n.starts_with("layer 1/1 sha256:") && n.ends_with(" bytes")), "{pull_notes:?}");
+    assert!(
+        pull_notes.last().is_some_and(|n| n.starts_with("image sha256:") && n.ends_with(" ready")),
+        "{pull_notes:?}"
+    );
+    let exec = serve.cli("exec", &["py", "--", "python3", "-c", "import os; print(6 * 7, os.getcwd())"]);
+    assert_eq!(String::from_utf8_lossy(&exec.stdout), "42 /srv\n", "{}", String::from_utf8_lossy(&exec.stderr));
+    eprintln!("e2e: serve: created from {reference}, {} pull notes on Watch", pull_notes.len());
+
+    // A start after a stop keeps its writable layer.
+    assert!(serve.cli("exec", &["py", "--", "sh", "-c", "echo kept > $HOME/note"]).status.success());
+    assert!(serve.cli("stop", &["py"]).status.success());
+    assert!(serve.cli("start", &["py"]).status.success());
+    let ready = vm_e2e::wait_until(Duration::from_secs(120), || {
+        String::from_utf8_lossy(&serve.cli("get", &["py"]).stdout).contains("ready")
+    });
+    assert!(ready, "restarted");
+    let note = serve.cli("exec", &["py", "--", "cat", "/home/sandbox/note"]);
+    assert_eq!(String::from_utf8_lossy(&note.stdout), "kept\n", "the writable layer outlives a stop");
+
+    // In use: listed so, and neither the API nor the CLI removes it.
+    let images = rt.block_on(client.list_images(ListImagesRequest {})).unwrap().into_inner().images;
+    assert_eq!(images.len(), 1);
+    assert!(images[0].in_use && images[0].names.contains(&reference), "{images:?}");
+    let refused = rt.block_on(client.remove_image(RemoveImageRequest { reference: reference.clone() })).unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    let cli = Command::new(&vm_e2e::harness().shipped.driver)
+        .args(["image", "--image-cache", &store_arg, "rm", &reference, "--state-dir"])
+        .arg(&serve.state)
+        .output()
+        .unwrap();
+    assert!(!cli.status.success() && String::from_utf8_lossy(&cli.stderr).contains("in use"), "{cli:?}");
+
+    // A pull that cannot succeed is a FAILED sandbox naming the cause; the store is unchanged.
+    let missing = format!("{}/e2e/missing:1", registry.addr);
+    let failed = rt.block_on(async {
+        client
+            .create_sandbox(CreateSandboxRequest { sandbox_id: "bad".into(), spec: Some(spec(&missing)) })
+            .await
+            .unwrap();
+        let mut watch = client.watch(WatchRequest { sandbox_id: "bad".into() }).await.unwrap().into_inner();
+        while let Some(event) = watch.next().await {
+            if let Some(watch_event::Event::Changed(sb)) = event.unwrap().event {
+                if sb.state == SandboxState::Failed as i32 {
+                    return sb.detail;
+                }
+            }
+        }
+        String::new()
+    });
+    assert!(failed.contains("cannot get the image") && failed.contains("e2e/missing"), "{failed}");
+    let again = rt.block_on(client.list_images(ListImagesRequest {})).unwrap().into_inner().images;
+    assert_eq!(again.len(), 1, "the failed pull left nothing in the store");
+
+    // PullImage streams progress, then the image; once no sandbox uses it, it is removed.
+    let (layers, last) = rt.block_on(async {
+        let mut stream =
+            client.pull_image(PullImageRequest { reference: reference.clone() }).await.unwrap().into_inner();
+        let (mut layers, mut last) = (0, None);
+        while let Some(message) = stream.next().await {
+            match message.unwrap().progress {
+                Some(pull_image_progress::Progress::Layer(_)) => layers += 1,
+                Some(pull_image_progress::Progress::Image(info)) => last = Some(info),
+                None => {}
+            }
+        }
+        (layers, last)
+    });
+    assert!(layers >= 1 && last.is_some_and(|i| i.manifest == images[0].manifest), "{layers} layer messages");
+    assert!(serve.cli("rm", &["py"]).status.success());
+    let removed = rt.block_on(client.remove_image(RemoveImageRequest { reference: reference.clone() })).unwrap();
+    assert_eq!(removed.into_inner().manifest, images[0].manifest);
+    assert!(rt.block_on(client.list_images(ListImagesRequest {})).unwrap().into_inner().images.is_empty());
+}

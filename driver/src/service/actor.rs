@@ -24,6 +24,7 @@ use vm_contract::session::{Generation, SessionId};
 use vm_contract::tombstone::EndReason;
 
 mod errors;
+mod image;
 #[cfg(test)]
 mod tests;
 
@@ -329,11 +330,21 @@ impl Actor {
         self.hub.events.platform(&self.record.id, kind, what);
     }
 
-    /// Boots a new generation; the lifecycle's blocking start runs on a blocking thread.
+    /// Boots a new generation, on its image root if it has one; the lifecycle's blocking start runs on a
+    /// blocking thread.
     async fn start(&mut self) {
         let generation = self.next_generation(Origin::Cold);
+        let root = match self.image_root().await {
+            Ok(root) => root,
+            Err(detail) => return self.set(State::Failed, detail),
+        };
         let started = match self.start_spec(generation) {
-            Ok(spec) => match tokio::task::spawn_blocking(move || sandbox::start(&spec)).await {
+            Ok(mut spec) => match tokio::task::spawn_blocking(move || {
+                spec.root = root;
+                sandbox::start(&spec)
+            })
+            .await
+            {
                 Ok(started) => started.map_err(BeginError::from),
                 Err(_) => Err(BeginError::Task),
             },
@@ -395,7 +406,7 @@ impl Actor {
             supervisor: ctx.supervisor.clone(),
             id: id.clone(),
             layout: self.layout.clone(),
-            image: ctx.images.resolve(&self.record.spec.image)?,
+            image: ctx.images.resolve(&self.record.spec.boot_image)?,
             root: None,
             shape: self.record.spec.shape,
             accel: ctx.accel,

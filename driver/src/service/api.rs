@@ -15,16 +15,17 @@ use vm_protocol::credentials::RotationOutcome;
 use vm_protocol::driver_api::driver_server::Driver;
 use vm_protocol::driver_api::{
     watch_event, AdmissionLimits, AdmissionUsage, Capabilities, CreateSandboxRequest, DeleteSandboxResponse,
-    ExecRequest, GetCapabilitiesRequest, ListPoolRequest, ListPoolResponse, ListProcessesResponse,
-    ListSandboxesRequest, ListSandboxesResponse, ProcessInfo, ReadinessKind, RotateCredentialsRequest,
-    RotateCredentialsResponse, Sandbox, SandboxRef, UpdatePolicyRequest, UpdatePolicyResponse, ValidateCreateResponse,
-    WatchEvent, WatchRequest,
+    ExecRequest, GetCapabilitiesRequest, ListImagesRequest, ListImagesResponse, ListPoolRequest, ListPoolResponse,
+    ListProcessesResponse, ListSandboxesRequest, ListSandboxesResponse, ProcessInfo, PullImageRequest, ReadinessKind,
+    RemoveImageRequest, RemoveImageResponse, RotateCredentialsRequest, RotateCredentialsResponse, Sandbox, SandboxRef,
+    UpdatePolicyRequest, UpdatePolicyResponse, ValidateCreateResponse, WatchEvent, WatchRequest,
 };
 use vm_protocol::identity::{IdSelector, RunAs};
 use vm_protocol::policy::{Operation, PolicyUpdate, UpdateOutcome};
 use vm_protocol::{ProcessEvent, SignalName};
 
 mod convert;
+mod images;
 
 use super::actor::Command;
 use super::exec::{self, ExecStream};
@@ -64,8 +65,16 @@ fn problems(reg: &Hub, req: &CreateSandboxRequest) -> Vec<String> {
     if let Err(e) = SandboxShape::with_defaults(spec.cpus, spec.memory_mib) {
         out.push(e.to_string());
     }
-    if let Err(e) = reg.ctx.images.resolve(&spec.image) {
+    if let Err(e) = reg.ctx.images.resolve(&spec.boot_image) {
         out.push(e.to_string());
+    }
+    if !spec.image.is_empty() {
+        if let Err(e) = spec.image.parse::<vm_oci::source::Source>() {
+            out.push(format!("image: {e}"));
+        }
+        if spec.disk_mib > vm_contract::root::MAX_DISK_MIB {
+            out.push(format!("disk_mib: at most {}", vm_contract::root::MAX_DISK_MIB));
+        }
     }
     if spec.readiness == i32::from(ReadinessKind::ReadinessUnix) {
         out.push(UNIX_READINESS.into());
@@ -85,6 +94,21 @@ type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>
 
 #[tonic::async_trait]
 impl Driver for Api {
+    type PullImageStream = images::PullStream;
+
+    async fn pull_image(&self, req: Request<PullImageRequest>) -> Result<Response<Self::PullImageStream>, Status> {
+        images::pull(&self.reg, req.into_inner().reference).map(Response::new)
+    }
+
+    async fn list_images(&self, _: Request<ListImagesRequest>) -> Result<Response<ListImagesResponse>, Status> {
+        Ok(Response::new(ListImagesResponse { images: images::list(&self.reg).await? }))
+    }
+
+    async fn remove_image(&self, req: Request<RemoveImageRequest>) -> Result<Response<RemoveImageResponse>, Status> {
+        let manifest = images::remove(&self.reg, req.into_inner().reference).await?;
+        Ok(Response::new(RemoveImageResponse { manifest }))
+    }
+
     async fn get_capabilities(&self, _: Request<GetCapabilitiesRequest>) -> Result<Response<Capabilities>, Status> {
         let (limits, usage) = (self.reg.ctx.limits, self.reg.usage());
         Ok(Response::new(Capabilities {

@@ -18,8 +18,10 @@ pub struct Context {
     pub sessions_socket: PathBuf,
     /// The supervisor binary.
     pub supervisor: PathBuf,
-    /// The guest images.
+    /// The boot images.
     pub images: ImageSet,
+    /// The OCI images sandboxes' roots come from.
+    pub oci: crate::oci::ImageRoots,
     /// The accelerator asked for.
     pub accel: AccelChoice,
     /// How VMMs are confined here.

@@ -139,11 +139,13 @@ impl Hub {
         if self.registry.contains(&id) {
             return Err(CreateError::Exists(id));
         }
-        let image = self.ctx.images.resolve(&spec.image)?;
+        let image = self.ctx.images.resolve(&spec.boot_image)?;
         // In a task of its own: a client that goes away mid-claim must not drop a VM in hand.
         let (hub, claim_id) = (Arc::clone(self), id.clone());
         let attempt = tokio::spawn(async move {
-            match hub.pool.claim(spec.shape, &image).await {
+            // Pooled VMs have the built-in root: an image root boots cold.
+            let claimed = if spec.image.is_none() { hub.pool.claim(spec.shape, &image).await } else { None };
+            match claimed {
                 Some(claimed) => Ok(hub.create_claimed(claim_id, spec, claimed).await),
                 None => Err(spec),
             }

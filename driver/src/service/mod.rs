@@ -69,8 +69,10 @@ pub struct ServeConfig {
     pub state_dir: PathBuf,
     /// Only this pid may use the API, when set.
     pub gateway_pid: Option<i32>,
-    /// The guest images.
+    /// The boot images.
     pub images: ImageSet,
+    /// The OCI images sandboxes' roots come from.
+    pub oci: crate::oci::ImageRoots,
     /// The accelerator asked for.
     pub accel: AccelChoice,
     /// How VMMs are to be confined.
@@ -164,6 +166,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         sessions_socket: sessions_path.clone(),
         supervisor: binary,
         images: config.images.clone(),
+        oci: config.oci.clone(),
         accel: config.accel,
         jail,
         telemetry: config.telemetry.clone(),

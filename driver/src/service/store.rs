@@ -20,12 +20,23 @@ pub struct StoredSpec {
     pub shape: SandboxShape,
     /// Environment of every process.
     pub env: BTreeMap<String, String>,
-    /// The image's name; empty for the default.
+    /// The boot image's name; empty for the default.
     #[serde(default)]
-    pub image: String,
+    pub boot_image: String,
+    /// The OCI image of its root, as asked for; the built-in root when `None`. The image a start actually
+    /// used is pinned in the sandbox's root file ([`crate::oci::ImageRoots::pinned`]).
+    #[serde(default)]
+    pub image: Option<String>,
+    /// The writable layer's size in MiB, with an image.
+    #[serde(default = "default_disk_mib")]
+    pub disk_mib: u32,
     /// The approved policy; none: every operation.
     #[serde(default)]
     pub policy: Option<SandboxPolicy>,
+}
+
+fn default_disk_mib() -> u32 {
+    vm_contract::root::DEFAULT_DISK_MIB
 }
 
 /// Writes the spec.

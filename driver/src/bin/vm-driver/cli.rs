@@ -310,10 +310,14 @@ pub struct ServeArgs {
     /// host entropy and the wall clock before it is claimed.
     #[arg(long, requires = "pool")]
     pub pool_snapshots: bool,
-    /// Named guest images, one per subdirectory (vmlinuz + initramfs.cpio), that a sandbox may ask for
-    /// (default: the directory holding the default image, so `default` is one of them).
+    /// Named boot images, one per subdirectory (vmlinuz + initramfs.cpio), that a sandbox may ask for
+    /// (default: the directory holding the default one, so `default` is one of them).
     #[arg(long, value_name = "DIR")]
-    pub images: Option<PathBuf>,
+    pub boot_images: Option<PathBuf>,
+    #[command(flatten)]
+    pub store: crate::image::StoreArgs,
+    #[command(flatten)]
+    pub registry: crate::image::RegistryArgs,
     #[command(flatten)]
     pub vm: VmArgs,
     #[command(flatten)]
@@ -356,9 +360,16 @@ pub struct CreateArgs {
     /// How long to wait for ready, in seconds.
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     pub wait_timeout: u64,
-    /// The guest image, by name (a directory under `serve --images`); the default image when not given.
+    /// The boot image, by name (a directory under `serve --boot-images`); the default one when not given.
     #[arg(long, value_name = "NAME")]
+    pub boot_image: Option<String>,
+    /// The root filesystem: an OCI image (a registry reference, oci:DIR[:TAG], docker-archive:FILE), which
+    /// serve pulls on first use (docs/images.md). Default: the built-in root.
+    #[arg(long, value_name = "REF")]
     pub image: Option<String>,
+    /// The writable layer's size in MiB, with --image.
+    #[arg(long, value_name = "MIB", default_value_t = vm_contract::root::DEFAULT_DISK_MIB)]
+    pub disk: u32,
     /// The sandbox policy (JSON, docs/policy.md); every operation when not given.
     #[arg(long, value_name = "FILE", value_parser = read_policy)]
     pub policy: Option<SandboxPolicy>,

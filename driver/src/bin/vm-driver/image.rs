@@ -7,12 +7,12 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use vm_contract::root::RootImage;
-use vm_oci::obtain::{obtain, Freshness};
+use vm_driver::oci::ImageRoots;
+use vm_oci::obtain::Freshness;
 use vm_oci::pull::{Image, Progress};
 use vm_oci::registry::Options;
 use vm_oci::source::Source;
 use vm_oci::store::Store;
-use vm_oci::unpack::tree::Limits;
 
 /// `vm-driver image ...`.
 #[derive(Debug, Args)]
@@ -40,10 +40,14 @@ pub enum ImageCommand {
     },
     /// List the images in the store: reference, digest, size, last used.
     Ls,
-    /// Remove an image from the store (its name, its disk, the blobs no other image uses).
+    /// Remove an image from the store (its name, its disk, the blobs no other image uses); refused while a
+    /// sandbox uses it.
     Rm {
         /// A name as listed, or the manifest digest.
         reference: String,
+        /// The state directory whose sandboxes are checked (default: as `launch` and `serve` choose it).
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
     },
 }
 
@@ -134,14 +138,14 @@ pub fn run(args: ImageArgs) -> Result<u8> {
             if !matches!(source, Source::Registry(_)) {
                 bail!("{reference} is not a registry reference: use `vm-driver image import` for oci: and docker-archive:");
             }
-            pull(&store, &source, &registry.options(), Freshness::Refresh)
+            pull(&ImageRoots { store, registry: registry.options() }, &source, Freshness::Refresh)
         }
         ImageCommand::Import { source: text } => {
             let source: Source = text.parse()?;
             if matches!(source, Source::Registry(_)) {
                 bail!("{text} is a registry reference: use `vm-driver image pull`");
             }
-            pull(&store, &source, &Options::default(), Freshness::Refresh)
+            pull(&ImageRoots { store, registry: Options::default() }, &source, Freshness::Refresh)
         }
         ImageCommand::Ls => {
             println!("{:<50} {:<19} {:>12}  LAST USED", "REFERENCE", "DIGEST", "SIZE");
@@ -158,23 +162,17 @@ pub fn run(args: ImageArgs) -> Result<u8> {
             }
             Ok(0)
         }
-        ImageCommand::Rm { reference } => {
-            let entries = vm_oci::catalog::list(&store);
-            let canonical = reference.parse::<Source>().map(|s| s.to_string()).unwrap_or(reference.clone());
-            let Some(entry) = entries.iter().find(|e| {
-                e.image.manifest.as_str() == reference || e.names.iter().any(|n| *n == canonical || *n == reference)
-            }) else {
-                bail!("no image {reference} in the store");
-            };
-            vm_oci::catalog::remove(&store, &entry.image.manifest)?;
-            println!("removed {}", entry.image.manifest);
+        ImageCommand::Rm { reference, state_dir } => {
+            let state = state_dir.unwrap_or_else(vm_driver::state::default_root);
+            let roots = ImageRoots { store, registry: Options::default() };
+            println!("removed {}", roots.remove(&reference, &state.join("sandboxes"))?);
             Ok(0)
         }
     }
 }
 
-fn pull(store: &Store, source: &Source, options: &Options, freshness: Freshness) -> Result<u8> {
-    let (image, _) = get(store, source, options, freshness)?;
+fn pull(roots: &ImageRoots, source: &Source, freshness: Freshness) -> Result<u8> {
+    let (image, _) = get(roots, &source.to_string(), freshness)?;
     println!("{source} {}", image.manifest);
     Ok(0)
 }
@@ -182,25 +180,27 @@ fn pull(store: &Store, source: &Source, options: &Options, freshness: Freshness)
 /// `launch --image`: the image `reference` names, pulled on first use, as a sandbox's root with a writable
 /// layer of `disk_mib`.
 pub fn root(store: &StoreArgs, registry: &RegistryArgs, reference: &str, disk_mib: u32) -> Result<RootImage> {
-    let source: Source = reference.parse()?;
-    let (image, dir) = get(&store.open()?, &source, &registry.options(), Freshness::Cached)?;
-    Ok(RootImage {
-        manifest: image.manifest.to_string(),
-        disk: std::path::absolute(dir.join(vm_oci::disk::DISK_FILE))?,
-        disk_mib,
-        run: image.run,
-    })
+    let roots = ImageRoots { store: store.open()?, registry: registry.options() };
+    let root = roots.root(reference, disk_mib, &mut lines())?;
+    if let Some(user) = &root.run.user {
+        user_note(user);
+    }
+    Ok(root)
 }
 
-/// The one path to an image for every command, with progress on stderr.
-fn get(store: &Store, source: &Source, options: &Options, freshness: Freshness) -> Result<(Image, PathBuf)> {
-    let mut progress = Lines { terminal: std::io::stderr().is_terminal(), shown: None };
-    let got = obtain(source, store, options, Limits::default(), freshness, &mut progress)
-        .with_context(|| format!("cannot get the image {source}"))?;
+fn get(roots: &ImageRoots, reference: &str, freshness: Freshness) -> Result<(Image, PathBuf)> {
+    let got = roots.obtain(reference, freshness, &mut lines())?;
     if let Some(user) = &got.0.run.user {
-        eprintln!(
-            "vm-driver: the image asks for user {user:?}; workloads run as the fixed sandbox user (docs/policy.md)"
-        );
+        user_note(user);
     }
     Ok(got)
+}
+
+/// Progress on stderr.
+fn lines() -> Lines {
+    Lines { terminal: std::io::stderr().is_terminal(), shown: None }
+}
+
+fn user_note(user: &str) {
+    eprintln!("vm-driver: the image asks for user {user:?}; workloads run as the fixed sandbox user (docs/policy.md)");
 }

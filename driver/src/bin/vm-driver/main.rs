@@ -110,13 +110,15 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
                 args.vm.initrd.as_deref(),
             )?;
             // Named images live beside the default one unless told otherwise.
-            let root = args.images.or_else(|| default.kernel.parent().and_then(|d| d.parent()).map(PathBuf::from));
+            let root = args.boot_images.or_else(|| default.kernel.parent().and_then(|d| d.parent()).map(PathBuf::from));
             let images = vm_driver::image::ImageSet { default, root };
+            let oci = vm_driver::oci::ImageRoots { store: args.store.open()?, registry: args.registry.options() };
             service::serve(ServeConfig {
                 socket: args.socket.unwrap_or_else(|| state_dir.join("driver.sock")),
                 state_dir,
                 gateway_pid: args.gateway_pid,
                 images,
+                oci,
                 accel: args.vm.accel,
                 jail: args.vm.jail.request(),
                 telemetry: args.telemetry.config()?,
@@ -138,7 +140,9 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
                 memory_mib: shape.memory_mib(),
                 env: args.env.into_iter().collect(),
                 readiness: 0,
+                boot_image: args.boot_image.unwrap_or_default(),
                 image: args.image.unwrap_or_default(),
+                disk_mib: args.disk,
                 policy: args.policy.map(|p| p.to_json()).unwrap_or_default(),
             };
             let timeout = Duration::from_secs(args.wait_timeout);

@@ -24,6 +24,10 @@ fn hub(root: &std::path::Path) -> Arc<Hub> {
         sessions_socket: root.join("sessions.sock"),
         supervisor: root.join("no-supervisor"),
         images: ImageSet { default: Image { kernel: root.join("k"), initrd: root.join("i") }, root: None },
+        oci: crate::oci::ImageRoots {
+            store: vm_oci::store::Store::open(&root.join("oci")).unwrap(),
+            registry: vm_oci::registry::Options::default(),
+        },
         accel: vm_contract::accel::AccelChoice::Auto,
         jail: JailConfig {
             confinement: Confinement::None,
@@ -47,7 +51,14 @@ fn hub(root: &std::path::Path) -> Arc<Hub> {
 }
 
 fn spec() -> StoredSpec {
-    StoredSpec { shape: Default::default(), env: Default::default(), image: String::new(), policy: None }
+    StoredSpec {
+        shape: Default::default(),
+        env: Default::default(),
+        boot_image: String::new(),
+        image: None,
+        disk_mib: vm_contract::root::DEFAULT_DISK_MIB,
+        policy: None,
+    }
 }
 
 fn temp(name: &str) -> std::path::PathBuf {
@@ -81,5 +92,28 @@ async fn a_stop_whose_marker_is_written_answers_stopped_control() {
     let record = hub.ask(&id, Command::Stop).await.unwrap().unwrap();
     assert_eq!((record.state, record.running_intent), (State::Stopped, false));
     assert!(store::is_stopped(&layout));
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[tokio::test]
+async fn an_image_that_cannot_be_had_fails_the_start_with_its_cause_and_starts_nothing() {
+    let root = temp("no-image");
+    let hub = hub(&root);
+    let id = SandboxId::parse("s").unwrap();
+    let layout = hub.ctx.state.create_sandbox(&id).unwrap();
+    let missing = format!("oci:{}:py", root.join("nowhere").display());
+    let with_image = StoredSpec { image: Some(missing), ..spec() };
+    spawn(&hub, id.clone(), layout.clone(), with_image, Initial::Start, false).map_err(|(e, _)| e).unwrap();
+    let mut failed = None;
+    for _ in 0..500 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        failed = hub.registry.get(&id).filter(|r| r.state == State::Failed);
+        if failed.is_some() {
+            break;
+        }
+    }
+    let record = failed.expect("the sandbox did not fail");
+    assert!(record.detail.contains("cannot get the image oci:"), "{}", record.detail);
+    assert!(!layout.path(SandboxFile::Pids).exists(), "no supervisor was started");
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -43,7 +43,9 @@ pub fn stored_spec(spec: &SandboxSpec) -> Result<StoredSpec, SpecError> {
     Ok(StoredSpec {
         shape: SandboxShape::with_defaults(spec.cpus, spec.memory_mib)?,
         env: spec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-        image: spec.image.clone(),
+        boot_image: spec.boot_image.clone(),
+        image: (!spec.image.is_empty()).then(|| spec.image.clone()),
+        disk_mib: if spec.disk_mib == 0 { vm_contract::root::DEFAULT_DISK_MIB } else { spec.disk_mib },
         policy,
     })
 }
@@ -55,7 +57,9 @@ pub fn spec(spec: &StoredSpec) -> SandboxSpec {
         memory_mib: spec.shape.memory_mib(),
         env: spec.env.clone().into_iter().collect(),
         readiness: ReadinessKind::ReadinessTcp.into(),
-        image: spec.image.clone(),
+        boot_image: spec.boot_image.clone(),
+        image: spec.image.clone().unwrap_or_default(),
+        disk_mib: spec.disk_mib,
         policy: spec.policy.as_ref().map(SandboxPolicy::to_json).unwrap_or_default(),
     }
 }
@@ -105,7 +109,7 @@ fn target(t: &PoolTarget) -> ApiTarget {
         count: t.count,
         cpus: u32::from(t.shape.cpus()),
         memory_mib: t.shape.memory_mib(),
-        image: t.image.clone(),
+        boot_image: t.image.clone(),
     }
 }
 
@@ -118,7 +122,7 @@ pub fn pool(listing: PoolListing) -> ListPoolResponse {
             slot_id: vm.slot.to_string(),
             cpus: u32::from(vm.target.shape.cpus()),
             memory_mib: vm.target.shape.memory_mib(),
-            image: vm.target.image,
+            boot_image: vm.target.image,
             state: vm.state.into(),
             supervisor_pid: vm.supervisor_pid,
             vmm_pid: vm.vmm_pid,
