@@ -52,6 +52,10 @@ pub struct ImageRoots {
     pub store: Store,
     /// How registries are reached.
     pub registry: Options,
+    /// The store's cap (`--image-cache-max`): past it, least recently used images no sandbox uses go.
+    pub max_bytes: Option<u64>,
+    /// The sandboxes whose images are in use ([`in_use`]).
+    pub sandboxes: PathBuf,
 }
 
 impl ImageRoots {
@@ -66,8 +70,19 @@ impl ImageRoots {
         progress: &mut dyn Progress,
     ) -> Result<(Image, PathBuf), RootError> {
         let source: Source = reference.parse().map_err(|e| RootError::Reference(reference.to_owned(), e))?;
-        obtain(&source, &self.store, &self.registry, Limits::default(), freshness, progress)
-            .map_err(|e| RootError::Obtain(source.to_string(), e))
+        let got = obtain(&source, &self.store, &self.registry, Limits::default(), freshness, progress)
+            .map_err(|e| RootError::Obtain(source.to_string(), e))?;
+        self.evict(&got.0.manifest);
+        Ok(got)
+    }
+
+    /// Keeps the store under its cap: the least recently used images first, never one a sandbox uses, nor
+    /// `keep` (the image just obtained, whose sandbox is not made yet). Best effort: an image that cannot be
+    /// removed now stays until the next try.
+    pub fn evict(&self, keep: &Digest) -> Vec<Digest> {
+        let Some(max) = self.max_bytes else { return Vec::new() };
+        let used = in_use(&self.sandboxes);
+        catalog::evict(&self.store, max, &|d| d == keep || used.contains(d.as_str())).unwrap_or_default()
     }
 
     /// A sandbox's root on the image `reference` names, pulled on first use, with a writable layer of
@@ -85,17 +100,6 @@ impl ImageRoots {
         })
     }
 
-    /// The root a sandbox's earlier start used, if its image's disk is still in the store: a restart keeps
-    /// its image (its writable layer was written over it), even if the name has moved since.
-    pub fn pinned(&self, layout: &SandboxLayout) -> Option<RootImage> {
-        let root = RootImage::read(layout.dir()).ok().flatten()?;
-        let manifest: Digest = root.manifest.parse().ok()?;
-        let disk = vm_oci::disk::disk_dir(&self.store, &manifest).join(vm_oci::disk::DISK_FILE);
-        (disk == root.disk && disk.is_file()).then_some(root)
-    }
-}
-
-impl ImageRoots {
     /// The image named `reference` (a name as pulled, or its manifest digest).
     pub fn find(&self, reference: &str) -> Option<Entry> {
         // A short name is listed as it resolves: `python:3` as `docker.io/library/python:3`.
@@ -105,17 +109,26 @@ impl ImageRoots {
         })
     }
 
-    /// Removes the image `reference` names, unless a sandbox under `sandboxes` uses it ([`in_use`]).
+    /// Removes the image `reference` names, unless a sandbox uses it ([`in_use`]).
     ///
     /// # Errors
     /// [`RemoveError`].
-    pub fn remove(&self, reference: &str, sandboxes: &Path) -> Result<Digest, RemoveError> {
+    pub fn remove(&self, reference: &str) -> Result<Digest, RemoveError> {
         let entry = self.find(reference).ok_or_else(|| RemoveError::NotFound(reference.to_owned()))?;
-        if in_use(sandboxes).contains(entry.image.manifest.as_str()) {
+        if in_use(&self.sandboxes).contains(entry.image.manifest.as_str()) {
             return Err(RemoveError::InUse(reference.to_owned()));
         }
         catalog::remove(&self.store, &entry.image.manifest)?;
         Ok(entry.image.manifest)
+    }
+
+    /// The root a sandbox's earlier start used, if its image's disk is still in the store: a restart keeps
+    /// its image (its writable layer was written over it), even if the name has moved since.
+    pub fn pinned(&self, layout: &SandboxLayout) -> Option<RootImage> {
+        let root = RootImage::read(layout.dir()).ok().flatten()?;
+        let manifest: Digest = root.manifest.parse().ok()?;
+        let disk = vm_oci::disk::disk_dir(&self.store, &manifest).join(vm_oci::disk::DISK_FILE);
+        (disk == root.disk && disk.is_file()).then_some(root)
     }
 }
 

@@ -104,7 +104,8 @@ pub fn link_to_guest(ids: Range<u32>, commands: Vec<Vec<String>>) -> impl Strate
 /// A shutdown, or a reseed with the right number of bytes or another.
 pub fn vm_request() -> impl Strategy<Value = VmRequest> {
     prop_oneof![
-        (0..2000u32).prop_map(|grace_ms| VmRequest::Shutdown { grace_ms }),
+        (0..2000u32, prop::sample::select(SignalName::ALL.to_vec()))
+            .prop_map(|(grace_ms, signal)| VmRequest::Shutdown { grace_ms, signal }),
         (prop_oneof![Just(RESEED_BYTES), 0..2 * RESEED_BYTES], any::<u64>())
             .prop_flat_map(|(n, unix_nanos)| (prop::collection::vec(any::<u8>(), n), Just(unix_nanos)))
             .prop_map(|(e, unix_nanos)| VmRequest::Reseed { entropy: HostEntropy(e.into()), unix_nanos }),

@@ -9,6 +9,7 @@ use serde_bytes::ByteBuf;
 
 use crate::handshake::Hello;
 use crate::message::{Never, ProcessEvent, ProcessRequest};
+use crate::process::SignalName;
 
 /// Supervisor to guest agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,10 +33,12 @@ pub enum ToGuest {
 /// What the supervisor alone asks of the guest as a whole.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum VmRequest {
-    /// Stop every process (SIGTERM, then SIGKILL after `grace_ms`) and power the VM off.
+    /// Stop every process (`signal`, then SIGKILL after `grace_ms`) and power the VM off.
     Shutdown {
-        /// Milliseconds between SIGTERM and SIGKILL.
+        /// Milliseconds between `signal` and SIGKILL.
         grace_ms: u32,
+        /// What asks the processes to stop: SIGTERM, or the image's `StopSignal`.
+        signal: SignalName,
     },
     /// Sent by the supervisor right after every hello, before any process: fresh host entropy and the host's
     /// wall clock. The agent adds the bytes to the kernel's pool, forces the kernel RNG to reseed from it,

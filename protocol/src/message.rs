@@ -282,7 +282,7 @@ mod tests {
         assert_eq!(tags(&ToHost::Pong { nonce: 7 }).0, 3);
         assert_eq!(tags(&ToClient::Pong { nonce: 7 }).0, 3);
         let reseed = VmRequest::Reseed { entropy: HostEntropy(vec![0; 64].into()), unix_nanos: 0 };
-        assert_eq!(tags(&ToGuest::Vm(VmRequest::Shutdown { grace_ms: 9 })), (4, 0));
+        assert_eq!(tags(&ToGuest::Vm(VmRequest::Shutdown { grace_ms: 9, signal: SignalName::Term })), (4, 0));
         assert_eq!(tags(&ToGuest::Vm(reseed)), (4, 1));
         assert_eq!(tags(&ToSupervisor::Supervisor(SupervisorRequest::Detach { id })), (5, 2));
         let ack = SupervisorReply::CredentialsAck { outcome: RotationOutcome::Applied };

@@ -150,6 +150,15 @@ impl SignalName {
         let bare = upper.strip_prefix("SIG").unwrap_or(&upper);
         Self::ALL.into_iter().find(|s| s.name() == bare)
     }
+
+    /// Parses a name as [`SignalName::parse`] does, or a number (an image config's `StopSignal` may be
+    /// either).
+    pub fn parse_name_or_number(text: &str) -> Option<Self> {
+        match text.parse::<i32>() {
+            Ok(n) => Self::ALL.into_iter().find(|s| s.number() == n),
+            Err(_) => Self::parse(text),
+        }
+    }
 }
 
 /// A terminal size in character cells.

@@ -300,3 +300,50 @@ fn serve_creates_from_a_reference_with_the_pull_on_watch_and_keeps_the_image_whi
     assert_eq!(removed.into_inner().manifest, images[0].manifest);
     assert!(rt.block_on(client.list_images(ListImagesRequest {})).unwrap().into_inner().images.is_empty());
 }
+
+/// `--image-cache-max`: past the cap the least recently used image goes, unless a sandbox uses it. The
+/// control is the same store and cap once the sandbox has ended.
+#[test]
+fn the_cache_cap_evicts_the_least_recently_used_image_never_one_in_use() {
+    let s = Scratch::with_deadline("img-evict", Duration::from_secs(600));
+    let store = s.dir.join("store");
+    let image = |args: &[&str]| {
+        let out = Command::new(&vm_e2e::harness().shipped.driver)
+            .arg("image")
+            .arg("--image-cache")
+            .arg(&store)
+            .arg("--state-dir")
+            .arg(s.state())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    image(&["import", &layout_ref()]);
+    let small = vm_e2e::registry::umoci_image(
+        &s.dir,
+        "small",
+        &[&|root: &Path| {
+            std::fs::write(root.join("note"), "small\n").unwrap();
+        }],
+        &[],
+    );
+    let small_ref = format!("oci:{}:small", small.display());
+
+    // The Debian image in use by a running sandbox survives a cap of one byte.
+    let launch = launch_image(&s, &store, &layout_ref(), &["/bin/sh", "-c", "echo up; exec sleep 600"]);
+    let mut running = vm_e2e::Running::start(launch, &[], "up");
+    image(&["import", "--image-cache-max", "1", &small_ref]);
+    let listed = image(&["ls"]);
+    assert!(listed.contains(&layout_ref()) && listed.contains(&small_ref), "both kept: {listed}");
+    assert!(listed.lines().any(|l| l.contains(&layout_ref()) && l.contains(" yes ")), "{listed}");
+
+    // Once the sandbox ended, the same cap takes it: it is the least recently used.
+    vm_e2e::procs::signal(i32::try_from(running.driver.id()).unwrap(), nix::sys::signal::Signal::SIGTERM);
+    let _ = running.driver.wait();
+    image(&["import", "--image-cache-max", "1", &small_ref]);
+    let listed = image(&["ls"]);
+    assert!(!listed.contains(&layout_ref()) && listed.contains(&small_ref), "the unused image went: {listed}");
+    drop(running);
+}

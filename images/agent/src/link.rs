@@ -7,7 +7,7 @@
 //!   | <-- Hello(version, capabilities) --  |   mismatch on either side: close
 //!   | <-- Spawn / Stdin / Signal / ... --  |
 //!   | -- Started / Output / Exited ... --> |
-//!   | <-------- Shutdown{grace} ---------- |   or EOF: the host went away
+//!   | <----- Shutdown{grace,signal} ------ |   or EOF: the host went away
 //! ```
 //!
 //! The calling thread reads; each process has a stdin writer and two output pumps; one reaper thread
@@ -186,11 +186,14 @@ pub fn serve(mut reader: impl Read + Send + 'static, writer: File, config: &Conf
 
     // The first ending decides; a shutdown request lets the workload drain within its grace period.
     let ending = end.recv().unwrap_or(Ending::HostGone);
-    stop_all(&shared, if let Ending::Shutdown(grace) = ending { grace } else { Duration::ZERO });
+    match ending {
+        Ending::Shutdown(grace, signal) => stop_all(&shared, grace, to_nix(signal)),
+        _ => stop_all(&shared, Duration::ZERO, Signal::SIGTERM),
+    }
     shared.ended.store(true, Ordering::Release);
     shared.children_changed();
     match ending {
-        Ending::Shutdown(_) => Ok(End::Shutdown),
+        Ending::Shutdown(..) => Ok(End::Shutdown),
         Ending::HostGone => Ok(End::HostGone),
         Ending::Violation(e) => Err(e),
     }
@@ -210,8 +213,8 @@ fn handshake(shared: &Shared, reader: &mut impl Read, scratch: &mut Vec<u8>) -> 
 /// How the reading of requests ended, or a shutdown request (after which reading goes on).
 #[derive(Debug)]
 enum Ending {
-    /// `Shutdown { grace }` from the host.
-    Shutdown(Duration),
+    /// `Shutdown { grace, signal }` from the host.
+    Shutdown(Duration, SignalName),
     /// The channel closed or failed: the host is gone.
     HostGone,
     /// The host broke the protocol.
@@ -241,8 +244,8 @@ fn serve_requests(
         };
         match handle(shared, config, msg) {
             Ok(None) => {}
-            Ok(Some(grace)) => {
-                let _ = ends.send(Ending::Shutdown(grace));
+            Ok(Some((grace, signal))) => {
+                let _ = ends.send(Ending::Shutdown(grace, signal));
             }
             Err(violation) => {
                 let _ = ends.send(Ending::Violation(violation));
@@ -252,9 +255,9 @@ fn serve_requests(
     }
 }
 
-/// Handles one request; `Ok(Some(grace))` is a shutdown request. Attach-socket requests have no tag on the
+/// Handles one request; `Ok(Some((grace, signal)))` is a shutdown request. Attach-socket requests have no tag on the
 /// link: the decoder already refused them.
-fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<Duration>, LinkError> {
+fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<(Duration, SignalName)>, LinkError> {
     match msg {
         ToGuest::Process(req) => process_request(shared, config, req)?,
         ToGuest::Vm(VmRequest::Reseed { entropy, unix_nanos }) => {
@@ -266,7 +269,9 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
                 crate::entropy::reseed(entropy, unix_nanos).map_err(LinkError::Reseed)?;
             }
         }
-        ToGuest::Vm(VmRequest::Shutdown { grace_ms }) => return Ok(Some(Duration::from_millis(u64::from(grace_ms)))),
+        ToGuest::Vm(VmRequest::Shutdown { grace_ms, signal }) => {
+            return Ok(Some((Duration::from_millis(u64::from(grace_ms)), signal)))
+        }
         ToGuest::Ping { nonce } => shared.send(ToHost::Pong { nonce }),
         ToGuest::Hello(_) => return Err(LinkError::Violation { what: "unexpected hello after the handshake".into() }),
     }
@@ -356,9 +361,10 @@ fn to_nix(signal: SignalName) -> Signal {
     }
 }
 
-/// SIGTERM to every process group, up to `grace` for them to finish, then SIGKILL and a short drain so
-/// their `Exited` frames still reach the host. Refuses new spawns from here on.
-fn stop_all(shared: &Shared, grace: Duration) {
+/// `signal` (SIGTERM, or the image's stop signal) to every process group, up to `grace` for them to finish,
+/// then SIGKILL and a short drain so their `Exited` frames still reach the host. Refuses new spawns from
+/// here on.
+fn stop_all(shared: &Shared, grace: Duration, signal: Signal) {
     let pids = {
         let mut table = shared.table();
         table.stopping = true;
@@ -366,7 +372,7 @@ fn stop_all(shared: &Shared, grace: Duration) {
     };
     if !grace.is_zero() {
         for pid in &pids {
-            let _ = killpg(*pid, Signal::SIGTERM);
+            let _ = killpg(*pid, signal);
         }
         wait_drained(shared, grace);
     }

@@ -111,7 +111,7 @@ impl Host {
     }
 
     fn finish(mut self) -> Result<End, LinkError> {
-        self.send(&ToGuest::Vm(VmRequest::Shutdown { grace_ms: 1000 }));
+        self.send(&ToGuest::Vm(VmRequest::Shutdown { grace_ms: 1000, signal: SignalName::Term }));
         self.agent.take().unwrap().join().unwrap()
     }
 }
@@ -469,9 +469,22 @@ fn shutdown_stops_running_processes_and_reports_them() {
     let mut host = Host::start();
     host.spawn(1, &["sleep", "300"], 4096);
     assert!(matches!(host.recv(), Some(ToHost::Process(ProcessEvent::Started { .. }))));
-    host.send(&ToGuest::Vm(VmRequest::Shutdown { grace_ms: 2000 }));
+    host.send(&ToGuest::Vm(VmRequest::Shutdown { grace_ms: 2000, signal: SignalName::Term }));
     let run = host.collect(1);
     assert_eq!(run.status, Some(ExitStatus::Signaled(15)), "SIGTERM within the grace period");
+    assert_eq!(host.agent.take().unwrap().join().unwrap().unwrap(), End::Shutdown);
+}
+
+#[test]
+fn shutdown_asks_with_the_signal_it_is_given() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut host = Host::start();
+    host.spawn(1, &["sleep", "300"], 4096);
+    assert!(matches!(host.recv(), Some(ToHost::Process(ProcessEvent::Started { .. }))));
+    // An image's StopSignal (SIGINT here) in place of SIGTERM.
+    host.send(&ToGuest::Vm(VmRequest::Shutdown { grace_ms: 2000, signal: SignalName::Int }));
+    let run = host.collect(1);
+    assert_eq!(run.status, Some(ExitStatus::Signaled(2)), "the image's stop signal within the grace period");
     assert_eq!(host.agent.take().unwrap().join().unwrap().unwrap(), End::Shutdown);
 }
 

@@ -30,7 +30,7 @@ use vm_protocol::attach::{ProcessSummary, SupervisorReply, SupervisorRequest, To
 use vm_protocol::flow::MAX_WINDOW_BYTES;
 use vm_protocol::link::ToGuest;
 use vm_protocol::message::Refusal;
-use vm_protocol::{ExitStatus, ProcId, ProcessEvent, ProcessRequest};
+use vm_protocol::{ExitStatus, ProcId, ProcessEvent, ProcessRequest, SignalName};
 
 pub use self::route::MAX_KEPT_ARGV_BYTES;
 use self::route::{Phase, Route};
@@ -178,6 +178,12 @@ impl Mux {
     pub fn with_run_config(mut self, run: RunConfig) -> Self {
         self.run = run;
         self
+    }
+
+    /// What asks the workload to stop: the image's `StopSignal`, else SIGTERM (also for one this product
+    /// does not send: [`SignalName`] is the set it allows).
+    pub fn stop_signal(&self) -> SignalName {
+        self.run.stop_signal.as_deref().and_then(SignalName::parse_name_or_number).unwrap_or(SignalName::Term)
     }
 
     /// The same, under `policy` (approved at create) instead of the allow-everything default.

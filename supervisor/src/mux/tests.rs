@@ -304,7 +304,7 @@ fn refuses_spawns_when_stopping_or_out_of_order_and_shrinks_windows_past_the_bud
 fn clients_may_not_shut_the_vm_down() {
     // The attach socket's type has no shutdown: the link's one, sent by a client, never decodes.
     let mut wire = Vec::new();
-    let shutdown = ToGuest::Vm(vm_protocol::link::VmRequest::Shutdown { grace_ms: 0 });
+    let shutdown = ToGuest::Vm(vm_protocol::link::VmRequest::Shutdown { grace_ms: 0, signal: SignalName::Term });
     vm_protocol::frame::encode(&shutdown, &mut wire).unwrap();
     assert!(matches!(vm_protocol::frame::decode::<ToSupervisor>(&wire), Err(vm_protocol::FrameError::Malformed(_))));
 }
@@ -522,4 +522,15 @@ fn an_images_defaults_reach_the_guest_under_the_requests_own_and_the_gate_judges
         actions.iter().any(|a| matches!(a, Action::Denied { .. })),
         "the program is the entrypoint, which the policy does not name: {actions:?}"
     );
+}
+
+#[test]
+fn the_stop_signal_is_the_images_when_it_names_one_this_product_sends() {
+    let with = |signal: Option<&str>| {
+        Mux::default().with_run_config(RunConfig { stop_signal: signal.map(String::from), ..RunConfig::default() })
+    };
+    assert_eq!(Mux::default().stop_signal(), SignalName::Term);
+    assert_eq!(with(Some("SIGINT")).stop_signal(), SignalName::Int);
+    assert_eq!(with(Some("3")).stop_signal(), SignalName::Quit);
+    assert_eq!(with(Some("SIGRTMIN+3")).stop_signal(), SignalName::Term, "outside the set: SIGTERM");
 }

@@ -283,7 +283,8 @@ impl Serving<'_> {
         self.mux.stop_accepting();
         let grace = self.args.stop_grace_ms;
         // A guest that does not read its channel cannot take the shutdown; the deadline covers it.
-        let _ = self.guest.try_send(VmRequest::Shutdown { grace_ms: grace }.into());
+        let signal = self.mux.stop_signal();
+        let _ = self.guest.try_send(VmRequest::Shutdown { grace_ms: grace, signal }.into());
         let kill_at = Instant::now() + Duration::from_millis(u64::from(grace)) + vm_contract::stop::POWER_OFF;
         self.stopping = Some((reason, kill_at));
     }

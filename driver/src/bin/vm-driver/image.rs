@@ -21,6 +21,9 @@ pub struct ImageArgs {
     pub command: ImageCommand,
     #[command(flatten)]
     pub store: StoreArgs,
+    /// The state directory whose sandboxes' images are in use (default: as `launch` and `serve` choose it).
+    #[arg(long, value_name = "DIR", global = true)]
+    pub state_dir: Option<PathBuf>,
 }
 
 /// What to do with images.
@@ -45,9 +48,6 @@ pub enum ImageCommand {
     Rm {
         /// A name as listed, or the manifest digest.
         reference: String,
-        /// The state directory whose sandboxes are checked (default: as `launch` and `serve` choose it).
-        #[arg(long, value_name = "DIR")]
-        state_dir: Option<PathBuf>,
     },
 }
 
@@ -57,6 +57,26 @@ pub struct StoreArgs {
     /// The image store (default: $XDG_CACHE_HOME/vm-driver/oci, else ~/.cache/vm-driver/oci).
     #[arg(long, value_name = "DIR", global = true)]
     pub image_cache: Option<PathBuf>,
+    /// Cap the store at this size (bytes, or with K, M, G or T): past it, the least recently used images
+    /// that no sandbox uses are removed after each pull.
+    #[arg(long, value_name = "SIZE", global = true, value_parser = parse_size)]
+    pub image_cache_max: Option<u64>,
+}
+
+/// `1048576`, `512M`, `10G`: binary multiples.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let (digits, shift) = match text.as_bytes().last().map(u8::to_ascii_uppercase) {
+        Some(b'K') => (&text[..text.len() - 1], 10),
+        Some(b'M') => (&text[..text.len() - 1], 20),
+        Some(b'G') => (&text[..text.len() - 1], 30),
+        Some(b'T') => (&text[..text.len() - 1], 40),
+        _ => (text, 0),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .ok_or_else(|| format!("{text:?} is not a size (bytes, or a number with K, M, G or T)"))
 }
 
 /// How to reach registries.
@@ -86,8 +106,18 @@ impl RegistryArgs {
 }
 
 impl StoreArgs {
+    /// Where images come from and are kept, for sandboxes under the state directory `state`.
+    pub fn roots(&self, registry: Options, state: &std::path::Path) -> Result<ImageRoots> {
+        Ok(ImageRoots {
+            store: self.open()?,
+            registry,
+            max_bytes: self.image_cache_max,
+            sandboxes: state.join("sandboxes"),
+        })
+    }
+
     /// The store, opened.
-    pub fn open(&self) -> Result<Store> {
+    fn open(&self) -> Result<Store> {
         let dir = match &self.image_cache {
             Some(dir) => dir.clone(),
             None => {
@@ -131,30 +161,34 @@ impl Progress for Lines {
 
 /// Runs an `image` command.
 pub fn run(args: ImageArgs) -> Result<u8> {
-    let store = args.store.open()?;
+    let state = args.state_dir.unwrap_or_else(vm_driver::state::default_root);
+    let roots = |registry: Options| args.store.roots(registry, &state);
     match args.command {
         ImageCommand::Pull { reference, registry } => {
             let source: Source = reference.parse()?;
             if !matches!(source, Source::Registry(_)) {
                 bail!("{reference} is not a registry reference: use `vm-driver image import` for oci: and docker-archive:");
             }
-            pull(&ImageRoots { store, registry: registry.options() }, &source, Freshness::Refresh)
+            pull(&roots(registry.options())?, &source, Freshness::Refresh)
         }
         ImageCommand::Import { source: text } => {
             let source: Source = text.parse()?;
             if matches!(source, Source::Registry(_)) {
                 bail!("{text} is a registry reference: use `vm-driver image pull`");
             }
-            pull(&ImageRoots { store, registry: Options::default() }, &source, Freshness::Refresh)
+            pull(&roots(Options::default())?, &source, Freshness::Refresh)
         }
         ImageCommand::Ls => {
-            println!("{:<50} {:<19} {:>12}  LAST USED", "REFERENCE", "DIGEST", "SIZE");
-            for entry in vm_oci::catalog::list(&store) {
+            let roots = roots(Options::default())?;
+            let used = vm_driver::oci::in_use(&roots.sandboxes);
+            println!("{:<50} {:<19} {:>12}  {:<6} LAST USED", "REFERENCE", "DIGEST", "SIZE", "IN USE");
+            for entry in vm_oci::catalog::list(&roots.store) {
                 let ago = entry.used.elapsed().map_or(0, |d| d.as_secs());
+                let in_use = if used.contains(entry.image.manifest.as_str()) { "yes" } else { "no" };
                 let names = if entry.names.is_empty() { vec!["<none>".to_owned()] } else { entry.names.clone() };
                 for name in names {
                     println!(
-                        "{name:<50} {:<19} {:>12}  {ago} s ago",
+                        "{name:<50} {:<19} {:>12}  {in_use:<6} {ago} s ago",
                         &entry.image.manifest.as_str()[..19],
                         entry.bytes
                     );
@@ -162,10 +196,8 @@ pub fn run(args: ImageArgs) -> Result<u8> {
             }
             Ok(0)
         }
-        ImageCommand::Rm { reference, state_dir } => {
-            let state = state_dir.unwrap_or_else(vm_driver::state::default_root);
-            let roots = ImageRoots { store, registry: Options::default() };
-            println!("removed {}", roots.remove(&reference, &state.join("sandboxes"))?);
+        ImageCommand::Rm { reference } => {
+            println!("removed {}", roots(Options::default())?.remove(&reference)?);
             Ok(0)
         }
     }
@@ -179,8 +211,7 @@ fn pull(roots: &ImageRoots, source: &Source, freshness: Freshness) -> Result<u8>
 
 /// `launch --image`: the image `reference` names, pulled on first use, as a sandbox's root with a writable
 /// layer of `disk_mib`.
-pub fn root(store: &StoreArgs, registry: &RegistryArgs, reference: &str, disk_mib: u32) -> Result<RootImage> {
-    let roots = ImageRoots { store: store.open()?, registry: registry.options() };
+pub fn root(roots: &ImageRoots, reference: &str, disk_mib: u32) -> Result<RootImage> {
     let root = roots.root(reference, disk_mib, &mut lines())?;
     if let Some(user) = &root.run.user {
         user_note(user);

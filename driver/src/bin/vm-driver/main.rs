@@ -76,11 +76,13 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
                 argv: args.cmd,
                 env: args.env,
                 workdir: args.workdir,
-                root: args
-                    .image
-                    .as_deref()
-                    .map(|reference| image::root(&args.store, &args.registry, reference, args.disk))
-                    .transpose()?,
+                root: match args.image.as_deref() {
+                    Some(reference) => {
+                        let state = args.vm.state_dir.clone().unwrap_or_else(vm_driver::state::default_root);
+                        Some(image::root(&args.store.roots(args.registry.options(), &state)?, reference, args.disk)?)
+                    }
+                    None => None,
+                },
                 boot_image: args.vm.boot_image,
                 kernel: args.vm.kernel,
                 initrd: args.vm.initrd,
@@ -112,7 +114,7 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
             // Named images live beside the default one unless told otherwise.
             let root = args.boot_images.or_else(|| default.kernel.parent().and_then(|d| d.parent()).map(PathBuf::from));
             let images = vm_driver::image::ImageSet { default, root };
-            let oci = vm_driver::oci::ImageRoots { store: args.store.open()?, registry: args.registry.options() };
+            let oci = args.store.roots(args.registry.options(), &state_dir)?;
             service::serve(ServeConfig {
                 socket: args.socket.unwrap_or_else(|| state_dir.join("driver.sock")),
                 state_dir,

@@ -27,6 +27,8 @@ fn hub(root: &std::path::Path) -> Arc<Hub> {
         oci: crate::oci::ImageRoots {
             store: vm_oci::store::Store::open(&root.join("oci")).unwrap(),
             registry: vm_oci::registry::Options::default(),
+            max_bytes: None,
+            sandboxes: root.join("sandboxes"),
         },
         accel: vm_contract::accel::AccelChoice::Auto,
         jail: JailConfig {

@@ -15,7 +15,7 @@ use vm_oci::obtain::Freshness;
 use vm_oci::pull::Progress;
 use vm_protocol::driver_api::{pull_image_progress, ImageInfo, LayerProgress, PullImageProgress};
 
-use crate::oci::{ImageRoots, RemoveError};
+use crate::oci::RemoveError;
 use crate::service::hub::Hub;
 
 /// The stream `PullImage` answers with.
@@ -32,13 +32,13 @@ pub(super) fn pull(hub: &Arc<Hub>, reference: String) -> Result<PullStream, Stat
         .parse::<vm_oci::source::Source>()
         .map_err(|e| Status::invalid_argument(format!("{reference} is not an image reference: {e}")))?;
     let (tx, rx) = mpsc::channel(QUEUED);
-    let (oci, sandboxes) = (hub.ctx.oci.clone(), hub.ctx.state.sandboxes_dir());
+    let oci = hub.ctx.oci.clone();
     tokio::task::spawn_blocking(move || {
         let mut progress = Streamed { tx: tx.clone(), last: None };
         let last = match oci.obtain(&reference, Freshness::Refresh, &mut progress) {
             Ok((image, _)) => oci
                 .find(image.manifest.as_str())
-                .map(|entry| info(&entry, &crate::oci::in_use(&sandboxes)))
+                .map(|entry| info(&entry, &crate::oci::in_use(&oci.sandboxes)))
                 .map(|info| PullImageProgress { progress: Some(pull_image_progress::Progress::Image(info)) })
                 .ok_or_else(|| Status::internal("the pulled image is not in the store")),
             Err(e) => Err(Status::failed_precondition(vm_contract::logs::chain(&e))),
@@ -50,9 +50,9 @@ pub(super) fn pull(hub: &Arc<Hub>, reference: String) -> Result<PullStream, Stat
 
 /// Every image in the store.
 pub(super) async fn list(hub: &Arc<Hub>) -> Result<Vec<ImageInfo>, Status> {
-    let (oci, sandboxes) = (hub.ctx.oci.clone(), hub.ctx.state.sandboxes_dir());
+    let oci = hub.ctx.oci.clone();
     tokio::task::spawn_blocking(move || {
-        let used = crate::oci::in_use(&sandboxes);
+        let used = crate::oci::in_use(&oci.sandboxes);
         vm_oci::catalog::list(&oci.store).iter().map(|e| info(e, &used)).collect()
     })
     .await
@@ -61,8 +61,8 @@ pub(super) async fn list(hub: &Arc<Hub>) -> Result<Vec<ImageInfo>, Status> {
 
 /// Removes the image `reference` names, unless a sandbox uses it.
 pub(super) async fn remove(hub: &Arc<Hub>, reference: String) -> Result<String, Status> {
-    let (oci, sandboxes): (ImageRoots, _) = (hub.ctx.oci.clone(), hub.ctx.state.sandboxes_dir());
-    let removed = tokio::task::spawn_blocking(move || oci.remove(&reference, &sandboxes))
+    let oci = hub.ctx.oci.clone();
+    let removed = tokio::task::spawn_blocking(move || oci.remove(&reference))
         .await
         .map_err(|_| Status::internal("the removal's task failed"))?;
     match removed {
