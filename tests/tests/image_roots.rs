@@ -347,3 +347,22 @@ fn the_cache_cap_evicts_the_least_recently_used_image_never_one_in_use() {
     assert!(!listed.contains(&layout_ref()) && listed.contains(&small_ref), "the unused image went: {listed}");
     drop(running);
 }
+
+#[test]
+fn a_stop_asks_with_the_images_stop_signal_and_its_user_is_reported_not_obeyed() {
+    let s = Scratch::new("img-stop");
+    let script = "trap 'echo stopped by INT; exit 0' INT; trap 'echo stopped by TERM; exit 0' TERM; echo up; id -u; \
+                  while :; do sleep 0.1; done";
+    let launch = launch_image(&s, shared_store(), &layout_ref(), &["/bin/sh", "-c", script]);
+    let mut running = vm_e2e::Running::start(launch, &[], "up");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut running.stdout, &mut line).unwrap();
+    assert_eq!(line, "1000\n", "the image's User (1234) is not obeyed");
+    vm_e2e::procs::signal(i32::try_from(running.driver.id()).unwrap(), nix::sys::signal::Signal::SIGTERM);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut running.stdout, &mut rest).unwrap();
+    let _ = running.driver.wait();
+    assert_eq!(rest, "stopped by INT\n", "the image's StopSignal (SIGINT), not SIGTERM");
+    let stderr = running.stderr_text();
+    assert!(stderr.contains("the image asks for user \"1234\""), "{stderr}");
+}
