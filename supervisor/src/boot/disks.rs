@@ -45,10 +45,15 @@ pub enum DiskError {
 /// # Errors
 /// [`DiskError`]; a failed make leaves no writable layer behind.
 pub fn prepare(root: &RootImage, ids: Option<JailIds>) -> Result<Disks, DiskError> {
+    prepare_in(Path::new("."), root, ids)
+}
+
+fn prepare_in(sandbox_dir: &Path, root: &RootImage, ids: Option<JailIds>) -> Result<Disks, DiskError> {
     if !root.disk.is_file() {
         return Err(DiskError::NoImage(root.disk.clone()));
     }
-    let writable = std::path::absolute(SandboxFile::WritableDisk.name()).map_err(DiskError::Writable)?;
+    let writable =
+        std::path::absolute(sandbox_dir.join(SandboxFile::WritableDisk.name())).map_err(DiskError::Writable)?;
     if !writable.is_file() {
         make(&writable, root.disk_mib)?;
     }
@@ -87,4 +92,44 @@ fn make(path: &Path, mib: u32) -> Result<(), DiskError> {
         let _ = fs::remove_file(&partial);
     }
     made
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root(disk: PathBuf, mib: u32) -> RootImage {
+        RootImage { manifest: "sha256:00".into(), disk, disk_mib: mib, run: vm_contract::root::RunConfig::default() }
+    }
+
+    #[test]
+    fn a_missing_image_disk_is_named_and_makes_no_writable_layer() {
+        let dir = std::env::temp_dir().join(format!("vm-disks-missing-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let err = prepare_in(&dir, &root(dir.join("gone.erofs"), 16), None).unwrap_err();
+        assert!(matches!(err, DiskError::NoImage(_)), "{err}");
+        assert!(!dir.join(SandboxFile::WritableDisk.name()).exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_writable_layer_is_a_sparse_private_ext4_of_its_size_made_once() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = std::env::temp_dir().join(format!("vm-disks-made-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("image.erofs"), b"image").unwrap();
+        let disks = prepare_in(&dir, &root(dir.join("image.erofs"), 64), None).unwrap();
+        let meta = fs::metadata(&disks.writable).unwrap();
+        assert_eq!(meta.len(), 64 << 20);
+        assert!(meta.blocks() * 512 < 4 << 20, "sparse: {} bytes allocated", meta.blocks() * 512);
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        let bytes = fs::read(&disks.writable).unwrap();
+        assert_eq!(bytes[0x438..0x43a], [0x53, 0xef], "the ext4 superblock's magic");
+        // A second boot keeps what the first made (its writes).
+        fs::write(&disks.writable, b"kept").unwrap();
+        prepare_in(&dir, &root(dir.join("image.erofs"), 64), None).unwrap();
+        assert_eq!(fs::read(&disks.writable).unwrap(), b"kept");
+        assert!(!dir.join("disk.partial").exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }
