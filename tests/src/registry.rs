@@ -1,6 +1,7 @@
 //! A real registry for the image tests: Debian's `docker-registry` (distribution v2) on 127.0.0.1, with
-//! TLS from a throwaway CA and, optionally, htpasswd logins; and images made by `umoci` and pushed by
-//! `skopeo`, tools no one here wrote.
+//! TLS from a throwaway CA and, optionally, htpasswd logins or token auth (distribution verifying the JWTs
+//! of `tests/python/token_server.py`, signed with PyJWT); and images made by `umoci` and pushed by `skopeo`,
+//! tools no one here wrote.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -8,6 +9,17 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+
+/// How a registry admits its clients.
+#[derive(Debug, Clone, Copy)]
+pub enum Auth<'a> {
+    /// Anyone may pull and push.
+    Open,
+    /// This user and password, checked by the registry (htpasswd, a Basic challenge).
+    Htpasswd(&'a str, &'a str),
+    /// This user and password, checked by a token issuer in front of it (a Bearer challenge).
+    Token(&'a str, &'a str),
+}
 
 /// A running registry, killed on drop.
 #[derive(Debug)]
@@ -22,7 +34,10 @@ pub struct Registry {
     pub storage: PathBuf,
     /// A Docker `config.json` with the login, when it has one.
     pub auth_file: Option<PathBuf>,
+    /// `Auth::Token`: every grant the issuer made, one JSON line each.
+    pub grants: Option<PathBuf>,
     child: Child,
+    issuer: Option<Child>,
 }
 
 /// Runs `cmd`, panicking with its output if it fails.
@@ -40,6 +55,11 @@ fn free_port() -> u16 {
 impl Registry {
     /// Starts a registry under `dir`; `login` (user, password) puts htpasswd auth in front of it.
     pub fn start(dir: &Path, login: Option<(&str, &str)>) -> Self {
+        Self::start_with(dir, login.map_or(Auth::Open, |(user, password)| Auth::Htpasswd(user, password)))
+    }
+
+    /// Starts a registry under `dir` that admits clients as `auth` says.
+    pub fn start_with(dir: &Path, auth: Auth<'_>) -> Self {
         std::fs::create_dir_all(dir).unwrap();
         let ca_key = KeyPair::generate().unwrap();
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -59,16 +79,35 @@ impl Registry {
         std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
         let storage = dir.join("storage");
         let addr = format!("127.0.0.1:{}", free_port());
-        let mut auth = String::new();
-        let mut auth_file = None;
-        if let Some((user, password)) = login {
-            run(Command::new("htpasswd").arg("-Bbc").arg(dir.join("htpasswd")).arg(user).arg(password));
-            auth = format!("auth:\n  htpasswd:\n    realm: e2e\n    path: {}\n", dir.join("htpasswd").display());
+        let (mut auth_yaml, mut auth_file, mut grants, mut issuer) = (String::new(), None, None, None);
+        let mut login_file = |user: &str, password: &str| {
             let pair = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, format!("{user}:{password}"));
             let file = dir.join("docker-config.json");
             std::fs::write(&file, format!(r#"{{"auths":{{"{addr}":{{"auth":"{pair}"}}}}}}"#)).unwrap();
             auth_file = Some(file);
+        };
+        match auth {
+            Auth::Open => {}
+            Auth::Htpasswd(user, password) => {
+                run(Command::new("htpasswd").arg("-Bbc").arg(dir.join("htpasswd")).arg(user).arg(password));
+                auth_yaml =
+                    format!("auth:\n  htpasswd:\n    realm: e2e\n    path: {}\n", dir.join("htpasswd").display());
+                login_file(user, password);
+            }
+            Auth::Token(user, password) => {
+                let port = free_port().to_string();
+                let (child, signer) = start_issuer(dir, &port, user, password);
+                auth_yaml = format!(
+                    "auth:\n  token:\n    realm: https://127.0.0.1:{port}/token\n    service: {TOKEN_SERVICE}\n    \
+                     issuer: e2e-token-issuer\n    rootcertbundle: {}\n",
+                    signer.display()
+                );
+                login_file(user, password);
+                grants = Some(dir.join("token-grants.log"));
+                issuer = Some(child);
+            }
         }
+        let auth = auth_yaml;
         let config = format!(
             "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n  tls:\n    certificate: {}\n    key: {}\n{auth}",
             storage.display(),
@@ -91,7 +130,7 @@ impl Registry {
             "the registry did not start: {}",
             std::fs::read_to_string(dir.join("registry.log")).unwrap_or_default()
         );
-        Self { addr, ca, cert_dir, storage, auth_file, child }
+        Self { addr, ca, cert_dir, storage, auth_file, grants, child, issuer }
     }
 
     /// Pushes `source` (a skopeo source such as `oci:DIR:TAG`) as `NAME:TAG` here.
@@ -113,9 +152,32 @@ impl Registry {
 
 impl Drop for Registry {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        for child in std::iter::once(&mut self.child).chain(self.issuer.as_mut()) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
+}
+
+/// The `service` the registry and its token issuer agree on.
+const TOKEN_SERVICE: &str = "e2e-registry";
+
+/// Starts the token issuer on `port` (its TLS is the registry's certificate, in `dir`); returns it and the
+/// certificate of its signing key, for the registry's `rootcertbundle`.
+fn start_issuer(dir: &Path, port: &str, user: &str, password: &str) -> (Child, PathBuf) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/token_server.py");
+    // Debian's interpreter, where scripts/deps installs python3-jwt and python3-cryptography.
+    let mut child = Command::new("/usr/bin/python3")
+        .arg(script)
+        .args([dir.to_str().unwrap(), port, TOKEN_SERVICE, user, password])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 for the token issuer");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    assert_eq!(line.trim(), "ready", "the token issuer did not start");
+    (child, dir.join("token-signer.pem"))
 }
 
 /// An OCI layout at `dir` with image `tag`, one layer per step: each step changes the unpacked root (add,

@@ -345,3 +345,32 @@ fn a_cached_name_needs_no_source_and_a_refresh_does() {
     let err = get(Freshness::Refresh).unwrap_err();
     assert!(vm_contract::logs::chain(&err).contains("cannot read"), "{err}");
 }
+
+/// Token auth in front of the registry: distribution itself verifies the JWTs a token issuer signs
+/// (`tests/python/token_server.py`, PyJWT); the issuer wants the login, which comes from the auth file and
+/// goes only to the issuer, over TLS.
+#[test]
+fn a_registry_behind_token_auth_is_pulled_with_a_token_got_by_the_login() {
+    let s = Scratch::new("img-token");
+    let password = "token-login-secret";
+    let reg = Registry::start_with(&s.dir.join("registry"), vm_e2e::registry::Auth::Token("puller", password));
+    let layout = test_layout(&s.dir);
+    let name = reg.push(&format!("oci:{}:v1", layout.display()), "e2e/token:v1");
+    let ca = reg.ca.display().to_string();
+
+    let refused = cli(&s.dir.join("store-a"), &["pull", "--registry-ca", &ca, &name]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "pulled without a login");
+    assert!(stderr.contains("refused access") || stderr.contains("gave no usable token"), "{stderr}");
+    assert!(vm_oci::catalog::list(&store(&s.dir, "store-a")).is_empty(), "nothing stored");
+
+    let auth = reg.auth_file.as_ref().unwrap().display().to_string();
+    let pulled = cli(&s.dir.join("store-b"), &["pull", "--registry-ca", &ca, "--registry-auth-file", &auth, &name]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&pulled.stdout), String::from_utf8_lossy(&pulled.stderr));
+    assert!(pulled.status.success(), "{stderr}");
+    assert!(stdout.contains("sha256:"), "{stdout}");
+    assert!(!stdout.contains(password) && !stderr.contains(password), "the login appears nowhere");
+    let grants = std::fs::read_to_string(reg.grants.as_ref().unwrap()).unwrap();
+    assert!(grants.lines().any(|g| g.contains(r#""name": "e2e/token""#) && g.contains(r#"["pull"]"#)), "{grants}");
+    eprintln!("e2e: token auth: {} grants by the issuer, the pull's among them", grants.lines().count());
+}

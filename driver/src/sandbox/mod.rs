@@ -214,6 +214,8 @@ pub enum PooledStart {
 /// [`StartError`]; nothing is left, as for [`start`].
 pub fn start_pooled(spec: &StartSpec, how: &PooledStart) -> Result<Running, StartError> {
     clear_last_generation(&spec.layout);
+    // The one start file a pooled VM has: the root it boots (no identity, credentials or policy yet).
+    RootImage::write(spec.root.as_ref(), &spec.layout).map_err(StartError::Root)?;
     launch(spec, Some(how))
 }
 

@@ -363,7 +363,12 @@ impl Actor {
     /// waiting supervisor, which then reports ready like any start.
     async fn claim(&mut self, mut running: Running) {
         let generation = self.next_generation(Origin::Pool);
-        let claimed = self.start_spec(generation).and_then(|spec| Ok(running.claim(&spec)?));
+        // The root the pooled VM booted, which its slot's directory (now the sandbox's) recorded.
+        let root = self.hub.ctx.oci.pinned(&self.layout);
+        let claimed = self.start_spec(generation).and_then(|mut spec| {
+            spec.root = root;
+            Ok(running.claim(&spec)?)
+        });
         match claimed {
             Ok(()) => {
                 self.running = Some(running);

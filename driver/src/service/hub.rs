@@ -143,8 +143,11 @@ impl Hub {
         // In a task of its own: a client that goes away mid-claim must not drop a VM in hand.
         let (hub, claim_id) = (Arc::clone(self), id.clone());
         let attempt = tokio::spawn(async move {
-            // Pooled VMs have the built-in root: an image root boots cold.
-            let claimed = if spec.image.is_none() { hub.pool.claim(spec.shape, &image).await } else { None };
+            // Only a VM of the same root, with the default writable layer, can serve it.
+            let claimed = match super::pool::root_key(spec.image.as_deref(), spec.disk_mib) {
+                Some(root) => hub.pool.claim(spec.shape, &image, root.as_deref()).await,
+                None => None,
+            };
             match claimed {
                 Some(claimed) => Ok(hub.create_claimed(claim_id, spec, claimed).await),
                 None => Err(spec),

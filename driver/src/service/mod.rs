@@ -237,9 +237,9 @@ fn say_limits(limits: &admission::Limits, fds: u64) {
 fn say_pool(config: &ServeConfig) {
     let how = if config.pool_snapshots { "restored from a snapshot" } else { "booted" };
     for t in &config.pool {
-        let image = if t.image.is_empty() { "default" } else { &t.image };
+        let image = t.image.as_deref().unwrap_or("the built-in root");
         eprintln!(
-            "vm-driver: warm pool: {} VMs of {} vCPU, {} MiB, image {image}, {how} ahead and counted in admission",
+            "vm-driver: warm pool: {} VMs of {} vCPU, {} MiB, on {image}, {how} ahead and counted in admission",
             t.count,
             t.shape.cpus(),
             t.shape.memory_mib()

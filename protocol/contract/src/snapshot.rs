@@ -13,6 +13,9 @@ pub enum SnapshotFile {
     State,
     /// The agent's hello, as a frame body: a restored agent already said it, to the host that saved it.
     Hello,
+    /// An image root's writable layer as the saved guest left it (sparse): every restore boots on a copy of
+    /// it, since the saved guest has it mounted.
+    WritableDisk,
 }
 
 impl SnapshotFile {
@@ -21,6 +24,7 @@ impl SnapshotFile {
         match self {
             Self::State => "state",
             Self::Hello => "hello.frame",
+            Self::WritableDisk => "disk.ext4",
         }
     }
 

@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 use vm_contract::jail::JailIds;
 use vm_contract::layout::SandboxFile;
 use vm_contract::root::RootImage;
+use vm_contract::snapshot::SnapshotFile;
 
 /// The VM's two disks, as QEMU opens them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,23 +45,80 @@ pub enum DiskError {
 ///
 /// # Errors
 /// [`DiskError`]; a failed make leaves no writable layer behind.
-pub fn prepare(root: &RootImage, ids: Option<JailIds>) -> Result<Disks, DiskError> {
-    prepare_in(Path::new("."), root, ids)
+/// A VM restored from a snapshot (`restored`: its directory) boots on a copy of the layer it was saved with.
+pub fn prepare(root: &RootImage, ids: Option<JailIds>, restored: Option<&Path>) -> Result<Disks, DiskError> {
+    prepare_in(Path::new("."), root, ids, restored)
 }
 
-fn prepare_in(sandbox_dir: &Path, root: &RootImage, ids: Option<JailIds>) -> Result<Disks, DiskError> {
+fn prepare_in(
+    sandbox_dir: &Path,
+    root: &RootImage,
+    ids: Option<JailIds>,
+    restored: Option<&Path>,
+) -> Result<Disks, DiskError> {
     if !root.disk.is_file() {
         return Err(DiskError::NoImage(root.disk.clone()));
     }
     let writable =
         std::path::absolute(sandbox_dir.join(SandboxFile::WritableDisk.name())).map_err(DiskError::Writable)?;
-    if !writable.is_file() {
-        make(&writable, root.disk_mib)?;
+    match restored {
+        Some(dir) => copy_sparse(&SnapshotFile::WritableDisk.path(dir), &writable)?,
+        None if !writable.is_file() => make(&writable, root.disk_mib)?,
+        None => {}
     }
     if let Some(ids) = ids {
         std::os::unix::fs::chown(&writable, Some(ids.uid), Some(ids.gid)).map_err(DiskError::Writable)?;
     }
     Ok(Disks { image: root.disk.clone(), writable })
+}
+
+/// Keeps the layer a VM was saved with, beside its snapshot.
+///
+/// # Errors
+/// [`DiskError::Writable`].
+pub fn save(snapshot_dir: &Path) -> Result<(), DiskError> {
+    copy_sparse(Path::new(SandboxFile::WritableDisk.name()), &SnapshotFile::WritableDisk.path(snapshot_dir))
+}
+
+/// Copies `from` to `to` (0600) as it is, holes kept: only the data extents are read and written. Under a
+/// temporary name, renamed once whole.
+fn copy_sparse(from: &Path, to: &Path) -> Result<(), DiskError> {
+    use rustix::fs::SeekFrom;
+    use std::io::{Read, Seek, Write};
+    let partial = to.with_extension("partial");
+    let copied = (|| {
+        let mut source = fs::File::open(from)?;
+        let len = source.metadata()?.len();
+        let mut target = fs::File::create(&partial)?;
+        target.set_permissions(fs::Permissions::from_mode(0o600))?;
+        target.set_len(len)?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = 0;
+        while at < len {
+            // The next data extent: ENXIO past the last one.
+            let Ok(start) = rustix::fs::seek(&source, SeekFrom::Data(at)) else { break };
+            let end = rustix::fs::seek(&source, SeekFrom::Hole(start)).map_err(std::io::Error::from)?;
+            source.seek(std::io::SeekFrom::Start(start))?;
+            target.seek(std::io::SeekFrom::Start(start))?;
+            let mut left = end - start;
+            while left > 0 {
+                let want = usize::try_from(left.min(buf.len() as u64)).unwrap_or(buf.len());
+                let n = source.read(&mut buf[..want])?;
+                if n == 0 {
+                    break;
+                }
+                target.write_all(&buf[..n])?;
+                left -= n as u64;
+            }
+            at = end;
+        }
+        target.sync_all()?;
+        fs::rename(&partial, to)
+    })();
+    if copied.is_err() {
+        let _ = fs::remove_file(&partial);
+    }
+    copied.map_err(DiskError::Writable)
 }
 
 /// Makes a sparse ext4 filesystem of `mib` at `path`: under a temporary name, renamed once whole.
@@ -106,7 +164,7 @@ mod tests {
     fn a_missing_image_disk_is_named_and_makes_no_writable_layer() {
         let dir = std::env::temp_dir().join(format!("vm-disks-missing-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
-        let err = prepare_in(&dir, &root(dir.join("gone.erofs"), 16), None).unwrap_err();
+        let err = prepare_in(&dir, &root(dir.join("gone.erofs"), 16), None, None).unwrap_err();
         assert!(matches!(err, DiskError::NoImage(_)), "{err}");
         assert!(!dir.join(SandboxFile::WritableDisk.name()).exists());
         fs::remove_dir_all(&dir).unwrap();
@@ -118,7 +176,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("vm-disks-made-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join("image.erofs"), b"image").unwrap();
-        let disks = prepare_in(&dir, &root(dir.join("image.erofs"), 64), None).unwrap();
+        let disks = prepare_in(&dir, &root(dir.join("image.erofs"), 64), None, None).unwrap();
         let meta = fs::metadata(&disks.writable).unwrap();
         assert_eq!(meta.len(), 64 << 20);
         assert!(meta.blocks() * 512 < 4 << 20, "sparse: {} bytes allocated", meta.blocks() * 512);
@@ -127,9 +185,32 @@ mod tests {
         assert_eq!(bytes[0x438..0x43a], [0x53, 0xef], "the ext4 superblock's magic");
         // A second boot keeps what the first made (its writes).
         fs::write(&disks.writable, b"kept").unwrap();
-        prepare_in(&dir, &root(dir.join("image.erofs"), 64), None).unwrap();
+        prepare_in(&dir, &root(dir.join("image.erofs"), 64), None, None).unwrap();
         assert_eq!(fs::read(&disks.writable).unwrap(), b"kept");
         assert!(!dir.join("disk.partial").exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_restore_boots_on_a_sparse_copy_of_the_saved_layer() {
+        let dir = std::env::temp_dir().join(format!("vm-disks-copy-{}", std::process::id()));
+        let (saved, slot) = (dir.join("snapshot"), dir.join("slot"));
+        fs::create_dir_all(&saved).unwrap();
+        fs::create_dir_all(&slot).unwrap();
+        fs::write(dir.join("image.erofs"), b"image").unwrap();
+        // 64 MiB with data at its start and at 40 MiB, holes between.
+        let layer = fs::File::create(SnapshotFile::WritableDisk.path(&saved)).unwrap();
+        layer.set_len(64 << 20).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&layer, b"head", 0).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&layer, b"middle", 40 << 20).unwrap();
+        let disks = prepare_in(&slot, &root(dir.join("image.erofs"), 64), None, Some(&saved)).unwrap();
+        let bytes = fs::read(&disks.writable).unwrap();
+        assert_eq!(bytes.len(), 64 << 20);
+        assert_eq!((&bytes[..4], &bytes[40 << 20..(40 << 20) + 6]), (&b"head"[..], &b"middle"[..]));
+        assert!(bytes[4..40 << 20].iter().all(|b| *b == 0));
+        use std::os::unix::fs::MetadataExt;
+        let allocated = fs::metadata(&disks.writable).unwrap().blocks() * 512;
+        assert!(allocated < 1 << 20, "holes kept: {allocated} bytes allocated");
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -63,7 +63,8 @@ pub(super) fn prepare(args: &SupervisorArgs, root: Option<&RootImage>) -> Result
     if args.confinement == Confinement::Jail && ids.is_none() {
         return Err(BootError::NoJailId);
     }
-    let disks = root.map(|r| super::disks::prepare(r, ids)).transpose().map_err(BootError::Disks)?;
+    let restored = args.restore_snapshot.as_deref();
+    let disks = root.map(|r| super::disks::prepare(r, ids, restored)).transpose().map_err(BootError::Disks)?;
     let root = vmm_root(&args.sandbox_dir)?;
     let channel = bind(SandboxFile::Channel, ids)?;
     let console = bind(SandboxFile::ConsoleSocket, ids)?;

@@ -35,7 +35,7 @@ use crate::inbox::{Senders, StopRequests};
 use crate::safeguards::Safeguards;
 
 pub mod accel;
-mod disks;
+pub(crate) mod disks;
 mod error;
 pub mod guest_link;
 pub mod guest_logs;

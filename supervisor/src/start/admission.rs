@@ -53,9 +53,6 @@ pub enum AdmitError {
     /// The sandbox's image root cannot be read.
     #[error("cannot read the sandbox's image root")]
     Root(#[source] RootFileError),
-    /// A pooled VM, booted on the built-in root, was claimed for a sandbox with an image root.
-    #[error("a pooled VM has the built-in root, and this sandbox asks for an image")]
-    RootOnPooledVm,
 }
 
 /// Where the telemetry settings come from.
@@ -111,8 +108,7 @@ pub(crate) fn admit(
         Ok(session) => session,
         Err(e) => return Err(Failure::new(e, Outlet::Sandbox(Box::new(sandbox)))),
     };
-    let pooled = matches!(from, SettingsFrom::Claim(_));
-    let checked = policy().and_then(|policy| Ok((policy, root(pooled)?)));
+    let checked = policy().and_then(|policy| Ok((policy, RootImage::read(Path::new(".")).map_err(AdmitError::Root)?)));
     sandbox.telemetry().spans().admission(started, checked.is_ok());
     let (policy, root) = match checked {
         Ok(checked) => checked,
@@ -169,15 +165,6 @@ fn session(args: &SupervisorArgs, token: Option<String>) -> Result<Option<Sessio
         })),
         (Some(_), _, _) => Err(AdmitError::NoSessionToken),
         (None, _, _) => Ok(None),
-    }
-}
-
-/// The image root the driver chose, a trusted input like the policy; none for the built-in root. A pooled
-/// VM has booted already, on the built-in root.
-fn root(pooled: bool) -> Result<Option<RootImage>, AdmitError> {
-    match RootImage::read(Path::new(".")).map_err(AdmitError::Root)? {
-        Some(_) if pooled => Err(AdmitError::RootOnPooledVm),
-        root => Ok(root),
     }
 }
 

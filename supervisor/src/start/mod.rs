@@ -56,6 +56,15 @@ pub enum StartError {
     /// A pooled VM's claim line could not be used.
     #[error("the claim was refused")]
     Claim(#[source] ClaimError),
+    /// A pooled VM's image root (the slot's root file) cannot be read.
+    #[error("cannot read the pooled VM's image root")]
+    Root(#[source] vm_contract::root::RootFileError),
+    /// A pooled VM was claimed for a sandbox of another root than it booted.
+    #[error("the pooled VM booted another root than the sandbox asks for")]
+    RootMismatch,
+    /// `--save-snapshot`: the image root's writable layer could not be kept with the snapshot.
+    #[error("cannot keep the writable layer with the snapshot")]
+    SaveDisk(#[source] crate::boot::disks::DiskError),
 }
 
 impl StartError {

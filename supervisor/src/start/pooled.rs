@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use vm_contract::args::SupervisorArgs;
 use vm_contract::claim::Claim;
+use vm_contract::root::RootImage;
 use vm_contract::status::SupervisorStatus;
 use vm_ocsf::{AppInfo, Lifecycle, Status};
 
@@ -54,13 +55,18 @@ pub async fn run(
         Ok(leash) => leash,
         Err(e) => return fail(Outlet::Console(console), e).await,
     };
-    let mut booted = match crate::boot::boot(&args, None, safeguards, &senders, &mut inbox.stop).await {
+    // A pool of an image root boots on it: the driver wrote the slot's root file.
+    let root = match RootImage::read(Path::new(".")) {
+        Ok(root) => root,
+        Err(e) => return fail(Outlet::Console(console), StartError::Root(e)).await,
+    };
+    let mut booted = match crate::boot::boot(&args, root.as_ref(), safeguards, &senders, &mut inbox.stop).await {
         Ok(booted) => booted,
         Err(e) => return fail(Outlet::Console(console), e.into()).await,
     };
     if let (Some(dir), Some(line)) = (args.save_snapshot.clone(), booted.save.take()) {
         let cap = safeguards.stream_cap_bytes(args.shape);
-        return save_and_stop(booted, line, inbox, &dir, cap, console).await;
+        return save_and_stop(booted, line, inbox, (&dir, root.is_some()), cap, console).await;
     }
     let agent = booted.link.hello.software_label();
     status::report(&SupervisorStatus::Pooled { vmm_pid: booted.vm.vmm_record.pid.unsigned_abs(), agent });
@@ -89,6 +95,11 @@ pub async fn run(
             return failure.fail().await;
         }
     };
+    // The claimed sandbox's root is the one this VM booted (the driver claims only such a VM).
+    if admitted.root.as_ref().map(|r| &r.manifest) != root.as_ref().map(|r| &r.manifest) {
+        let _ = booted.shut_down().await;
+        return fail(Outlet::Sandbox(Box::new(admitted.sandbox)), StartError::RootMismatch).await;
+    }
     admitted.sandbox.telemetry().spans().boot_origin("pool");
     Ok(admitted.serve(&args, safeguards, booted, senders, inbox).await)
 }
@@ -102,13 +113,14 @@ fn claimed(args: &mut SupervisorArgs, claim: &Claim) {
     tracing::info!(sandbox = %args.sandbox_id, "claimed");
 }
 
-/// `--save-snapshot`: saves the booted VM into `dir`, keeping its lease meanwhile, then stops it. Saved or
-/// not, the VM serves nothing and the supervisor exits.
+/// `--save-snapshot`: saves the booted VM into `dir`, keeping its lease meanwhile, then stops it; with an
+/// image root (`with_disk`), its writable layer as the saved guest left it is kept beside the stream. Saved
+/// or not, the VM serves nothing and the supervisor exits.
 async fn save_and_stop(
     mut booted: Booted,
     line: SaveLine,
     mut inbox: Inbox,
-    dir: &Path,
+    (dir, with_disk): (&Path, bool),
     cap: u64,
     console: Console,
 ) -> Result<StopReason, StartError> {
@@ -120,6 +132,13 @@ async fn save_and_stop(
         }
         saved = crate::boot::snapshot::save(line, &booted.link, dir, cap) => saved.map_err(StartError::Save),
     };
+    // The saved guest is stopped: its layer no longer changes, and QEMU flushed it at the end of the save.
+    let saved = saved.and_then(|bytes| {
+        if with_disk {
+            crate::boot::disks::save(dir).map_err(StartError::SaveDisk)?;
+        }
+        Ok(bytes)
+    });
     let _ = booted.shut_down().await;
     match saved {
         Ok(bytes) => {

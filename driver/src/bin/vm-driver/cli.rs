@@ -300,8 +300,9 @@ pub struct ServeArgs {
     /// Most Exec streams open at once into one sandbox.
     #[arg(long, value_name = "N", default_value_t = AdmissionConfig::default().max_exec_per_sandbox)]
     pub max_exec_per_sandbox: u32,
-    /// Keep COUNT VMs booted ahead of demand, of CPUS vCPUs and MIB MiB (default 1:256) and image IMAGE
-    /// (default: the default image); a create of exactly that shape and image claims one instead of booting.
+    /// Keep COUNT VMs booted ahead of demand, of CPUS vCPUs and MIB MiB (default 1:256) on the OCI image
+    /// IMAGE as their root (default: the built-in root); a create of exactly that shape and image (with the
+    /// default --disk) claims one instead of booting.
     /// Repeatable. Pooled VMs count against the limits above.
     #[arg(long = "pool", value_name = "COUNT[:CPUS:MIB[:IMAGE]]")]
     pub pool: Vec<vm_driver::service::pool::PoolTarget>,

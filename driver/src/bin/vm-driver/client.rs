@@ -114,7 +114,7 @@ pub async fn show_pool(socket: &Path) -> Result<()> {
         return Ok(());
     }
     for t in &pool.targets {
-        let image = if t.boot_image.is_empty() { "default" } else { &t.boot_image };
+        let image = if t.image.is_empty() { "built-in" } else { &t.image };
         println!("target: {} x {} vCPU, {} MiB, image {image}", t.count, t.cpus, t.memory_mib);
     }
     println!(
@@ -122,7 +122,7 @@ pub async fn show_pool(socket: &Path) -> Result<()> {
         "SLOT", "STATE", "CPUS", "MIB", "IMAGE", "SUPERVISOR", "VMM"
     );
     for vm in &pool.vms {
-        let image = if vm.boot_image.is_empty() { "default" } else { &vm.boot_image };
+        let image = if vm.image.is_empty() { "built-in" } else { &vm.image };
         println!(
             "{:<24} {:<9} {:>4} {:>6} {:<10} {:>10} {:>8}",
             vm.slot_id, vm.state, vm.cpus, vm.memory_mib, image, vm.supervisor_pid, vm.vmm_pid

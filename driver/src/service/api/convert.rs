@@ -109,7 +109,7 @@ fn target(t: &PoolTarget) -> ApiTarget {
         count: t.count,
         cpus: u32::from(t.shape.cpus()),
         memory_mib: t.shape.memory_mib(),
-        boot_image: t.image.clone(),
+        image: t.image.clone().unwrap_or_default(),
     }
 }
 
@@ -122,7 +122,7 @@ pub fn pool(listing: PoolListing) -> ListPoolResponse {
             slot_id: vm.slot.to_string(),
             cpus: u32::from(vm.target.shape.cpus()),
             memory_mib: vm.target.shape.memory_mib(),
-            boot_image: vm.target.image,
+            image: vm.target.image.unwrap_or_default(),
             state: vm.state.into(),
             supervisor_pid: vm.supervisor_pid,
             vmm_pid: vm.vmm_pid,

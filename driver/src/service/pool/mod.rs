@@ -36,7 +36,7 @@ use vm_contract::layout::SandboxLayout;
 use vm_contract::pids::SandboxPids;
 
 pub use self::listing::{PoolListing, PooledView};
-pub use self::target::{PoolKey, PoolTarget};
+pub use self::target::{root_key, PoolKey, PoolTarget};
 use super::context::Context;
 use super::ledger::{Ledger, Share};
 use crate::image::Image;
@@ -83,6 +83,8 @@ enum SlotState {
 struct Target {
     config: PoolTarget,
     key: PoolKey,
+    /// Its image root, once pulled (before its first slot boots).
+    root: Option<vm_contract::root::RootImage>,
     failures: u32,
     retry_at: Option<tokio::time::Instant>,
     /// Said once while the host has no room for it, until it has again.
@@ -154,10 +156,20 @@ impl Pool {
         let targets = targets
             .into_iter()
             .map(|config| {
-                let image = ctx.images.resolve(&config.image)?;
-                let key = PoolKey { shape: config.shape, image };
+                // Pooled VMs boot the default boot image.
+                let image = ctx.images.resolve("")?;
+                let key = PoolKey { shape: config.shape, image, root: config.image.clone() };
                 let snapshot = snapshot.clone();
-                Ok(Target { config, key, failures: 0, retry_at: None, no_room: false, snapshot, snapshot_failures: 0 })
+                Ok(Target {
+                    config,
+                    key,
+                    root: None,
+                    failures: 0,
+                    retry_at: None,
+                    no_room: false,
+                    snapshot,
+                    snapshot_failures: 0,
+                })
             })
             .collect::<Result<Vec<_>, PoolError>>()?;
         Ok(Arc::new(Self {
@@ -180,9 +192,15 @@ impl Pool {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Claims a ready pooled VM of `shape` and `image`, if one is free. Not cancel-safe (a VM handed over
-    /// to a dropped claim would be lost with its slot): run it to the end, in a task of its own.
-    pub async fn claim(&self, shape: vm_contract::shape::SandboxShape, image: &Image) -> Option<ClaimedVm> {
+    /// Claims a ready pooled VM of `shape`, boot image `image` and root `root` ([`root_key`]), if one
+    /// is free. Not cancel-safe (a VM handed over to a dropped claim would be lost with its slot): run it to
+    /// the end, in a task of its own.
+    pub async fn claim(
+        &self,
+        shape: vm_contract::shape::SandboxShape,
+        image: &Image,
+        root: Option<&str>,
+    ) -> Option<ClaimedVm> {
         loop {
             let (id, claims) = {
                 let mut state = self.lock();
@@ -191,6 +209,7 @@ impl Pool {
                     matches!(s.state, SlotState::Ready { .. })
                         && targets[s.target].key.shape == shape
                         && targets[s.target].key.image == *image
+                        && targets[s.target].key.root.as_deref() == root
                 })?;
                 slot.state = SlotState::Claiming;
                 (slot.id.clone(), slot.claims.clone())
@@ -306,10 +325,16 @@ impl Pool {
         };
         let layout = SandboxLayout::new(self.ctx.state.pool_dir().join(id.as_str()));
         let key = self.lock().targets[target].key.clone();
+        let Ok(root) = self.target_root(target, &key).await else {
+            drop(share);
+            self.boot_failed(target);
+            return;
+        };
         let start = self.pooled_start(target, &id);
         self.starting.fetch_add(1, Ordering::SeqCst);
         let (ctx, slot_id, slot_layout, how) = (Arc::clone(&self.ctx), id.clone(), layout.clone(), start.clone());
-        let booted = tokio::task::spawn_blocking(move || slot::boot(&ctx, &slot_id, &slot_layout, &key, &how)).await;
+        let booted =
+            tokio::task::spawn_blocking(move || slot::boot(&ctx, &slot_id, &slot_layout, &key, &how, root)).await;
         let running = match booted.map_err(|_| slot::SlotError::Task).and_then(|started| started) {
             Ok(running) => running,
             Err(e) => {
@@ -331,6 +356,28 @@ impl Pool {
         state.tasks.retain(|t| !t.is_finished());
         state.tasks.push(task);
         self.starting.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// `target`'s image root, pulled on its first slot (a failure is said, and backs the target off).
+    async fn target_root(&self, target: usize, key: &PoolKey) -> Result<Option<vm_contract::root::RootImage>, ()> {
+        let Some(reference) = key.root.clone() else { return Ok(None) };
+        if let Some(root) = self.lock().targets[target].root.clone() {
+            return Ok(Some(root));
+        }
+        let oci = self.ctx.oci.clone();
+        let disk_mib = vm_contract::root::DEFAULT_DISK_MIB;
+        let got = tokio::task::spawn_blocking(move || oci.root(&reference, disk_mib, &mut vm_oci::pull::Quiet)).await;
+        match got {
+            Ok(Ok(root)) => {
+                self.lock().targets[target].root = Some(root.clone());
+                Ok(Some(root))
+            }
+            Ok(Err(e)) => {
+                eprintln!("vm-driver: warm pool: {}", vm_contract::logs::chain(&e));
+                Err(())
+            }
+            Err(_) => Err(()),
+        }
     }
 
     /// How the next slot of `target` (`id`) comes up: booted, restored, or booted to save the snapshot.

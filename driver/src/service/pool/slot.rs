@@ -38,6 +38,7 @@ pub(super) fn boot(
     layout: &SandboxLayout,
     key: &PoolKey,
     start: &PooledStart,
+    root: Option<vm_contract::root::RootImage>,
 ) -> Result<Running, SlotError> {
     std::fs::DirBuilder::new().mode(0o700).create(layout.dir()).map_err(SlotError::Dir)?;
     let spec = StartSpec {
@@ -45,7 +46,7 @@ pub(super) fn boot(
         id: id.clone(),
         layout: layout.clone(),
         image: key.image.clone(),
-        root: None,
+        root,
         shape: key.shape,
         accel: ctx.accel,
         boot_timeout: ctx.boot_timeout,
