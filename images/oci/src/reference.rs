@@ -88,7 +88,7 @@ impl FromStr for Reference {
             _ if name.contains('/') => (DOCKER_HUB.to_owned(), name.to_owned()),
             _ => (DOCKER_HUB.to_owned(), format!("library/{name}")),
         };
-        if registry.is_empty() || !registry.bytes().all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b)) {
+        if !host_valid(&registry) {
             return Err(malformed());
         }
         if !repository_valid(&repository) {
@@ -105,6 +105,28 @@ impl FromStr for Reference {
 }
 
 /// The distribution spec's path components: `[a-z0-9]+` joined by `.`, `_`, `__` or `-`s.
+/// `HOST[:PORT]`: dot-separated labels of letters, digits and inner hyphens (`..` is none), or a bracketed
+/// IPv6 address; a port of 1 to 5 digits.
+fn host_valid(registry: &str) -> bool {
+    let (host, port) = match registry.rsplit_once(':') {
+        Some((host, port)) if !port.contains(']') => (host, Some(port)),
+        _ => (registry, None),
+    };
+    if port.is_some_and(|p| p.is_empty() || p.len() > 5 || !p.bytes().all(|b| b.is_ascii_digit())) {
+        return false;
+    }
+    if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        return !inner.is_empty() && inner.bytes().all(|b| b.is_ascii_hexdigit() || b == b':');
+    }
+    !host.is_empty()
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+}
+
 fn repository_valid(repository: &str) -> bool {
     repository.len() <= 255
         && repository.split('/').all(|component| {
@@ -161,7 +183,23 @@ mod tests {
 
     #[test]
     fn malformed_references_are_refused() {
-        for bad in ["", "UPPER/case", "a//b", "a/b:", "a/b:-tag", "a b", "a/b@sha256:zz", "-a", "a/.b", "a/b:t\n"] {
+        for bad in [
+            "",
+            "UPPER/case",
+            "a//b",
+            "a/b:",
+            "a/b:-tag",
+            "a b",
+            "a/b@sha256:zz",
+            "-a",
+            "a/.b",
+            "a/b:t\n",
+            "../x",
+            "a..b/x",
+            "host:/x",
+            "host:123456/x",
+            "-h.io/x",
+        ] {
             assert!(bad.parse::<Reference>().is_err(), "{bad:?} parsed");
         }
     }

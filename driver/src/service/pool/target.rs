@@ -97,7 +97,7 @@ mod tests {
         let t: PoolTarget = "1:1:256:127.0.0.1:5000/e2e/py:1".parse().unwrap();
         assert_eq!(t.image.as_deref(), Some("127.0.0.1:5000/e2e/py:1"));
         assert_eq!("3:1:256".parse::<PoolTarget>().unwrap().shape, SandboxShape::new(1, 256).unwrap());
-        for bad in ["", "x", "0", "65", "1:2", "1:2:512:a b", "1:2:512:UPPER", "1:0:99999999"] {
+        for bad in ["", "x", "0", "65", "1:2", "1:2:512:a b", "1:2:512:../x", "1:2:512:UPPER", "1:0:99999999"] {
             assert!(bad.parse::<PoolTarget>().is_err(), "{bad}");
         }
     }
