@@ -32,12 +32,13 @@ use vm_protocol::link::ToGuest;
 use vm_protocol::message::Refusal;
 use vm_protocol::{ExitStatus, ProcId, ProcessEvent, ProcessRequest, SignalName};
 
+mod image;
+
 pub use self::route::MAX_KEPT_ARGV_BYTES;
 use self::route::{Phase, Route};
 pub use self::violation::{ClientViolation, GuestViolation};
 use crate::policy::{Denial, Gate};
 use vm_contract::root::RunConfig;
-use vm_protocol::message::EnvVar;
 use vm_protocol::policy::{Operation, SandboxPolicy, UpdateOutcome};
 
 /// The policy operation a client message is, if it is one (credit, pings and policy updates are not).
@@ -174,16 +175,15 @@ impl Mux {
         self
     }
 
-    /// The same, running processes as the image root asks ([`image_defaults`]).
+    /// The same, running processes as the image root asks ([`image::defaults`]).
     pub fn with_run_config(mut self, run: RunConfig) -> Self {
         self.run = run;
         self
     }
 
-    /// What asks the workload to stop: the image's `StopSignal`, else SIGTERM (also for one this product
-    /// does not send: [`SignalName`] is the set it allows).
+    /// What asks the workload to stop ([`image::stop_signal`]).
     pub fn stop_signal(&self) -> SignalName {
-        self.run.stop_signal.as_deref().and_then(SignalName::parse_name_or_number).unwrap_or(SignalName::Term)
+        image::stop_signal(&self.run)
     }
 
     /// The same, under `policy` (approved at create) instead of the allow-everything default.
@@ -278,7 +278,7 @@ impl Mux {
         }
         // Before the gate: the policy judges the program that will run, the image's entrypoint included.
         if let ToSupervisor::Process(ProcessRequest::Spawn(spawn)) = &mut msg {
-            image_defaults(&self.run, spawn);
+            image::defaults(&self.run, spawn);
         }
         if let Some(op) = operation(&msg) {
             let admitted = match &msg {
@@ -493,23 +493,6 @@ impl Mux {
             None if state.highest.is_some_and(|h| id <= h) => Ok(None),
             None => Err(ClientViolation::UnknownProcess(id)),
         }
-    }
-}
-
-/// An image's defaults under a request, as Docker applies them: its command (the entrypoint, then the
-/// request's arguments or the image's `Cmd`), its variables under the request's (the guest lets a later
-/// value of a key win) and its working directory when the request names none.
-fn image_defaults(run: &RunConfig, spawn: &mut vm_protocol::Spawn) {
-    if let Some(argv) = run.command(&spawn.argv) {
-        spawn.argv = argv;
-    }
-    if !run.env.is_empty() {
-        let own = std::mem::take(&mut spawn.env);
-        spawn.env = run.env_pairs().map(|(key, value)| EnvVar { key: key.into(), value: value.into() }).collect();
-        spawn.env.extend(own);
-    }
-    if spawn.cwd.is_none() {
-        spawn.cwd.clone_from(&run.working_dir);
     }
 }
 
