@@ -97,14 +97,15 @@ pub fn enter(who: &WorkloadIdentity) -> Result<(), RootError> {
     let tmp_options = Some("mode=1777");
     mount_at(Path::new("tmpfs"), &format!("{MERGED_DIR}/tmp"), "tmpfs", contained, tmp_options, "/tmp")?;
     mount_at(Path::new("tmpfs"), &format!("{MERGED_DIR}/run"), "tmpfs", contained, Some("mode=755"), "/run")?;
-    add_account(merged, who).map_err(prepare("the workload's account"))?;
-    make_home(merged, who).map_err(prepare("the workload's home"))?;
-
     std::env::set_current_dir(merged).map_err(prepare("the move"))?;
     mount(Some("."), "/", None::<&str>, MsFlags::MS_MOVE, None::<&str>)
         .map_err(|source| RootError::Mount { what: "the image root over /", source })?;
     nix::unistd::chroot(".").map_err(|source| RootError::Mount { what: "the image root (chroot)", source })?;
-    std::env::set_current_dir("/").map_err(prepare("the move"))
+    std::env::set_current_dir("/").map_err(prepare("the move"))?;
+    // Inside the image now: its own symlinks (`/home -> var/home`, a linked `/etc/passwd`) resolve in it.
+    let root = Path::new("/");
+    add_account(root, who).map_err(prepare("the workload's account"))?;
+    make_home(root, who).map_err(prepare("the workload's home"))
 }
 
 /// The device whose virtio serial is `serial`, waiting while its driver probes.
