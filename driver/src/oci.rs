@@ -132,6 +132,29 @@ impl ImageRoots {
     }
 }
 
+/// Spaces a pull's progress reports: at most one per `every` for a layer, but always its last (done).
+#[derive(Debug)]
+pub struct Throttle {
+    every: std::time::Duration,
+    last: Option<std::time::Instant>,
+}
+
+impl Throttle {
+    /// Reports at most every `every`.
+    pub fn new(every: std::time::Duration) -> Self {
+        Self { every, last: None }
+    }
+
+    /// Whether a report of `done` of `size` bytes is due now.
+    pub fn due(&mut self, done: u64, size: u64) -> bool {
+        if done < size && self.last.is_some_and(|t| t.elapsed() < self.every) {
+            return false;
+        }
+        self.last = Some(std::time::Instant::now());
+        true
+    }
+}
+
 /// The manifests of the images the sandboxes under `sandboxes` use: every sandbox that may run again (a
 /// `serve` sandbox, running or stopped) or has not ended (a `launch`), by its root file.
 pub fn in_use(sandboxes: &Path) -> HashSet<String> {
@@ -149,6 +172,14 @@ pub fn in_use(sandboxes: &Path) -> HashSet<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_throttle_spaces_reports_but_never_drops_a_layers_last() {
+        let mut throttle = Throttle::new(std::time::Duration::from_secs(60));
+        assert!(throttle.due(0, 100), "the first report");
+        assert!(!throttle.due(50, 100), "within the interval");
+        assert!(throttle.due(100, 100), "the layer's end");
+    }
 
     #[test]
     fn an_image_is_in_use_while_a_sandbox_may_run_on_it() {

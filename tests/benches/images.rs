@@ -11,7 +11,7 @@ mod common;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::Report;
 use vm_e2e::registry::{run, Registry};
@@ -35,7 +35,8 @@ fn launch(state: &Path, image: Option<(&str, &Path)>) -> Command {
 
 fn main() {
     let runs = common::runs();
-    let s = Scratch::new("bench-images");
+    // About 25 s a run on 2 cores under TCG, and the setup: past the default deadline at 10 runs.
+    let s = Scratch::with_deadline("bench-images", Duration::from_secs(120 + 60 * runs as u64));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/test-image");
     let layout = PathBuf::from(run(&mut Command::new(script)).trim().lines().last().unwrap());
     let registry = Registry::start(&s.dir.join("registry"), None);

@@ -374,7 +374,6 @@ fn a_stop_asks_with_the_images_stop_signal_and_its_user_is_reported_not_obeyed()
 fn a_pool_of_an_image_root_serves_creates_of_that_image_booted_and_restored() {
     use tokio_stream::StreamExt as _;
     use vm_protocol::driver_api::{CreateSandboxRequest, ListPoolRequest, SandboxSpec, SandboxState, WatchRequest};
-    let s = Scratch::with_deadline("img-pool", Duration::from_secs(900));
     let store = shared_store().display().to_string();
     let target = format!("1:1:256:{}", layout_ref());
     for (kind, extra) in [("booted", None), ("restored", Some("--pool-snapshots"))] {
@@ -420,5 +419,4 @@ fn a_pool_of_an_image_root_serves_creates_of_that_image_booted_and_restored() {
         assert_eq!(String::from_utf8_lossy(&out.stdout), "end\n", "{kind}: the first sandbox's write is not here");
         eprintln!("e2e: a pool of the image root ({kind}): two creates claimed, writes kept apart");
     }
-    drop(s);
 }

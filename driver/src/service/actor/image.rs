@@ -2,7 +2,7 @@
 //! while the sandbox is PROVISIONING, its progress on `Watch` as `pulling-image` events.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use vm_contract::ids::SandboxId;
 use vm_contract::root::RootImage;
@@ -10,6 +10,7 @@ use vm_oci::manifest::Layer;
 use vm_oci::pull::Progress;
 
 use super::{Actor, State};
+use crate::oci::Throttle;
 use crate::service::hub::Hub;
 
 /// The least time between two progress events of one pull (the last of each layer is always sent).
@@ -28,7 +29,7 @@ impl Actor {
         self.hub.events.platform(&self.record.id, "pulling-image", note);
         let (hub, id, disk_mib) = (Arc::clone(&self.hub), self.record.id.clone(), self.record.spec.disk_mib);
         let pulled = tokio::task::spawn_blocking(move || {
-            let mut progress = OnWatch { hub: &hub, id: &id, last: None };
+            let mut progress = OnWatch { hub: &hub, id: &id, throttle: Throttle::new(PROGRESS_EVERY) };
             oci.root(&reference, disk_mib, &mut progress)
         })
         .await;
@@ -48,16 +49,14 @@ impl Actor {
 struct OnWatch<'a> {
     hub: &'a Hub,
     id: &'a SandboxId,
-    last: Option<Instant>,
+    throttle: Throttle,
 }
 
 impl Progress for OnWatch<'_> {
     fn layer(&mut self, index: usize, count: usize, layer: &Layer, done: u64) {
-        let finished = done >= layer.size;
-        if !finished && self.last.is_some_and(|t| t.elapsed() < PROGRESS_EVERY) {
+        if !self.throttle.due(done, layer.size) {
             return;
         }
-        self.last = Some(Instant::now());
         let note = format!("layer {}/{count} {}: {done} of {} bytes", index + 1, layer.digest, layer.size);
         self.hub.events.platform(self.id, "pulling-image", note);
     }

@@ -3,7 +3,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use futures_util::Stream;
 use tokio::sync::mpsc;
@@ -15,7 +15,7 @@ use vm_oci::obtain::Freshness;
 use vm_oci::pull::Progress;
 use vm_protocol::driver_api::{pull_image_progress, ImageInfo, LayerProgress, PullImageProgress};
 
-use crate::oci::RemoveError;
+use crate::oci::{RemoveError, Throttle};
 use crate::service::hub::Hub;
 
 /// The stream `PullImage` answers with.
@@ -34,7 +34,7 @@ pub(super) fn pull(hub: &Arc<Hub>, reference: String) -> Result<PullStream, Stat
     let (tx, rx) = mpsc::channel(QUEUED);
     let oci = hub.ctx.oci.clone();
     tokio::task::spawn_blocking(move || {
-        let mut progress = Streamed { tx: tx.clone(), last: None };
+        let mut progress = Streamed { tx: tx.clone(), throttle: Throttle::new(PROGRESS_EVERY) };
         let last = match oci.obtain(&reference, Freshness::Refresh, &mut progress) {
             Ok((image, _)) => oci
                 .find(image.manifest.as_str())
@@ -90,16 +90,14 @@ fn info(entry: &Entry, in_use: &std::collections::HashSet<String>) -> ImageInfo 
 /// A pull's progress as stream messages.
 struct Streamed {
     tx: mpsc::Sender<Result<PullImageProgress, Status>>,
-    last: Option<Instant>,
+    throttle: Throttle,
 }
 
 impl Progress for Streamed {
     fn layer(&mut self, index: usize, count: usize, layer: &Layer, done: u64) {
-        let finished = done >= layer.size;
-        if !finished && self.last.is_some_and(|t| t.elapsed() < PROGRESS_EVERY) {
+        if !self.throttle.due(done, layer.size) {
             return;
         }
-        self.last = Some(Instant::now());
         let layer = LayerProgress {
             index: u32::try_from(index + 1).unwrap_or(u32::MAX),
             count: u32::try_from(count).unwrap_or(u32::MAX),
