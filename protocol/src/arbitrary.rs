@@ -17,6 +17,8 @@ use crate::handshake::{Capabilities, Hello, HELLO_MAGIC, PROTOCOL_VERSION};
 use crate::identity::{IdSelector, RunAs};
 use crate::link::{self, HostEntropy, VmRequest, RESEED_BYTES};
 use crate::message::{EnvVar, ProcessEvent, ProcessRequest, Refusal, Spawn, MAX_FAILURE_MESSAGE_BYTES};
+use crate::net::{ForwardEvent, ForwardRequest, Listener, NetToGuest, NetToHost, StreamFrame, StreamId, HOST_OPENED};
+use crate::policy::network::{IpRange, NetRule};
 use crate::policy::{Operation, PolicyUpdate, UpdateOutcome};
 use crate::process::{ExitStatus, ProcId, PtySize, SignalName, Stream};
 
@@ -77,7 +79,7 @@ pub fn spawn(ids: Range<u32>, commands: Vec<Vec<String>>) -> impl Strategy<Value
 }
 
 /// Every process request, `Spawn`s of `commands`.
-pub fn process_request(ids: Range<u32>, commands: Vec<Vec<String>>) -> impl Strategy<Value = ProcessRequest> {
+pub fn process_request(ids: Range<u32>, commands: Vec<Vec<String>>) -> BoxedStrategy<ProcessRequest> {
     let id = ids.clone().prop_map(ProcId);
     prop_oneof![
         4 => spawn(ids, commands).prop_map(ProcessRequest::Spawn),
@@ -89,16 +91,94 @@ pub fn process_request(ids: Range<u32>, commands: Vec<Vec<String>>) -> impl Stra
             .prop_map(|(id, rows, cols)| ProcessRequest::Resize { id, size: PtySize { rows, cols } }),
         3 => (id, amount()).prop_map(|(id, bytes)| ProcessRequest::Credit { id, bytes }),
     ]
+    .boxed()
 }
 
 /// Every message of the supervisor to the guest agent.
-pub fn link_to_guest(ids: Range<u32>, commands: Vec<Vec<String>>) -> impl Strategy<Value = link::ToGuest> {
+pub fn link_to_guest(ids: Range<u32>, commands: Vec<Vec<String>>) -> BoxedStrategy<link::ToGuest> {
     prop_oneof![
         1 => hello().prop_map(link::ToGuest::Hello),
-        14 => process_request(ids, commands).prop_map(link::ToGuest::Process),
+        14 => process_request(ids.clone(), commands).prop_map(link::ToGuest::Process),
         1 => any::<u64>().prop_map(|nonce| link::ToGuest::Ping { nonce }),
         2 => vm_request().prop_map(link::ToGuest::Vm),
+        6 => net_to_guest(ids).prop_map(link::ToGuest::Net),
     ]
+    .boxed()
+}
+
+/// A stream id: from `ids` in the guest's range or the host's (so messages meet live streams), or any.
+pub fn stream_id(ids: Range<u32>) -> impl Strategy<Value = StreamId> + Clone {
+    let host = ids.start.saturating_add(HOST_OPENED)..ids.end.saturating_add(HOST_OPENED);
+    prop_oneof![4 => ids.prop_map(StreamId), 4 => host.prop_map(StreamId), 1 => any::<u32>().prop_map(StreamId)]
+}
+
+/// What flows on an open stream.
+pub fn stream_frame(ids: Range<u32>) -> BoxedStrategy<StreamFrame> {
+    let id = stream_id(ids);
+    prop_oneof![
+        5 => (id.clone(), data()).prop_map(|(id, d)| StreamFrame::Data { id, data: d.into() }),
+        1 => id.clone().prop_map(|id| StreamFrame::Eof { id }),
+        3 => (id.clone(), amount()).prop_map(|(id, bytes)| StreamFrame::Credit { id, bytes }),
+        1 => id.prop_map(|id| StreamFrame::Close { id }),
+    ]
+    .boxed()
+}
+
+/// Every network message of the supervisor to the guest.
+pub fn net_to_guest(ids: Range<u32>) -> BoxedStrategy<NetToGuest> {
+    let id = stream_id(ids.clone());
+    prop_oneof![
+        1 => (id.clone(), any::<u16>(), amount()).prop_map(|(id, port, window)| NetToGuest::Connect { id, port, window }),
+        1 => (id, amount()).prop_map(|(id, window)| NetToGuest::Accept { id, window }),
+        6 => stream_frame(ids).prop_map(NetToGuest::Stream),
+    ]
+    .boxed()
+}
+
+/// Every network message of the guest to the supervisor.
+pub fn net_to_host(ids: Range<u32>) -> BoxedStrategy<NetToHost> {
+    let id = stream_id(ids.clone());
+    let listener = prop::sample::select(vec![Listener::Http, Listener::Socks]);
+    prop_oneof![
+        2 => (id.clone(), listener, amount()).prop_map(|(id, listener, window)| NetToHost::Opened { id, listener, window }),
+        1 => (id, amount()).prop_map(|(id, window)| NetToHost::Connected { id, window }),
+        6 => stream_frame(ids).prop_map(NetToHost::Stream),
+    ]
+    .boxed()
+}
+
+/// Every port-forward message of a client to the supervisor.
+pub fn forward_request(ids: Range<u32>) -> BoxedStrategy<ForwardRequest> {
+    let id = stream_id(ids.clone());
+    prop_oneof![
+        1 => (id, any::<u16>(), amount()).prop_map(|(id, port, window)| ForwardRequest::Connect { id, port, window }),
+        4 => stream_frame(ids).prop_map(ForwardRequest::Stream),
+    ]
+    .boxed()
+}
+
+/// Every port-forward message of the supervisor to a client.
+pub fn forward_event(ids: Range<u32>) -> BoxedStrategy<ForwardEvent> {
+    let id = stream_id(ids.clone());
+    prop_oneof![
+        1 => (id.clone(), amount()).prop_map(|(id, window)| ForwardEvent::Connected { id, window }),
+        1 => (id, refusal()).prop_map(|(id, reason)| ForwardEvent::Refused { id, reason }),
+        4 => stream_frame(ids).prop_map(ForwardEvent::Stream),
+    ]
+    .boxed()
+}
+
+/// A network rule of a few shapes.
+fn net_rule() -> BoxedStrategy<NetRule> {
+    let host = prop::sample::select(vec!["pypi.org", "*.example.com", "host.vm-driver.internal", "10.0.0.1"]);
+    let range = IpRange(ipnet::IpNet::from(std::net::IpAddr::from([10, 0, 0, 1])));
+    (host, prop::collection::vec(any::<u16>(), 0..3), prop::collection::vec(Just(range), 0..2))
+        .prop_map(|(host, ports, allowed_ips)| NetRule {
+            host: host.parse().unwrap_or_else(|_| unreachable!()),
+            ports,
+            allowed_ips,
+        })
+        .boxed()
 }
 
 /// A shutdown, or a reseed with the right number of bytes or another.
@@ -109,33 +189,43 @@ pub fn vm_request() -> impl Strategy<Value = VmRequest> {
         (prop_oneof![Just(RESEED_BYTES), 0..2 * RESEED_BYTES], any::<u64>())
             .prop_flat_map(|(n, unix_nanos)| (prop::collection::vec(any::<u8>(), n), Just(unix_nanos)))
             .prop_map(|(e, unix_nanos)| VmRequest::Reseed { entropy: HostEntropy(e.into()), unix_nanos }),
+        any::<bool>().prop_map(|listen| VmRequest::Egress { listen }),
     ]
 }
 
 /// Every message of an attach client to the supervisor.
-pub fn attach_to_supervisor(ids: Range<u32>, commands: Vec<Vec<String>>) -> impl Strategy<Value = ToSupervisor> {
+pub fn attach_to_supervisor(ids: Range<u32>, commands: Vec<Vec<String>>) -> BoxedStrategy<ToSupervisor> {
     prop_oneof![
         1 => hello().prop_map(ToSupervisor::Hello),
         14 => process_request(ids.clone(), commands).prop_map(ToSupervisor::Process),
         1 => any::<u64>().prop_map(|nonce| ToSupervisor::Ping { nonce }),
-        5 => supervisor_request(ids).prop_map(ToSupervisor::Supervisor),
+        5 => supervisor_request(ids.clone()).prop_map(ToSupervisor::Supervisor),
+        4 => forward_request(ids).prop_map(ToSupervisor::Forward),
     ]
+    .boxed()
 }
 
 /// Every request an attach client may make of the supervisor itself.
-pub fn supervisor_request(ids: Range<u32>) -> impl Strategy<Value = SupervisorRequest> {
+pub fn supervisor_request(ids: Range<u32>) -> BoxedStrategy<SupervisorRequest> {
     let id = ids.prop_map(ProcId);
     prop_oneof![
         (id.clone(), any::<u32>()).prop_map(|(id, pid)| SupervisorRequest::Reattach { id, pid }),
         id.prop_map(|id| SupervisorRequest::Detach { id }),
         Just(SupervisorRequest::ListProcesses),
-        (any::<u64>(), prop::collection::vec(prop::sample::select(Operation::ALL.to_vec()), 0..7), run_as()).prop_map(
-            |(revision, allow, run_as)| SupervisorRequest::UpdatePolicy(PolicyUpdate { revision, allow, run_as })
-        ),
+        (
+            any::<u64>(),
+            prop::collection::vec(prop::sample::select(Operation::ALL.to_vec()), 0..8),
+            run_as(),
+            prop::option::of(prop::collection::vec(net_rule(), 0..3))
+        )
+            .prop_map(|(revision, allow, run_as, network)| {
+                SupervisorRequest::UpdatePolicy(PolicyUpdate { revision, allow, run_as, network })
+            }),
         (prop::option::of(prop::collection::vec((text(), text()), 0..3)), prop::option::of(text())).prop_map(
             |(headers, ca_path)| SupervisorRequest::RotateCredentials(CredentialRotation { headers, ca_path })
         ),
     ]
+    .boxed()
 }
 
 fn run_as() -> impl Strategy<Value = Option<RunAs>> {
@@ -155,7 +245,7 @@ fn refusal() -> impl Strategy<Value = Refusal> {
 }
 
 /// Every process event.
-pub fn process_event(ids: Range<u32>) -> impl Strategy<Value = ProcessEvent> {
+pub fn process_event(ids: Range<u32>) -> BoxedStrategy<ProcessEvent> {
     let id = ids.prop_map(ProcId);
     prop_oneof![
         3 => (id.clone(), any::<u32>(), amount(), amount()).prop_map(|(id, pid, stdin_window, output_window)| {
@@ -172,25 +262,30 @@ pub fn process_event(ids: Range<u32>) -> impl Strategy<Value = ProcessEvent> {
         1 => (id, exit_status(), prop_oneof![text(), Just("x".repeat(MAX_FAILURE_MESSAGE_BYTES + 1))])
             .prop_map(|(id, status, message)| ProcessEvent::SpawnFailed { id, status, message }),
     ]
+    .boxed()
 }
 
 /// Every message of the guest agent to the supervisor.
-pub fn link_to_host(ids: Range<u32>) -> impl Strategy<Value = link::ToHost> {
+pub fn link_to_host(ids: Range<u32>) -> BoxedStrategy<link::ToHost> {
     prop_oneof![
         1 => hello().prop_map(link::ToHost::Hello),
-        14 => process_event(ids).prop_map(link::ToHost::Process),
+        14 => process_event(ids.clone()).prop_map(link::ToHost::Process),
         1 => any::<u64>().prop_map(|nonce| link::ToHost::Pong { nonce }),
+        6 => net_to_host(ids).prop_map(link::ToHost::Net),
     ]
+    .boxed()
 }
 
 /// Every message of the supervisor to an attach client.
-pub fn attach_to_client(ids: Range<u32>) -> impl Strategy<Value = ToClient> {
+pub fn attach_to_client(ids: Range<u32>) -> BoxedStrategy<ToClient> {
     prop_oneof![
         1 => hello().prop_map(ToClient::Hello),
-        14 => process_event(ids).prop_map(ToClient::Process),
+        14 => process_event(ids.clone()).prop_map(ToClient::Process),
         1 => any::<u64>().prop_map(|nonce| ToClient::Pong { nonce }),
         3 => supervisor_reply().prop_map(ToClient::Supervisor),
+        4 => forward_event(ids).prop_map(ToClient::Forward),
     ]
+    .boxed()
 }
 
 /// Every answer of the supervisor to such a request.

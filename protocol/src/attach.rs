@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::credentials::{CredentialRotation, RotationOutcome};
 use crate::handshake::Hello;
 use crate::message::{Never, ProcessEvent, ProcessRequest};
+use crate::net::{ForwardEvent, ForwardRequest};
 use crate::policy::{PolicyUpdate, UpdateOutcome};
 use crate::process::ProcId;
 
@@ -32,6 +33,8 @@ pub enum ToSupervisor {
     LinkOnly(Never),
     /// Answered by the supervisor itself.
     Supervisor(SupervisorRequest),
+    /// A port forward's stream.
+    Forward(ForwardRequest),
 }
 
 /// What only an attach client asks, and the supervisor answers itself: it never reaches the guest.
@@ -81,6 +84,8 @@ pub enum ToClient {
     LinkOnly(Never),
     /// The answer to a [`SupervisorRequest`].
     Supervisor(SupervisorReply),
+    /// A port forward's stream.
+    Forward(ForwardEvent),
 }
 
 /// The supervisor's answers to [`SupervisorRequest`]s.
@@ -163,5 +168,17 @@ impl From<ProcessEvent> for ToClient {
 impl From<SupervisorReply> for ToClient {
     fn from(msg: SupervisorReply) -> Self {
         Self::Supervisor(msg)
+    }
+}
+
+impl From<ForwardRequest> for ToSupervisor {
+    fn from(msg: ForwardRequest) -> Self {
+        Self::Forward(msg)
+    }
+}
+
+impl From<ForwardEvent> for ToClient {
+    fn from(msg: ForwardEvent) -> Self {
+        Self::Forward(msg)
     }
 }

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::frame::{self, FrameError};
 
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// First field of every hello: the bytes `VMBP`. Catches a peer that speaks something else entirely.
 pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"VMBP");
@@ -61,6 +61,8 @@ impl Capabilities {
     pub const POWER_OFF: Self = Self(1 << 3);
     /// Answer pings (used for latency measurement and liveness).
     pub const PING: Self = Self(1 << 4);
+    /// Network streams: the loopback proxy listeners and port forwards ([`crate::net`]).
+    pub const NET: Self = Self(1 << 5);
 
     /// No capabilities.
     pub const NONE: Self = Self(0);

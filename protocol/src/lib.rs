@@ -11,6 +11,7 @@
 //!   the tag table of all four types.
 //! - [`handshake`]: the versioned hello that opens every connection.
 //! - [`identity`]: the fixed user and group workload processes run as in the guest.
+//! - [`net`]: network streams (egress through the guest's loopback proxies, port forwards in).
 //! - [`policy`]: which boundary operations a sandbox's clients may use, and live updates of it.
 //! - [`process`]: process ids, exit statuses, named signals, output streams.
 //! - [`flow`]: credit windows that bound buffering on both sides.
@@ -52,6 +53,7 @@ pub mod handshake;
 pub mod identity;
 pub mod link;
 pub mod message;
+pub mod net;
 pub mod policy;
 pub mod process;
 pub mod root;

@@ -9,6 +9,7 @@ use serde_bytes::ByteBuf;
 
 use crate::handshake::Hello;
 use crate::message::{Never, ProcessEvent, ProcessRequest};
+use crate::net::{NetToGuest, NetToHost};
 use crate::process::SignalName;
 
 /// Supervisor to guest agent.
@@ -28,6 +29,11 @@ pub enum ToGuest {
     },
     /// About the guest as a whole.
     Vm(VmRequest),
+    /// Tag 5 is the attach socket's: never on the link.
+    #[doc(hidden)]
+    AttachOnly(Never),
+    /// About one network stream.
+    Net(NetToGuest),
 }
 
 /// What the supervisor alone asks of the guest as a whole.
@@ -49,6 +55,13 @@ pub enum VmRequest {
         entropy: HostEntropy,
         /// The host's wall clock: nanoseconds since the Unix epoch.
         unix_nanos: u64,
+    },
+    /// Whether the agent's loopback proxy listeners should exist: sent after the reseed when the policy
+    /// allows some egress, and again whenever a policy update changes that. The listeners are a convenience,
+    /// not a control: every connection is still decided by the supervisor.
+    Egress {
+        /// Listen (true) or close the listeners (false).
+        listen: bool,
     },
 }
 
@@ -81,6 +94,14 @@ pub enum ToHost {
         /// The ping's nonce.
         nonce: u64,
     },
+    /// Tag 4: the guest has no link-only answer yet.
+    #[doc(hidden)]
+    LinkReserved(Never),
+    /// Tag 5 is the attach socket's: never on the link.
+    #[doc(hidden)]
+    AttachOnly(Never),
+    /// About one network stream.
+    Net(NetToHost),
 }
 
 impl From<ProcessRequest> for ToGuest {
@@ -98,5 +119,17 @@ impl From<VmRequest> for ToGuest {
 impl From<ProcessEvent> for ToHost {
     fn from(msg: ProcessEvent) -> Self {
         Self::Process(msg)
+    }
+}
+
+impl From<NetToGuest> for ToGuest {
+    fn from(msg: NetToGuest) -> Self {
+        Self::Net(msg)
+    }
+}
+
+impl From<NetToHost> for ToHost {
+    fn from(msg: NetToHost) -> Self {
+        Self::Net(msg)
     }
 }

@@ -12,6 +12,7 @@
 //! | 3 | `Ping` | `Pong` |
 //! | 4 | guest link only: [`crate::link::VmRequest`] | (guest link only: none yet) |
 //! | 5 | attach socket only: [`crate::attach::SupervisorRequest`] | attach socket only: [`crate::attach::SupervisorReply`] |
+//! | 6 | network streams: link [`crate::net::NetToGuest`], attach [`crate::net::ForwardRequest`] | link [`crate::net::NetToHost`], attach [`crate::net::ForwardEvent`] |
 //!
 //! A tag a channel does not carry is a [`Never`] variant there: it cannot be built, and it never decodes,
 //! so each decoder accepts only its channel's messages. A new stream kind (network, files) takes the next

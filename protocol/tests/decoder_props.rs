@@ -16,6 +16,7 @@ use vm_protocol::attach::{ToClient, ToSupervisor};
 use vm_protocol::codec::{FrameCodec, HostFrameReader};
 use vm_protocol::frame::{self, FrameError, HEADER_BYTES, MAX_FRAME_BYTES};
 use vm_protocol::link::{ToGuest, ToHost};
+use vm_protocol::net::{ForwardEvent, ForwardRequest, NetToGuest, NetToHost};
 use vm_protocol::{arbitrary, ProcessEvent};
 
 #[expect(clippy::cast_possible_truncation, reason = "128 KiB fits in u32")]
@@ -165,6 +166,10 @@ fn on_the_link(msg: &ToSupervisor) -> Option<ToGuest> {
         ToSupervisor::Process(p) => Some(ToGuest::Process(p.clone())),
         ToSupervisor::Ping { nonce } => Some(ToGuest::Ping { nonce: *nonce }),
         ToSupervisor::Supervisor(_) => None,
+        ToSupervisor::Forward(ForwardRequest::Connect { id, port, window }) => {
+            Some(ToGuest::Net(NetToGuest::Connect { id: *id, port: *port, window: *window }))
+        }
+        ToSupervisor::Forward(ForwardRequest::Stream(f)) => Some(ToGuest::Net(NetToGuest::Stream(f.clone()))),
         ToSupervisor::Reserved(never) | ToSupervisor::LinkOnly(never) => match *never {},
     }
 }
@@ -175,8 +180,12 @@ fn on_the_socket(msg: &ToGuest) -> Option<ToSupervisor> {
         ToGuest::Hello(h) => Some(ToSupervisor::Hello(h.clone())),
         ToGuest::Process(p) => Some(ToSupervisor::Process(p.clone())),
         ToGuest::Ping { nonce } => Some(ToSupervisor::Ping { nonce: *nonce }),
-        ToGuest::Vm(_) => None,
-        ToGuest::Reserved(never) => match *never {},
+        ToGuest::Vm(_) | ToGuest::Net(NetToGuest::Accept { .. }) => None,
+        ToGuest::Net(NetToGuest::Connect { id, port, window }) => {
+            Some(ToSupervisor::Forward(ForwardRequest::Connect { id: *id, port: *port, window: *window }))
+        }
+        ToGuest::Net(NetToGuest::Stream(f)) => Some(ToSupervisor::Forward(ForwardRequest::Stream(f.clone()))),
+        ToGuest::Reserved(never) | ToGuest::AttachOnly(never) => match *never {},
     }
 }
 
@@ -186,17 +195,28 @@ fn answer_on_the_link(msg: &ToClient) -> Option<ToHost> {
         ToClient::Hello(h) => Some(ToHost::Hello(h.clone())),
         ToClient::Process(p) => Some(ToHost::Process(p.clone())),
         ToClient::Pong { nonce } => Some(ToHost::Pong { nonce: *nonce }),
-        ToClient::Supervisor(_) => None,
-        ToClient::Reserved(never) | ToClient::LinkOnly(never) => match *never {},
+        ToClient::Supervisor(_) | ToClient::Forward(ForwardEvent::Refused { .. }) => None,
+        ToClient::Forward(ForwardEvent::Connected { id, window }) => {
+            Some(ToHost::Net(NetToHost::Connected { id: *id, window: *window }))
+        }
+        ToClient::Forward(ForwardEvent::Stream(f)) => Some(ToHost::Net(NetToHost::Stream(f.clone()))),
+        ToClient::Reserved(never) | ToClient::LinkOnly(never) | ToClient::Forward(ForwardEvent::LinkOnly(never)) => {
+            match *never {}
+        }
     }
 }
 
-fn answer_on_the_socket(msg: &ToHost) -> ToClient {
+fn answer_on_the_socket(msg: &ToHost) -> Option<ToClient> {
     match msg {
-        ToHost::Hello(h) => ToClient::Hello(h.clone()),
-        ToHost::Process(p) => ToClient::Process(p.clone()),
-        ToHost::Pong { nonce } => ToClient::Pong { nonce: *nonce },
-        ToHost::Reserved(never) => match *never {},
+        ToHost::Hello(h) => Some(ToClient::Hello(h.clone())),
+        ToHost::Process(p) => Some(ToClient::Process(p.clone())),
+        ToHost::Pong { nonce } => Some(ToClient::Pong { nonce: *nonce }),
+        ToHost::Net(NetToHost::Connected { id, window }) => {
+            Some(ToClient::Forward(ForwardEvent::Connected { id: *id, window: *window }))
+        }
+        ToHost::Net(NetToHost::Stream(f)) => Some(ToClient::Forward(ForwardEvent::Stream(f.clone()))),
+        ToHost::Net(NetToHost::Opened { .. }) => None,
+        ToHost::Reserved(never) | ToHost::LinkReserved(never) | ToHost::AttachOnly(never) => match *never {},
     }
 }
 
@@ -379,7 +399,7 @@ proptest! {
         prop_assert_eq!(decoded::<ToGuest>(&encoded(&to_supervisor_msg)), on_the_link(&to_supervisor_msg));
         prop_assert_eq!(decoded::<ToSupervisor>(&encoded(&to_guest_msg)), on_the_socket(&to_guest_msg));
         prop_assert_eq!(decoded::<ToHost>(&encoded(&to_client_msg)), answer_on_the_link(&to_client_msg));
-        prop_assert_eq!(decoded::<ToClient>(&encoded(&to_host_msg)), Some(answer_on_the_socket(&to_host_msg)));
+        prop_assert_eq!(decoded::<ToClient>(&encoded(&to_host_msg)), answer_on_the_socket(&to_host_msg));
     }
 
     #[test]

@@ -104,6 +104,13 @@ pub struct SupervisorArgs {
     /// The backend: picks the launch descriptor's decoder (never the descriptor itself).
     #[cfg_attr(feature = "clap", arg(long, value_enum, default_value_t = Backend::Microvm))]
     pub backend: Backend,
+    /// A DNS server (`IP:PORT`) that resolves the names of egress connections, instead of the system resolver.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub egress_resolver: Option<std::net::SocketAddr>,
+    /// The operator's HTTP proxy (`HOST:PORT`) every egress connection leaves through (CONNECT); its
+    /// credentials, if any, are in the auth bundle.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub egress_proxy: Option<String>,
 }
 
 impl SupervisorArgs {
@@ -159,6 +166,14 @@ impl SupervisorArgs {
         }
         argv.push("--backend".into());
         argv.push(self.backend.as_str().into());
+        if let Some(resolver) = self.egress_resolver {
+            argv.push("--egress-resolver".into());
+            argv.push(resolver.to_string().into());
+        }
+        if let Some(proxy) = &self.egress_proxy {
+            argv.push("--egress-proxy".into());
+            argv.push(proxy.into());
+        }
         argv
     }
 }
@@ -225,6 +240,8 @@ mod tests {
             save_snapshot: None,
             restore_snapshot: Some("/run/vm-driver/snapshots/pool-1".into()),
             backend: Backend::Microvm,
+            egress_resolver: Some("127.0.0.1:5353".parse().unwrap()),
+            egress_proxy: Some("proxy.corp.example:3128".into()),
         };
         let saving = SupervisorArgs {
             save_snapshot: Some("/run/vm-driver/snapshots/pool-2".into()),
@@ -244,6 +261,8 @@ mod tests {
             pooled: false,
             restore_snapshot: None,
             backend: Backend::Microvm,
+            egress_resolver: None,
+            egress_proxy: None,
             ..full.clone()
         };
         for args in [full, saving, minimal] {

@@ -20,6 +20,9 @@ pub struct AuthBundle {
     /// The token this supervisor presents when it opens its session to the driver.
     #[serde(default)]
     pub session_token: Option<String>,
+    /// The `Proxy-Authorization` value for the operator's upstream proxy (`--egress-proxy`).
+    #[serde(default)]
+    pub egress_proxy_authorization: Option<String>,
 }
 
 impl fmt::Debug for AuthBundle {
@@ -28,6 +31,7 @@ impl fmt::Debug for AuthBundle {
         f.debug_struct("AuthBundle")
             .field("otlp_header_names", &names)
             .field("session_token", &self.session_token.as_ref().map(|_| "<redacted>"))
+            .field("egress_proxy_authorization", &self.egress_proxy_authorization.as_ref().map(|_| "<redacted>"))
             .finish()
     }
 }
@@ -93,9 +97,11 @@ mod tests {
         let b = AuthBundle {
             otlp_headers: vec![("authorization".into(), "Bearer s3cret".into())],
             session_token: Some("t0ken-value".into()),
+            egress_proxy_authorization: Some("Basic cHJveHk=".into()),
         };
         let shown = format!("{b:?}");
         assert!(shown.contains("authorization") && !shown.contains("s3cret") && !shown.contains("t0ken"), "{shown}");
+        assert!(!shown.contains("cHJveHk"), "{shown}");
         b.write(&dir).unwrap();
         let mode = std::fs::metadata(dir.join("auth.json")).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);

@@ -11,6 +11,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::identity::{RunAs, WorkloadIdentity};
 
+pub mod network;
+
+use self::network::{NetRule, NetworkPolicy};
+
 /// One kind of boundary operation a client may ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -27,12 +31,14 @@ pub enum Operation {
     Reattach,
     /// List the running processes.
     ListProcesses,
+    /// Open a port forward into the guest's loopback.
+    PortForward,
 }
 
 impl Operation {
     /// Every operation.
-    pub const ALL: [Self; 6] =
-        [Self::Exec, Self::Stdin, Self::Signal, Self::Resize, Self::Reattach, Self::ListProcesses];
+    pub const ALL: [Self; 7] =
+        [Self::Exec, Self::Stdin, Self::Signal, Self::Resize, Self::Reattach, Self::ListProcesses, Self::PortForward];
 
     /// Its name in policies, updates and events.
     pub fn as_str(self) -> &'static str {
@@ -43,6 +49,7 @@ impl Operation {
             Self::Resize => "resize",
             Self::Reattach => "reattach",
             Self::ListProcesses => "list_processes",
+            Self::PortForward => "port_forward",
         }
     }
 }
@@ -61,7 +68,7 @@ impl FromStr for Operation {
 }
 
 /// At most 64 characters of caller text in an error.
-fn bounded(text: &str) -> String {
+pub(crate) fn bounded(text: &str) -> String {
     let cut: String = text.chars().take(64).collect();
     if cut.len() < text.len() {
         format!("{cut}...")
@@ -86,7 +93,7 @@ pub enum PolicyError {
     #[error("the policy is not valid JSON of the documented shape: {0}")]
     Malformed(String),
     /// An operation name nobody knows.
-    #[error("unknown operation {0:?} (exec, stdin, signal, resize, reattach, list_processes)")]
+    #[error("unknown operation {0:?} (exec, stdin, signal, resize, reattach, list_processes, port_forward)")]
     UnknownOperation(String),
     /// An exec allow-list without exec.
     #[error("exec_programs is given but exec is not allowed")]
@@ -103,6 +110,9 @@ pub enum PolicyError {
     /// A resource cap out of range.
     #[error("caps.max_processes must be 1 to {MAX_PROCESSES_CAP}")]
     BadCap,
+    /// The `network` section is not valid.
+    #[error("network: {0}")]
+    BadNetwork(String),
 }
 
 /// The policy approved at create.
@@ -120,6 +130,9 @@ pub struct SandboxPolicy {
     /// Resource caps, enforced by the supervisor at the boundary.
     #[serde(default, skip_serializing_if = "Caps::is_empty")]
     pub caps: Caps,
+    /// What connections may reach; none at all without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkPolicy>,
 }
 
 /// Resource caps of a policy.
@@ -138,9 +151,15 @@ impl Caps {
 }
 
 impl Default for SandboxPolicy {
-    /// Every operation, any program, no caps: what a sandbox without a policy gets.
+    /// Every operation, any program, no caps, no network: what a sandbox without a policy gets.
     fn default() -> Self {
-        Self { allow: Operation::ALL.into_iter().collect(), exec_programs: None, run_as: None, caps: Caps::default() }
+        Self {
+            allow: Operation::ALL.into_iter().collect(),
+            exec_programs: None,
+            run_as: None,
+            caps: Caps::default(),
+            network: None,
+        }
     }
 }
 
@@ -175,6 +194,9 @@ impl SandboxPolicy {
         if self.caps.max_processes.is_some_and(|n| n == 0 || n > MAX_PROCESSES_CAP) {
             return Err(PolicyError::BadCap);
         }
+        if let Some(network) = &self.network {
+            network.validate()?;
+        }
         if let Some(programs) = &self.exec_programs {
             if !self.allow.contains(&Operation::Exec) {
                 return Err(PolicyError::ProgramsWithoutExec);
@@ -203,6 +225,17 @@ pub struct PolicyUpdate {
     pub allow: Vec<Operation>,
     /// When given, must select the fixed workload identity, as at create.
     pub run_as: Option<RunAs>,
+    /// The network rules allowed from now on, each one of the approved rules; `None` allows every approved
+    /// rule. Each update states the whole state, as `allow` does.
+    #[serde(default, deserialize_with = "seq_option")]
+    pub network: Option<Vec<NetRule>>,
+}
+
+/// An optional list, bounded as [`crate::message::seq_deserialize`] bounds lists.
+fn seq_option<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<NetRule>>, D::Error> {
+    #[derive(Deserialize)]
+    struct Bounded(#[serde(deserialize_with = "crate::message::seq_deserialize")] Vec<NetRule>);
+    Ok(Option::<Bounded>::deserialize(d)?.map(|b| b.0))
 }
 
 /// What became of a [`PolicyUpdate`].
@@ -212,7 +245,8 @@ pub enum UpdateOutcome {
     Applied,
     /// Its revision was not above the last applied one: admission is closed until a newer valid update.
     Stale,
-    /// It allowed an operation that was never approved: admission is closed until a newer valid update.
+    /// It allowed an operation or a network rule that was never approved: admission is closed until a newer
+    /// valid update.
     NotApproved,
     /// Its `run_as` selects someone other than the fixed workload identity: admission is closed until a newer
     /// valid update.
@@ -225,7 +259,7 @@ impl UpdateOutcome {
         match self {
             Self::Applied => "applied",
             Self::Stale => "refused: the revision is not above the last applied one; admission closed",
-            Self::NotApproved => "refused: it allows an operation never approved; admission closed",
+            Self::NotApproved => "refused: it allows an operation or network rule never approved; admission closed",
             Self::IdentityConflict => {
                 "refused: its run_as conflicts with the fixed workload identity; admission closed"
             }
