@@ -63,6 +63,10 @@ pub fn boot() -> Result<(), InitError> {
         let _ = nix::unistd::sethostname(name.trim());
     }
     prepare_for(&WORKLOAD)?;
+    // Without it no proxy listener or port forward works; everything else does.
+    if crate::loopback::up().is_err() {
+        eprintln!("vm-agent: cannot bring up the loopback interface");
+    }
     load_modules(Path::new(MODULE_LIST))?;
     if crate::root::asked()? {
         load_modules(Path::new(crate::root::MODULE_LIST))?;

@@ -20,6 +20,8 @@ pub mod power;
 pub mod root;
 
 mod credit;
+mod loopback;
+mod net;
 mod outbox;
 mod process;
 mod pty;

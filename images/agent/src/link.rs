@@ -37,7 +37,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::EXEC
     .union(Capabilities::SIGNALS)
     .union(Capabilities::POWER_OFF)
     .union(Capabilities::PING)
-    .union(Capabilities::PTY);
+    .union(Capabilities::PTY)
+    .union(Capabilities::NET);
 
 /// After SIGKILL, how long to wait for the last `Exited` frames before giving up on them.
 const KILL_DRAIN_MS: u64 = 1000;
@@ -121,6 +122,8 @@ pub(crate) struct Shared {
     drained: Condvar,
     /// Set when the link is over; the reaper then stops.
     pub(crate) ended: AtomicBool,
+    /// Network streams and the proxy listeners.
+    pub(crate) net: crate::net::Streams,
 }
 
 impl Shared {
@@ -164,6 +167,7 @@ pub fn serve(mut reader: impl Read + Send + 'static, writer: File, config: &Conf
         children: Condvar::new(),
         drained: Condvar::new(),
         ended: AtomicBool::new(false),
+        net: crate::net::Streams::default(),
     });
     let mut scratch = Vec::new();
     handshake(&shared, &mut reader, &mut scratch)?;
@@ -192,6 +196,8 @@ pub fn serve(mut reader: impl Read + Send + 'static, writer: File, config: &Conf
     }
     shared.ended.store(true, Ordering::Release);
     shared.children_changed();
+    crate::net::Streams::set_listening(&shared, false);
+    shared.net.close_all();
     match ending {
         Ending::Shutdown(..) => Ok(End::Shutdown),
         Ending::HostGone => Ok(End::HostGone),
@@ -272,6 +278,8 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
         ToGuest::Vm(VmRequest::Shutdown { grace_ms, signal }) => {
             return Ok(Some((Duration::from_millis(u64::from(grace_ms)), signal)))
         }
+        ToGuest::Vm(VmRequest::Egress { listen }) => crate::net::Streams::set_listening(shared, listen),
+        ToGuest::Net(msg) => crate::net::handle(shared, msg)?,
         ToGuest::Ping { nonce } => shared.send(ToHost::Pong { nonce }),
         ToGuest::Hello(_) => return Err(LinkError::Violation { what: "unexpected hello after the handshake".into() }),
     }

@@ -26,6 +26,7 @@ use vm_agent::link;
 use vm_protocol::attach::ToSupervisor;
 use vm_protocol::link::{ToGuest, ToHost, VmRequest};
 use vm_protocol::message::{Refusal, MAX_FAILURE_MESSAGE_BYTES};
+use vm_protocol::net::{NetToGuest, NetToHost, StreamFrame};
 use vm_protocol::{arbitrary, frame, Capabilities, Hello, ProcId, ProcessEvent, ProcessRequest, SignalName, Spawn};
 
 fn commands() -> Vec<Vec<String>> {
@@ -94,8 +95,12 @@ fn session_of(sent: &[Vec<u8>]) -> Result<(Vec<ToHost>, bool), TestCaseError> {
 /// per process, and credit only ever adds to what it may send).
 fn check(sent: &[ToGuest], got: &[ToHost]) -> Result<(), TestCaseError> {
     let mut procs: HashMap<ProcId, Proc> = HashMap::new();
+    let mut dialed = std::collections::HashSet::new();
     for msg in sent {
         match msg {
+            ToGuest::Net(NetToGuest::Connect { id, .. }) => {
+                dialed.insert(*id);
+            }
             ToGuest::Process(ProcessRequest::Spawn(s)) => {
                 let p = procs.entry(s.id).or_default();
                 p.allowance += u64::from(s.output_window);
@@ -146,6 +151,10 @@ fn check(sent: &[ToGuest], got: &[ToHost]) -> Result<(), TestCaseError> {
             }
             ToHost::Process(ProcessEvent::StdinCredit { bytes, .. }) => prop_assert!(*bytes > 0, "zero stdin credit"),
             ToHost::Pong { .. } => {}
+            // A port forward the host asked for: dialed on this host's loopback, where usually nothing listens.
+            ToHost::Net(NetToHost::Stream(StreamFrame::Close { id }) | NetToHost::Connected { id, .. }) => {
+                prop_assert!(dialed.contains(id), "a stream the host never opened: {id}");
+            }
             other => prop_assert!(false, "the agent sent {other:?}"),
         }
     }
