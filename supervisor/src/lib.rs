@@ -28,6 +28,7 @@ pub mod diagnostics;
 mod framed;
 pub mod inbox;
 pub mod mux;
+pub mod network;
 pub mod policy;
 pub mod safeguards;
 pub mod serve;

@@ -13,6 +13,7 @@
 use std::collections::BTreeSet;
 
 use vm_protocol::identity::WorkloadIdentity;
+use vm_protocol::policy::network::NetRule;
 use vm_protocol::policy::{Operation, PolicyUpdate, SandboxPolicy, UpdateOutcome};
 use vm_protocol::Spawn;
 
@@ -51,6 +52,8 @@ pub struct Gate {
     approved: SandboxPolicy,
     identity: WorkloadIdentity,
     allowed: BTreeSet<Operation>,
+    /// The network rules allowed now: a subset of the approved ones.
+    net_allowed: Vec<NetRule>,
     revision: u64,
     open: bool,
 }
@@ -65,7 +68,8 @@ impl Gate {
     /// Starts at revision 0 with everything approved allowed; `identity` is the fixed workload identity that
     /// every update's `run_as` must select.
     pub fn new(approved: SandboxPolicy, identity: WorkloadIdentity) -> Self {
-        Self { allowed: approved.allow.clone(), approved, identity, revision: 0, open: true }
+        let net_allowed = approved.network.as_ref().map(|n| n.allow.clone()).unwrap_or_default();
+        Self { allowed: approved.allow.clone(), net_allowed, approved, identity, revision: 0, open: true }
     }
 
     /// The last applied revision.
@@ -113,17 +117,41 @@ impl Gate {
     pub fn update(&mut self, update: &PolicyUpdate) -> UpdateOutcome {
         let outcome = if update.revision <= self.revision {
             UpdateOutcome::Stale
-        } else if update.allow.iter().any(|op| !self.approved.allow.contains(op)) {
+        } else if update.allow.iter().any(|op| !self.approved.allow.contains(op))
+            || update.network.as_ref().is_some_and(|rules| rules.iter().any(|r| !self.approved_rule(r)))
+        {
             UpdateOutcome::NotApproved
         } else if update.run_as.as_ref().is_some_and(|r| r.conflict(&self.identity).is_some()) {
             UpdateOutcome::IdentityConflict
         } else {
+            self.net_allowed = match &update.network {
+                Some(rules) => rules.clone(),
+                None => self.approved.network.as_ref().map(|n| n.allow.clone()).unwrap_or_default(),
+            };
             self.allowed = update.allow.iter().copied().collect();
             self.revision = update.revision;
             UpdateOutcome::Applied
         };
         self.open = outcome == UpdateOutcome::Applied;
         outcome
+    }
+
+    fn approved_rule(&self, rule: &NetRule) -> bool {
+        self.approved.network.as_ref().is_some_and(|n| n.allow.contains(rule))
+    }
+
+    /// What connections may reach now: nothing while admission is closed.
+    pub fn network(&self) -> NetView {
+        NetView {
+            rules: if self.open { self.net_allowed.clone() } else { Vec::new() },
+            revision: self.revision,
+            max_connections: self.approved.network.as_ref().map_or(0, |n| n.connection_cap()),
+        }
+    }
+
+    /// Whether the approved policy has a network section (the workload then gets the proxy settings).
+    pub fn has_network(&self) -> bool {
+        self.approved.network.is_some()
     }
 
     /// The operations allowed now, for events.
@@ -137,6 +165,24 @@ impl Gate {
     }
 }
 
+/// The network half of the gate at one revision, as the egress tasks read it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NetView {
+    /// The rules in force (empty: no egress).
+    pub rules: Vec<NetRule>,
+    /// The revision they belong to.
+    pub revision: u64,
+    /// The approved connection cap (0 without a network section).
+    pub max_connections: u32,
+}
+
+impl NetView {
+    /// The first rule that covers `host` (normalized) and `port`.
+    pub fn rule_for(&self, host: &str, port: u16) -> Option<&NetRule> {
+        self.rules.iter().find(|r| r.covers(host, port))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,7 +190,7 @@ mod tests {
     use vm_protocol::identity::{IdSelector, RunAs, WORKLOAD};
 
     fn update(revision: u64, allow: &[Operation]) -> PolicyUpdate {
-        PolicyUpdate { revision, allow: allow.to_vec(), run_as: None }
+        PolicyUpdate { revision, allow: allow.to_vec(), run_as: None, network: None }
     }
 
     fn spawn_with_env(key: &str) -> Spawn {

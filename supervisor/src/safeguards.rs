@@ -33,6 +33,10 @@ pub struct Safeguards {
     /// A saved VM's migration stream may be as large as its guest can make it (off, as fault injection:
     /// `snapshot-stream-cap`, 1 MiB).
     pub full_stream_cap: bool,
+    /// Egress checks every resolved address against the address rules (off: `no-address-check`).
+    pub address_check: bool,
+    /// Egress follows policy updates (off: `egress-ignores-updates`).
+    pub egress_updates: bool,
     /// Failures are logged in fixed text and library logs are silenced (off: `verbose-failure-logs`).
     pub quiet_failures: bool,
     /// What the telemetry sinks are told (`jsonl-sink-fails`, `no-telemetry-limits`, `verbose-failure-logs`).
@@ -63,6 +67,8 @@ impl Safeguards {
             log_caps: on(TestControl::NoLogCaps),
             full_stream_cap: on(TestControl::SnapshotStreamCap),
             quiet_failures: on(TestControl::VerboseFailureLogs),
+            address_check: on(TestControl::NoAddressCheck),
+            egress_updates: on(TestControl::EgressIgnoresUpdates),
             telemetry: TelemetryControls {
                 jsonl_fails: !on(TestControl::JsonlSinkFails),
                 no_limits: !on(TestControl::NoTelemetryLimits),

@@ -87,7 +87,7 @@ impl Peers {
                 Action::ToGuest(ToGuest::Process(ProcessRequest::Stdin { data, .. })) => {
                     prop_assert!(!data.is_empty(), "empty stdin");
                 }
-                Action::ToGuest(ToGuest::Hello(_) | ToGuest::Vm(_)) => {
+                Action::ToGuest(ToGuest::Hello(_) | ToGuest::Vm(_) | ToGuest::Net(_)) => {
                     prop_assert!(false, "not for the guest: {action:?}");
                 }
                 Action::ToClient(client, msg) => self.sent_to_client(*client, msg)?,
@@ -108,6 +108,9 @@ impl Peers {
             }
             // The supervisor answers a client's Ping itself.
             ToClient::Pong { .. } | ToClient::Supervisor(_) => {}
+            // A denied port forward's answer; the streams themselves are routed outside the multiplexer.
+            ToClient::Forward(vm_protocol::net::ForwardEvent::Refused { .. }) => {}
+            ToClient::Forward(_) => prop_assert!(false, "a stream from the multiplexer: {msg:?}"),
             ToClient::Reserved(never) | ToClient::LinkOnly(never) => match *never {},
         }
         Ok(())

@@ -18,6 +18,8 @@ impl Category {
     pub const SYSTEM: Self = Self { uid: 1, caption: "System Activity" };
     /// Findings (2).
     pub const FINDINGS: Self = Self { uid: 2, caption: "Findings" };
+    /// Network Activity (4).
+    pub const NETWORK: Self = Self { uid: 4, caption: "Network Activity" };
     /// Discovery (5).
     pub const DISCOVERY: Self = Self { uid: 5, caption: "Discovery" };
     /// Application Activity (6).
@@ -68,6 +70,8 @@ classes! {
     DETECTION_FINDING = 2004 "Detection Finding" detection_finding FINDINGS "FINDING",
     DEVICE_CONFIG_STATE_CHANGE = 5019 "Device Config State Change" device_config_state_change DISCOVERY "CONFIG",
     API_ACTIVITY = 6003 "API Activity" api_activity APPLICATION "API",
+    NETWORK_ACTIVITY = 4001 "Network Activity" network_activity NETWORK "NETWORK",
+    HTTP_ACTIVITY = 4002 "HTTP Activity" http_activity NETWORK "HTTP",
 }
 
 impl Class {
@@ -104,6 +108,8 @@ mod tests {
         (2004, "Detection Finding", "detection_finding", 2),
         (5019, "Device Config State Change", "device_config_state_change", 5),
         (6003, "API Activity", "api_activity", 6),
+        (4001, "Network Activity", "network_activity", 4),
+        (4002, "HTTP Activity", "http_activity", 4),
     ];
 
     #[test]
@@ -132,7 +138,11 @@ mod tests {
     #[test]
     fn categories_match_ocsf_1_8_0() {
         let categories = [(Category::SYSTEM, 1, "System Activity"), (Category::FINDINGS, 2, "Findings")];
-        let more = [(Category::DISCOVERY, 5, "Discovery"), (Category::APPLICATION, 6, "Application Activity")];
+        let more = [
+            (Category::NETWORK, 4, "Network Activity"),
+            (Category::DISCOVERY, 5, "Discovery"),
+            (Category::APPLICATION, 6, "Application Activity"),
+        ];
         for (category, uid, caption) in categories.into_iter().chain(more) {
             assert_eq!((category.uid, category.caption), (uid, caption));
         }

@@ -1,11 +1,13 @@
 //! The event, its builders (one per class and activity), and its two renderings (JSON and a shorthand line).
 
+use std::borrow::Cow;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
 use crate::class::Class;
 use crate::finding::Finding;
+use crate::network::NetworkFields;
 use crate::objects::{Actor, Api, AppInfo, Device, Endpoint, FindingInfo, Metadata, ProcessInfo, Product, Service};
 use crate::version::SchemaVersion;
 
@@ -75,8 +77,8 @@ pub struct Event {
     pub class: Class,
     /// Activity within the class.
     pub activity_id: u32,
-    /// Activity caption.
-    pub activity_name: &'static str,
+    /// Activity caption; for Other (99), the source's own name for it.
+    pub activity_name: Cow<'static, str>,
     /// `class_uid * 100 + activity_id`.
     pub type_uid: u64,
     /// "Class: Activity".
@@ -121,9 +123,12 @@ pub struct Event {
     /// The call (API Activity).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub api: Option<Api>,
-    /// Where the call came from (API Activity).
+    /// Where the call came from (API Activity), the initiator of a stream (Network and HTTP Activity).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub src_endpoint: Option<Endpoint>,
+    /// What only Network and HTTP Activity carry, flattened into the event.
+    #[serde(flatten)]
+    pub network: Option<NetworkFields>,
     /// Whether the event must go out even when the sandbox is over its telemetry limits: lifecycle events
     /// and the reports of what was dropped. Not part of the record.
     #[serde(skip)]
@@ -151,7 +156,7 @@ impl Source {
         Self { schema, product, sandbox: sandbox.to_owned(), sequence: std::cell::Cell::new(0) }
     }
 
-    fn device(&self) -> Device {
+    pub(crate) fn device(&self) -> Device {
         Device {
             type_id: 6,
             kind: "Virtual",
@@ -162,7 +167,13 @@ impl Source {
     }
 
     /// An event of `class`, activity `(activity_id, activity_name)`.
-    fn base(&self, class: Class, activity: (u32, &'static str), severity: Severity, message: String) -> Event {
+    pub(crate) fn base(
+        &self,
+        class: Class,
+        activity: (u32, &'static str),
+        severity: Severity,
+        message: String,
+    ) -> Event {
         let (activity_id, activity_name) = activity;
         let time = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -172,7 +183,7 @@ impl Source {
         Event {
             class,
             activity_id,
-            activity_name,
+            activity_name: Cow::Borrowed(activity_name),
             type_uid: u64::from(class.uid) * 100 + u64::from(activity_id),
             type_name: format!("{}: {activity_name}", class.caption),
             severity_id: severity as u8,
@@ -182,7 +193,12 @@ impl Source {
             status_id: None,
             status: None,
             status_detail: None,
-            metadata: Metadata { version: self.schema.as_str().to_owned(), product: self.product.clone(), sequence },
+            metadata: Metadata {
+                version: self.schema.as_str().to_owned(),
+                product: self.product.clone(),
+                sequence,
+                profiles: Vec::new(),
+            },
             device: None,
             actor: None,
             app: None,
@@ -191,6 +207,7 @@ impl Source {
             finding_info: None,
             api: None,
             src_endpoint: None,
+            network: None,
             essential: false,
         }
     }
@@ -256,7 +273,7 @@ impl Source {
         let mut event = self.base(Class::API_ACTIVITY, (3, "Update"), Severity::Informational, message);
         event.actor = Some(Actor { app_name: "vm-driver".into(), app_uid: self.sandbox.clone() });
         event.api = Some(Api { operation: operation.to_owned(), service: Service { name: self.product.name.clone() } });
-        event.src_endpoint = Some(Endpoint { name: endpoint.to_owned() });
+        event.src_endpoint = Some(Endpoint { name: Some(endpoint.to_owned()), ..Endpoint::default() });
         set_status(&mut event, status, (status == Status::Failure).then(|| outcome.to_owned()));
         event
     }
@@ -269,7 +286,7 @@ impl Source {
     }
 }
 
-fn set_status(event: &mut Event, status: Status, detail: Option<String>) {
+pub(crate) fn set_status(event: &mut Event, status: Status, detail: Option<String>) {
     let (id, name) = match status {
         Status::Success => (1, "Success"),
         Status::Failure => (2, "Failure"),
@@ -295,6 +312,7 @@ impl Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::network::NetworkActivity;
     use crate::objects::MAX_CMD_LINE_CHARS;
 
     fn source() -> Source {
@@ -368,6 +386,8 @@ mod tests {
             s.finding(Finding::LogCapped, "console.log"),
             s.config_change("policy"),
             s.api_update("UpdatePolicy", "attach.sock", Status::Success, "revision 1 applied"),
+            s.network(NetworkActivity::Open, &crate::network::tests::egress(), None),
+            s.http(&crate::network::tests::egress(), "GET", "/", Some(200)),
         ]
     }
 

@@ -7,6 +7,8 @@
 //! | Detection Finding | 2004 | `liveness_lost`, `lease_lost`, `watchdog_action`, `admission_refused`, `guest_protocol_violation`, `telemetry_dropped`, `log_capped`, `vmm_limit`, `policy_denied`, `descriptor_mismatch` |
 //! | Device Config State Change | 5019 | configuration (policy) changes of the sandbox |
 //! | API Activity | 6003 | control-plane calls through the attach socket (`UpdatePolicy`, `RotateCredentials`) |
+//! | Network Activity | 4001 | open, close (bytes, duration) and refusal of every workload TCP stream through the proxy |
+//! | HTTP Activity | 4002 | plain-HTTP requests through the proxy (method, host, port, path without its query, status) |
 //!
 //! Each class is a [`Class`] (uid, caption, category, console shorthand, OTLP event name), defined once in
 //! [`Class::ALL`]; the builders of [`Source`] stamp it on their events, and every sink names an event by it.
@@ -31,15 +33,19 @@
 mod class;
 mod event;
 mod finding;
+mod http;
+mod network;
 mod objects;
 mod version;
 
 pub use class::{Category, Class};
 pub use event::{Event, Lifecycle, ProcessActivity, Severity, Source, Status};
 pub use finding::Finding;
+pub use http::MAX_PATH_CHARS;
+pub use network::{Connection, Direction, NetworkActivity, NetworkFields};
 pub use objects::{
-    Actor, Api, AppInfo, Device, Endpoint, FindingInfo, Metadata, ProcessInfo, Product, Service, MAX_CMD_LINE_CHARS,
-    MAX_NAME_CHARS,
+    Actor, Api, AppInfo, ConnectionInfo, Device, Endpoint, FindingInfo, FirewallRule, HttpRequest, HttpResponse,
+    Metadata, ProcessInfo, Product, Service, Traffic, Url, MAX_CMD_LINE_CHARS, MAX_NAME_CHARS,
 };
 pub use version::{SchemaVersion, UnsupportedVersion, DEFAULT_SCHEMA_VERSION, SUPPORTED_SCHEMA_VERSIONS};
 

@@ -27,6 +27,10 @@ pub struct Metadata {
     pub product: Product,
     /// Sequence number of the event within its sandbox, for finding gaps.
     pub sequence: u64,
+    /// The profiles the event uses (`security_control` for the proxy's decisions); without one, the
+    /// profile's attributes are not valid in the event.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub profiles: Vec<&'static str>,
 }
 
 /// `device`: the sandbox's VM.
@@ -70,11 +74,21 @@ pub struct Service {
     pub name: String,
 }
 
-/// `src_endpoint`: where a call came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// `src_endpoint` / `dst_endpoint` (`network_endpoint`): where a call came from, or one end of a stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Endpoint {
-    /// Its name (the socket it came through).
-    pub name: String,
+    /// Its name: the socket a call came through, or the proxy listener at a stream's guest end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Hostname (`sandbox` for the guest).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// Address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ip: Option<std::net::IpAddr>,
+    /// TCP port.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
 }
 
 /// `process`: a workload process inside the guest.
@@ -130,4 +144,71 @@ pub struct AppInfo {
     pub name: String,
     /// Version of what runs it (supervisor, agent).
     pub version: String,
+}
+
+/// `connection_info` (`network_connection_info`): one proxied TCP stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConnectionInfo {
+    /// 1 = Inbound, 2 = Outbound.
+    pub direction_id: u8,
+    /// Its caption.
+    pub direction: &'static str,
+    /// Always `tcp`: the proxy carries nothing else.
+    pub protocol_name: &'static str,
+    /// 6 (TCP).
+    pub protocol_num: u8,
+    /// The stream id, which the open, close and HTTP events of one stream share.
+    pub uid: String,
+}
+
+/// `traffic` (`network_traffic`), from the source's point of view as OCSF counts it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Traffic {
+    /// `bytes_in + bytes_out`.
+    pub bytes: u64,
+    /// Destination to source.
+    pub bytes_in: u64,
+    /// Source to destination.
+    pub bytes_out: u64,
+}
+
+/// `firewall_rule` (security_control profile): the egress rule that let a stream through.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FirewallRule {
+    /// The rule's host pattern (`*.example.com`).
+    pub name: String,
+    /// What it matched: the hostname asked for, or the literal address.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub match_details: Vec<String>,
+}
+
+/// `url`. Never a query or a full URL string: a query may carry secrets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Url {
+    /// `http`.
+    pub scheme: &'static str,
+    /// Host asked for (or the literal address).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// Port.
+    pub port: u16,
+    /// Path, cut before any `?` or `#`.
+    pub path: String,
+}
+
+/// `http_request`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HttpRequest {
+    /// One of the methods OCSF enumerates; absent for others (then in `activity_name`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_method: Option<&'static str>,
+    /// What was asked for.
+    pub url: Url,
+}
+
+/// `http_response`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HttpResponse {
+    /// Status code.
+    pub code: u16,
 }

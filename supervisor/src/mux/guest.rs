@@ -19,6 +19,7 @@ impl Mux {
             ToHost::Process(event) => self.process_event(event),
             ToHost::Pong { .. } => Err(GuestViolation::Unexpected("an unsolicited Pong")),
             ToHost::Hello(_) => Err(GuestViolation::Unexpected("a second Hello")),
+            ToHost::Net(_) => Err(GuestViolation::Unexpected("a network stream")),
         }
     }
 

@@ -30,6 +30,7 @@ use vm_protocol::attach::{ProcessSummary, SupervisorReply, SupervisorRequest, To
 use vm_protocol::flow::MAX_WINDOW_BYTES;
 use vm_protocol::link::ToGuest;
 use vm_protocol::message::Refusal;
+use vm_protocol::net::{ForwardEvent, ForwardRequest};
 use vm_protocol::{ExitStatus, ProcId, ProcessEvent, ProcessRequest, SignalName};
 
 mod image;
@@ -50,6 +51,7 @@ fn operation(msg: &ToSupervisor) -> Option<Operation> {
         ToSupervisor::Process(ProcessRequest::Resize { .. }) => Operation::Resize,
         ToSupervisor::Supervisor(SupervisorRequest::Reattach { .. }) => Operation::Reattach,
         ToSupervisor::Supervisor(SupervisorRequest::ListProcesses) => Operation::ListProcesses,
+        ToSupervisor::Forward(ForwardRequest::Connect { .. }) => Operation::PortForward,
         _ => return None,
     })
 }
@@ -117,6 +119,8 @@ pub enum Action {
         /// The operations allowed now.
         allowed: String,
     },
+    /// A port forward's message, admitted: for the network streams (`crate::network`).
+    Forward(ClientId, ForwardRequest),
     /// A client asked to rotate the OTLP credentials: the telemetry swaps them and the client gets a
     /// `CredentialsAck`.
     RotateCredentials(ClientId, vm_protocol::credentials::CredentialRotation),
@@ -184,6 +188,11 @@ impl Mux {
     /// What asks the workload to stop ([`image::stop_signal`]).
     pub fn stop_signal(&self) -> SignalName {
         image::stop_signal(&self.run)
+    }
+
+    /// The policy gate.
+    pub fn gate(&self) -> &Gate {
+        &self.gate
     }
 
     /// The same, under `policy` (approved at create) instead of the allow-everything default.
@@ -279,6 +288,9 @@ impl Mux {
         // Before the gate: the policy judges the program that will run, the image's entrypoint included.
         if let ToSupervisor::Process(ProcessRequest::Spawn(spawn)) = &mut msg {
             image::defaults(&self.run, spawn);
+            if self.gate.has_network() {
+                crate::network::proxy_env(spawn);
+            }
         }
         if let Some(op) = operation(&msg) {
             let admitted = match &msg {
@@ -294,6 +306,7 @@ impl Mux {
             ToSupervisor::Supervisor(req) => self.session(client, req),
             ToSupervisor::Ping { nonce } => Ok(vec![Action::ToClient(client, ToClient::Pong { nonce })]),
             ToSupervisor::Hello(_) => Err(ClientViolation::Unexpected("a second Hello")),
+            ToSupervisor::Forward(req) => Ok(vec![Action::Forward(client, req)]),
         }
     }
 
@@ -380,6 +393,10 @@ impl Mux {
             ToSupervisor::Process(ProcessRequest::Spawn(spawn)) => actions.push(refused(spawn.id)),
             ToSupervisor::Supervisor(SupervisorRequest::Reattach { id, .. }) => actions.push(refused(*id)),
             ToSupervisor::Supervisor(SupervisorRequest::ListProcesses) => actions.push(refused(ProcId(0))),
+            ToSupervisor::Forward(ForwardRequest::Connect { id, .. }) => {
+                let refusal = ForwardEvent::Refused { id: *id, reason: Refusal::Denied };
+                actions.push(Action::ToClient(client, refusal.into()));
+            }
             _ => {}
         }
         actions

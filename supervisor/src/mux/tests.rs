@@ -384,7 +384,7 @@ fn a_revocation_is_acknowledged_after_the_exec_before_it_and_before_the_exec_beh
         matches!(&in_flight[..], [Action::ToGuest(ToGuest::Process(ProcessRequest::Spawn(_)))]),
         "admitted and dispatched"
     );
-    let revoke = PolicyUpdate { revision: 1, allow: vec![Operation::Stdin], run_as: None };
+    let revoke = PolicyUpdate { revision: 1, allow: vec![Operation::Stdin], run_as: None, network: None };
     let ack = mux.from_client(A, ToSupervisor::Supervisor(SupervisorRequest::UpdatePolicy(revoke))).unwrap();
     assert!(matches!(
         &ack[..],

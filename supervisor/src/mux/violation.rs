@@ -1,6 +1,7 @@
 //! The rules a client or the guest can break, each a value the caller reports: a client is disconnected,
 //! a guest gets a Detection Finding and an orderly stop.
 
+use vm_protocol::net::StreamId;
 use vm_protocol::{CreditError, FrameViolation, ProcId};
 
 /// A client broke the protocol; it is disconnected.
@@ -24,6 +25,9 @@ pub enum ClientViolation {
     /// A message clients may not send.
     #[error("clients may not send {0}")]
     Unexpected(&'static str),
+    /// A port forward's message broke the stream rules (fixed text).
+    #[error("stream {0}: {1}")]
+    Stream(StreamId, &'static str),
     /// Its outgoing queue is full: it is not reading.
     #[error("the client is not reading its frames")]
     NotReading,
@@ -65,6 +69,9 @@ pub enum GuestViolation {
     /// A message the guest may not send after the handshake.
     #[error("the guest may not send {0} after the handshake")]
     Unexpected(&'static str),
+    /// A network stream's message broke the stream rules (fixed text).
+    #[error("stream {0}: {1}")]
+    Stream(StreamId, &'static str),
     /// Bytes that are not a frame.
     #[error(transparent)]
     Frame(#[from] FrameViolation),

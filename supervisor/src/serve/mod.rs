@@ -18,6 +18,7 @@
 //!   and kills the VMM at once.
 
 pub mod attach_server;
+pub(crate) mod network;
 pub mod session;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -58,6 +59,8 @@ struct Serving<'a> {
     /// This loop sent QEMU its SIGKILL: the watchdog, which exits with the VMM, may now close its pipe
     /// before QEMU is reaped.
     vmm_killed: bool,
+    /// Network streams.
+    net: network::Network,
 }
 
 /// The guest's side of the boundary: where admitted operations go, and the multiplexer (with the policy
@@ -67,6 +70,8 @@ pub(crate) struct Boundary {
     pub(crate) guest: mpsc::Sender<ToGuest>,
     /// The routing state, with the policy gate.
     pub(crate) mux: Mux,
+    /// How egress resolves, leaves and checks.
+    pub(crate) egress: network::EgressSettings,
 }
 
 /// Runs the sandbox until the VMM has exited; returns why it stopped.
@@ -74,11 +79,12 @@ pub(crate) async fn serve(
     args: &SupervisorArgs,
     vmm: &mut crate::boot::vmm_process::VmmProcess,
     lease: &mut Lease,
-    Boundary { guest, mux }: Boundary,
+    Boundary { guest, mux, egress }: Boundary,
     inbox: &mut Inbox,
     telemetry: &mut Telemetry,
     session: Option<tokio::task::AbortHandle>,
 ) -> StopReason {
+    let (net, mut reports) = network::Network::new(egress, guest.clone(), mux.gate().network());
     let mut state = Serving {
         args,
         vmm,
@@ -89,7 +95,10 @@ pub(crate) async fn serve(
         stopping: None,
         session,
         vmm_killed: false,
+        net,
     };
+    // The boundary is attached and confirmed: the listeners may open.
+    state.publish_network();
     let mut lease_ok = true;
     let mut tick = tokio::time::interval(TICK);
     let reason = loop {
@@ -139,7 +148,7 @@ pub(crate) async fn serve(
                 tracing::warn!("the VM did not power off in time; killing the VMM");
                 state.kill_vmm();
             }
-            traffic = next_traffic(&mut inbox.notices, &mut inbox.guest, &mut inbox.clients, &mut tick) => {
+            traffic = next_traffic(&mut inbox.notices, &mut inbox.guest, &mut inbox.clients, &mut reports, &mut tick) => {
                 state.handle(traffic);
             }
         }
@@ -156,6 +165,7 @@ enum Traffic {
     Notice(Notice),
     Guest(FromGuest),
     Client(FromClient),
+    Net(crate::network::egress::Report),
     Tick,
 }
 
@@ -165,12 +175,14 @@ async fn next_traffic(
     notices: &mut mpsc::Receiver<Notice>,
     guest: &mut mpsc::Receiver<FromGuest>,
     clients: &mut mpsc::Receiver<FromClient>,
+    reports: &mut mpsc::Receiver<crate::network::egress::Report>,
     tick: &mut tokio::time::Interval,
 ) -> Traffic {
     tokio::select! {
         Some(n) = notices.recv() => Traffic::Notice(n),
         Some(g) = guest.recv() => Traffic::Guest(g),
         Some(c) = clients.recv() => Traffic::Client(c),
+        Some(r) = reports.recv() => Traffic::Net(r),
         _ = tick.tick() => Traffic::Tick,
     }
 }
@@ -188,6 +200,7 @@ impl Serving<'_> {
             Traffic::Notice(n) => self.notice(n),
             Traffic::Guest(g) => self.on_guest(g),
             Traffic::Client(c) => self.on_client(c),
+            Traffic::Net(r) => self.net_report(r),
             Traffic::Tick => self.telemetry.tick(),
         }
     }
@@ -195,6 +208,7 @@ impl Serving<'_> {
     fn on_guest(&mut self, from: FromGuest) {
         match from {
             // The permit returns its bytes to the guest's queue once the message is handled.
+            FromGuest::Message(vm_protocol::link::ToHost::Net(msg), _permit) => self.net_from_guest(msg),
             FromGuest::Message(msg, _permit) => {
                 let answer = crate::telemetry::spans::spawn_answer(&msg);
                 match self.mux.from_guest(msg) {
@@ -281,6 +295,7 @@ impl Serving<'_> {
         self.telemetry.spans().stop_decided();
         self.end_session();
         self.mux.stop_accepting();
+        self.net_stop();
         let grace = self.args.stop_grace_ms;
         // A guest that does not read its channel cannot take the shutdown; the deadline covers it.
         let signal = self.mux.stop_signal();
@@ -326,6 +341,7 @@ impl Serving<'_> {
             client.reader.abort();
         }
         self.mux.remove_client(id);
+        self.net_drop_client(id);
     }
 
     fn apply(&mut self, actions: Vec<Action>) {
@@ -346,6 +362,7 @@ impl Serving<'_> {
                     }
                 }
                 Action::ToClient(id, msg) => self.send_to_client(id, msg),
+                Action::Forward(client, msg) => self.net_from_client(client, msg),
                 Action::Started { guest_id, pid, argv } => {
                     let info =
                         ProcessInfo::new(self.args.sandbox_id.as_str(), guest_id.0, i32::try_from(pid).ok(), &argv);
@@ -357,6 +374,7 @@ impl Serving<'_> {
                     self.finding(Finding::PolicyDenied, &detail);
                 }
                 Action::PolicyUpdated { revision, outcome, allowed } => {
+                    self.publish_network();
                     self.telemetry.spans().policy_updated(revision, outcome);
                     let applied = outcome == UpdateOutcome::Applied;
                     self.api_call("UpdatePolicy", applied, &format!("revision {revision} {}", outcome.describe()));

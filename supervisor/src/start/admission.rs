@@ -79,6 +79,8 @@ pub(crate) struct Admitted {
     pub(crate) session: Option<SessionConfig>,
     pub(crate) policy: SandboxPolicy,
     pub(crate) root: Option<RootImage>,
+    /// The upstream proxy's `Proxy-Authorization`, from the auth bundle.
+    pub(crate) egress_proxy_authorization: Option<String>,
 }
 
 /// Admits the sandbox `args` names, in the sandbox directory. The admission span starts here and is exported
@@ -99,7 +101,7 @@ pub(crate) fn admit(
         let outlet = Outlet::Refused { console, settings, sandbox_id, controls: safeguards.telemetry };
         return Err(Failure::new(AdmitError::Descriptor(mismatch), outlet));
     }
-    let (telemetry, token) = match start_telemetry(args, safeguards, &console, from) {
+    let (telemetry, token, egress_proxy_authorization) = match start_telemetry(args, safeguards, &console, from) {
         Ok(started) => started,
         Err(e) => return Err(Failure::new(e, Outlet::Console(console))),
     };
@@ -116,10 +118,14 @@ pub(crate) fn admit(
     };
     let allowed: Vec<&str> = policy.allow.iter().map(|o| o.as_str()).collect();
     sandbox.config_change(&format!("policy revision 0 approved; allowed: {}", allowed.join(", ")));
+    if let Some(network) = &policy.network {
+        let hosts: Vec<&str> = network.allow.iter().map(|r| r.host.as_str()).collect();
+        sandbox.config_change(&format!("network rules approved: {}", hosts.join(", ")));
+    }
     if let Some(root) = &root {
         sandbox.config_change(&format!("image root {}", root.manifest));
     }
-    Ok(Admitted { sandbox, session, policy, root })
+    Ok(Admitted { sandbox, session, policy, root, egress_proxy_authorization })
 }
 
 /// Admits the launch descriptor against the trusted arguments, before any credential is read or the policy
@@ -143,12 +149,12 @@ fn start_telemetry(
     safeguards: &Safeguards,
     console: &Console,
     from: SettingsFrom<'_>,
-) -> Result<(Telemetry, Option<String>), AdmitError> {
+) -> Result<(Telemetry, Option<String>, Option<String>), AdmitError> {
     let bundle = AuthBundle::take(Path::new(".")).map_err(AdmitError::Bundle)?;
     let settings = from.settings(bundle.otlp_headers).map_err(AdmitError::Settings)?;
     let telemetry = Telemetry::start(console.handle(), args.sandbox_id.as_str(), &settings, safeguards.telemetry)
         .map_err(AdmitError::Telemetry)?;
-    Ok((telemetry, bundle.session_token))
+    Ok((telemetry, bundle.session_token, bundle.egress_proxy_authorization))
 }
 
 /// The session with `vm-driver serve`, where the arguments name its socket.

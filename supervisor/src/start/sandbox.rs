@@ -13,6 +13,8 @@ use crate::boot::{BootError, Booted};
 use crate::diagnostics::chain;
 use crate::inbox::{Inbox, Senders};
 use crate::mux::Mux;
+use crate::network::resolve::Resolver;
+use crate::network::upstream::Upstream;
 use crate::safeguards::Safeguards;
 use crate::status;
 use crate::stop::StopReason;
@@ -111,7 +113,7 @@ impl Admitted {
         senders: Senders,
         mut inbox: Inbox,
     ) -> StopReason {
-        let Self { mut sandbox, session, policy, root } = self;
+        let Self { mut sandbox, session, policy, root, egress_proxy_authorization } = self;
         let Booted { mut vm, link, attach, .. } = booted;
         sandbox.telemetry.spans().boot_ended(true);
         let microvm = AppInfo { name: "microvm".into(), version: link.hello.software_label() };
@@ -128,7 +130,16 @@ impl Admitted {
             .with_serialized_policy(safeguards.serialized_policy)
             .with_policy(policy)
             .with_run_config(root.map(|r| r.run).unwrap_or_default());
-        let boundary = crate::serve::Boundary { guest: link.tx, mux };
+        let egress = crate::serve::network::EgressSettings {
+            resolver: args.egress_resolver.map_or(Resolver::System, Resolver::Dns),
+            upstream: args
+                .egress_proxy
+                .clone()
+                .map(|address| Upstream { address, authorization: egress_proxy_authorization }),
+            check_addresses: safeguards.address_check,
+            follow_updates: safeguards.egress_updates,
+        };
+        let boundary = crate::serve::Boundary { guest: link.tx, mux, egress };
         let telemetry = &mut sandbox.telemetry;
         let reason =
             crate::serve::serve(args, &mut vm.vmm, &mut vm.lease, boundary, &mut inbox, telemetry, session).await;

@@ -1,0 +1,482 @@
+//! One egress stream's task: read the proxy request from the stream, decide it, resolve the name on the host,
+//! check every address, dial exactly those, answer the guest, relay.
+//!
+//! ```text
+//! guest bytes --> request (HTTP CONNECT / absolute-form, SOCKS5)  <= MAX_HEAD_BYTES, REQUEST_TIMEOUT
+//!             --> rule for (host, port)?            no: 403 / SOCKS 2, Refuse event, finding
+//!             --> addresses (host gateway, literal, or resolved once; never re-resolved)
+//!             --> each one public, or listed by the rule?        no: refused the same way
+//!             --> the rule still in force (a policy update may have come meanwhile)?
+//!             --> dial (directly, or CONNECT through the operator's proxy)  CONNECT_TIMEOUT
+//!             --> relay both ways within the windows until both ends close, or IDLE_TIMEOUT
+//! ```
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use vm_protocol::link::ToGuest;
+use vm_protocol::net::{Listener, NetToGuest, StreamFrame, StreamId};
+use vm_protocol::policy::network::{NetRule, HOST_GATEWAY};
+
+use super::pipe::{End, Inbound, Pipe};
+use super::request::{self, Kind, ProxyRequest};
+use super::resolve::Resolver;
+use super::socks::{self, Socks, Step};
+use super::upstream::Upstream;
+use crate::policy::NetView;
+
+/// How long a workload has to send its whole proxy request.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a dial may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection with no byte either way for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a refusal waits for the workload to read it and close, before the stream is closed anyway.
+const LINGER: Duration = Duration::from_secs(2);
+/// Largest chunk read from a destination at once.
+const CHUNK_BYTES: usize = 256 * 1024;
+
+/// What every egress task of a sandbox shares.
+#[derive(Debug)]
+pub struct Context {
+    /// The guest link's queue.
+    pub guest: mpsc::Sender<ToGuest>,
+    /// Reports to the event loop.
+    pub reports: mpsc::Sender<Report>,
+    /// The network rules in force.
+    pub view: watch::Receiver<NetView>,
+    /// How names are resolved.
+    pub resolver: Resolver,
+    /// The operator's proxy, when connections must leave through one.
+    pub upstream: Option<Upstream>,
+    /// When off (the `no-address-check` control), resolved addresses are dialed unchecked.
+    pub check_addresses: bool,
+}
+
+/// What a stream is, once its request was read and decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided {
+    /// The host as asked for (normalized).
+    pub host: String,
+    /// The port.
+    pub port: u16,
+    /// The rule that allowed it (its host pattern).
+    pub rule: String,
+    /// The address dialed.
+    pub ip: Option<IpAddr>,
+}
+
+/// What a task tells the loop (which emits the events).
+#[derive(Debug)]
+pub enum Report {
+    /// The stream was refused before any byte reached a destination.
+    Refused {
+        /// The stream.
+        id: StreamId,
+        /// Its listener.
+        listener: Listener,
+        /// What was asked, as far as it was read.
+        host: Option<String>,
+        /// The port asked for.
+        port: Option<u16>,
+        /// The address that was refused, if the refusal is about one.
+        ip: Option<IpAddr>,
+        /// Why (fixed text).
+        reason: &'static str,
+    },
+    /// The destination answered; bytes flow.
+    Opened(StreamId, Listener, Decided),
+    /// A plain-HTTP request went out (method and path without the query).
+    Http(StreamId, Decided, String, String),
+    /// The task ended: the loop forgets the stream.
+    Gone(StreamId),
+    /// The stream ended.
+    Closed {
+        /// The stream.
+        id: StreamId,
+        /// Its listener.
+        listener: Listener,
+        /// Where it went.
+        decided: Decided,
+        /// Bytes to the guest.
+        to_guest: u64,
+        /// Bytes from the guest.
+        from_guest: u64,
+        /// How long it was open.
+        duration: Duration,
+        /// Why it ended, when not in order (fixed text).
+        why: Option<&'static str>,
+    },
+}
+
+/// Why a request was refused: what the workload is told, and what the event says.
+struct Refusal {
+    http: u16,
+    socks: u8,
+    reason: &'static str,
+    host: Option<String>,
+    port: Option<u16>,
+    ip: Option<IpAddr>,
+}
+
+impl Refusal {
+    fn new(http: u16, socks: u8, reason: &'static str) -> Self {
+        Self { http, socks, reason, host: None, port: None, ip: None }
+    }
+}
+
+/// Runs one stream to its end.
+pub async fn run(ctx: Arc<Context>, id: StreamId, listener: Listener, pipe: Arc<Pipe>) {
+    let started = Instant::now();
+    let (req, socks) = match read_request(&ctx, id, listener, &pipe).await {
+        Ok(read) => read,
+        Err(None) => return finish(&ctx, id, &pipe, false).await,
+        Err(Some(refusal)) => return refuse(&ctx, id, listener, &pipe, refusal).await,
+    };
+    let (upstream, decided) = match connect(&ctx, &req, &pipe).await {
+        Ok(open) => open,
+        Err(mut refusal) => {
+            refusal.host.get_or_insert(req.target.host.clone());
+            refusal.port = Some(req.target.port);
+            return refuse(&ctx, id, listener, &pipe, refusal).await;
+        }
+    };
+    let _ = ctx.reports.send(Report::Opened(id, listener, decided.clone())).await;
+    let (mut up_read, mut up_write) = upstream.into_split();
+    // The request head is ours to answer or rewrite; what follows it is the workload's own bytes.
+    let consumed = pipe.discard(req.head_len);
+    credit(&ctx, id, consumed).await;
+    let reply: &[u8] = match (&req.kind, socks.is_some()) {
+        (_, true) => &socks::reply(socks::SUCCEEDED),
+        (Kind::Connect, false) => request::ESTABLISHED,
+        (Kind::Forward { head, method, path }, false) => {
+            let _ = ctx.reports.send(Report::Http(id, decided.clone(), method.clone(), path.clone())).await;
+            if up_write.write_all(head).await.is_err() {
+                return closed(&ctx, id, listener, &pipe, decided, (0, 0), started, Some("the destination closed"))
+                    .await;
+            }
+            &[]
+        }
+    };
+    if !reply.is_empty() && !send_data(&ctx, id, &pipe, reply).await {
+        return closed(&ctx, id, listener, &pipe, decided, (0, 0), started, Some("the stream ended")).await;
+    }
+    let activity = Activity::new();
+    let down = download(&ctx, id, &pipe, &mut up_read, &activity);
+    let up = upload(&ctx, id, &pipe, &mut up_write, &activity);
+    // Either direction may wait on the destination for ever: an end from outside, or idleness, ends both.
+    let (why, bytes) = tokio::select! {
+        (to_guest, from_guest) = async { tokio::join!(down, up) } => {
+            let why = to_guest.1.or(from_guest.1);
+            (why, (to_guest.0, from_guest.0))
+        }
+        end = pipe.wait_ended() => (Some(describe(end)), activity.totals()),
+        () = activity.idle() => (Some("idle"), activity.totals()),
+    };
+    closed(&ctx, id, listener, &pipe, decided, bytes, started, why).await;
+}
+
+/// Reads the proxy request within its bounds. `Err(None)`: the stream ended before one came.
+async fn read_request(
+    ctx: &Context,
+    id: StreamId,
+    listener: Listener,
+    pipe: &Pipe,
+) -> Result<(ProxyRequest, Option<Socks>), Option<Refusal>> {
+    let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
+    let mut socks = (listener == Listener::Socks).then(Socks::new);
+    loop {
+        let (buf, eof) = pipe.peek();
+        let parsed = match socks.as_mut() {
+            None => request::parse(&buf).map_err(|e| Some(Refusal::new(e.status(), 1, e.describe()))),
+            Some(state) => match state.feed(&buf) {
+                Ok(Step::Reply(reply)) => {
+                    if !send_data(ctx, id, pipe, &reply).await {
+                        return Err(None);
+                    }
+                    continue;
+                }
+                Ok(Step::Connect { target, consumed }) => {
+                    Ok(Some(ProxyRequest { target, kind: Kind::Connect, head_len: consumed }))
+                }
+                Ok(Step::NeedMore) => Ok(None),
+                Err(e) => Err(Some(Refusal::new(400, e.code(), e.describe()))),
+            },
+        };
+        match parsed {
+            Ok(Some(req)) => return Ok((req, socks)),
+            Err(refusal) => return Err(refusal),
+            Ok(None) if eof => return Err(None),
+            Ok(None) => {}
+        }
+        if pipe.ended().is_some() {
+            return Err(None);
+        }
+        if tokio::time::timeout_at(deadline, pipe.wait_change(buf.len())).await.is_err() {
+            return Err(Some(Refusal::new(408, 1, "the proxy request did not complete in time")));
+        }
+    }
+}
+
+/// Decides, resolves, checks and dials.
+async fn connect(ctx: &Context, req: &ProxyRequest, pipe: &Pipe) -> Result<(TcpStream, Decided), Refusal> {
+    let (host, port) = (req.target.host.as_str(), req.target.port);
+    let rule = current_rule(ctx, host, port).ok_or(Refusal::new(403, 2, "no network rule allows the destination"))?;
+    // From here a policy update that no longer allows it ends the stream; one that came before is caught below.
+    pipe.decide(host, port);
+    let ips = addresses(ctx, host, port).await?;
+    if ctx.check_addresses {
+        for ip in &ips {
+            allowed(&rule, host, *ip).map_err(|reason| Refusal { ip: Some(*ip), ..Refusal::new(403, 2, reason) })?;
+        }
+    }
+    if current_rule(ctx, host, port).is_none_or(|now| now != rule) || pipe.ended().is_some() {
+        return Err(Refusal::new(403, 2, "a policy update revoked the rule while connecting"));
+    }
+    let mut last = Refusal::new(502, 5, "the destination refused the connection");
+    for ip in ips {
+        let addr = SocketAddr::new(ip, port);
+        let dial = async {
+            match &ctx.upstream {
+                None => TcpStream::connect(addr).await.map_err(drop),
+                Some(proxy) => proxy.connect(addr).await.map_err(drop),
+            }
+        };
+        match tokio::time::timeout(CONNECT_TIMEOUT, dial).await {
+            Ok(Ok(stream)) => {
+                let _ = stream.set_nodelay(true);
+                let decided =
+                    Decided { host: host.to_owned(), port, rule: rule.host.as_str().to_owned(), ip: Some(ip) };
+                return Ok((stream, decided));
+            }
+            Ok(Err(_)) => {
+                last = Refusal { ip: Some(ip), ..Refusal::new(502, 5, "the destination refused the connection") }
+            }
+            Err(_) => last = Refusal { ip: Some(ip), ..Refusal::new(504, 4, "the connection timed out") },
+        }
+    }
+    Err(last)
+}
+
+fn current_rule(ctx: &Context, host: &str, port: u16) -> Option<NetRule> {
+    ctx.view.borrow().rule_for(host, port).cloned()
+}
+
+/// The addresses to dial: the host's loopback for the host gateway, the literal, or the answers.
+async fn addresses(ctx: &Context, host: &str, port: u16) -> Result<Vec<IpAddr>, Refusal> {
+    if host == HOST_GATEWAY {
+        return Ok(vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]);
+    }
+    let ips = ctx.resolver.resolve(host, port).await.map_err(|_| Refusal::new(502, 4, "the name did not resolve"))?;
+    Ok(ips.into_iter().map(|ip| ip.to_canonical()).collect())
+}
+
+/// Whether the rules of `view` still allow what `pipe` decided (a stream not yet decided is judged later).
+pub fn still_allowed(pipe: &Pipe, view: &NetView) -> bool {
+    pipe.decided().is_none_or(|(host, port)| view.rule_for(&host, port).is_some())
+}
+
+/// Whether `rule` lets `host` reach `ip`: a public address, one the rule lists, or the host gateway's loopback.
+fn allowed(rule: &NetRule, host: &str, ip: IpAddr) -> Result<(), &'static str> {
+    if host == HOST_GATEWAY && ip.is_loopback() {
+        return Ok(());
+    }
+    match super::address::classify(ip) {
+        Some(_) if rule.lists(ip) => Ok(()),
+        Some(blocked) => Err(blocked.describe()),
+        None => Ok(()),
+    }
+}
+
+/// Sends the guest `bytes` within its credit; `false` once the stream ended.
+async fn send_data(ctx: &Context, id: StreamId, pipe: &Pipe, bytes: &[u8]) -> bool {
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let Ok(n) = pipe.reserve(rest.len()).await else { return false };
+        let data = rest[..n].to_vec().into();
+        if ctx.guest.send(NetToGuest::Stream(StreamFrame::Data { id, data }).into()).await.is_err() {
+            return false;
+        }
+        rest = &rest[n..];
+    }
+    true
+}
+
+async fn credit(ctx: &Context, id: StreamId, bytes: usize) {
+    if let Ok(bytes @ 1..) = u32::try_from(bytes) {
+        let _ = ctx.guest.send(NetToGuest::Stream(StreamFrame::Credit { id, bytes }).into()).await;
+    }
+}
+
+/// Destination to guest. Returns the bytes and why it stopped, when not at the destination's EOF.
+async fn download(
+    ctx: &Context,
+    id: StreamId,
+    pipe: &Pipe,
+    up: &mut OwnedReadHalf,
+    activity: &Activity,
+) -> (u64, Option<&'static str>) {
+    let mut buf = vec![0u8; CHUNK_BYTES];
+    let mut total = 0u64;
+    loop {
+        let n = match pipe.reserve(buf.len()).await {
+            Ok(n) => n,
+            Err(end) => return (total, Some(describe(end))),
+        };
+        let read = match up.read(&mut buf[..n]).await {
+            Ok(read) => read,
+            Err(_) => {
+                pipe.unreserve(n);
+                return (total, Some("the destination reset the connection"));
+            }
+        };
+        pipe.unreserve(n - read);
+        if read == 0 {
+            let _ = ctx.guest.send(NetToGuest::Stream(StreamFrame::Eof { id }).into()).await;
+            return (total, None);
+        }
+        activity.touch(read as u64, 0);
+        total += read as u64;
+        let data = buf[..read].to_vec().into();
+        if ctx.guest.send(NetToGuest::Stream(StreamFrame::Data { id, data }).into()).await.is_err() {
+            return (total, Some("the sandbox is stopping"));
+        }
+    }
+}
+
+/// Guest to destination, returning credit for what was written.
+async fn upload(
+    ctx: &Context,
+    id: StreamId,
+    pipe: &Pipe,
+    up: &mut OwnedWriteHalf,
+    activity: &Activity,
+) -> (u64, Option<&'static str>) {
+    let mut total = 0u64;
+    loop {
+        match pipe.take(CHUNK_BYTES).await {
+            Inbound::Bytes(bytes) => {
+                if up.write_all(&bytes).await.is_err() {
+                    return (total, Some("the destination closed"));
+                }
+                activity.touch(0, bytes.len() as u64);
+                total += bytes.len() as u64;
+                pipe.credit_back(bytes.len());
+                credit(ctx, id, bytes.len()).await;
+            }
+            Inbound::Eof => {
+                let _ = up.shutdown().await;
+                return (total, None);
+            }
+            Inbound::Ended(end) => return (total, Some(describe(end))),
+        }
+    }
+}
+
+fn describe(end: End) -> &'static str {
+    match end {
+        End::GuestClosed => "the workload closed the connection",
+        End::Aborted(reason) => reason,
+    }
+}
+
+/// Answers a refused request, reports it, and ends the stream.
+async fn refuse(ctx: &Context, id: StreamId, listener: Listener, pipe: &Pipe, refusal: Refusal) {
+    let answer = if listener == Listener::Socks {
+        socks::reply(refusal.socks).to_vec()
+    } else {
+        request::reply(refusal.http, refusal.reason)
+    };
+    let report = Report::Refused {
+        id,
+        listener,
+        host: refusal.host,
+        port: refusal.port,
+        ip: refusal.ip,
+        reason: refusal.reason,
+    };
+    let _ = ctx.reports.send(report).await;
+    let mut orderly = false;
+    if send_data(ctx, id, pipe, &answer).await {
+        let _ = ctx.guest.send(NetToGuest::Stream(StreamFrame::Eof { id }).into()).await;
+        // The workload reads the answer and closes its side: an orderly end. One that does not is cut.
+        let closed = tokio::time::timeout(LINGER, async {
+            loop {
+                match pipe.take(usize::MAX).await {
+                    Inbound::Bytes(bytes) => {
+                        pipe.credit_back(bytes.len());
+                        credit(ctx, id, bytes.len()).await;
+                    }
+                    Inbound::Eof => return true,
+                    Inbound::Ended(_) => return false,
+                }
+            }
+        });
+        orderly = closed.await.unwrap_or(false);
+    }
+    finish(ctx, id, pipe, orderly).await;
+}
+
+/// Tells the loop the stream is gone, closing it towards the guest first unless it ended in order (both
+/// sides sent `Eof`: a `Close` then could cut bytes the agent has not yet written) or the guest closed it.
+async fn finish(ctx: &Context, id: StreamId, pipe: &Pipe, orderly: bool) {
+    if !orderly && pipe.ended() != Some(End::GuestClosed) {
+        let _ = ctx.guest.send(NetToGuest::Stream(StreamFrame::Close { id }).into()).await;
+    }
+    let _ = ctx.reports.send(Report::Gone(id)).await;
+}
+
+#[allow(clippy::too_many_arguments, reason = "the close event's fields")]
+async fn closed(
+    ctx: &Context,
+    id: StreamId,
+    listener: Listener,
+    pipe: &Pipe,
+    decided: Decided,
+    (to_guest, from_guest): (u64, u64),
+    started: Instant,
+    why: Option<&'static str>,
+) {
+    let report = Report::Closed { id, listener, decided, to_guest, from_guest, duration: started.elapsed(), why };
+    let _ = ctx.reports.send(report).await;
+    finish(ctx, id, pipe, why.is_none()).await;
+}
+
+/// When bytes last moved, and how many, for the idle timeout.
+#[derive(Debug)]
+struct Activity {
+    state: std::sync::Mutex<(Instant, u64, u64)>,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self { state: std::sync::Mutex::new((Instant::now(), 0, 0)) }
+    }
+
+    fn touch(&self, to_guest: u64, from_guest: u64) {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *state = (Instant::now(), state.1 + to_guest, state.2 + from_guest);
+    }
+
+    fn totals(&self) -> (u64, u64) {
+        let state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (state.1, state.2)
+    }
+
+    /// Resolves once nothing moved for [`IDLE_TIMEOUT`].
+    async fn idle(&self) {
+        loop {
+            let last = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner).0;
+            let left = IDLE_TIMEOUT.saturating_sub(last.elapsed());
+            if left.is_zero() {
+                return;
+            }
+            tokio::time::sleep(left).await;
+        }
+    }
+}

@@ -1,0 +1,48 @@
+//! Network streams on the supervisor's side (`docs/network.md`): egress from the guest's loopback proxies,
+//! decided, resolved and dialed here, and port forwards into the guest.
+//!
+//! - [`address`]: which addresses are never reached unless a rule lists them.
+//! - [`resolve`]: names resolved on the host (the system resolver, or `--egress-resolver`'s DNS server).
+//! - [`request`] and [`socks`]: reading a proxy request from a stream's first bytes, bounded.
+//! - [`streams`]: the link's streams and their rules; [`pipe`]: what an egress stream shares with its task;
+//!   [`egress`]: that task (decide, resolve, check, dial, relay); [`upstream`]: the operator's proxy.
+
+pub mod address;
+mod dns;
+pub mod egress;
+pub mod pipe;
+pub mod request;
+pub mod resolve;
+pub mod socks;
+pub mod streams;
+pub mod upstream;
+
+use vm_protocol::message::EnvVar;
+use vm_protocol::net::{HTTP_PROXY_PORT, SOCKS_PROXY_PORT};
+use vm_protocol::Spawn;
+
+/// Gives a workload the proxy settings, under any it sets itself: both spellings of each variable, since
+/// tools disagree on which they read, and `socks5h` so SOCKS clients let the host resolve names (the guest
+/// has no DNS).
+pub fn proxy_env(spawn: &mut Spawn) {
+    let http = format!("http://127.0.0.1:{HTTP_PROXY_PORT}");
+    let socks = format!("socks5h://127.0.0.1:{SOCKS_PROXY_PORT}");
+    let none = "localhost,127.0.0.1,::1".to_owned();
+    let vars = [
+        ("HTTP_PROXY", &http),
+        ("HTTPS_PROXY", &http),
+        ("ALL_PROXY", &socks),
+        ("NO_PROXY", &none),
+        ("http_proxy", &http),
+        ("https_proxy", &http),
+        ("all_proxy", &socks),
+        ("no_proxy", &none),
+        ("grpc_proxy", &http),
+        ("NODE_USE_ENV_PROXY", &"1".to_owned()),
+    ];
+    for (key, value) in vars {
+        if !spawn.env.iter().any(|e| e.key == key) {
+            spawn.env.push(EnvVar { key: key.to_owned(), value: value.clone() });
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! The event loop's network half: the link's streams ([`crate::network::streams`]), their egress tasks, the
+//! rules they read, and the events and findings of what they report.
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+use vm_ocsf::{Connection, Direction, Finding, NetworkActivity};
+use vm_protocol::link::{ToGuest, VmRequest};
+use vm_protocol::net::{ForwardRequest, Listener, NetToHost};
+
+use super::Serving;
+use crate::mux::ClientId;
+use crate::network::egress::{self, Context, Decided, Report};
+use crate::network::pipe::End;
+use crate::network::resolve::Resolver;
+use crate::network::streams::{ForwardNote, Out, Refused, Streams};
+use crate::network::upstream::Upstream;
+use crate::policy::NetView;
+
+/// Reports from egress tasks waiting for the loop.
+const REPORT_QUEUE_ITEMS: usize = 256;
+/// At most one refusal finding this often: every refusal has its own Network Activity event (under the
+/// telemetry limits), and a workload that opens connections without end must not flood the findings.
+const FINDING_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How this sandbox's egress resolves, leaves and checks (from the arguments and the auth bundle).
+#[derive(Debug)]
+pub(crate) struct EgressSettings {
+    pub(crate) resolver: Resolver,
+    pub(crate) upstream: Option<Upstream>,
+    pub(crate) check_addresses: bool,
+    /// Off under the `egress-ignores-updates` control: the rules approved at create stay in force for egress.
+    pub(crate) follow_updates: bool,
+}
+
+/// The loop's network state.
+pub(crate) struct Network {
+    streams: Streams,
+    ctx: Arc<Context>,
+    view: watch::Sender<NetView>,
+    /// Whether the agent was told to listen.
+    listening: bool,
+    follow_updates: bool,
+    /// When the last refusal finding was emitted, and how many refusals had none since.
+    last_finding: Option<tokio::time::Instant>,
+    unreported: u64,
+    /// Network messages the guest's full queue dropped (logged once).
+    dropped: u64,
+}
+
+impl Network {
+    /// The state for a sandbox whose rules are `view`; the receiver is the loop's queue of reports.
+    pub(crate) fn new(
+        settings: EgressSettings,
+        guest: mpsc::Sender<ToGuest>,
+        view: NetView,
+    ) -> (Self, mpsc::Receiver<Report>) {
+        let (reports, reports_rx) = mpsc::channel(REPORT_QUEUE_ITEMS);
+        let (view_tx, view_rx) = watch::channel(view);
+        let ctx = Context {
+            guest,
+            reports,
+            view: view_rx,
+            resolver: settings.resolver,
+            upstream: settings.upstream,
+            check_addresses: settings.check_addresses,
+        };
+        let follow_updates = settings.follow_updates;
+        let net = Self {
+            streams: Streams::default(),
+            ctx: Arc::new(ctx),
+            view: view_tx,
+            listening: false,
+            follow_updates,
+            last_finding: None,
+            unreported: 0,
+            dropped: 0,
+        };
+        (net, reports_rx)
+    }
+}
+
+fn listener_name(listener: Option<Listener>) -> &'static str {
+    match listener {
+        Some(Listener::Http) => "http-proxy",
+        Some(Listener::Socks) => "socks5",
+        None => "port-forward",
+    }
+}
+
+fn outbound(id: u32, listener: Listener, decided: Option<&Decided>) -> Connection {
+    Connection {
+        stream: id,
+        direction: Direction::Outbound,
+        listener: listener_name(Some(listener)),
+        guest_port: Some(listener.port()),
+        hostname: decided.map(|d| d.host.clone()),
+        ip: decided.and_then(|d| d.ip),
+        port: decided.map_or(0, |d| d.port),
+        rule: decided.map(|d| d.rule.clone()),
+        bytes_in: 0,
+        bytes_out: 0,
+        duration_ms: None,
+    }
+}
+
+fn inbound(id: u32, port: u16) -> Connection {
+    Connection {
+        stream: id,
+        direction: Direction::Inbound,
+        listener: "port-forward",
+        guest_port: Some(port),
+        hostname: None,
+        ip: None,
+        port,
+        rule: None,
+        bytes_in: 0,
+        bytes_out: 0,
+        duration_ms: None,
+    }
+}
+
+impl Serving<'_> {
+    /// Tells the agent to open its listeners when some rule allows egress, and to close them when none does.
+    pub(super) fn publish_network(&mut self) {
+        if self.net.listening && !self.net.follow_updates {
+            return;
+        }
+        let view = self.mux.gate().network();
+        let listen = !view.rules.is_empty();
+        self.net.view.send_replace(view.clone());
+        if listen != self.net.listening {
+            self.net.listening = listen;
+            let _ = self.guest.try_send(VmRequest::Egress { listen }.into());
+        }
+        // An update closes what it no longer allows.
+        for (_, pipe) in self.net.streams.egress() {
+            if pipe.ended().is_none() && !egress::still_allowed(pipe, &view) {
+                pipe.end(End::Aborted("a policy update no longer allows the destination"));
+            }
+        }
+    }
+
+    pub(super) fn net_from_guest(&mut self, msg: NetToHost) {
+        let view = self.net.view.borrow().clone();
+        let cap = usize::try_from(view.max_connections).unwrap_or(usize::MAX);
+        match self.net.streams.from_guest(msg, cap, !view.rules.is_empty()) {
+            Ok(out) => self.net_apply(out),
+            Err(violation) => self.guest_violation(violation),
+        }
+    }
+
+    pub(super) fn net_from_client(&mut self, client: ClientId, msg: ForwardRequest) {
+        let cap = usize::try_from(self.net.view.borrow().max_connections.max(1)).unwrap_or(usize::MAX);
+        match self.net.streams.from_client(client, msg, cap) {
+            Ok(out) => self.net_apply(out),
+            Err(violation) => self.client_violation(client, &violation),
+        }
+    }
+
+    pub(super) fn net_drop_client(&mut self, client: ClientId) {
+        let out = self.net.streams.remove_client(client);
+        self.net_apply(out);
+    }
+
+    /// Nothing new opens; every egress stream ends.
+    pub(super) fn net_stop(&mut self) {
+        self.net.streams.stop_accepting();
+        for (_, pipe) in self.net.streams.egress() {
+            pipe.end(End::Aborted("the sandbox is stopping"));
+        }
+    }
+
+    fn net_apply(&mut self, out: Vec<Out>) {
+        for item in out {
+            match item {
+                Out::Guest(msg) => {
+                    // A guest that does not read its link cannot take these; its streams then stall, bounded.
+                    if self.guest.try_send(msg.into()).is_err() {
+                        self.net.dropped += 1;
+                        if self.net.dropped == 1 {
+                            tracing::warn!("the guest's queue is full; network messages are dropped");
+                        }
+                    }
+                }
+                Out::Client(client, event) => self.send_to_client(client, event.into()),
+                Out::Egress(id, listener, pipe) => {
+                    tokio::spawn(egress::run(Arc::clone(&self.net.ctx), id, listener, pipe));
+                }
+                Out::Refused(Refused { id, listener, port, reason }) => {
+                    let conn = match (listener, port) {
+                        (Some(listener), _) => outbound(id.0, listener, None),
+                        (None, port) => inbound(id.0, port.unwrap_or(0)),
+                    };
+                    self.net_refused(&conn, reason);
+                }
+                Out::Forward(ForwardNote::Opened { id, port }) => {
+                    let event = self.telemetry.source().network(NetworkActivity::Open, &inbound(id.0, port), None);
+                    self.telemetry.emit(event);
+                }
+                Out::Forward(ForwardNote::Closed { id, port, to_guest, from_guest }) => {
+                    let conn = Connection { bytes_in: to_guest, bytes_out: from_guest, ..inbound(id.0, port) };
+                    let event = self.telemetry.source().network(NetworkActivity::Close, &conn, None);
+                    self.telemetry.emit(event);
+                }
+            }
+        }
+    }
+
+    /// A refused connection: a Network Activity refuse and a `policy_denied` finding.
+    fn net_refused(&mut self, conn: &Connection, reason: &str) {
+        let event = self.telemetry.source().network(NetworkActivity::Refuse, conn, Some(reason));
+        self.telemetry.emit(event);
+        let now = tokio::time::Instant::now();
+        if self.net.last_finding.is_some_and(|at| now < at + FINDING_EVERY) {
+            self.net.unreported += 1;
+            return;
+        }
+        self.net.last_finding = Some(now);
+        let more = std::mem::take(&mut self.net.unreported);
+        let what = match (&conn.hostname, conn.ip) {
+            (Some(host), _) => format!("{host}:{}", conn.port),
+            (None, Some(ip)) => format!("{ip}:{}", conn.port),
+            (None, None) => format!("stream {}", conn.stream),
+        };
+        let also = if more > 0 { format!(" ({more} more refused since the last finding)") } else { String::new() };
+        self.finding(Finding::PolicyDenied, &format!("connection to {what} refused: {reason}{also}"));
+    }
+
+    pub(super) fn net_report(&mut self, report: Report) {
+        match report {
+            Report::Refused { id, listener, host, port, ip, reason } => {
+                let mut conn = outbound(id.0, listener, None);
+                (conn.hostname, conn.port, conn.ip) = (host, port.unwrap_or(0), ip);
+                self.net_refused(&conn, reason);
+            }
+            Report::Opened(id, listener, decided) => {
+                let conn = outbound(id.0, listener, Some(&decided));
+                let event = self.telemetry.source().network(NetworkActivity::Open, &conn, None);
+                self.telemetry.emit(event);
+            }
+            Report::Http(id, decided, method, path) => {
+                let conn = outbound(id.0, Listener::Http, Some(&decided));
+                let event = self.telemetry.source().http(&conn, &method, &path, None);
+                self.telemetry.emit(event);
+            }
+            Report::Closed { id, listener, decided, to_guest, from_guest, duration, why } => {
+                let conn = Connection {
+                    bytes_in: to_guest,
+                    bytes_out: from_guest,
+                    duration_ms: Some(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)),
+                    ..outbound(id.0, listener, Some(&decided))
+                };
+                let event = self.telemetry.source().network(NetworkActivity::Close, &conn, why);
+                self.telemetry.emit(event);
+            }
+            Report::Gone(id) => self.net.streams.egress_ended(id),
+        }
+    }
+}
