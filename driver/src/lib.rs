@@ -3,7 +3,8 @@
 //! - [`sandbox`]: the one sandbox lifecycle (start, ready, stop, end of a generation), and the supervisor
 //!   process with its liveness pipe and stop ordering ([`sandbox::supervisor`]).
 //! - [`attach_client`] and [`relay`]: running a process through the supervisor's attach socket;
-//!   [`attach_mux`]: one such connection per sandbox, shared by the service's `Exec` streams.
+//!   [`attach_mux`]: one such connection per sandbox, shared by the service's `Exec` streams; [`forward`]: a
+//!   port forward over one.
 //! - [`reap`] (with `cgroup` and `procs`): nothing a supervisor leaves behind survives it.
 //! - [`jail`]: how QEMU is confined on this host, and each jailed VMM's uid.
 //! - [`state`], [`image`], [`oci`], [`telemetry`]: where sandboxes live, what they boot (the kernel and
@@ -24,6 +25,7 @@ pub mod attach_client;
 pub mod attach_mux;
 mod cgroup;
 pub mod controls;
+pub mod forward;
 pub mod gc;
 pub mod image;
 pub mod jail;

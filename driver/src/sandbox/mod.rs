@@ -91,8 +91,28 @@ pub struct StartSpec {
     pub jail: JailConfig,
     /// The approved policy; none: every operation.
     pub policy: Option<SandboxPolicy>,
+    /// How egress connections resolve and leave.
+    pub egress: Egress,
     /// The test controls (all off but in the causal tests).
     pub controls: Controls,
+}
+
+/// The operator's egress settings (`--egress-resolver`, `--egress-proxy`, `--egress-proxy-credentials`),
+/// the same for every sandbox of a driver; none of it is the sandbox's to see or change.
+#[derive(Clone, Default)]
+pub struct Egress {
+    /// A DNS server for egress names instead of the system resolver.
+    pub resolver: Option<std::net::SocketAddr>,
+    /// The upstream proxy, `HOST:PORT`.
+    pub proxy: Option<String>,
+    /// Its `Proxy-Authorization` value, for the auth bundle only.
+    pub proxy_authorization: Option<String>,
+}
+
+impl std::fmt::Debug for Egress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Egress").field("resolver", &self.resolver).field("proxy", &self.proxy).finish_non_exhaustive()
+    }
 }
 
 /// The session a supervisor of `serve` opens.
@@ -286,6 +306,8 @@ fn launch(spec: &StartSpec, pooled_start: Option<&PooledStart>) -> Result<Runnin
             _ => None,
         },
         backend: Backend::Microvm,
+        egress_resolver: spec.egress.resolver,
+        egress_proxy: spec.egress.proxy.clone(),
     };
     // A pooled VM learns its telemetry settings at its claim, never at spawn (but in the control).
     let telemetry = if pooled && !spec.controls.lifecycle.pool_identity_at_boot {

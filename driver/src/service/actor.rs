@@ -421,6 +421,7 @@ impl Actor {
             session: Some(session),
             jail: ctx.jail,
             policy: self.record.spec.policy.clone(),
+            egress: ctx.egress.clone(),
             controls: ctx.controls,
         })
     }

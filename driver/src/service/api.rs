@@ -15,16 +15,18 @@ use vm_protocol::credentials::RotationOutcome;
 use vm_protocol::driver_api::driver_server::Driver;
 use vm_protocol::driver_api::{
     watch_event, AdmissionLimits, AdmissionUsage, Capabilities, CreateSandboxRequest, DeleteSandboxResponse,
-    ExecRequest, GetCapabilitiesRequest, ListImagesRequest, ListImagesResponse, ListPoolRequest, ListPoolResponse,
-    ListProcessesResponse, ListSandboxesRequest, ListSandboxesResponse, ProcessInfo, PullImageRequest, ReadinessKind,
-    RemoveImageRequest, RemoveImageResponse, RotateCredentialsRequest, RotateCredentialsResponse, Sandbox, SandboxRef,
-    UpdatePolicyRequest, UpdatePolicyResponse, ValidateCreateResponse, WatchEvent, WatchRequest,
+    ExecRequest, ForwardPortRequest, GetCapabilitiesRequest, ListImagesRequest, ListImagesResponse, ListPoolRequest,
+    ListPoolResponse, ListProcessesResponse, ListSandboxesRequest, ListSandboxesResponse, ProcessInfo,
+    PullImageRequest, ReadinessKind, RemoveImageRequest, RemoveImageResponse, RotateCredentialsRequest,
+    RotateCredentialsResponse, Sandbox, SandboxRef, UpdatePolicyRequest, UpdatePolicyResponse, ValidateCreateResponse,
+    WatchEvent, WatchRequest,
 };
 use vm_protocol::identity::{IdSelector, RunAs};
 use vm_protocol::policy::{Operation, PolicyUpdate, UpdateOutcome};
 use vm_protocol::{ProcessEvent, SignalName};
 
 mod convert;
+mod forward;
 mod images;
 
 use super::actor::Command;
@@ -289,7 +291,14 @@ impl Driver for Api {
         let selector = |s: &str| (!s.is_empty()).then(|| IdSelector(s.to_owned()));
         let run_as = (!req.run_as_user.is_empty() || !req.run_as_group.is_empty())
             .then(|| RunAs { user: selector(&req.run_as_user), group: selector(&req.run_as_group) });
-        let update = PolicyUpdate { revision: req.revision, allow, run_as };
+        let network = match req.network.as_str() {
+            "" => None,
+            json => Some(
+                serde_json::from_str(json)
+                    .map_err(|e| Status::invalid_argument(format!("network: not a JSON list of network rules: {e}")))?,
+            ),
+        };
+        let update = PolicyUpdate { revision: req.revision, allow, run_as, network };
         let outcome = crate::attach_client::update_policy(&self.reg.ctx.state.layout(&id), update)
             .await
             .map_err(|_| Status::unavailable("supervisor unreachable"))?;
@@ -310,6 +319,15 @@ impl Driver for Api {
         let (id, rotation) = convert::rotation(req.into_inner())?;
         super::credentials::rotate(&self.reg, &id, rotation).await?;
         Ok(Response::new(RotateCredentialsResponse { outcome: RotationOutcome::Applied.describe().into() }))
+    }
+
+    type ForwardPortStream = forward::ForwardStream;
+
+    async fn forward_port(
+        &self,
+        req: Request<Streaming<ForwardPortRequest>>,
+    ) -> Result<Response<Self::ForwardPortStream>, Status> {
+        forward::forward_port(Arc::clone(&self.reg), req.into_inner()).await.map(Response::new)
     }
 
     type ExecStream = ExecStream;

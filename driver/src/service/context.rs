@@ -36,6 +36,8 @@ pub struct Context {
     pub stop_timeout: Duration,
     /// What may be admitted on this host.
     pub limits: Limits,
+    /// How egress connections resolve and leave.
+    pub egress: crate::sandbox::Egress,
     /// Whether a warm pool is configured (`serve --pool`).
     pub pool: bool,
     /// The test controls (all off but in the causal tests).

@@ -12,7 +12,7 @@ const WATCH_BUFFER: usize = 1024;
 #[derive(Debug, Clone)]
 pub enum Event {
     /// A sandbox's new record.
-    Changed(SandboxRecord),
+    Changed(Box<SandboxRecord>),
     /// Something happened to a sandbox that its record does not show.
     Platform(PlatformNote),
 }
@@ -45,7 +45,7 @@ impl Default for Events {
 impl Events {
     /// Publishes a sandbox's new record.
     pub fn changed(&self, record: &SandboxRecord) {
-        self.send(Event::Changed(record.clone()));
+        self.send(Event::Changed(Box::new(record.clone())));
     }
 
     /// Publishes a platform event.

@@ -63,6 +63,8 @@ use crate::telemetry::{self, HeaderError, TelemetryConfig};
 /// What `serve` is started with.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
+    /// How egress connections resolve and leave.
+    pub egress: crate::sandbox::Egress,
     /// The API socket.
     pub socket: PathBuf,
     /// The state directory.
@@ -175,6 +177,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         stop_timeout: config.stop_timeout,
         limits: admission::Limits::of_this_host(&config.admission).ok_or(ServeError::HostMemory)?,
         pool: !config.pool.is_empty(),
+        egress: config.egress.clone(),
         controls,
     });
     let limits = ctx.limits;

@@ -52,6 +52,13 @@ pub enum Command {
     Ps(IdArgs),
     /// Run CMD in a running sandbox, or attach to one of its processes again.
     Exec(ExecArgs),
+    /// Forward a host port to a port on a running sandbox's loopback (kubectl's syntax).
+    ///
+    /// Listens on 127.0.0.1 unless an address is given; each connection becomes a stream to the guest's
+    /// 127.0.0.1:GUEST_PORT (the sandbox's policy must allow port_forward). Runs until interrupted.
+    ///
+    /// Example: vm-driver port-forward box-1 8080:80
+    PortForward(crate::port_forward::PortForwardArgs),
     /// Restrict or restore a running sandbox's operations, within the policy approved at create.
     ///
     /// Example: vm-driver policy box-1 --revision 2 --allow exec,list_processes
@@ -128,6 +135,8 @@ pub struct VmArgs {
     pub state_dir: Option<PathBuf>,
     #[command(flatten)]
     pub retention: RetentionArgs,
+    #[command(flatten)]
+    pub egress: crate::egress::EgressArgs,
 }
 
 /// How each VMM is confined (docs/operations.md, "Confinement").
@@ -386,7 +395,7 @@ pub struct PolicyArgs {
     #[arg(long)]
     pub revision: u64,
     /// The operations allowed from now on, comma-separated (exec, stdin, signal, resize, reattach,
-    /// list_processes); empty for none.
+    /// list_processes, port_forward); empty for none.
     #[arg(long, value_name = "OPS", value_parser = parse_operations)]
     pub allow: Operations,
     /// The user workloads run as, by name or uid: it may only select the fixed workload identity (sandbox).
@@ -395,6 +404,10 @@ pub struct PolicyArgs {
     /// The group workloads run as, by name or gid: it may only select the fixed workload identity (sandbox).
     #[arg(long, value_name = "GROUP")]
     pub run_as_group: Option<String>,
+    /// The network rules allowed from now on: a JSON list of rules from the approved policy, `[]` for none.
+    /// Default: every approved rule.
+    #[arg(long, value_name = "JSON")]
+    pub network: Option<String>,
     /// The sandbox id.
     pub id: SandboxId,
 }

@@ -168,7 +168,14 @@ pub async fn lifecycle(socket: &Path, id: &str, what: Lifecycle) -> Result<()> {
 ///
 /// # Errors
 /// Refused, or the driver or sandbox cannot be reached.
-pub async fn update_policy(socket: &Path, id: &str, revision: u64, allow: &[Operation], run_as: RunAs) -> Result<()> {
+pub async fn update_policy(
+    socket: &Path,
+    id: &str,
+    revision: u64,
+    allow: &[Operation],
+    run_as: RunAs,
+    network: Option<String>,
+) -> Result<()> {
     let mut client = connect(socket).await?;
     let selector = |s: Option<IdSelector>| s.map(|s| s.0).unwrap_or_default();
     let request = UpdatePolicyRequest {
@@ -177,6 +184,7 @@ pub async fn update_policy(socket: &Path, id: &str, revision: u64, allow: &[Oper
         allow: allow.iter().map(|o| o.as_str().to_owned()).collect(),
         run_as_user: selector(run_as.user),
         run_as_group: selector(run_as.group),
+        network: network.unwrap_or_default(),
     };
     let answer = client.update_policy(request).await?.into_inner();
     let allowed: Vec<&str> = allow.iter().map(|o| o.as_str()).collect();

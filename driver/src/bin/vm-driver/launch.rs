@@ -42,6 +42,8 @@ const INTERRUPTS_TO_STOP: u32 = 3;
 /// Everything `launch` needs, already parsed.
 #[derive(Debug, Clone)]
 pub struct LaunchConfig {
+    /// How egress connections resolve and leave.
+    pub egress: sandbox::Egress,
     /// How long ended launch sandboxes are kept.
     pub retention: vm_driver::gc::Retention,
     /// Program and arguments.
@@ -133,6 +135,7 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
         session: None,
         jail,
         policy: config.policy.clone(),
+        egress: config.egress.clone(),
         controls: config.controls,
     };
     let running = match sandbox::start(&spec) {

@@ -9,9 +9,11 @@
 mod cli;
 mod client;
 mod credentials;
+mod egress;
 mod exec;
 mod image;
 mod launch;
+mod port_forward;
 mod stdin;
 
 use std::path::PathBuf;
@@ -98,6 +100,7 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
                 id: args.id,
                 keep: args.keep,
                 telemetry: args.telemetry.config()?,
+                egress: args.vm.egress.egress()?,
                 controls,
             })
             .await
@@ -130,6 +133,7 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
                 retention,
                 pool: args.pool,
                 pool_snapshots: args.pool_snapshots,
+                egress: args.vm.egress.egress()?,
                 controls,
             })
             .await?;
@@ -166,9 +170,8 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
         Command::Ps(args) => client::ps(&args.socket.path(), args.id.as_str()).await.map(|()| 0),
         Command::Policy(args) => {
             let run_as = RunAs { user: args.run_as_user.map(IdSelector), group: args.run_as_group.map(IdSelector) };
-            client::update_policy(&args.socket.path(), args.id.as_str(), args.revision, &args.allow.0, run_as)
-                .await
-                .map(|()| 0)
+            let (socket, id) = (args.socket.path(), args.id.as_str());
+            client::update_policy(&socket, id, args.revision, &args.allow.0, run_as, args.network).await.map(|()| 0)
         }
         Command::Credentials(args) => {
             let (socket, id) = (args.socket.path(), args.id.as_str());
@@ -182,6 +185,7 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
             };
             exec::exec(&args.socket.path(), args.id.as_str(), target, args.interactive, args.tty).await
         }
+        Command::PortForward(args) => port_forward::run(args).await.map(|()| 0),
         Command::Reap { state_dir, retention } => reap(state_dir, &retention, controls).map(|()| 0),
         // Registry I/O and disk builds block: off the runtime's thread.
         Command::Image(args) => tokio::task::spawn_blocking(move || image::run(args)).await?,

@@ -44,6 +44,7 @@ fn hub(root: &std::path::Path) -> Arc<Hub> {
         stop_timeout: Duration::from_secs(1),
         limits: Limits::new(&AdmissionConfig::default(), 4, 8192),
         pool: false,
+        egress: crate::sandbox::Egress::default(),
         controls: crate::controls::Controls::default(),
         state,
     });

@@ -56,6 +56,7 @@ pub(super) fn boot(
         session: None,
         jail: ctx.jail,
         policy: None,
+        egress: ctx.egress.clone(),
         controls: ctx.controls,
     };
     Ok(sandbox::start_pooled(&spec, start)?)
