@@ -13,11 +13,13 @@
 
 pub mod attach;
 pub mod image;
+pub mod net;
 pub mod ocsf_schema;
 pub mod otlp_receiver;
 pub mod procs;
 pub mod registry;
 pub mod serve;
+pub mod test_image;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -437,3 +437,45 @@ fn control_without_telemetry_limits_repeated_started_floods_the_record() {
     assert!(!dropped);
     assert!(launches > telemetry_bound(ran), "control: without limits the guest writes the record at will");
 }
+
+#[test]
+fn data_on_a_refused_network_stream_stops_the_sandbox() {
+    a_protocol_attack_is_stopped("stream-data-after-close");
+}
+
+/// A guest that opens network streams without end and never reads: the policy's connection cap holds, each
+/// refusal is an event within the telemetry limit, with findings rate-limited, and the supervisor stays within
+/// its memory bound until an orderly stop.
+#[test]
+fn an_endless_flood_of_network_streams_is_refused_within_bounds() {
+    let s = Scratch::with_deadline("rogue-stream-flood", Duration::from_secs(300));
+    let policy = s.dir.join("policy.json");
+    let rules = r#"{"allow":["exec"],"network":{"allow":[{"host":"host.vm-driver.internal","ports":[9]}],"max_connections":8}}"#;
+    std::fs::write(&policy, rules).unwrap();
+    let peak = PeakRss::supervisors(&s.dir, "rogue");
+    let launch = rogue(&s, "stream-open-flood", &[HANG]).flag("--policy").flag(policy.to_str().unwrap());
+    let flooded = Instant::now();
+    let mut run = Running::start(launch, &[], "");
+    s.waiting_for("the flood to be refused for a while");
+    let refused = |dir: &Path| events(dir).iter().filter(|e| e["class_uid"] == 4001 && e["activity_id"] == 5).count();
+    assert!(wait_until(Duration::from_secs(60), || refused(&run.sandbox_dir) > 100), "refusals recorded");
+    std::thread::sleep(Duration::from_secs(10));
+    signal(i32::try_from(run.driver.id()).unwrap(), SIGTERM);
+    std::io::Read::read_to_end(&mut run.stdout, &mut Vec::new()).unwrap();
+    let _ = run.driver.wait().unwrap();
+    let peak = peak.peak();
+    let all = events(&run.sandbox_dir);
+    let denied = findings(&all).iter().filter(|f| **f == "policy_denied").count();
+    let refusals = refused(&run.sandbox_dir);
+    assert!(denied >= 1, "a policy_denied finding");
+    assert!(denied * 20 < refusals.max(1), "findings are rate-limited: {denied} for {refusals} refusals");
+    assert!(peak <= RSS_BOUND_KIB, "the supervisor peaked at {peak} KiB");
+    logs_within_caps(&run.sandbox_dir);
+    // Every refusal is an event, within the telemetry limit (what is beyond it is dropped and counted).
+    let bound = u64::from(limit::BURST) + u64::from(limit::RATE_PER_SEC) * flooded.elapsed().as_secs().max(1);
+    assert!(refusals as u64 <= bound, "{refusals} refusal events over the limit of {bound}");
+    let seen = run.watcher.take().unwrap().stop();
+    let alive: Vec<_> = seen.iter().filter(|p| p.is_alive()).collect();
+    assert!(alive.is_empty(), "processes left behind: {alive:#?}");
+    eprintln!("e2e: stream flood: {refusals} refusals, {denied} findings, supervisor peak RSS {peak} KiB");
+}

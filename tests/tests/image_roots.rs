@@ -9,43 +9,11 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use vm_e2e::registry::{run, Registry};
+use vm_e2e::test_image::{layout_ref, shared_store};
 use vm_e2e::{Launch, Outcome, Scratch};
-
-/// The Debian test image's OCI layout (tag `py`), built once per cache key.
-fn layout() -> &'static Path {
-    static LAYOUT: OnceLock<PathBuf> = OnceLock::new();
-    LAYOUT.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/test-image");
-        PathBuf::from(run(&mut Command::new(script)).trim().lines().last().unwrap())
-    })
-}
-
-/// One store for the tests that boot the layout, the image imported into it once.
-fn shared_store() -> &'static Path {
-    static STORE: OnceLock<PathBuf> = OnceLock::new();
-    STORE.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("e2e-image-store-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let started = Instant::now();
-        let out = Command::new(&vm_e2e::harness().shipped.driver)
-            .args(["image", "import", "--image-cache"])
-            .arg(&dir)
-            .arg(layout_ref())
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "import: {}", String::from_utf8_lossy(&out.stderr));
-        eprintln!("e2e: imported the Debian test image in {:.1} s", started.elapsed().as_secs_f64());
-        dir
-    })
-}
-
-fn layout_ref() -> String {
-    format!("oci:{}:py", layout().display())
-}
 
 /// `launch --image REF` with the store `store`, then `cmd`.
 fn launch_image<'a>(s: &'a Scratch, store: &Path, reference: &str, cmd: &[&str]) -> Launch<'a> {

@@ -6,12 +6,50 @@
 
 use serde_json::Value;
 use vm_e2e::ocsf_schema::{schema_dir, Schema};
-use vm_ocsf::{AppInfo, Finding, Lifecycle, ProcessActivity, ProcessInfo, SchemaVersion, Source, Status};
+use vm_ocsf::{
+    AppInfo, Connection, Direction, Finding, Lifecycle, NetworkActivity, ProcessActivity, ProcessInfo, SchemaVersion,
+    Source, Status,
+};
+
+/// An egress stream through the HTTP proxy, allowed by a rule.
+fn egress() -> Connection {
+    Connection {
+        stream: 7,
+        direction: Direction::Outbound,
+        listener: "http-proxy",
+        guest_port: Some(3128),
+        hostname: Some("api.example.com".into()),
+        ip: Some([192, 0, 2, 1].into()),
+        port: 80,
+        rule: Some("*.example.com".into()),
+        bytes_in: 1200,
+        bytes_out: 300,
+        duration_ms: Some(52),
+    }
+}
 
 fn every_kind_of_event() -> Vec<vm_ocsf::Event> {
     let s = Source::new(SchemaVersion::default(), "sandbox-1", "vm-supervisor", "0.1.0");
     let app = AppInfo { name: "sandbox".into(), version: "0.1.0".into() };
     let argv = vec!["/bin/sh".to_string(), "-c".into(), "echo hi".into()];
+    let socks_literal = Connection {
+        listener: "socks5",
+        guest_port: Some(1080),
+        hostname: None,
+        ip: Some("2001:db8::1".parse().unwrap()),
+        port: 443,
+        ..egress()
+    };
+    let forward = Connection {
+        direction: Direction::Inbound,
+        listener: "port-forward",
+        guest_port: Some(8080),
+        hostname: None,
+        ip: Some([127, 0, 0, 1].into()),
+        port: 50_000,
+        rule: None,
+        ..egress()
+    };
     vec![
         s.lifecycle(Lifecycle::Start, &app, Status::Success, None),
         s.lifecycle(Lifecycle::Stop, &app, Status::Failure, Some("the VMM exited".into())),
@@ -30,6 +68,15 @@ fn every_kind_of_event() -> Vec<vm_ocsf::Event> {
         s.config_change("policy updated"),
         s.api_update("UpdatePolicy", "attach.sock", Status::Success, "revision 1 applied"),
         s.api_update("RotateCredentials", "attach.sock", Status::Failure, "refused: the CA bundle is unreadable"),
+        s.network(NetworkActivity::Open, &egress(), None),
+        s.network(NetworkActivity::Close, &egress(), Some("closed by the guest")),
+        s.network(NetworkActivity::Refuse, &Connection { rule: None, ip: None, ..egress() }, Some("no rule allows it")),
+        s.network(NetworkActivity::Open, &socks_literal, None),
+        s.network(NetworkActivity::Refuse, &Connection { hostname: None, ip: None, ..egress() }, None),
+        s.network(NetworkActivity::Close, &forward, None),
+        s.http(&egress(), "GET", "/v1/items?token=s3cret#part", Some(200)),
+        s.http(&egress(), "POST", "", None),
+        s.http(&Connection { hostname: None, ..egress() }, "PROPFIND", "/dav", Some(207)),
     ]
 }
 
@@ -42,6 +89,75 @@ fn every_event_the_supervisor_builds_is_valid_ocsf_1_8_0() {
         let problems = schema.validate(&json);
         assert!(problems.is_empty(), "{}: {problems:#?}", event.type_name);
     }
+}
+
+/// Every `url` object anywhere in `value`.
+fn urls(value: &Value, found: &mut Vec<Value>) {
+    match value {
+        Value::Object(map) => {
+            for (key, v) in map {
+                if key == "url" {
+                    found.push(v.clone());
+                }
+                urls(v, found);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| urls(v, found)),
+        _ => {}
+    }
+}
+
+#[test]
+fn no_url_carries_a_query() {
+    let mut found = Vec::new();
+    for event in every_kind_of_event() {
+        let json: Value = serde_json::from_str(&event.to_json()).unwrap();
+        assert!(!event.to_json().contains("s3cret"), "{json}");
+        urls(&json, &mut found);
+    }
+    assert_eq!(found.len(), 3, "every HTTP event has its url");
+    for url in found {
+        assert!(url.get("query_string").is_none() && url.get("url_string").is_none(), "{url}");
+        assert!(!url["path"].as_str().unwrap().contains(['?', '#']), "{url}");
+    }
+}
+
+#[test]
+fn the_validator_rejects_broken_network_events() {
+    let schema = Schema::load(&schema_dir());
+    let s = Source::new(SchemaVersion::default(), "sandbox-1", "vm-supervisor", "0.1.0");
+    let close: Value = serde_json::from_str(&s.network(NetworkActivity::Close, &egress(), None).to_json()).unwrap();
+    let http: Value = serde_json::from_str(&s.http(&egress(), "GET", "/", Some(200)).to_json()).unwrap();
+    let broken = |good: &Value, f: &dyn Fn(&mut Value)| {
+        let mut e = good.clone();
+        f(&mut e);
+        schema.validate(&e)
+    };
+    let undeclared = broken(&close, &|e| {
+        e["metadata"].as_object_mut().unwrap().remove("profiles");
+    });
+    assert!(undeclared.iter().any(|p| p.contains("security_control profile")), "{undeclared:?}");
+    let no_direction = broken(&close, &|e| {
+        e["connection_info"].as_object_mut().unwrap().remove("direction_id");
+    });
+    assert!(!no_direction.is_empty(), "connection_info without direction_id");
+    assert!(!broken(&close, &|e| e["traffic"]["bytes"] = "many".into()).is_empty(), "traffic bytes not a long");
+    assert!(!broken(&close, &|e| e["activity_id"] = 8.into()).is_empty(), "activity outside Network Activity's");
+    let no_ends = broken(&close, &|e| {
+        let e = e.as_object_mut().unwrap();
+        e.remove("src_endpoint");
+        e.remove("dst_endpoint");
+    });
+    assert!(no_ends.iter().any(|p| p.contains("at least one")), "{no_ends:?}");
+    let no_code = broken(&http, &|e| {
+        e["http_response"].as_object_mut().unwrap().remove("code");
+    });
+    assert!(no_code.iter().any(|p| p.contains("required attribute code")), "{no_code:?}");
+    assert!(
+        !broken(&http, &|e| e["http_request"]["http_method"] = "BREW".into()).is_empty(),
+        "method outside the enum"
+    );
+    assert!(!broken(&http, &|e| e["http_request"]["url"]["port"] = "80".into()).is_empty(), "port not an integer");
 }
 
 #[test]

@@ -163,7 +163,12 @@ fn an_exec_allow_list_admits_only_its_programs_and_bad_policies_are_refused_at_c
 fn race(serve: &Serve, id: &str) -> (ProcId, ProcId, Vec<ToClient>) {
     let mut client = AttachClient::connect(&serve.state.join("sandboxes").join(id));
     let (in_flight, first) = client.spawn_message(&["sh", "-c", "sleep 1; echo in-flight-done"]);
-    let revoke = PolicyUpdate { revision: 1, allow: vec![Operation::Stdin, Operation::ListProcesses], run_as: None };
+    let revoke = PolicyUpdate {
+        revision: 1,
+        allow: vec![Operation::Stdin, Operation::ListProcesses],
+        run_as: None,
+        network: None,
+    };
     let (queued, second) = client.spawn_message(&["echo", "queued-ran"]);
     client.send_together(&[first, ToSupervisor::Supervisor(SupervisorRequest::UpdatePolicy(revoke)), second]);
     let answered = |seen: &[ToClient], id: ProcId| {

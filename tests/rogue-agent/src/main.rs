@@ -12,6 +12,8 @@
 //! | `credit-overrun` | more output than the host granted |
 //! | `stdin-credit-overflow` | stdin credit past the window cap |
 //! | `exit-signal-max` / `exit-signal-negative` | a process "killed by" signal `i32::MAX` / `-128` |
+//! | `stream-data-after-close` | opens a network stream, then sends data on it after the host refused it |
+//! | `stream-open-flood` | opens network streams without end and never reads what the host sends |
 //! | `console-flood` | answers politely, and writes to the serial console without end |
 //! | `ignore-shutdown` | answers politely, and never powers off when told to |
 //! | `one-byte-output` | legal: 1 MiB of stdout in 1-byte frames within the credit, then `Exited(3)` |
@@ -33,6 +35,7 @@ use vm_protocol::flow::DEFAULT_WINDOW_BYTES;
 use vm_protocol::frame::{self, MAX_FRAME_BYTES};
 use vm_protocol::handshake::{self, Capabilities, Hello};
 use vm_protocol::link::{ToGuest, ToHost, VmRequest};
+use vm_protocol::net::{Listener, NetToHost, StreamFrame, StreamId, HOST_OPENED, NET_WINDOW_BYTES};
 use vm_protocol::{ExitStatus, ProcId, ProcessEvent, ProcessRequest, Stream, CHANNEL_PORT_NAME};
 
 const CAPABILITIES: Capabilities =
@@ -58,6 +61,27 @@ fn main() {
             out.write_all(&u32::try_from(MAX_FRAME_BYTES + 1).unwrap().to_le_bytes()).unwrap();
         }
         "unknown-id" => send(&mut out, &output(ProcId(999), b"who am i")),
+        "stream-data-after-close" => {
+            let id = StreamId(1);
+            send(&mut out, &ToHost::Net(NetToHost::Opened { id, listener: Listener::Http, window: NET_WINDOW_BYTES }));
+            // Without a network policy the host refuses it at once: everything after is on a closed stream.
+            std::thread::sleep(Duration::from_millis(500));
+            let data = StreamFrame::Data { id, data: b"CONNECT evil:443 HTTP/1.1\r\n\r\n".to_vec().into() };
+            send(&mut out, &ToHost::Net(NetToHost::Stream(data)));
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+        "stream-open-flood" => {
+            let mut wire = Vec::new();
+            for n in 1..HOST_OPENED {
+                wire.clear();
+                let opened = NetToHost::Opened { id: StreamId(n), listener: Listener::Socks, window: NET_WINDOW_BYTES };
+                frame::encode(&ToHost::Net(opened), &mut wire).unwrap();
+                if out.write_all(&wire).is_err() {
+                    break;
+                }
+            }
+            std::thread::sleep(Duration::from_secs(3600));
+        }
         "console-flood" => {
             std::thread::spawn(|| {
                 let mut console = File::options().write(true).open("/dev/console").expect("console");

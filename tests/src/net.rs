@@ -1,0 +1,159 @@
+//! Real servers on the host's loopback for the network tests: a file server over HTTP and HTTPS (Python's
+//! `http.server`, with a throwaway CA made here), a TCP echo server, and a DNS server (`dnsmasq`) whose
+//! answers the test chooses.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+
+/// The name that reaches the host's loopback from a sandbox.
+pub const HOST_GATEWAY: &str = vm_protocol::policy::network::HOST_GATEWAY;
+
+/// A fresh directory for a server's files, outside every scratch directory: the scratch's watcher counts
+/// each process that names its directory as the sandbox's, and these servers outlive the sandbox on purpose.
+pub fn server_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("e2e-srv-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A child killed when dropped.
+#[derive(Debug)]
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `web_server.py` serving a directory.
+#[derive(Debug)]
+pub struct WebServer {
+    _child: Killed,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    /// The directory it serves.
+    pub root: PathBuf,
+    /// Where it logs each request's method and path.
+    pub log: PathBuf,
+}
+
+impl WebServer {
+    /// Serves `dir/www` over HTTP, or over HTTPS with `tls` (certificate and key files).
+    pub fn start(dir: &Path, tls: Option<(&Path, &Path)>) -> Self {
+        let root = dir.join("www");
+        std::fs::create_dir_all(&root).unwrap();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/web_server.py");
+        let mut cmd = Command::new("/usr/bin/python3");
+        cmd.arg(script).arg(&root);
+        if let Some((cert, key)) = tls {
+            cmd.arg(cert).arg(key);
+        }
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("python3 for the web server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let port = line.trim().parse().unwrap_or_else(|_| panic!("web_server.py printed {line:?}"));
+        Self { _child: Killed(child), port, root, log: dir.join("requests.log") }
+    }
+
+    /// The request lines it logged so far.
+    pub fn requests(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// A CA and a server certificate it signed for `names`, as PEM files in `dir`: (ca, cert, key).
+pub fn throwaway_ca(dir: &Path, names: &[&str]) -> (PathBuf, PathBuf, PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "e2e network CA");
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+    let cert = CertificateParams::new(names).unwrap().signed_by(&key, &Issuer::new(ca_params, ca_key)).unwrap();
+    let paths = (dir.join("ca.pem"), dir.join("server.pem"), dir.join("server.key"));
+    std::fs::write(&paths.0, ca_cert.pem()).unwrap();
+    std::fs::write(&paths.1, cert.pem()).unwrap();
+    std::fs::write(&paths.2, key.serialize_pem()).unwrap();
+    paths
+}
+
+/// A TCP server on 127.0.0.1 that echoes every connection's bytes back, upper-cased (so an answer cannot be
+/// mistaken for the request), until the client closes.
+#[derive(Debug)]
+pub struct EchoServer {
+    /// Its port.
+    pub port: u16,
+}
+
+impl EchoServer {
+    /// Starts it on a thread of its own (it lives as long as the test process).
+    pub fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for mut conn in listener.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16 * 1024];
+                    while let Ok(n @ 1..) = conn.read(&mut buf) {
+                        if conn.write_all(&buf[..n].to_ascii_uppercase()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Self { port }
+    }
+}
+
+/// `dnsmasq` answering only the names it is given, nothing else (no upstream, no hosts file).
+#[derive(Debug)]
+pub struct Dns {
+    _child: Killed,
+    /// Where it listens (UDP).
+    pub addr: SocketAddr,
+}
+
+impl Dns {
+    /// Answers each `(name, address)`.
+    pub fn start(records: &[(&str, &str)]) -> Self {
+        let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut cmd = Command::new("dnsmasq");
+        cmd.args(["--keep-in-foreground", "--no-resolv", "--no-hosts", "--no-poll", "--bind-interfaces"])
+            .args(["--listen-address=127.0.0.1", "--pid-file=", "--user=root", "--log-facility=-"])
+            .arg(format!("--port={port}"));
+        for (name, addr) in records {
+            cmd.arg(format!("--host-record={name},{addr}"));
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("dnsmasq (scripts/deps installs dnsmasq-base)");
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let dns = Self { _child: Killed(child), addr };
+        assert!(crate::wait_until(Duration::from_secs(10), || dns.answers()), "dnsmasq did not start on {addr}");
+        dns
+    }
+
+    /// Whether it answers a query yet (any reply will do).
+    fn answers(&self) -> bool {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        // A query for `probe.` type A, id 0x1234, recursion desired.
+        let query = [0x12, 0x34, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 5, b'p', b'r', b'o', b'b', b'e', 0, 0, 1, 0, 1];
+        let _ = socket.send_to(&query, self.addr);
+        let mut buf = [0u8; 512];
+        socket.recv_from(&mut buf).is_ok()
+    }
+}
