@@ -13,7 +13,7 @@
 use std::collections::BTreeSet;
 
 use vm_protocol::identity::WorkloadIdentity;
-use vm_protocol::policy::network::NetRule;
+use vm_protocol::policy::network::{NetRule, DEFAULT_MAX_CONNECTIONS};
 use vm_protocol::policy::{Operation, PolicyUpdate, SandboxPolicy, UpdateOutcome};
 use vm_protocol::Spawn;
 
@@ -145,7 +145,7 @@ impl Gate {
         NetView {
             rules: if self.open { self.net_allowed.clone() } else { Vec::new() },
             revision: self.revision,
-            max_connections: self.approved.network.as_ref().map_or(0, |n| n.connection_cap()),
+            max_connections: self.approved.network.as_ref().map_or(DEFAULT_MAX_CONNECTIONS, |n| n.connection_cap()),
         }
     }
 
@@ -172,7 +172,7 @@ pub struct NetView {
     pub rules: Vec<NetRule>,
     /// The revision they belong to.
     pub revision: u64,
-    /// The approved connection cap (0 without a network section).
+    /// The approved connection cap (the default without a network section: port forwards count against it).
     pub max_connections: u32,
 }
 

@@ -74,10 +74,10 @@ fn curl(args: &[&str]) -> String {
 
 /// `-w '%{time_total} %{size_download}'` as MB/s, checking the size.
 fn mb_per_s(line: &str, size: usize) -> f64 {
-    let mut fields = line.split_whitespace().map(|f| f.parse::<f64>().unwrap());
-    let (secs, bytes) = (fields.next().unwrap(), fields.next().unwrap());
-    assert_eq!(bytes as usize, size, "the whole file arrived: {line:?}");
-    bytes / secs / 1e6
+    let (secs, bytes) = line.split_once(' ').unwrap();
+    let (secs, bytes) = (secs.parse::<f64>().unwrap(), bytes.trim().parse::<usize>().unwrap());
+    assert_eq!(bytes, size, "the whole file arrived: {line:?}");
+    size as f64 / secs / 1e6
 }
 
 /// The utime + stime of the one live supervisor under `dir`, in seconds.

@@ -66,9 +66,10 @@ fn a_policy_update_refuses_and_closes_what_it_revokes_and_restores_it() {
     let url = format!("http://{HOST_GATEWAY}:{}/f.txt", web.port);
     assert_eq!(wget(&serve, "rv", &url).as_deref(), Some("allowed\n"));
 
-    // A connection held open (a tunnel to the echo server) while its rule is revoked.
+    // A connection held open (a tunnel to the echo server) while its rule is revoked. The sleep runs in the
+    // background so that only the tunnel's end, not the sleep's, ends the pipeline.
     let tunnel = format!(
-        "(printf 'CONNECT {HOST_GATEWAY}:{} HTTP/1.1\\r\\n\\r\\n'; sleep 60) | nc 127.0.0.1 3128 >/dev/null; echo closed",
+        "(printf 'CONNECT {HOST_GATEWAY}:{} HTTP/1.1\\r\\n\\r\\n'; sleep 60 2>/dev/null &) | nc 127.0.0.1 3128 >/dev/null; echo closed",
         echo.port
     );
     let mut held =

@@ -20,6 +20,7 @@
 //! The clients' half is here, the guest's in `guest.rs`. This is pure state: it returns [`Action`]s and never
 //! does I/O, so it is tested without a VM.
 
+mod admit;
 mod guest;
 mod route;
 mod violation;
@@ -30,7 +31,7 @@ use vm_protocol::attach::{ProcessSummary, SupervisorReply, SupervisorRequest, To
 use vm_protocol::flow::MAX_WINDOW_BYTES;
 use vm_protocol::link::ToGuest;
 use vm_protocol::message::Refusal;
-use vm_protocol::net::{ForwardEvent, ForwardRequest};
+use vm_protocol::net::ForwardRequest;
 use vm_protocol::{ExitStatus, ProcId, ProcessEvent, ProcessRequest, SignalName};
 
 mod image;
@@ -41,20 +42,6 @@ pub use self::violation::{ClientViolation, GuestViolation};
 use crate::policy::{Denial, Gate};
 use vm_contract::root::RunConfig;
 use vm_protocol::policy::{Operation, SandboxPolicy, UpdateOutcome};
-
-/// The policy operation a client message is, if it is one (credit, pings and policy updates are not).
-fn operation(msg: &ToSupervisor) -> Option<Operation> {
-    Some(match msg {
-        ToSupervisor::Process(ProcessRequest::Spawn(_)) => Operation::Exec,
-        ToSupervisor::Process(ProcessRequest::Stdin { .. } | ProcessRequest::StdinEof { .. }) => Operation::Stdin,
-        ToSupervisor::Process(ProcessRequest::Signal { .. }) => Operation::Signal,
-        ToSupervisor::Process(ProcessRequest::Resize { .. }) => Operation::Resize,
-        ToSupervisor::Supervisor(SupervisorRequest::Reattach { .. }) => Operation::Reattach,
-        ToSupervisor::Supervisor(SupervisorRequest::ListProcesses) => Operation::ListProcesses,
-        ToSupervisor::Forward(ForwardRequest::Connect { .. }) => Operation::PortForward,
-        _ => return None,
-    })
-}
 
 /// Processes that ended while detached and still wait for someone to collect their output and status.
 pub const MAX_FINISHED_DETACHED: usize = 64;
@@ -292,14 +279,8 @@ impl Mux {
                 crate::network::proxy_env(spawn);
             }
         }
-        if let Some(op) = operation(&msg) {
-            let admitted = match &msg {
-                ToSupervisor::Process(ProcessRequest::Spawn(spawn)) => self.gate.admit_spawn(spawn, self.running()),
-                _ => self.gate.admit(op, None),
-            };
-            if let Err(denial) = admitted {
-                return Ok(self.deny(client, &msg, op, denial));
-            }
+        if let Some(denied) = self.admit(client, &msg) {
+            return Ok(denied);
         }
         match msg {
             ToSupervisor::Process(req) => self.process_request(client, req),
@@ -382,24 +363,6 @@ impl Mux {
             SupervisorRequest::RotateCredentials(rotation) => Ok(vec![Action::RotateCredentials(client, rotation)]),
             SupervisorRequest::Detach { id } => self.detach(client, id),
         }
-    }
-
-    /// A denied operation: a finding, and for a request that expects an answer, a refusal. Stdin, signals and
-    /// resizes are dropped (the client sees no effect).
-    fn deny(&self, client: ClientId, msg: &ToSupervisor, op: Operation, denial: Denial) -> Vec<Action> {
-        let mut actions = vec![Action::Denied { op, revision: self.gate.revision(), denial }];
-        let refused = |id| Action::ToClient(client, ProcessEvent::Refused { id, reason: Refusal::Denied }.into());
-        match msg {
-            ToSupervisor::Process(ProcessRequest::Spawn(spawn)) => actions.push(refused(spawn.id)),
-            ToSupervisor::Supervisor(SupervisorRequest::Reattach { id, .. }) => actions.push(refused(*id)),
-            ToSupervisor::Supervisor(SupervisorRequest::ListProcesses) => actions.push(refused(ProcId(0))),
-            ToSupervisor::Forward(ForwardRequest::Connect { id, .. }) => {
-                let refusal = ForwardEvent::Refused { id: *id, reason: Refusal::Denied };
-                actions.push(Action::ToClient(client, refusal.into()));
-            }
-            _ => {}
-        }
-        actions
     }
 
     fn spawn(&mut self, client: ClientId, mut spawn: vm_protocol::Spawn) -> Vec<Action> {

@@ -117,7 +117,8 @@ pub enum Report {
 /// Why a request was refused: what the workload is told, and what the event says.
 struct Refusal {
     http: u16,
-    socks: u8,
+    /// The SOCKS answer: a reply with a code, a method refusal, or nothing to a client that is no SOCKS5 one.
+    socks: Vec<u8>,
     reason: &'static str,
     host: Option<String>,
     port: Option<u16>,
@@ -126,7 +127,7 @@ struct Refusal {
 
 impl Refusal {
     fn new(http: u16, socks: u8, reason: &'static str) -> Self {
-        Self { http, socks, reason, host: None, port: None, ip: None }
+        Self { http, socks: socks::reply(socks).to_vec(), reason, host: None, port: None, ip: None }
     }
 }
 
@@ -205,7 +206,9 @@ async fn read_request(
                     Ok(Some(ProxyRequest { target, kind: Kind::Connect, head_len: consumed }))
                 }
                 Ok(Step::NeedMore) => Ok(None),
-                Err(e) => Err(Some(Refusal::new(400, e.code(), e.describe()))),
+                Err(e) => {
+                    Err(Some(Refusal { socks: e.answer().unwrap_or_default(), ..Refusal::new(400, 1, e.describe()) }))
+                }
             },
         };
         match parsed {
@@ -387,11 +390,7 @@ fn describe(end: End) -> &'static str {
 
 /// Answers a refused request, reports it, and ends the stream.
 async fn refuse(ctx: &Context, id: StreamId, listener: Listener, pipe: &Pipe, refusal: Refusal) {
-    let answer = if listener == Listener::Socks {
-        socks::reply(refusal.socks).to_vec()
-    } else {
-        request::reply(refusal.http, refusal.reason)
-    };
+    let answer = if listener == Listener::Socks { refusal.socks } else { request::reply(refusal.http, refusal.reason) };
     let report = Report::Refused {
         id,
         listener,

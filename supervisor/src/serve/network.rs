@@ -151,7 +151,7 @@ impl Serving<'_> {
     }
 
     pub(super) fn net_from_client(&mut self, client: ClientId, msg: ForwardRequest) {
-        let cap = usize::try_from(self.net.view.borrow().max_connections.max(1)).unwrap_or(usize::MAX);
+        let cap = usize::try_from(self.net.view.borrow().max_connections).unwrap_or(usize::MAX);
         match self.net.streams.from_client(client, msg, cap) {
             Ok(out) => self.net_apply(out),
             Err(violation) => self.client_violation(client, &violation),
