@@ -1,6 +1,6 @@
 //! Real servers on the host's loopback for the network tests: a file server over HTTP and HTTPS (Python's
-//! `http.server`, with a throwaway CA made here), a TCP echo server, and a DNS server (`dnsmasq`) whose
-//! answers the test chooses.
+//! `http.server`, with a throwaway CA made here), a TCP echo server, a DNS server (`dnsmasq`) whose
+//! answers the test chooses, and an operator's HTTP proxy (`tinyproxy`) that wants a login.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
@@ -155,5 +155,51 @@ impl Dns {
         let _ = socket.send_to(&query, self.addr);
         let mut buf = [0u8; 512];
         socket.recv_from(&mut buf).is_ok()
+    }
+}
+
+/// `tinyproxy` on the host's loopback, as an operator's upstream proxy: HTTP CONNECT to any port, for the one
+/// login `user:password` (Basic), every request logged.
+#[derive(Debug)]
+pub struct UpstreamProxy {
+    _child: Killed,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    log: PathBuf,
+}
+
+impl UpstreamProxy {
+    /// Listens on a free port; `dir` holds its configuration and log.
+    pub fn start(dir: &Path, user: &str, password: &str) -> Self {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (conf, log) = (dir.join("tinyproxy.conf"), dir.join("tinyproxy.log"));
+        let text = format!(
+            "Port {port}\nListen 127.0.0.1\nTimeout 60\nMaxClients 32\nLogLevel Info\nLogFile \"{}\"\n\
+             BasicAuth {user} {password}\n",
+            log.display()
+        );
+        std::fs::write(&conf, text).unwrap();
+        let child = Command::new("tinyproxy")
+            .arg("-d")
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("tinyproxy (scripts/deps installs tinyproxy-bin)");
+        let proxy = Self { _child: Killed(child), port, log };
+        let up = || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+        assert!(crate::wait_until(Duration::from_secs(10), up), "tinyproxy did not start on {port}");
+        proxy
+    }
+
+    /// The request lines it logged (`CONNECT 127.0.0.1:8080 HTTP/1.1`), one per line.
+    pub fn requests(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        log.lines()
+            .filter_map(|l| l.split_once("): ").map(|(_, r)| r))
+            .filter(|r| r.contains(" HTTP/"))
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 }

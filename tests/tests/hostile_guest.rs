@@ -443,39 +443,53 @@ fn data_on_a_refused_network_stream_stops_the_sandbox() {
     a_protocol_attack_is_stopped("stream-data-after-close");
 }
 
-/// A guest that opens network streams without end and never reads: the policy's connection cap holds, each
-/// refusal is an event within the telemetry limit, with findings rate-limited, and the supervisor stays within
-/// its memory bound until an orderly stop.
+/// A guest that opens network streams without end and never reads, beside a healthy sandbox on the same
+/// `serve`: the policy's connection cap holds, each refusal is an event within the telemetry limit, findings
+/// are rate-limited, the supervisor stays within its memory bound, and the neighbour keeps answering about
+/// as fast as it does beside a guest that merely spins its vCPU.
 #[test]
-fn an_endless_flood_of_network_streams_is_refused_within_bounds() {
-    let s = Scratch::with_deadline("rogue-stream-flood", Duration::from_secs(300));
+fn an_endless_flood_of_network_streams_is_refused_within_bounds_and_the_neighbour_stays_responsive() {
+    let s = Scratch::with_deadline("rogue-stream-flood", Duration::from_secs(420));
+    let images = images_with_rogues(&s.dir, &["stream-open-flood"]);
+    let serve = Serve::with(&s, &[], &["--boot-images", images.to_str().unwrap()]);
+    ok(&serve.cli("create", &["healthy"]));
+    ok(&serve.cli("create", &["busy"]));
+    let mut spin = serve.cli_command("exec", &["busy", "--", "sh", "-c", "while :; do :; done"]).spawn().unwrap();
+    let (usual, _) = exec_times(&serve, "healthy", 10, Duration::from_secs(1));
+    let _ = spin.kill();
+    let _ = spin.wait();
+    ok(&serve.cli("rm", &["busy"]));
+
     let policy = s.dir.join("policy.json");
     let rules = r#"{"allow":["exec"],"network":{"allow":[{"host":"host.vm-driver.internal","ports":[9]}],"max_connections":8}}"#;
     std::fs::write(&policy, rules).unwrap();
-    let peak = PeakRss::supervisors(&s.dir, "rogue");
-    let launch = rogue(&s, "stream-open-flood", &[HANG]).flag("--policy").flag(policy.to_str().unwrap());
+    let peak = PeakRss::supervisors(&s.dir, "flood");
     let flooded = Instant::now();
-    let mut run = Running::start(launch, &[], "");
+    let flood = ["--boot-image", "rogue-stream-open-flood", "--policy", policy.to_str().unwrap(), "flood"];
+    ok(&serve.cli("create", &flood));
+    let flood_dir = serve.state.join("sandboxes/flood");
     s.waiting_for("the flood to be refused for a while");
     let refused = |dir: &Path| events(dir).iter().filter(|e| e["class_uid"] == 4001 && e["activity_id"] == 5).count();
-    assert!(wait_until(Duration::from_secs(60), || refused(&run.sandbox_dir) > 100), "refusals recorded");
-    std::thread::sleep(Duration::from_secs(10));
-    signal(i32::try_from(run.driver.id()).unwrap(), SIGTERM);
-    std::io::Read::read_to_end(&mut run.stdout, &mut Vec::new()).unwrap();
-    let _ = run.driver.wait().unwrap();
+    assert!(wait_until(Duration::from_secs(60), || refused(&flood_dir) > 100), "refusals recorded");
+    let (typical, slowest) = exec_times(&serve, "healthy", 10, Duration::from_secs(1));
+    let flood_for = flooded.elapsed();
+    ok(&serve.cli("stop", &["flood"]));
     let peak = peak.peak();
-    let all = events(&run.sandbox_dir);
+    let all = events(&flood_dir);
     let denied = findings(&all).iter().filter(|f| **f == "policy_denied").count();
-    let refusals = refused(&run.sandbox_dir);
+    let refusals = refused(&flood_dir);
+    eprintln!(
+        "e2e: stream flood: {refusals} refusals, {denied} findings, supervisor peak RSS {peak} KiB; neighbour exec \
+         median {typical:?} (slowest {slowest:?}), beside a busy guest {usual:?}"
+    );
     assert!(denied >= 1, "a policy_denied finding");
     assert!(denied * 20 < refusals.max(1), "findings are rate-limited: {denied} for {refusals} refusals");
     assert!(peak <= RSS_BOUND_KIB, "the supervisor peaked at {peak} KiB");
-    logs_within_caps(&run.sandbox_dir);
+    logs_within_caps(&flood_dir);
     // Every refusal is an event, within the telemetry limit (what is beyond it is dropped and counted).
-    let bound = u64::from(limit::BURST) + u64::from(limit::RATE_PER_SEC) * flooded.elapsed().as_secs().max(1);
+    let bound = u64::from(limit::BURST) + u64::from(limit::RATE_PER_SEC) * (flood_for.as_secs() + 30);
     assert!(refusals as u64 <= bound, "{refusals} refusal events over the limit of {bound}");
-    let seen = run.watcher.take().unwrap().stop();
-    let alive: Vec<_> = seen.iter().filter(|p| p.is_alive()).collect();
-    assert!(alive.is_empty(), "processes left behind: {alive:#?}");
-    eprintln!("e2e: stream flood: {refusals} refusals, {denied} findings, supervisor peak RSS {peak} KiB");
+    // Within the usual time under load, with room for a 2-core machine's noise; never a stall.
+    assert!(typical <= usual * 2 + Duration::from_millis(200), "{typical:?} against {usual:?} beside a busy guest");
+    assert!(slowest <= Duration::from_secs(10), "an exec took {slowest:?}");
 }

@@ -1,6 +1,6 @@
 //! Network by policy with no guest NIC (issue 22), on real VMs against real servers on the host's loopback:
 //! Python's `http.server` over HTTP and HTTPS (a throwaway CA), a TCP echo server, and `dnsmasq` answering
-//! names with public, private and loopback addresses. Real clients in the guest: busybox `wget` and `nc` in
+//! names with public, private and loopback addresses, and `tinyproxy` as an operator's proxy. Real clients in the guest: busybox `wget` and `nc` in
 //! the built-in root; `curl`, `python3`, `pip` and `git` in the Debian test image. Every connection goes
 //! through the agent's loopback proxies and the supervisor's decision.
 #![allow(missing_docs)]
@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde_json::Value;
 use vm_contract::layout::SandboxFile;
 use vm_contract::test_control::TestControl;
-use vm_e2e::net::{server_dir, throwaway_ca, Dns, EchoServer, WebServer, HOST_GATEWAY};
+use vm_e2e::net::{server_dir, throwaway_ca, Dns, EchoServer, UpstreamProxy, WebServer, HOST_GATEWAY};
 use vm_e2e::test_image::{layout_ref, shared_store};
 use vm_e2e::{Launch, Outcome, Scratch};
 
@@ -288,4 +288,73 @@ fn a_request_that_never_ends_and_one_too_large_are_answered_and_closed() {
     let took: u64 = got[1].trim_start_matches("took=").parse().unwrap();
     assert!((9..=20).contains(&took), "answered after {took} s (the bound is 10 s)");
     assert!(got[2].starts_with("HTTP/1.1 431"), "{got:?}");
+}
+
+/// Every file under `dir`, recursively, as bytes.
+fn all_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            found.extend(all_files(&path));
+        } else if path.is_file() {
+            found.push((path.clone(), std::fs::read(&path).unwrap()));
+        }
+    }
+    found
+}
+
+/// An operator's proxy (a real `tinyproxy` that wants a login): every connection leaves as a CONNECT to the
+/// address the supervisor checked, with the login from a 0600 file, which no argv, log or sandbox file holds.
+/// Control: a wrong login, and the same request is refused by the proxy (so the login is what let it pass).
+#[test]
+fn egress_leaves_through_the_operators_proxy_with_its_login() {
+    let password = "pw-canary-5f1c9e07";
+    let dir = server_dir("upstream");
+    let proxy = UpstreamProxy::start(&dir, "operator", password);
+    let web = WebServer::start(&dir, None);
+    std::fs::write(web.root.join("f.txt"), "via the operator's proxy\n").unwrap();
+    let url = format!("http://{HOST_GATEWAY}:{}/f.txt", web.port);
+    let login = |name: &str, text: &str| {
+        use std::os::unix::fs::PermissionsExt;
+        let file = dir.join(name);
+        std::fs::write(&file, text).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        file
+    };
+    let through = |s: &Scratch, file: &Path| {
+        let p = policy(s, &[rule(HOST_GATEWAY, web.port)]);
+        launch(s, &p, &format!("wget -q -O- {url}; echo rc=$?"))
+            .flag("--egress-proxy")
+            .flag(&format!("http://127.0.0.1:{}", proxy.port))
+            .flag("--egress-proxy-credentials")
+            .flag(file.to_str().unwrap())
+            .run()
+    };
+
+    let s = Scratch::with_deadline("net-upstream", Duration::from_secs(300));
+    let out = through(&s, &login("good.login", &format!("operator:{password}\n")));
+    let seen = out.seen.clone();
+    assert_eq!(lines(&out), ["via the operator's proxy", "rc=0"]);
+    let asked = proxy.requests();
+    assert!(asked.contains(&format!("CONNECT 127.0.0.1:{} HTTP/1.1", web.port)), "the proxy was asked: {asked}");
+    assert!(!asked.contains(HOST_GATEWAY), "the proxy is given the checked address, never the name: {asked}");
+    assert!(web.requests().contains("GET /f.txt"), "{}", web.requests());
+    // The login is in its file and the proxy's configuration only.
+    assert!(!String::from_utf8_lossy(&out.stderr).contains(password), "the driver's stderr holds the login");
+    for p in &seen {
+        assert!(!p.cmdline.join(" ").contains(password), "an argv holds the login: {:?}", p.cmdline);
+    }
+    for (path, bytes) in all_files(&s.dir) {
+        assert!(!String::from_utf8_lossy(&bytes).contains(password), "{} holds the login", path.display());
+    }
+
+    let t = Scratch::with_deadline("net-upstream-bad", Duration::from_secs(300));
+    let out = through(&t, &login("bad.login", "operator:not-the-password\n"));
+    assert_eq!(out.code, Some(0));
+    assert!(out.stdout_text().contains("rc=1"), "{}", out.stdout_text());
+    assert!(out.workload_stderr().contains("502"), "{}", out.workload_stderr());
+    let all = events(&sandbox_dir(&t));
+    assert!(of_class(&all, 4001).iter().any(|e| e["activity_id"] == 5), "a refuse event");
+    assert_eq!(web.requests().lines().count(), 1, "the refused login reached nothing");
 }
