@@ -35,6 +35,15 @@ pub enum ForwardError {
     Broken,
 }
 
+/// What the host side of a forward sends in; the end of the channel is its EOF (a half-close).
+#[derive(Debug)]
+pub enum Inbound {
+    /// Bytes for the guest, at most [`MAX_DATA_BYTES`].
+    Data(Vec<u8>),
+    /// The host side broke (a reset, a cancelled call): the connection ends both ways, not in order.
+    Abort,
+}
+
 /// An open forward, connected to the guest's port.
 #[derive(Debug)]
 pub struct Forward {
@@ -80,13 +89,14 @@ const DIAL: std::time::Duration = std::time::Duration::from_secs(6);
 
 impl Forward {
     /// Relays until both directions ended: chunks from `input` (its close is EOF) to the guest, the guest's
-    /// bytes to `output` (dropped at the guest's EOF). Returns the bytes each way.
+    /// bytes to `output` (dropped at the guest's EOF). An [`Inbound::Abort`], or `output`'s receiver gone,
+    /// closes the stream at once. Returns the bytes each way.
     ///
     /// # Errors
     /// [`ForwardError::Broken`] when the supervisor breaks the rules or goes away first.
     pub async fn run(
         mut self,
-        mut input: mpsc::Receiver<Vec<u8>>,
+        mut input: mpsc::Receiver<Inbound>,
         output: mpsc::Sender<Vec<u8>>,
     ) -> Result<(u64, u64), ForwardError> {
         let (mut sent, mut received) = (0u64, 0u64);
@@ -111,8 +121,10 @@ impl Forward {
                             received += data.len() as u64;
                             let len = u32::try_from(data.len()).map_err(|_| ForwardError::Broken)?;
                             let Some(out) = output.as_ref() else { return Err(ForwardError::Broken) };
-                            // A consumer gone away still lets the other direction finish.
-                            let _ = out.send(data.into_vec()).await;
+                            // The host side went away: the connection is over both ways, and its slot is freed.
+                            if out.send(data.into_vec()).await.is_err() {
+                                return self.close(sent, received).await;
+                            }
                             self.attached.send(ForwardRequest::Stream(StreamFrame::Credit { id: ID, bytes: len })).await?;
                         }
                         StreamFrame::Eof { .. } => output = None,
@@ -127,9 +139,11 @@ impl Forward {
                     sent += n as u64;
                     self.attached.send(ForwardRequest::Stream(StreamFrame::Data { id: ID, data: data.into() })).await?;
                 }
+                () = closed(output.as_ref()) => return self.close(sent, received).await,
                 chunk = input.recv(), if !input_done && pending.is_empty() => match chunk {
-                    Some(chunk) if chunk.len() > MAX_DATA_BYTES => return Err(ForwardError::Broken),
-                    Some(chunk) => pending = chunk,
+                    Some(Inbound::Data(chunk)) if chunk.len() > MAX_DATA_BYTES => return Err(ForwardError::Broken),
+                    Some(Inbound::Data(chunk)) => pending = chunk,
+                    Some(Inbound::Abort) => return self.close(sent, received).await,
                     None => {
                         input_done = true;
                         self.attached.send(ForwardRequest::Stream(StreamFrame::Eof { id: ID })).await?;
@@ -137,5 +151,19 @@ impl Forward {
                 },
             }
         }
+    }
+
+    /// Ends the stream out of order: the guest's side is closed, the supervisor frees its slot.
+    async fn close(mut self, sent: u64, received: u64) -> Result<(u64, u64), ForwardError> {
+        self.attached.send(ForwardRequest::Stream(StreamFrame::Close { id: ID })).await?;
+        Ok((sent, received))
+    }
+}
+
+/// Resolves once `output`'s receiver is gone; never while there is none to watch (after the guest's EOF).
+async fn closed(output: Option<&mpsc::Sender<Vec<u8>>>) {
+    match output {
+        Some(out) => out.closed().await,
+        None => std::future::pending().await,
     }
 }

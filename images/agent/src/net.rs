@@ -89,7 +89,7 @@ impl Streams {
             return;
         }
         for listener in [Listener::Http, Listener::Socks] {
-            match TcpListener::bind((Ipv4Addr::LOCALHOST, listener.port())) {
+            match bind(listener) {
                 Ok(socket) => {
                     let stop = Arc::new(AtomicBool::new(false));
                     let (shared, flag) = (Arc::clone(shared), Arc::clone(&stop));
@@ -114,6 +114,21 @@ impl Streams {
             if let Some(credit) = entry.credit {
                 credit.close();
             }
+        }
+    }
+}
+
+/// Binds a listener's port. Right after a close its old accept thread may still hold the socket for a
+/// moment (it wakes, sees its flag, and drops it): a restore then retries briefly rather than fail.
+fn bind(listener: Listener) -> std::io::Result<TcpListener> {
+    let mut tries = 0;
+    loop {
+        match TcpListener::bind((Ipv4Addr::LOCALHOST, listener.port())) {
+            Err(e) if e.kind() == ErrorKind::AddrInUse && tries < 50 => {
+                tries += 1;
+                thread::sleep(Duration::from_millis(20));
+            }
+            bound => return bound,
         }
     }
 }

@@ -139,7 +139,15 @@ pub async fn run(ctx: Arc<Context>, id: StreamId, listener: Listener, pipe: Arc<
         Err(None) => return finish(&ctx, id, &pipe, false).await,
         Err(Some(refusal)) => return refuse(&ctx, id, listener, &pipe, refusal).await,
     };
-    let (upstream, decided) = match connect(&ctx, &req, &pipe).await {
+    // A stream that ends meanwhile (the guest closed it, an update) stops its resolution and dials at once.
+    let connected = tokio::select! {
+        connected = connect(&ctx, &req, &pipe) => connected,
+        end = pipe.wait_ended() => match end {
+            End::GuestClosed => return finish(&ctx, id, &pipe, false).await,
+            End::Aborted(reason) => Err(Refusal::new(403, 2, reason)),
+        },
+    };
+    let (upstream, decided) = match connected {
         Ok(open) => open,
         Err(mut refusal) => {
             refusal.host.get_or_insert(req.target.host.clone());
@@ -168,8 +176,15 @@ pub async fn run(ctx: Arc<Context>, id: StreamId, listener: Listener, pipe: Arc<
         return closed(&ctx, id, listener, &pipe, decided, (0, 0), started, Some("the stream ended")).await;
     }
     let activity = Activity::new();
-    let down = download(&ctx, id, &pipe, &mut up_read, &activity);
-    let up = upload(&ctx, id, &pipe, &mut up_write, &activity);
+    // A direction that fails (a reset) ends the other too: nothing more can pass in order.
+    let failed = |(bytes, why): (u64, Option<&'static str>)| {
+        if let Some(why) = why {
+            pipe.end(End::Aborted(why));
+        }
+        (bytes, why)
+    };
+    let down = async { failed(download(&ctx, id, &pipe, &mut up_read, &activity).await) };
+    let up = async { failed(upload(&ctx, id, &pipe, &mut up_write, &activity).await) };
     // Either direction may wait on the destination for ever: an end from outside, or idleness, ends both.
     let (why, bytes) = tokio::select! {
         (to_guest, from_guest) = async { tokio::join!(down, up) } => {
@@ -197,7 +212,8 @@ async fn read_request(
             None => request::parse(&buf).map_err(|e| Some(Refusal::new(e.status(), 1, e.describe()))),
             Some(state) => match state.feed(&buf) {
                 Ok(Step::Reply(reply)) => {
-                    if !send_data(ctx, id, pipe, &reply).await {
+                    let sent = tokio::time::timeout_at(deadline, send_data(ctx, id, pipe, &reply)).await;
+                    if !sent.unwrap_or(false) {
                         return Err(None);
                     }
                     continue;
@@ -221,7 +237,12 @@ async fn read_request(
             return Err(None);
         }
         if tokio::time::timeout_at(deadline, pipe.wait_change(buf.len())).await.is_err() {
-            return Err(Some(Refusal::new(408, 1, "the proxy request did not complete in time")));
+            let mut refusal = Refusal::new(408, 1, "the proxy request did not complete in time");
+            // Still in the greeting, a request reply would be out of place: the stream just closes.
+            if socks.as_ref().is_some_and(|s| !s.greeted()) {
+                refusal.socks.clear();
+            }
+            return Err(Some(refusal));
         }
     }
 }
@@ -231,7 +252,7 @@ async fn connect(ctx: &Context, req: &ProxyRequest, pipe: &Pipe) -> Result<(TcpS
     let (host, port) = (req.target.host.as_str(), req.target.port);
     let rule = current_rule(ctx, host, port).ok_or(Refusal::new(403, 2, "no network rule allows the destination"))?;
     // From here a policy update that no longer allows it ends the stream; one that came before is caught below.
-    pipe.decide(host, port);
+    pipe.decide(&rule);
     let ips = addresses(ctx, host, port).await?;
     if ctx.check_addresses {
         for ip in &ips {
@@ -281,7 +302,7 @@ async fn addresses(ctx: &Context, host: &str, port: u16) -> Result<Vec<IpAddr>, 
 
 /// Whether the rules of `view` still allow what `pipe` decided (a stream not yet decided is judged later).
 pub fn still_allowed(pipe: &Pipe, view: &NetView) -> bool {
-    pipe.decided().is_none_or(|(host, port)| view.rule_for(&host, port).is_some())
+    pipe.decided().is_none_or(|rule| view.rules.contains(&rule))
 }
 
 /// Whether `rule` lets `host` reach `ip`: a public address, one the rule lists, or the host gateway's loopback.
@@ -401,7 +422,8 @@ async fn refuse(ctx: &Context, id: StreamId, listener: Listener, pipe: &Pipe, re
     };
     let _ = ctx.reports.send(report).await;
     let mut orderly = false;
-    if send_data(ctx, id, pipe, &answer).await {
+    // A guest that grants too small a window, and never credits, does not keep the task.
+    if tokio::time::timeout(LINGER, send_data(ctx, id, pipe, &answer)).await.unwrap_or(false) {
         let _ = ctx.guest.send(NetToGuest::Stream(StreamFrame::Eof { id }).into()).await;
         // The workload reads the answer and closes its side: an orderly end. One that does not is cut.
         let closed = tokio::time::timeout(LINGER, async {

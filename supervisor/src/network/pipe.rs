@@ -5,6 +5,7 @@
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::Notify;
+use vm_protocol::policy::network::NetRule;
 use vm_protocol::{CreditError, Window};
 
 /// Why a stream is being torn down from outside its task (fixed text, for the close event).
@@ -28,8 +29,8 @@ struct State {
     guest_eof: bool,
     /// The guest closed the stream, or the loop aborted it.
     ended: Option<End>,
-    /// Where the task decided it goes (host and port), once it did.
-    decided: Option<(String, u16)>,
+    /// The rule that let it go (its host, ports and `allowed_ips`), once the task decided.
+    decided: Option<NetRule>,
 }
 
 /// How a stream was ended from outside its task.
@@ -144,13 +145,13 @@ impl Pipe {
         notified.await;
     }
 
-    /// Records where the stream goes, for a policy update's re-check.
-    pub fn decide(&self, host: &str, port: u16) {
-        self.state().decided = Some((host.to_owned(), port));
+    /// Records the rule that let the stream go, for a policy update's re-check.
+    pub fn decide(&self, rule: &NetRule) {
+        self.state().decided = Some(rule.clone());
     }
 
-    /// Where the stream goes, once decided.
-    pub fn decided(&self) -> Option<(String, u16)> {
+    /// The rule that let the stream go, once decided.
+    pub fn decided(&self) -> Option<NetRule> {
         self.state().decided.clone()
     }
 

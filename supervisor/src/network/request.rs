@@ -3,8 +3,9 @@
 //! The bytes come from the guest, so [`parse`] is pure, incremental (call it again with more bytes), bounded
 //! by [`MAX_HEAD_BYTES`], and never panics. Two forms are accepted:
 //! - `CONNECT host:port HTTP/1.x`: a tunnel; answer [`ESTABLISHED`] once dialed, then relay raw.
-//! - `GET http://host[:port]/path HTTP/1.x`: rewritten to origin-form with `Connection: close`, so that
-//!   exactly one request is forwarded per connection and the rest of the stream is relayed raw.
+//! - `GET http://host[:port]/path HTTP/1.x`: the first request is rewritten to origin-form with
+//!   `Connection: close`; what the workload sends after it is relayed raw, as its own bytes to the same
+//!   destination (a server that honours the header answers the first request only).
 //!
 //! Every target host goes through [`normalize_host`], the same normalization the policy rules had.
 

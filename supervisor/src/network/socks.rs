@@ -166,6 +166,11 @@ impl Socks {
         Self::default()
     }
 
+    /// Whether the greeting is past (a refusal is then a request reply).
+    pub fn greeted(&self) -> bool {
+        !matches!(self.state, State::Greeting)
+    }
+
     /// Reads on from `buf`, all the stream's bytes so far (not only the new ones).
     ///
     /// # Errors

@@ -12,7 +12,6 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use vm_protocol::flow::MAX_WINDOW_BYTES;
 use vm_protocol::message::Refusal;
 use vm_protocol::net::{
     ForwardEvent, ForwardRequest, Listener, NetToGuest, NetToHost, StreamFrame, StreamId, HOST_OPENED, NET_WINDOW_BYTES,
@@ -125,8 +124,9 @@ fn client(id: StreamId, what: &'static str) -> ClientViolation {
     ClientViolation::Stream(id, what)
 }
 
+/// A peer's window: what the supervisor may queue towards it, so no more than it grants itself.
 fn window_ok(window: u32) -> bool {
-    window > 0 && window <= MAX_WINDOW_BYTES
+    window > 0 && window <= NET_WINDOW_BYTES
 }
 
 impl Streams {
@@ -226,6 +226,10 @@ impl Streams {
                 ])
             }
             NetToHost::Connected { id, window } => {
+                // A forward whose client went away while the guest dialed: the Close sent then ends it there.
+                if id.host_opened() && !self.live.contains_key(&id) && self.existed(id) {
+                    return Ok(Vec::new());
+                }
                 let Some(Stream::Forward(fwd)) = self.live.get_mut(&id) else {
                     return Err(guest(id, "Connected for no port forward being dialed"));
                 };

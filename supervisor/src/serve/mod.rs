@@ -85,6 +85,8 @@ pub(crate) async fn serve(
     session: Option<tokio::task::AbortHandle>,
 ) -> StopReason {
     let (net, mut reports) = network::Network::new(egress, guest.clone(), mux.gate().network());
+    // Waits for room in the guest's queue for the network backlog (a permit borrows its sender).
+    let room = guest.clone();
     let mut state = Serving {
         args,
         vmm,
@@ -151,6 +153,7 @@ pub(crate) async fn serve(
             traffic = next_traffic(&mut inbox.notices, &mut inbox.guest, &mut inbox.clients, &mut reports, &mut tick) => {
                 state.handle(traffic);
             }
+            Ok(permit) = room.reserve(), if state.net_waiting() => state.net_flush(permit),
         }
     };
     // Closing each client's queue lets its writer deliver what is queued (the last `Exited` frames), then end.

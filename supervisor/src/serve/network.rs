@@ -1,8 +1,10 @@
 //! The event loop's network half: the link's streams ([`crate::network::streams`]), their egress tasks, the
 //! rules they read, and the events and findings of what they report.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, watch};
 use vm_ocsf::{Connection, Direction, Finding, NetworkActivity};
 use vm_protocol::link::{ToGuest, VmRequest};
@@ -22,6 +24,10 @@ const REPORT_QUEUE_ITEMS: usize = 256;
 /// At most one refusal finding this often: every refusal has its own Network Activity event (under the
 /// telemetry limits), and a workload that opens connections without end must not flood the findings.
 const FINDING_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+/// The loop's network messages waiting for room in the guest's queue, which the egress tasks share. What the
+/// loop sends is credit-bound (forwards) or one `Close` per refused stream; only a guest that opens streams
+/// without end and never reads its link, or a client that sends its window in 1-byte frames, gets past it.
+const BACKLOG_ITEMS: usize = 8192;
 
 /// How this sandbox's egress resolves, leaves and checks (from the arguments and the auth bundle).
 #[derive(Debug)]
@@ -44,7 +50,9 @@ pub(crate) struct Network {
     /// When the last refusal finding was emitted, and how many refusals had none since.
     last_finding: Option<tokio::time::Instant>,
     unreported: u64,
-    /// Network messages the guest's full queue dropped (logged once).
+    /// The loop's messages for the guest waiting for room in its queue, in order.
+    backlog: VecDeque<ToGuest>,
+    /// Network messages dropped past the backlog (logged once).
     dropped: u64,
 }
 
@@ -74,6 +82,7 @@ impl Network {
             follow_updates,
             last_finding: None,
             unreported: 0,
+            backlog: VecDeque::new(),
             dropped: 0,
         };
         (net, reports_rx)
@@ -131,7 +140,7 @@ impl Serving<'_> {
         self.net.view.send_replace(view.clone());
         if listen != self.net.listening {
             self.net.listening = listen;
-            let _ = self.guest.try_send(VmRequest::Egress { listen }.into());
+            self.net_send(VmRequest::Egress { listen }.into());
         }
         // An update closes what it no longer allows.
         for (_, pipe) in self.net.streams.egress() {
@@ -171,18 +180,51 @@ impl Serving<'_> {
         }
     }
 
+    /// Sends the guest a network message in order behind the backlog, which waits when its queue is full.
+    fn net_send(&mut self, msg: ToGuest) {
+        if self.net.backlog.is_empty() {
+            match self.guest.try_send(msg) {
+                Err(TrySendError::Full(msg)) => self.net.backlog.push_back(msg),
+                Ok(()) | Err(TrySendError::Closed(_)) => {}
+            }
+        } else if self.net.backlog.len() < BACKLOG_ITEMS {
+            self.net.backlog.push_back(msg);
+        } else {
+            self.net.dropped += 1;
+            if self.net.dropped == 1 {
+                tracing::warn!("the guest is not reading its link; network messages are dropped");
+            }
+        }
+    }
+
+    /// Whether messages wait for room in the guest's queue.
+    pub(super) fn net_waiting(&self) -> bool {
+        !self.net.backlog.is_empty()
+    }
+
+    /// Room came in the guest's queue: the backlog goes first, as much as fits.
+    pub(super) fn net_flush(&mut self, permit: mpsc::Permit<'_, ToGuest>) {
+        let Some(first) = self.net.backlog.pop_front() else { return };
+        permit.send(first);
+        while let Some(msg) = self.net.backlog.pop_front() {
+            match self.guest.try_send(msg) {
+                Ok(()) => {}
+                Err(TrySendError::Full(msg)) => {
+                    self.net.backlog.push_front(msg);
+                    return;
+                }
+                Err(TrySendError::Closed(_)) => {
+                    self.net.backlog.clear();
+                    return;
+                }
+            }
+        }
+    }
+
     fn net_apply(&mut self, out: Vec<Out>) {
         for item in out {
             match item {
-                Out::Guest(msg) => {
-                    // A guest that does not read its link cannot take these; its streams then stall, bounded.
-                    if self.guest.try_send(msg.into()).is_err() {
-                        self.net.dropped += 1;
-                        if self.net.dropped == 1 {
-                            tracing::warn!("the guest's queue is full; network messages are dropped");
-                        }
-                    }
-                }
+                Out::Guest(msg) => self.net_send(msg.into()),
                 Out::Client(client, event) => self.send_to_client(client, event.into()),
                 Out::Egress(id, listener, pipe) => {
                     tokio::spawn(egress::run(Arc::clone(&self.net.ctx), id, listener, pipe));

@@ -89,13 +89,19 @@ async fn one(socket: &std::path::Path, sandbox_id: String, guest_port: u16, conn
     let (mut read, mut write) = conn.into_split();
     let upload = async move {
         let mut buf = vec![0u8; CHUNK_BYTES];
-        while let Ok(n @ 1..) = read.read(&mut buf).await {
+        loop {
+            // A read error (a reset) returns early, which cancels the call: the guest's side is closed, not
+            // half-closed as at EOF.
+            let n = read.read(&mut buf).await?;
+            if n == 0 {
+                // Dropping the sender ends the request stream: the guest side sees EOF.
+                return anyhow::Ok(());
+            }
             let req = ForwardPortRequest { sandbox_id: String::new(), guest_port: 0, data: buf[..n].to_vec() };
             if tx.send(req).await.is_err() {
-                return;
+                return Ok(());
             }
         }
-        // Dropping the sender ends the request stream: the guest side sees EOF.
     };
     let download = async move {
         while let Some(msg) = responses.message().await? {
@@ -104,8 +110,7 @@ async fn one(socket: &std::path::Path, sandbox_id: String, guest_port: u16, conn
         write.shutdown().await?;
         anyhow::Ok(())
     };
-    let ((), down) = tokio::join!(upload, download);
-    down
+    tokio::try_join!(upload, download).map(|_| ())
 }
 
 #[cfg(test)]

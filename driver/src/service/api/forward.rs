@@ -12,7 +12,7 @@ use tonic::{Status, Streaming};
 use vm_protocol::driver_api::{ForwardPortRequest, ForwardPortResponse};
 use vm_protocol::frame::MAX_DATA_BYTES;
 
-use crate::forward::{self, ForwardError};
+use crate::forward::{self, ForwardError, Inbound};
 use crate::service::hub::Hub;
 
 /// The stream `ForwardPort` answers with.
@@ -44,12 +44,25 @@ pub(super) async fn forward_port(
     let (in_tx, in_rx) = mpsc::channel(QUEUED);
     let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(QUEUED);
     tokio::spawn(async move {
-        if !first.data.is_empty() && in_tx.send(first.data).await.is_err() {
-            return;
-        }
-        while let Some(Ok(req)) = requests.next().await {
-            if req.data.len() > MAX_DATA_BYTES || in_tx.send(req.data).await.is_err() {
+        let mut chunk = Some(first.data);
+        loop {
+            let sent = match chunk.take() {
+                Some(data) if data.is_empty() => true,
+                Some(data) if data.len() <= MAX_DATA_BYTES => in_tx.send(Inbound::Data(data)).await.is_ok(),
+                // Too large a message, or a broken or cancelled call: not an end in order.
+                _ => {
+                    let _ = in_tx.send(Inbound::Abort).await;
+                    return;
+                }
+            };
+            if !sent {
                 return;
+            }
+            match requests.next().await {
+                Some(Ok(req)) => chunk = Some(req.data),
+                // The end of the request stream: EOF, the guest's side half-closed.
+                None => return,
+                Some(Err(_)) => chunk = None,
             }
         }
     });

@@ -84,3 +84,26 @@ fn a_client_that_goes_away_closes_its_forwards() {
     assert!(matches!(out.as_slice(), [Out::Guest(NetToGuest::Stream(StreamFrame::Close { .. }))]));
     assert_eq!(s.open(), 0);
 }
+
+#[test]
+fn the_guests_connected_for_a_forward_its_client_closed_is_a_late_race() {
+    let mut s = Streams::default();
+    let out = s.from_client(C, ForwardRequest::Connect { id: StreamId(1), port: 22, window: 16 }, 4).unwrap();
+    let [Out::Guest(NetToGuest::Connect { id: link, .. })] = out.as_slice() else { panic!("{out:?}") };
+    let link = *link;
+    s.remove_client(C);
+    assert!(s.from_guest(NetToHost::Connected { id: link, window: 16 }, 4, true).unwrap().is_empty());
+    // Never opened: still a violation.
+    let forged = s.from_guest(NetToHost::Connected { id: StreamId(link.0 + 1), window: 16 }, 4, true);
+    assert!(forged.is_err());
+}
+
+#[test]
+fn a_window_larger_than_the_hosts_own_is_refused() {
+    let mut s = Streams::default();
+    let big = vm_protocol::net::NET_WINDOW_BYTES + 1;
+    let opened = s.from_guest(NetToHost::Opened { id: StreamId(1), listener: Listener::Http, window: big }, 4, true);
+    assert!(matches!(opened, Err(GuestViolation::Stream(_, "a window out of range"))));
+    let connect = s.from_client(C, ForwardRequest::Connect { id: StreamId(1), port: 22, window: big }, 4).unwrap();
+    assert!(matches!(connect.as_slice(), [Out::Client(C, ForwardEvent::Refused { .. })]));
+}
