@@ -144,7 +144,7 @@ pub async fn run(ctx: Arc<Context>, id: StreamId, listener: Listener, pipe: Arc<
         connected = connect(&ctx, &req, &pipe) => connected,
         end = pipe.wait_ended() => match end {
             End::GuestClosed => return finish(&ctx, id, &pipe, false).await,
-            End::Aborted(reason) => Err(Refusal::new(403, 2, reason)),
+            End::Aborted(reason) => Err(Refusal::new(403, socks::NOT_ALLOWED, reason)),
         },
     };
     let (upstream, decided) = match connected {
@@ -209,7 +209,9 @@ async fn read_request(
     loop {
         let (buf, eof) = pipe.peek();
         let parsed = match socks.as_mut() {
-            None => request::parse(&buf).map_err(|e| Some(Refusal::new(e.status(), 1, e.describe()))),
+            None => {
+                request::parse(&buf).map_err(|e| Some(Refusal::new(e.status(), socks::GENERAL_FAILURE, e.describe())))
+            }
             Some(state) => match state.feed(&buf) {
                 Ok(Step::Reply(reply)) => {
                     let sent = tokio::time::timeout_at(deadline, send_data(ctx, id, pipe, &reply)).await;
@@ -222,9 +224,10 @@ async fn read_request(
                     Ok(Some(ProxyRequest { target, kind: Kind::Connect, head_len: consumed }))
                 }
                 Ok(Step::NeedMore) => Ok(None),
-                Err(e) => {
-                    Err(Some(Refusal { socks: e.answer().unwrap_or_default(), ..Refusal::new(400, 1, e.describe()) }))
-                }
+                Err(e) => Err(Some(Refusal {
+                    socks: e.answer().unwrap_or_default(),
+                    ..Refusal::new(400, socks::GENERAL_FAILURE, e.describe())
+                })),
             },
         };
         match parsed {
@@ -237,7 +240,7 @@ async fn read_request(
             return Err(None);
         }
         if tokio::time::timeout_at(deadline, pipe.wait_change(buf.len())).await.is_err() {
-            let mut refusal = Refusal::new(408, 1, "the proxy request did not complete in time");
+            let mut refusal = Refusal::new(408, socks::GENERAL_FAILURE, "the proxy request did not complete in time");
             // Still in the greeting, a request reply would be out of place: the stream just closes.
             if socks.as_ref().is_some_and(|s| !s.greeted()) {
                 refusal.socks.clear();
@@ -250,19 +253,24 @@ async fn read_request(
 /// Decides, resolves, checks and dials.
 async fn connect(ctx: &Context, req: &ProxyRequest, pipe: &Pipe) -> Result<(TcpStream, Decided), Refusal> {
     let (host, port) = (req.target.host.as_str(), req.target.port);
-    let rule = current_rule(ctx, host, port).ok_or(Refusal::new(403, 2, "no network rule allows the destination"))?;
+    let rule = current_rule(ctx, host, port).ok_or(Refusal::new(
+        403,
+        socks::NOT_ALLOWED,
+        "no network rule allows the destination",
+    ))?;
     // From here a policy update that no longer allows it ends the stream; one that came before is caught below.
     pipe.decide(&rule);
     let ips = addresses(ctx, host, port).await?;
     if ctx.check_addresses {
         for ip in &ips {
-            allowed(&rule, host, *ip).map_err(|reason| Refusal { ip: Some(*ip), ..Refusal::new(403, 2, reason) })?;
+            allowed(&rule, host, *ip)
+                .map_err(|reason| Refusal { ip: Some(*ip), ..Refusal::new(403, socks::NOT_ALLOWED, reason) })?;
         }
     }
     if current_rule(ctx, host, port).is_none_or(|now| now != rule) || pipe.ended().is_some() {
-        return Err(Refusal::new(403, 2, "a policy update revoked the rule while connecting"));
+        return Err(Refusal::new(403, socks::NOT_ALLOWED, "a policy update revoked the rule while connecting"));
     }
-    let mut last = Refusal::new(502, 5, "the destination refused the connection");
+    let mut last = Refusal::new(502, socks::CONNECTION_REFUSED, "the destination refused the connection");
     for ip in ips {
         let addr = SocketAddr::new(ip, port);
         let dial = async {
@@ -279,9 +287,15 @@ async fn connect(ctx: &Context, req: &ProxyRequest, pipe: &Pipe) -> Result<(TcpS
                 return Ok((stream, decided));
             }
             Ok(Err(_)) => {
-                last = Refusal { ip: Some(ip), ..Refusal::new(502, 5, "the destination refused the connection") }
+                last = Refusal {
+                    ip: Some(ip),
+                    ..Refusal::new(502, socks::CONNECTION_REFUSED, "the destination refused the connection")
+                }
             }
-            Err(_) => last = Refusal { ip: Some(ip), ..Refusal::new(504, 4, "the connection timed out") },
+            Err(_) => {
+                last =
+                    Refusal { ip: Some(ip), ..Refusal::new(504, socks::HOST_UNREACHABLE, "the connection timed out") }
+            }
         }
     }
     Err(last)
@@ -296,7 +310,11 @@ async fn addresses(ctx: &Context, host: &str, port: u16) -> Result<Vec<IpAddr>, 
     if host == HOST_GATEWAY {
         return Ok(vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]);
     }
-    let ips = ctx.resolver.resolve(host, port).await.map_err(|_| Refusal::new(502, 4, "the name did not resolve"))?;
+    let ips = ctx
+        .resolver
+        .resolve(host, port)
+        .await
+        .map_err(|_| Refusal::new(502, socks::HOST_UNREACHABLE, "the name did not resolve"))?;
     Ok(ips.into_iter().map(|ip| ip.to_canonical()).collect())
 }
 

@@ -128,11 +128,6 @@ impl RequestError {
             Self::Ambiguous => "ambiguous message framing or Host",
         }
     }
-
-    /// The whole answer to send before closing.
-    pub fn reply(&self) -> Vec<u8> {
-        reply(self.status(), self.describe())
-    }
 }
 
 impl From<httparse::Error> for RequestError {
@@ -395,7 +390,8 @@ mod tests {
         let want =
             "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nContent-Length: 17\r\nConnection: close\r\n\r\n";
         assert_eq!(r, format!("{want}not allowed    X\n"));
-        assert!(E::UnsupportedScheme.reply().starts_with(b"HTTP/1.1 501 Not Implemented\r\n"));
+        assert!(reply(E::UnsupportedScheme.status(), E::UnsupportedScheme.describe())
+            .starts_with(b"HTTP/1.1 501 Not Implemented\r\n"));
     }
 
     /// Pieces that make requests likely to get far into the parser, half of them after a valid request line.

@@ -37,14 +37,10 @@ pub const SUCCEEDED: u8 = 0;
 pub const GENERAL_FAILURE: u8 = 1;
 /// Reply code: connection not allowed by ruleset.
 pub const NOT_ALLOWED: u8 = 2;
-/// Reply code: network unreachable.
-pub const NETWORK_UNREACHABLE: u8 = 3;
 /// Reply code: host unreachable.
 pub const HOST_UNREACHABLE: u8 = 4;
 /// Reply code: connection refused.
 pub const CONNECTION_REFUSED: u8 = 5;
-/// Reply code: TTL expired.
-pub const TTL_EXPIRED: u8 = 6;
 /// Reply code: command not supported.
 pub const COMMAND_NOT_SUPPORTED: u8 = 7;
 /// Reply code: address type not supported.
