@@ -14,9 +14,10 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The two heavy tests bring their own load; side by side, each would measure the other's too (the 100 ms
-/// bound is for the load the issue names: CPU hogs and bursts of creates).
-static ONE_LOAD_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// The two heavy tests bring their own load and hold this alone; the others share it. Side by side, each
+/// would measure the other's load too (the 100 ms bound is for the load the issue names: CPU hogs and bursts
+/// of creates, not a neighbour test's VMs).
+static ONE_LOAD_AT_A_TIME: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 use nix::sys::signal::Signal::{SIGCONT, SIGKILL, SIGSTOP};
 use vm_contract::layout::SandboxFile;
@@ -107,7 +108,7 @@ fn lease_losses(serve: &Serve) -> Vec<String> {
 
 #[test]
 fn a_busy_host_keeps_every_idle_sandbox_and_the_fault_bounds() {
-    let _alone = ONE_LOAD_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = ONE_LOAD_AT_A_TIME.write().unwrap_or_else(std::sync::PoisonError::into_inner);
     let s = Scratch::with_deadline("load", Duration::from_secs(900));
     let hogs = Hogs::start(&s.dir, 2 * cores());
     eprintln!("e2e: {} CPU hogs on {} cores", hogs.0.len(), cores());
@@ -211,6 +212,7 @@ fn a_busy_host_keeps_every_idle_sandbox_and_the_fault_bounds() {
 /// killed) is still reported ready long after.
 #[test]
 fn control_without_the_vmm_watch_a_dead_vm_stays_ready() {
+    let _shared = ONE_LOAD_AT_A_TIME.read().unwrap_or_else(std::sync::PoisonError::into_inner);
     let s = Scratch::new("vmm-watch-ctl");
     let serve = Serve::with_controls(&s, &[TestControl::NoVmmWatch]);
     ok(&serve.cli("create", &["frozen"]));
@@ -238,6 +240,7 @@ fn exec_start(sandbox: &str, argv: &[&str]) -> ExecRequest {
 
 #[test]
 fn serve_admits_only_what_fits_and_says_which_limit() {
+    let _shared = ONE_LOAD_AT_A_TIME.read().unwrap_or_else(std::sync::PoisonError::into_inner);
     let s = Scratch::new("admission");
     // About 1 GiB of memory to hand out, whatever this host has: room for three 128 MiB sandboxes, not for 2 GiB.
     let host_mib = vm_e2e::procs::meminfo_kib("MemTotal").expect("MemTotal") / 1024;
@@ -308,7 +311,7 @@ fn serve_admits_only_what_fits_and_says_which_limit() {
 /// 128 MiB guest out of memory.
 #[test]
 fn two_thousand_exec_streams_that_never_read_keep_the_driver_bounded() {
-    let _alone = ONE_LOAD_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = ONE_LOAD_AT_A_TIME.write().unwrap_or_else(std::sync::PoisonError::into_inner);
     const STREAMS: usize = 2000;
     const SANDBOXES: usize = 10;
     let s = Scratch::with_deadline("exec-flood", Duration::from_secs(600));

@@ -34,6 +34,9 @@ struct Reading {
 /// debug build under a loaded 2-core host): the control, read at up to 800 ms, still saw its clones share
 /// their bytes, so 750 ms keeps the pair causal.
 const READ_WITHIN: Duration = Duration::from_millis(750);
+/// The reseed tests and their control time their reads within [`READ_WITHIN`]: each runs alone, the other
+/// tests of this file beside each other only (a neighbour's restores would make every read late).
+static TIMED_READS: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 fn ok(out: std::process::Output) -> String {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -132,6 +135,7 @@ fn three_clones(s: &Scratch, controls: &[TestControl]) -> [Reading; 3] {
 
 #[test]
 fn restored_sandboxes_never_share_random_bytes_and_have_the_hosts_clock() {
+    let _alone = TIMED_READS.write().unwrap_or_else(std::sync::PoisonError::into_inner);
     let s = Scratch::new("snapshot-reseed");
     let [a, b, late] = three_clones(&s, &[]);
     assert_eq!(a.random.len(), 36, "{a:?}");
@@ -145,6 +149,7 @@ fn restored_sandboxes_never_share_random_bytes_and_have_the_hosts_clock() {
 
 #[test]
 fn control_without_the_reseed_at_restore_clones_share_random_bytes_and_a_stale_clock() {
+    let _alone = TIMED_READS.write().unwrap_or_else(std::sync::PoisonError::into_inner);
     let s = Scratch::new("snapshot-reseed-ctl");
     let [a, b, late] = three_clones(&s, &[TestControl::NoReseedAtRestore]);
     assert_eq!(a.random, b.random, "control: without a reseed the clones hand out the saved RNG's bytes");
@@ -154,6 +159,7 @@ fn control_without_the_reseed_at_restore_clones_share_random_bytes_and_a_stale_c
 
 #[test]
 fn a_snapshot_that_cannot_be_restored_turns_the_pool_back_to_booting() {
+    let _shared = TIMED_READS.read().unwrap_or_else(std::sync::PoisonError::into_inner);
     let s = Scratch::new("snapshot-broken");
     let serve = Serve::with(&s, &[], &["--pool", "1", "--pool-snapshots"]);
     let (slot, vmm) = ready_slot(&serve, &[]);
@@ -178,6 +184,7 @@ fn a_snapshot_that_cannot_be_restored_turns_the_pool_back_to_booting() {
 
 #[test]
 fn a_killed_service_takes_its_restored_vms_along() {
+    let _shared = TIMED_READS.read().unwrap_or_else(std::sync::PoisonError::into_inner);
     let s = Scratch::new("snapshot-leash");
     let mut serve = Serve::with(&s, &[], &["--pool", "2", "--pool-snapshots"]);
     let (first, vmm) = ready_slot(&serve, &[]);
@@ -196,6 +203,7 @@ fn a_killed_service_takes_its_restored_vms_along() {
 
 #[test]
 fn a_stream_past_its_cap_is_refused_and_the_pool_boots_instead() {
+    let _shared = TIMED_READS.read().unwrap_or_else(std::sync::PoisonError::into_inner);
     // Fault injection: the cap on the stream is cut to 1 MiB, as if QEMU sent more than its guest holds.
     let s = Scratch::new("snapshot-cap");
     let log = s.dir.join("serve.log");
