@@ -11,18 +11,17 @@
 //!             --> relay both ways within the windows until both ends close, or IDLE_TIMEOUT
 //! ```
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use vm_protocol::link::ToGuest;
 use vm_protocol::net::{Listener, NetToGuest, StreamFrame, StreamId};
-use vm_protocol::policy::network::{NetRule, HOST_GATEWAY};
 
+use super::dial;
 use super::pipe::{End, Inbound, Pipe};
 use super::request::{self, Kind, ProxyRequest};
 use super::resolve::Resolver;
@@ -115,18 +114,18 @@ pub enum Report {
 }
 
 /// Why a request was refused: what the workload is told, and what the event says.
-struct Refusal {
-    http: u16,
+pub(super) struct Refusal {
+    pub(super) http: u16,
     /// The SOCKS answer: a reply with a code, a method refusal, or nothing to a client that is no SOCKS5 one.
-    socks: Vec<u8>,
-    reason: &'static str,
-    host: Option<String>,
-    port: Option<u16>,
-    ip: Option<IpAddr>,
+    pub(super) socks: Vec<u8>,
+    pub(super) reason: &'static str,
+    pub(super) host: Option<String>,
+    pub(super) port: Option<u16>,
+    pub(super) ip: Option<IpAddr>,
 }
 
 impl Refusal {
-    fn new(http: u16, socks: u8, reason: &'static str) -> Self {
+    pub(super) fn new(http: u16, socks: u8, reason: &'static str) -> Self {
         Self { http, socks: socks::reply(socks).to_vec(), reason, host: None, port: None, ip: None }
     }
 }
@@ -141,7 +140,7 @@ pub async fn run(ctx: Arc<Context>, id: StreamId, listener: Listener, pipe: Arc<
     };
     // A stream that ends meanwhile (the guest closed it, an update) stops its resolution and dials at once.
     let connected = tokio::select! {
-        connected = connect(&ctx, &req, &pipe) => connected,
+        connected = dial::connect(&ctx, &req, &pipe) => connected,
         end = pipe.wait_ended() => match end {
             End::GuestClosed => return finish(&ctx, id, &pipe, false).await,
             End::Aborted(reason) => Err(Refusal::new(403, socks::NOT_ALLOWED, reason)),
@@ -247,91 +246,6 @@ async fn read_request(
             }
             return Err(Some(refusal));
         }
-    }
-}
-
-/// Decides, resolves, checks and dials.
-async fn connect(ctx: &Context, req: &ProxyRequest, pipe: &Pipe) -> Result<(TcpStream, Decided), Refusal> {
-    let (host, port) = (req.target.host.as_str(), req.target.port);
-    let rule = current_rule(ctx, host, port).ok_or(Refusal::new(
-        403,
-        socks::NOT_ALLOWED,
-        "no network rule allows the destination",
-    ))?;
-    // From here a policy update that no longer allows it ends the stream; one that came before is caught below.
-    pipe.decide(&rule);
-    let ips = addresses(ctx, host, port).await?;
-    if ctx.check_addresses {
-        for ip in &ips {
-            allowed(&rule, host, *ip)
-                .map_err(|reason| Refusal { ip: Some(*ip), ..Refusal::new(403, socks::NOT_ALLOWED, reason) })?;
-        }
-    }
-    if current_rule(ctx, host, port).is_none_or(|now| now != rule) || pipe.ended().is_some() {
-        return Err(Refusal::new(403, socks::NOT_ALLOWED, "a policy update revoked the rule while connecting"));
-    }
-    let mut last = Refusal::new(502, socks::CONNECTION_REFUSED, "the destination refused the connection");
-    for ip in ips {
-        let addr = SocketAddr::new(ip, port);
-        let dial = async {
-            match &ctx.upstream {
-                None => TcpStream::connect(addr).await.map_err(drop),
-                Some(proxy) => proxy.connect(addr).await.map_err(drop),
-            }
-        };
-        match tokio::time::timeout(CONNECT_TIMEOUT, dial).await {
-            Ok(Ok(stream)) => {
-                let _ = stream.set_nodelay(true);
-                let decided =
-                    Decided { host: host.to_owned(), port, rule: rule.host.as_str().to_owned(), ip: Some(ip) };
-                return Ok((stream, decided));
-            }
-            Ok(Err(_)) => {
-                last = Refusal {
-                    ip: Some(ip),
-                    ..Refusal::new(502, socks::CONNECTION_REFUSED, "the destination refused the connection")
-                }
-            }
-            Err(_) => {
-                last =
-                    Refusal { ip: Some(ip), ..Refusal::new(504, socks::HOST_UNREACHABLE, "the connection timed out") }
-            }
-        }
-    }
-    Err(last)
-}
-
-fn current_rule(ctx: &Context, host: &str, port: u16) -> Option<NetRule> {
-    ctx.view.borrow().rule_for(host, port).cloned()
-}
-
-/// The addresses to dial: the host's loopback for the host gateway, the literal, or the answers.
-async fn addresses(ctx: &Context, host: &str, port: u16) -> Result<Vec<IpAddr>, Refusal> {
-    if host == HOST_GATEWAY {
-        return Ok(vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]);
-    }
-    let ips = ctx
-        .resolver
-        .resolve(host, port)
-        .await
-        .map_err(|_| Refusal::new(502, socks::HOST_UNREACHABLE, "the name did not resolve"))?;
-    Ok(ips.into_iter().map(|ip| ip.to_canonical()).collect())
-}
-
-/// Whether the rules of `view` still allow what `pipe` decided (a stream not yet decided is judged later).
-pub fn still_allowed(pipe: &Pipe, view: &NetView) -> bool {
-    pipe.decided().is_none_or(|rule| view.rules.contains(&rule))
-}
-
-/// Whether `rule` lets `host` reach `ip`: a public address, one the rule lists, or the host gateway's loopback.
-fn allowed(rule: &NetRule, host: &str, ip: IpAddr) -> Result<(), &'static str> {
-    if host == HOST_GATEWAY && ip.is_loopback() {
-        return Ok(());
-    }
-    match super::address::classify(ip) {
-        Some(_) if rule.lists(ip) => Ok(()),
-        Some(blocked) => Err(blocked.describe()),
-        None => Ok(()),
     }
 }
 
@@ -519,3 +433,6 @@ impl Activity {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

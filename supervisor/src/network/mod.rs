@@ -5,9 +5,11 @@
 //! - [`resolve`]: names resolved on the host (the system resolver, or `--egress-resolver`'s DNS server).
 //! - [`request`] and [`socks`]: reading a proxy request from a stream's first bytes, bounded.
 //! - [`streams`]: the link's streams and their rules; [`pipe`]: what an egress stream shares with its task;
-//!   [`egress`]: that task (decide, resolve, check, dial, relay); [`upstream`]: the operator's proxy.
+//!   [`egress`]: that task (read the request, answer, relay, close); [`dial`]: its decision, address checks
+//!   and dial; [`upstream`]: the operator's proxy.
 
 pub mod address;
+pub mod dial;
 mod dns;
 pub mod egress;
 pub mod pipe;

@@ -105,6 +105,7 @@ pub(crate) async fn serve(
     let mut tick = tokio::time::interval(TICK);
     let reason = loop {
         let kill_at = state.stopping.as_ref().map(|(_, at)| *at);
+        let guest_paused = state.guest_paused_until();
         tokio::select! {
             biased;
             Ok(()) = inbox.stop.changed() => {
@@ -150,9 +151,11 @@ pub(crate) async fn serve(
                 tracing::warn!("the VM did not power off in time; killing the VMM");
                 state.kill_vmm();
             }
-            traffic = next_traffic(&mut inbox.notices, &mut inbox.guest, &mut inbox.clients, &mut reports, &mut tick) => {
+            traffic = next_traffic(&mut inbox.notices, (&mut inbox.guest, guest_paused.is_none()), &mut inbox.clients, &mut reports, &mut tick) => {
                 state.handle(traffic);
             }
+            // The pause ends: the next turn reads the guest again.
+            () = sleep_until_some(guest_paused) => {}
             Ok(permit) = room.reserve(), if state.net_waiting() => state.net_flush(permit),
         }
     };
@@ -176,14 +179,14 @@ enum Traffic {
 /// guest that floods its queue cannot starve the clients whose credit it waits for.
 async fn next_traffic(
     notices: &mut mpsc::Receiver<Notice>,
-    guest: &mut mpsc::Receiver<FromGuest>,
+    (guest, guest_open): (&mut mpsc::Receiver<FromGuest>, bool),
     clients: &mut mpsc::Receiver<FromClient>,
     reports: &mut mpsc::Receiver<crate::network::egress::Report>,
     tick: &mut tokio::time::Interval,
 ) -> Traffic {
     tokio::select! {
         Some(n) = notices.recv() => Traffic::Notice(n),
-        Some(g) = guest.recv() => Traffic::Guest(g),
+        Some(g) = guest.recv(), if guest_open => Traffic::Guest(g),
         Some(c) = clients.recv() => Traffic::Client(c),
         Some(r) = reports.recv() => Traffic::Net(r),
         _ = tick.tick() => Traffic::Tick,

@@ -28,6 +28,11 @@ const FINDING_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// loop sends is credit-bound (forwards) or one `Close` per refused stream; only a guest that opens streams
 /// without end and never reads its link, or a client that sends its window in 1-byte frames, gets past it.
 const BACKLOG_ITEMS: usize = 8192;
+/// Refused egress streams a second before the loop stops reading the guest's link for the rest of that
+/// second. Refusing costs the host CPU, and a guest can open streams as fast as its vCPU runs: pausing its
+/// link passes the cost back to it (QEMU stops taking its writes), where a busy guest's cost already is.
+/// A workload that retries at its connection cap is slowed, never stopped.
+const REFUSALS_PER_SEC: u32 = 512;
 
 /// How this sandbox's egress resolves, leaves and checks (from the arguments and the auth bundle).
 #[derive(Debug)]
@@ -50,6 +55,9 @@ pub(crate) struct Network {
     /// When the last refusal finding was emitted, and how many refusals had none since.
     last_finding: Option<tokio::time::Instant>,
     unreported: u64,
+    /// The current second's start and the egress refusals in it; reading the guest's link is paused until
+    /// the second ends once they pass [`REFUSALS_PER_SEC`].
+    refusals: (tokio::time::Instant, u32),
     /// The loop's messages for the guest waiting for room in its queue, in order.
     backlog: VecDeque<ToGuest>,
     /// Network messages dropped past the backlog (logged once).
@@ -82,6 +90,7 @@ impl Network {
             follow_updates,
             last_finding: None,
             unreported: 0,
+            refusals: (tokio::time::Instant::now(), 0),
             backlog: VecDeque::new(),
             dropped: 0,
         };
@@ -144,7 +153,7 @@ impl Serving<'_> {
         }
         // An update closes what it no longer allows.
         for (_, pipe) in self.net.streams.egress() {
-            if pipe.ended().is_none() && !egress::still_allowed(pipe, &view) {
+            if pipe.ended().is_none() && !crate::network::dial::still_allowed(pipe, &view) {
                 pipe.end(End::Aborted("a policy update no longer allows the destination"));
             }
         }
@@ -195,6 +204,13 @@ impl Serving<'_> {
                 tracing::warn!("the guest is not reading its link; network messages are dropped");
             }
         }
+    }
+
+    /// Until when the loop does not read the guest's link: the rest of a second with too many refusals.
+    pub(super) fn guest_paused_until(&self) -> Option<tokio::time::Instant> {
+        let (since, count) = self.net.refusals;
+        let until = since + std::time::Duration::from_secs(1);
+        (count > REFUSALS_PER_SEC && tokio::time::Instant::now() < until).then_some(until)
     }
 
     /// Whether messages wait for room in the guest's queue.
@@ -251,6 +267,14 @@ impl Serving<'_> {
 
     /// A refused connection: a Network Activity refuse and a `policy_denied` finding.
     fn net_refused(&mut self, conn: &Connection, reason: &str) {
+        if conn.direction == Direction::Outbound {
+            let now = tokio::time::Instant::now();
+            let (since, count) = &mut self.net.refusals;
+            if now >= *since + std::time::Duration::from_secs(1) {
+                (*since, *count) = (now, 0);
+            }
+            *count = count.saturating_add(1);
+        }
         let event = self.telemetry.source().network(NetworkActivity::Refuse, conn, Some(reason));
         self.telemetry.emit(event);
         let now = tokio::time::Instant::now();
