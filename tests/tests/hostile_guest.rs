@@ -238,6 +238,18 @@ fn exec_times(serve: &Serve, id: &str, count: usize, gap: Duration) -> (Duration
     (samples[samples.len() / 2], samples[samples.len() - 1])
 }
 
+/// The median `exec true` time in `healthy` while another sandbox of `serve` spins its vCPU: what any busy
+/// neighbour costs, the baseline a hostile one is held to.
+fn beside_a_busy_guest(serve: &Serve, healthy: &str) -> Duration {
+    ok(&serve.cli("create", &["busy"]));
+    let mut spin = serve.cli_command("exec", &["busy", "--", "sh", "-c", "while :; do :; done"]).spawn().unwrap();
+    let (usual, _) = exec_times(serve, healthy, 10, Duration::from_secs(1));
+    let _ = spin.kill();
+    let _ = spin.wait();
+    ok(&serve.cli("rm", &["busy"]));
+    usual
+}
+
 fn ok(out: &std::process::Output) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
@@ -254,15 +266,7 @@ fn a_minute_of_console_flood(s: &Scratch, controls: &[TestControl]) -> u64 {
     let serve = Serve::with(s, controls, &["--boot-images", images.to_str().unwrap()]);
     ok(&serve.cli("create", &["healthy"]));
     let (idle, _) = exec_times(&serve, "healthy", 5, Duration::ZERO);
-    let beside_busy = controls.is_empty().then(|| {
-        ok(&serve.cli("create", &["busy"]));
-        let mut spin = serve.cli_command("exec", &["busy", "--", "sh", "-c", "while :; do :; done"]).spawn().unwrap();
-        let (usual, _) = exec_times(&serve, "healthy", 10, Duration::from_secs(1));
-        let _ = spin.kill();
-        let _ = spin.wait();
-        ok(&serve.cli("rm", &["busy"]));
-        usual
-    });
+    let beside_busy = controls.is_empty().then(|| beside_a_busy_guest(&serve, "healthy"));
     let peak = PeakRss::supervisors(&s.dir, "flood");
     ok(&serve.cli("create", &["--boot-image", "rogue-console-flood", "flood"]));
     let flood_dir = serve.state.join("sandboxes/flood");
@@ -453,12 +457,7 @@ fn an_endless_flood_of_network_streams_is_refused_within_bounds_and_the_neighbou
     let images = images_with_rogues(&s.dir, &["stream-open-flood"]);
     let serve = Serve::with(&s, &[], &["--boot-images", images.to_str().unwrap()]);
     ok(&serve.cli("create", &["healthy"]));
-    ok(&serve.cli("create", &["busy"]));
-    let mut spin = serve.cli_command("exec", &["busy", "--", "sh", "-c", "while :; do :; done"]).spawn().unwrap();
-    let (usual, _) = exec_times(&serve, "healthy", 10, Duration::from_secs(1));
-    let _ = spin.kill();
-    let _ = spin.wait();
-    ok(&serve.cli("rm", &["busy"]));
+    let usual = beside_a_busy_guest(&serve, "healthy");
 
     let policy = s.dir.join("policy.json");
     let rules = r#"{"allow":["exec"],"network":{"allow":[{"host":"host.vm-driver.internal","ports":[9]}],"max_connections":8}}"#;

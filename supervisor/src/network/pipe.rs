@@ -76,6 +76,20 @@ impl Pipe {
         self.changed.notify_waiters();
     }
 
+    /// Waits until `ready` gives a value, asking it again after every change (registered before the state is
+    /// looked at, so no change between the look and the wait is missed).
+    async fn until<T>(&self, mut ready: impl FnMut(&mut State) -> Option<T>) -> T {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(value) = ready(&mut self.state()) {
+                return value;
+            }
+            notified.await;
+        }
+    }
+
     /// Guest bytes, within the credit it was granted.
     ///
     /// # Errors
@@ -157,15 +171,7 @@ impl Pipe {
 
     /// Resolves once the stream is ended from outside.
     pub async fn wait_ended(&self) -> End {
-        loop {
-            let notified = self.changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if let Some(end) = self.state().ended {
-                return end;
-            }
-            notified.await;
-        }
+        self.until(|state| state.ended).await
     }
 
     /// The end from outside, if any.
@@ -186,26 +192,17 @@ impl Pipe {
     /// Waits for guest bytes (at most `max`), the guest's EOF, or an end. Taking bytes does not return
     /// their credit: [`Pipe::credit_back`] does, once they are written on.
     pub async fn take(&self, max: usize) -> Inbound {
-        loop {
-            let notified = self.changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            {
-                let mut state = self.state();
-                if let Some(end) = state.ended {
-                    return Inbound::Ended(end);
-                }
-                if !state.inbound.is_empty() {
-                    let n = max.min(state.inbound.len());
-                    let bytes: Vec<u8> = state.inbound.drain(..n).collect();
-                    return Inbound::Bytes(bytes);
-                }
-                if state.guest_eof {
-                    return Inbound::Eof;
-                }
+        self.until(|state| {
+            if let Some(end) = state.ended {
+                return Some(Inbound::Ended(end));
             }
-            notified.await;
-        }
+            if !state.inbound.is_empty() {
+                let n = max.min(state.inbound.len());
+                return Some(Inbound::Bytes(state.inbound.drain(..n).collect()));
+            }
+            state.guest_eof.then_some(Inbound::Eof)
+        })
+        .await
     }
 
     /// Returns the credit of `n` bytes that were passed on.
@@ -215,24 +212,16 @@ impl Pipe {
         let _ = state.recv.grant(u32::try_from(n).unwrap_or(u32::MAX));
     }
 
-    /// Waits for credit to send the guest up to `max` bytes and reserves it; `None` once the stream ended.
+    /// Waits for credit to send the guest up to `max` bytes and reserves it; `Err` once the stream ended.
     pub async fn reserve(&self, max: usize) -> Result<usize, End> {
-        loop {
-            let notified = self.changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            {
-                let mut state = self.state();
-                if let Some(end) = state.ended {
-                    return Err(end);
-                }
-                let n = usize::try_from(state.send.available()).unwrap_or(usize::MAX).min(max);
-                if n > 0 && state.send.consume(n).is_ok() {
-                    return Ok(n);
-                }
+        self.until(|state| {
+            if let Some(end) = state.ended {
+                return Some(Err(end));
             }
-            notified.await;
-        }
+            let n = usize::try_from(state.send.available()).unwrap_or(usize::MAX).min(max);
+            (n > 0 && state.send.consume(n).is_ok()).then_some(Ok(n))
+        })
+        .await
     }
 
     /// Gives back reserved credit that was not used.
