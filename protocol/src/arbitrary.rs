@@ -12,6 +12,7 @@ use proptest::prelude::*;
 
 use crate::attach::{Disconnect, ProcessSummary, SupervisorReply, SupervisorRequest, ToClient, ToSupervisor};
 use crate::credentials::{CredentialRotation, RotationOutcome};
+use crate::files::{FileOp, FileSpawn, TarLayout};
 use crate::flow::MAX_WINDOW_BYTES;
 use crate::handshake::{Capabilities, Hello, HELLO_MAGIC, PROTOCOL_VERSION};
 use crate::identity::{IdSelector, RunAs};
@@ -89,7 +90,27 @@ pub fn process_request(ids: Range<u32>, commands: Vec<Vec<String>>) -> BoxedStra
             .prop_map(|(id, signal)| ProcessRequest::Signal { id, signal }),
         1 => (id.clone(), any::<u16>(), any::<u16>())
             .prop_map(|(id, rows, cols)| ProcessRequest::Resize { id, size: PtySize { rows, cols } }),
-        3 => (id, amount()).prop_map(|(id, bytes)| ProcessRequest::Credit { id, bytes }),
+        3 => (id.clone(), amount()).prop_map(|(id, bytes)| ProcessRequest::Credit { id, bytes }),
+        2 => (id, file_op(), amount())
+            .prop_map(|(id, op, output_window)| ProcessRequest::Files(FileSpawn { id, op, output_window })),
+    ]
+    .boxed()
+}
+
+/// Every file operation, with short paths that may be empty, hold a NUL or climb with `..`.
+pub fn file_op() -> BoxedStrategy<FileOp> {
+    let path = || "[a-z/.\\x00]{0,12}";
+    prop_oneof![
+        path().prop_map(|path| FileOp::Read { path }),
+        (path(), 0u32..0o20000).prop_map(|(path, mode)| FileOp::Write { path, mode }),
+        path().prop_map(|path| FileOp::List { path }),
+        path().prop_map(|path| FileOp::Stat { path }),
+        (path(), any::<bool>()).prop_map(|(path, parents)| FileOp::MakeDir { path, parents }),
+        (path(), any::<bool>()).prop_map(|(path, recursive)| FileOp::Remove { path, recursive }),
+        (path(), path()).prop_map(|(from, to)| FileOp::Rename { from, to }),
+        (path(), prop::sample::select(vec![TarLayout::Into, TarLayout::Named]))
+            .prop_map(|(path, layout)| FileOp::CopyIn { path, layout }),
+        path().prop_map(|path| FileOp::CopyOut { path }),
     ]
     .boxed()
 }

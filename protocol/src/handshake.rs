@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::frame::{self, FrameError};
 
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// First field of every hello: the bytes `VMBP`. Catches a peer that speaks something else entirely.
 pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"VMBP");
@@ -63,6 +63,8 @@ impl Capabilities {
     pub const PING: Self = Self(1 << 4);
     /// Network streams: the loopback proxy listeners and port forwards ([`crate::net`]).
     pub const NET: Self = Self(1 << 5);
+    /// File operations ([`crate::files`]).
+    pub const FILES: Self = Self(1 << 6);
 
     /// No capabilities.
     pub const NONE: Self = Self(0);

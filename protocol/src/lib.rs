@@ -14,6 +14,7 @@
 //! - [`net`]: network streams (egress through the guest's loopback proxies, port forwards in).
 //! - [`policy`]: which boundary operations a sandbox's clients may use, and live updates of it.
 //! - [`process`]: process ids, exit statuses, named signals, output streams.
+//! - [`files`]: the files API (read, write, list, copy a tree in and out), run as processes of the agent.
 //! - [`flow`]: credit windows that bound buffering on both sides.
 //! - `arbitrary` (feature `proptest`): generators of every channel's messages, for property tests on all sides.
 //! - `driver_api` (feature `grpc`): the gRPC API of `vm-driver serve`, generated from `proto/`.
@@ -47,6 +48,7 @@ pub mod codec;
 pub mod credentials;
 #[cfg(feature = "grpc")]
 pub mod driver_api;
+pub mod files;
 pub mod flow;
 pub mod frame;
 pub mod handshake;

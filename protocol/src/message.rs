@@ -22,6 +22,7 @@
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
+use crate::files::FileSpawn;
 use crate::process::{ExitStatus, ProcId, PtySize, SignalName, Stream};
 
 /// A tag this channel does not carry: no value exists, and decoding one always fails.
@@ -66,6 +67,8 @@ pub enum ProcessRequest {
         /// Bytes of additional output credit.
         bytes: u32,
     },
+    /// Start one file operation ([`crate::files`]): a process of the agent's own, answered like a `Spawn`.
+    Files(FileSpawn),
 }
 
 /// What became of one process, from the guest towards the host.
@@ -144,6 +147,7 @@ impl ProcessRequest {
     pub fn id(&self) -> ProcId {
         match self {
             Self::Spawn(spawn) => spawn.id,
+            Self::Files(files) => files.id,
             Self::Stdin { id, .. }
             | Self::StdinEof { id }
             | Self::Signal { id, .. }

@@ -107,6 +107,16 @@ impl Gate {
         if self.approved.exec_programs.is_some() && overrides {
             return Err(Denial::LookupOverride);
         }
+        self.admit_counted(Operation::Exec, running)
+    }
+
+    /// Admits `op`, an operation that runs as a process of the sandbox (a file operation, or a spawn once
+    /// its program passed), within `max_processes`.
+    ///
+    /// # Errors
+    /// The [`Denial`].
+    pub fn admit_counted(&self, op: Operation, running: usize) -> Result<(), Denial> {
+        self.admit(op, None)?;
         if self.approved.caps.max_processes.is_some_and(|cap| running >= cap as usize) {
             return Err(Denial::ProcessCap);
         }

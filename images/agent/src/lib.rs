@@ -5,6 +5,8 @@
 //! exit statuses, under credit-based flow control, and reaps every zombie (it is PID 1). When the host asks,
 //! or goes away, the binary powers the VM off ([`power`]).
 //!
+//! A file operation ([`files`]) is the agent's own binary, run as a workload process in files mode.
+//!
 //! The link logic is independent of PID 1 and of virtio, so `tests/link.rs` drives it over a socket pair on
 //! the host.
 // Unsafe code is denied everywhere but `spawn`, which starts a process without forking the agent, and
@@ -13,6 +15,7 @@
 #![warn(missing_docs)]
 
 mod entropy;
+pub mod files;
 pub mod init;
 pub mod link;
 pub mod port;

@@ -38,7 +38,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::EXEC
     .union(Capabilities::POWER_OFF)
     .union(Capabilities::PING)
     .union(Capabilities::PTY)
-    .union(Capabilities::NET);
+    .union(Capabilities::NET)
+    .union(Capabilities::FILES);
 
 /// After SIGKILL, how long to wait for the last `Exited` frames before giving up on them.
 const KILL_DRAIN_MS: u64 = 1000;
@@ -290,6 +291,7 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
 fn process_request(shared: &Arc<Shared>, config: &Config, msg: ProcessRequest) -> Result<(), LinkError> {
     match msg {
         ProcessRequest::Spawn(req) => process::spawn(shared, config, req),
+        ProcessRequest::Files(req) => process::files(shared, config, req),
         ProcessRequest::Stdin { id, data } if data.is_empty() => return Err(violation(id, "empty stdin")),
         ProcessRequest::Credit { id, bytes: 0 } => return Err(violation(id, "zero credit")),
         ProcessRequest::Stdin { id, data } => {

@@ -12,6 +12,12 @@ use vm_protocol::CHANNEL_PORT_NAME;
 const PORT_TIMEOUT_MS: u64 = 10_000;
 
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if let [_, mode, op] = args.as_slice() {
+        if mode == vm_protocol::files::AGENT_FILES_MODE {
+            return vm_agent::files::run(op);
+        }
+    }
     if std::process::id() != 1 {
         eprintln!("vm-agent: must run as PID 1 inside the guest; refusing (it powers the machine off)");
         return ExitCode::from(2);

@@ -20,6 +20,7 @@ use nix::unistd::Pid;
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::io::{ioctl_fionread, Errno};
 use rustix::pipe::PipeFlags;
+use vm_protocol::files::{FileOpError, FileSpawn, AGENT_FILES_MODE};
 use vm_protocol::flow::DEFAULT_WINDOW_BYTES;
 use vm_protocol::frame::MAX_DATA_BYTES;
 use vm_protocol::message::{Refusal, MAX_FAILURE_MESSAGE_BYTES};
@@ -124,6 +125,21 @@ impl Table {
         self.live.remove(&id);
         Some(ProcessEvent::Exited { id, status })
     }
+}
+
+/// Handles one file operation: the agent's own binary in files mode, run as a workload process would be.
+pub(crate) fn files(shared: &Arc<Shared>, config: &Config, req: FileSpawn) {
+    let Ok(op) = req.op.validate().and_then(|()| req.op.to_arg().map_err(|_| FileOpError::Empty)) else {
+        return shared.send(ProcessEvent::Refused { id: req.id, reason: Refusal::Invalid });
+    };
+    // `/proc/self/exe` is the agent in the child too (a clone of the agent until it execs), whatever root
+    // the sandbox has.
+    let argv = vec!["/proc/self/exe".to_owned(), AGENT_FILES_MODE.to_owned(), op];
+    // Relative paths are the workload's home's, where it has one.
+    let home = vm_protocol::identity::WORKLOAD.home;
+    let cwd = Path::new(home).is_dir().then(|| home.to_owned());
+    let spawn = Spawn { id: req.id, argv, env: Vec::new(), cwd, pty: None, output_window: req.output_window };
+    self::spawn(shared, config, spawn);
 }
 
 /// Handles one `Spawn`. Never blocks on the process itself.

@@ -24,6 +24,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use vm_agent::link;
 use vm_protocol::attach::ToSupervisor;
+use vm_protocol::files::FileSpawn;
 use vm_protocol::link::{ToGuest, ToHost, VmRequest};
 use vm_protocol::message::{Refusal, MAX_FAILURE_MESSAGE_BYTES};
 use vm_protocol::net::{NetToGuest, NetToHost, StreamFrame};
@@ -101,9 +102,10 @@ fn check(sent: &[ToGuest], got: &[ToHost]) -> Result<(), TestCaseError> {
             ToGuest::Net(NetToGuest::Connect { id, .. }) => {
                 dialed.insert(*id);
             }
-            ToGuest::Process(ProcessRequest::Spawn(s)) => {
-                let p = procs.entry(s.id).or_default();
-                p.allowance += u64::from(s.output_window);
+            ToGuest::Process(ProcessRequest::Spawn(Spawn { id, output_window, .. }))
+            | ToGuest::Process(ProcessRequest::Files(FileSpawn { id, output_window, .. })) => {
+                let p = procs.entry(*id).or_default();
+                p.allowance += u64::from(*output_window);
                 p.spawns += 1;
             }
             ToGuest::Process(ProcessRequest::Credit { id, bytes }) => {

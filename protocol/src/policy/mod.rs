@@ -33,12 +33,25 @@ pub enum Operation {
     ListProcesses,
     /// Open a port forward into the guest's loopback.
     PortForward,
+    /// Read files: `Read`, `List`, `Stat`, `CopyOut` ([`crate::files`]).
+    FilesRead,
+    /// Change files: `Write`, `MakeDir`, `Remove`, `Rename`, `CopyIn`.
+    FilesWrite,
 }
 
 impl Operation {
     /// Every operation.
-    pub const ALL: [Self; 7] =
-        [Self::Exec, Self::Stdin, Self::Signal, Self::Resize, Self::Reattach, Self::ListProcesses, Self::PortForward];
+    pub const ALL: [Self; 9] = [
+        Self::Exec,
+        Self::Stdin,
+        Self::Signal,
+        Self::Resize,
+        Self::Reattach,
+        Self::ListProcesses,
+        Self::PortForward,
+        Self::FilesRead,
+        Self::FilesWrite,
+    ];
 
     /// Its name in policies, updates and events.
     pub fn as_str(self) -> &'static str {
@@ -50,6 +63,8 @@ impl Operation {
             Self::Reattach => "reattach",
             Self::ListProcesses => "list_processes",
             Self::PortForward => "port_forward",
+            Self::FilesRead => "files_read",
+            Self::FilesWrite => "files_write",
         }
     }
 }
@@ -93,7 +108,7 @@ pub enum PolicyError {
     #[error("the policy is not valid JSON of the documented shape: {0}")]
     Malformed(String),
     /// An operation name nobody knows.
-    #[error("unknown operation {0:?} (exec, stdin, signal, resize, reattach, list_processes, port_forward)")]
+    #[error("unknown operation {0:?} (exec, stdin, signal, resize, reattach, list_processes, port_forward, files_read, files_write)")]
     UnknownOperation(String),
     /// An exec allow-list without exec.
     #[error("exec_programs is given but exec is not allowed")]

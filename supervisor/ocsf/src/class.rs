@@ -72,6 +72,7 @@ classes! {
     API_ACTIVITY = 6003 "API Activity" api_activity APPLICATION "API",
     NETWORK_ACTIVITY = 4001 "Network Activity" network_activity NETWORK "NETWORK",
     HTTP_ACTIVITY = 4002 "HTTP Activity" http_activity NETWORK "HTTP",
+    FILE_ACTIVITY = 1001 "File System Activity" file_activity SYSTEM "FILE",
 }
 
 impl Class {
@@ -110,6 +111,7 @@ mod tests {
         (6003, "API Activity", "api_activity", 6),
         (4001, "Network Activity", "network_activity", 4),
         (4002, "HTTP Activity", "http_activity", 4),
+        (1001, "File System Activity", "file_activity", 1),
     ];
 
     #[test]

@@ -126,6 +126,12 @@ pub struct Event {
     /// Where the call came from (API Activity), the initiator of a stream (Network and HTTP Activity).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub src_endpoint: Option<Endpoint>,
+    /// The file (File System Activity).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<crate::file::FileObject>,
+    /// A rename's new name (File System Activity).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file_result: Option<crate::file::FileObject>,
     /// What only Network and HTTP Activity carry, flattened into the event.
     #[serde(flatten)]
     pub network: Option<NetworkFields>,
@@ -139,8 +145,8 @@ pub struct Event {
 #[derive(Debug, Clone)]
 pub struct Source {
     schema: SchemaVersion,
-    product: Product,
-    sandbox: String,
+    pub(crate) product: Product,
+    pub(crate) sandbox: String,
     sequence: std::cell::Cell<u64>,
 }
 
@@ -207,6 +213,8 @@ impl Source {
             finding_info: None,
             api: None,
             src_endpoint: None,
+            file: None,
+            file_result: None,
             network: None,
             essential: false,
         }
@@ -388,6 +396,7 @@ mod tests {
             s.api_update("UpdatePolicy", "attach.sock", Status::Success, "revision 1 applied"),
             s.network(NetworkActivity::Open, &crate::network::tests::egress(), None),
             s.http(&crate::network::tests::egress(), "GET", "/", Some(200)),
+            s.file(crate::FileActivity::Update, "/home/sandbox/f", None, 3, Status::Success),
         ]
     }
 

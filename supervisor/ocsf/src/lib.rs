@@ -8,6 +8,7 @@
 //! | Device Config State Change | 5019 | configuration (policy) changes of the sandbox |
 //! | API Activity | 6003 | control-plane calls through the attach socket (`UpdatePolicy`, `RotateCredentials`) |
 //! | Network Activity | 4001 | open, close (bytes, duration) and refusal of every workload TCP stream through the proxy |
+//! | File System Activity | 1001 | every file operation of the files API (path and bytes moved, never contents) |
 //! | HTTP Activity | 4002 | plain-HTTP requests through the proxy (method, host, port, path without its query, status) |
 //!
 //! Each class is a [`Class`] (uid, caption, category, console shorthand, OTLP event name), defined once in
@@ -32,6 +33,7 @@
 
 mod class;
 mod event;
+mod file;
 mod finding;
 mod http;
 mod network;
@@ -40,6 +42,7 @@ mod version;
 
 pub use class::{Category, Class};
 pub use event::{Event, Lifecycle, ProcessActivity, Severity, Source, Status};
+pub use file::{FileActivity, FileObject, MAX_FILE_PATH_CHARS};
 pub use finding::Finding;
 pub use http::MAX_PATH_CHARS;
 pub use network::{Connection, Direction, NetworkActivity, NetworkFields};

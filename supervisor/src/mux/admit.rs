@@ -13,6 +13,7 @@ use crate::policy::Denial;
 fn operation(msg: &ToSupervisor) -> Option<Operation> {
     Some(match msg {
         ToSupervisor::Process(ProcessRequest::Spawn(_)) => Operation::Exec,
+        ToSupervisor::Process(ProcessRequest::Files(files)) => files.op.operation(),
         ToSupervisor::Process(ProcessRequest::Stdin { .. } | ProcessRequest::StdinEof { .. }) => Operation::Stdin,
         ToSupervisor::Process(ProcessRequest::Signal { .. }) => Operation::Signal,
         ToSupervisor::Process(ProcessRequest::Resize { .. }) => Operation::Resize,
@@ -29,6 +30,7 @@ impl Mux {
         let op = operation(msg)?;
         let admitted = match msg {
             ToSupervisor::Process(ProcessRequest::Spawn(spawn)) => self.gate.admit_spawn(spawn, self.running()),
+            ToSupervisor::Process(ProcessRequest::Files(_)) => self.gate.admit_counted(op, self.running()),
             _ => self.gate.admit(op, None),
         };
         admitted.err().map(|denial| self.deny(client, msg, op, denial))
@@ -41,6 +43,7 @@ impl Mux {
         let refused = |id| Action::ToClient(client, ProcessEvent::Refused { id, reason: Refusal::Denied }.into());
         match msg {
             ToSupervisor::Process(ProcessRequest::Spawn(spawn)) => actions.push(refused(spawn.id)),
+            ToSupervisor::Process(ProcessRequest::Files(files)) => actions.push(refused(files.id)),
             ToSupervisor::Supervisor(SupervisorRequest::Reattach { id, .. }) => actions.push(refused(*id)),
             ToSupervisor::Supervisor(SupervisorRequest::ListProcesses) => actions.push(refused(ProcId(0))),
             ToSupervisor::Forward(ForwardRequest::Connect { id, .. }) => {

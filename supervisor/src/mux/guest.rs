@@ -53,7 +53,11 @@ impl Mux {
         }
         let output_window = route.output_window();
         route.started(pid, stdin_window);
-        let mut actions = vec![Action::Started { guest_id: id, pid, argv: route.argv.clone() }];
+        // A file operation's one event comes at its end, with what it moved.
+        let mut actions = match route.file {
+            None => vec![Action::Started { guest_id: id, pid, argv: route.argv.clone() }],
+            Some(_) => Vec::new(),
+        };
         if !route.detached {
             let msg = ProcessEvent::Started { id: route.client_id, pid, stdin_window, output_window };
             actions.push(Action::ToClient(route.client, msg.into()));
@@ -112,7 +116,7 @@ impl Mux {
             return Err(GuestViolation::ImplausibleStatus(id));
         }
         route.phase = Phase::Exited(status);
-        let mut actions = vec![Action::Exited { guest_id: id, pid: route.pid, argv: route.argv.clone(), status }];
+        let mut actions = vec![route.ended(id, status)];
         if !route.detached {
             let exited = ProcessEvent::Exited { id: route.client_id, status };
             actions.push(Action::ToClient(route.client, exited.into()));
@@ -137,9 +141,9 @@ impl Mux {
         if enforce && message.len() > MAX_FAILURE_MESSAGE_BYTES {
             return Err(GuestViolation::MessageTooLong(id));
         }
-        let (client, client_id, detached, argv) = (route.client, route.client_id, route.detached, route.argv.clone());
+        let (client, client_id, detached) = (route.client, route.client_id, route.detached);
+        let mut actions = vec![route.ended(id, status)];
         self.end_route(id);
-        let mut actions = vec![Action::Exited { guest_id: id, pid: None, argv, status }];
         if !detached {
             let failed = ProcessEvent::SpawnFailed { id: client_id, status, message };
             actions.push(Action::ToClient(client, failed.into()));

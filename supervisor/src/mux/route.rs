@@ -13,6 +13,7 @@ use std::collections::VecDeque;
 
 use serde_bytes::ByteBuf;
 use vm_protocol::attach::ToClient;
+use vm_protocol::files::FileOp;
 use vm_protocol::{CreditError, ExitStatus, ProcId, ProcessEvent, Stream, Window};
 
 use super::ClientId;
@@ -56,10 +57,31 @@ pub(super) struct Route {
     /// Stdin credit the guest still owes for bytes an earlier client sent; absorbed, not forwarded, so the
     /// current client's window never grows past what it was told.
     absorb_stdin: u64,
+    /// A file operation's, not a workload's: its events are File System Activity.
+    pub(super) file: Option<FileOp>,
+    /// Bytes in on stdin and out on stdout, for a file operation's event.
+    pub(super) moved: u64,
 }
 
 impl Route {
     pub(super) fn new(client: ClientId, client_id: ProcId, argv: &[String], output_window: u32, tty: bool) -> Self {
+        Self::opened(client, client_id, argv, output_window, tty, None)
+    }
+
+    /// A route for a file operation: listed as `files OP PATH...`.
+    pub(super) fn for_file(client: ClientId, client_id: ProcId, op: FileOp, output_window: u32) -> Self {
+        let argv: Vec<String> = ["files", op.name()].into_iter().chain(op.paths()).map(str::to_owned).collect();
+        Self::opened(client, client_id, &argv, output_window, false, Some(op))
+    }
+
+    fn opened(
+        client: ClientId,
+        client_id: ProcId,
+        argv: &[String],
+        output_window: u32,
+        tty: bool,
+        file: Option<FileOp>,
+    ) -> Self {
         Self {
             client,
             client_id,
@@ -73,6 +95,16 @@ impl Route {
             unacked: VecDeque::new(),
             stdin: Window::new(0),
             absorb_stdin: 0,
+            file,
+            moved: 0,
+        }
+    }
+
+    /// The telemetry action for its end: a process's exit, or a file operation's outcome.
+    pub(super) fn ended(&self, guest_id: ProcId, status: ExitStatus) -> super::Action {
+        match &self.file {
+            Some(op) => super::Action::FileDone { op: op.clone(), bytes: self.moved, status },
+            None => super::Action::Exited { guest_id, pid: self.pid, argv: self.argv.clone(), status },
         }
     }
 
@@ -94,6 +126,9 @@ impl Route {
     /// Output from the guest: within credit, kept until credited.
     pub(super) fn output(&mut self, stream: Stream, data: ByteBuf) -> Result<(), CreditError> {
         self.output.consume(data.len())?;
+        if stream == Stream::Stdout {
+            self.moved = self.moved.saturating_add(data.len() as u64);
+        }
         match self.unacked.back_mut() {
             // An empty piece (only with the guest's rules off) stays its own, as the control measures.
             Some((last, kept))
@@ -140,7 +175,9 @@ impl Route {
 
     /// Stdin from the client, within the guest's credit.
     pub(super) fn stdin(&mut self, bytes: usize) -> Result<(), CreditError> {
-        self.stdin.consume(bytes)
+        self.stdin.consume(bytes)?;
+        self.moved = self.moved.saturating_add(bytes as u64);
+        Ok(())
     }
 
     /// Stdin credit from the guest; returns how much of it the current client learns of.

@@ -534,3 +534,38 @@ fn the_stop_signal_is_the_images_when_it_names_one_this_product_sends() {
     assert_eq!(with(Some("3")).stop_signal(), SignalName::Quit);
     assert_eq!(with(Some("SIGRTMIN+3")).stop_signal(), SignalName::Term, "outside the set: SIGTERM");
 }
+
+#[test]
+fn a_file_operation_is_a_process_of_its_own_gated_as_files_and_reported_at_its_end() {
+    use vm_protocol::files::{FileOp, FileSpawn};
+    let op = FileOp::Write { path: "/home/sandbox/f".into(), mode: 0o644 };
+    let files = |id| {
+        ToSupervisor::Process(ProcessRequest::Files(FileSpawn { id: ProcId(id), op: op.clone(), output_window: 8 }))
+    };
+    let mut mux = mux_with(&[A]);
+    let actions = mux.from_client(A, files(1)).unwrap();
+    assert!(matches!(&actions[..], [Action::ToGuest(ToGuest::Process(ProcessRequest::Files(f)))] if f.id == ProcId(1)));
+    assert!(mux.from_guest(started(1, 9, 16)).unwrap().iter().all(|a| !matches!(a, Action::Started { .. })));
+    let stdin = ToSupervisor::Process(ProcessRequest::Stdin { id: ProcId(1), data: b"hello".to_vec().into() });
+    mux.from_client(A, stdin).unwrap();
+    let exited = ToHost::Process(ProcessEvent::Exited { id: ProcId(1), status: ExitStatus::Code(0) });
+    let actions = mux.from_guest(exited).unwrap();
+    assert!(
+        matches!(&actions[..], [Action::FileDone { bytes: 5, status: ExitStatus::Code(0), .. }, ..]),
+        "one File System Activity with the bytes moved: {actions:?}"
+    );
+
+    // Without `files_write` in the policy: a finding and a refusal, nothing reaches the guest.
+    let policy = SandboxPolicy { allow: [Operation::Exec, Operation::FilesRead].into(), ..SandboxPolicy::default() };
+    let mut gated = mux_with(&[A]).with_policy(policy);
+    let actions = gated.from_client(A, files(1)).unwrap();
+    assert!(matches!(&actions[0], Action::Denied { op: Operation::FilesWrite, .. }), "{actions:?}");
+    assert!(actions.iter().all(|a| !matches!(a, Action::ToGuest(_))), "{actions:?}");
+    // A malformed op is refused by the supervisor before the guest sees it.
+    let bad = FileSpawn { id: ProcId(2), op: FileOp::Read { path: String::new() }, output_window: 8 };
+    let actions = mux.from_client(A, ToSupervisor::Process(ProcessRequest::Files(bad))).unwrap();
+    assert!(matches!(
+        &actions[..],
+        [Action::ToClient(A, ToClient::Process(ProcessEvent::Refused { reason: Refusal::Invalid, .. }))]
+    ));
+}

@@ -27,9 +27,10 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use vm_contract::args::SupervisorArgs;
 use vm_contract::layout::SandboxFile;
-use vm_ocsf::{Finding, ProcessActivity, ProcessInfo, Status};
+use vm_ocsf::{FileActivity, Finding, ProcessActivity, ProcessInfo, Status};
 use vm_protocol::attach::{SupervisorReply, SupervisorRequest, ToClient, ToSupervisor};
 use vm_protocol::credentials::RotationOutcome;
+use vm_protocol::files::FileOp;
 use vm_protocol::link::{ToGuest, VmRequest};
 use vm_protocol::policy::UpdateOutcome;
 
@@ -393,6 +394,14 @@ impl Serving<'_> {
                     self.api_call("RotateCredentials", outcome == RotationOutcome::Applied, outcome.describe());
                     self.send_to_client(client, SupervisorReply::CredentialsAck { outcome }.into());
                 }
+                Action::FileDone { op, bytes, status } => {
+                    let paths = op.paths();
+                    let done =
+                        if status == vm_protocol::ExitStatus::Code(0) { Status::Success } else { Status::Failure };
+                    let event =
+                        self.telemetry.source().file(file_activity(&op), paths[0], paths.get(1).copied(), bytes, done);
+                    self.telemetry.emit(event);
+                }
                 Action::Exited { guest_id, pid, argv, status } => {
                     let pid = pid.and_then(|p| i32::try_from(p).ok());
                     let info = ProcessInfo::new(self.args.sandbox_id.as_str(), guest_id.0, pid, &argv);
@@ -416,5 +425,17 @@ impl Serving<'_> {
         if client.tx.push(msg).is_err() {
             self.client_violation(id, &ClientViolation::NotReading);
         }
+    }
+}
+
+/// The OCSF activity of a file operation.
+fn file_activity(op: &FileOp) -> FileActivity {
+    match op {
+        FileOp::Read { .. } | FileOp::CopyOut { .. } => FileActivity::Read,
+        FileOp::Write { .. } => FileActivity::Update,
+        FileOp::List { .. } | FileOp::Stat { .. } => FileActivity::GetAttributes,
+        FileOp::MakeDir { .. } | FileOp::CopyIn { .. } => FileActivity::Create,
+        FileOp::Remove { .. } => FileActivity::Delete,
+        FileOp::Rename { .. } => FileActivity::Rename,
     }
 }

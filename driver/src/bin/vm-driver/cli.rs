@@ -395,7 +395,7 @@ pub struct PolicyArgs {
     #[arg(long)]
     pub revision: u64,
     /// The operations allowed from now on, comma-separated (exec, stdin, signal, resize, reattach,
-    /// list_processes, port_forward); empty for none.
+    /// list_processes, port_forward, files_read, files_write); empty for none.
     #[arg(long, value_name = "OPS", value_parser = parse_operations)]
     pub allow: Operations,
     /// The user workloads run as, by name or uid: it may only select the fixed workload identity (sandbox).
