@@ -6,7 +6,9 @@ use std::path::Path;
 use vm_contract::layout::SandboxFile;
 
 use vm_protocol::attach::{SupervisorRequest, ToClient, ToSupervisor};
+use vm_protocol::files::{FileOp, FileSpawn};
 use vm_protocol::flow::DEFAULT_WINDOW_BYTES;
+use vm_protocol::message::Refusal;
 use vm_protocol::{frame, Capabilities, ExitStatus, Hello, ProcId, ProcessEvent, ProcessRequest, Spawn};
 
 /// A handshaken attach connection.
@@ -81,6 +83,44 @@ impl AttachClient {
             output_window: DEFAULT_WINDOW_BYTES,
         };
         (id, ToSupervisor::Process(ProcessRequest::Spawn(spawn)))
+    }
+
+    /// Runs one file operation with `input` on its stdin (sent whole, within the first window: keep it
+    /// under 2 MiB): its stdout, stderr and exit status, or the refusal.
+    pub fn files(&mut self, op: FileOp, input: &[u8]) -> Result<(Vec<u8>, String, ExitStatus), Refusal> {
+        let id = self.next();
+        self.send(&ToSupervisor::Process(ProcessRequest::Files(FileSpawn {
+            id,
+            op,
+            output_window: DEFAULT_WINDOW_BYTES,
+        })));
+        let (mut stdout, mut stderr, mut input) = (Vec::new(), Vec::new(), Some(input));
+        loop {
+            match self.recv().expect("the sandbox closed the attach connection") {
+                ToClient::Process(ProcessEvent::Started { id: got, .. }) if got == id => {
+                    for chunk in input.take().unwrap_or_default().chunks(frame::MAX_DATA_BYTES) {
+                        self.send(&ToSupervisor::Process(ProcessRequest::Stdin { id, data: chunk.to_vec().into() }));
+                    }
+                    self.send(&ToSupervisor::Process(ProcessRequest::StdinEof { id }));
+                }
+                ToClient::Process(ProcessEvent::Output { id: got, stream, data }) if got == id => {
+                    let bytes = u32::try_from(data.len()).unwrap();
+                    match stream {
+                        vm_protocol::Stream::Stdout => stdout.extend_from_slice(&data),
+                        vm_protocol::Stream::Stderr => stderr.extend_from_slice(&data),
+                    }
+                    self.send(&ToSupervisor::Process(ProcessRequest::Credit { id, bytes }));
+                }
+                ToClient::Process(ProcessEvent::Exited { id: got, status }) if got == id => {
+                    return Ok((stdout, String::from_utf8_lossy(&stderr).into_owned(), status));
+                }
+                ToClient::Process(ProcessEvent::SpawnFailed { id: got, status, message }) if got == id => {
+                    return Ok((stdout, message, status));
+                }
+                ToClient::Process(ProcessEvent::Refused { id: got, reason }) if got == id => return Err(reason),
+                _ => {}
+            }
+        }
     }
 
     /// Sends `msgs` in one write, so that the supervisor finds them queued together, in this order.

@@ -1,0 +1,111 @@
+//! The files API on real VMs: each operation through the supervisor's attach socket (what the driver's
+//! `cp` will use), run by the agent as the workload identity; denied by policy; reported as File System
+//! Activity without the contents.
+#![allow(missing_docs)]
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
+
+use std::path::Path;
+
+use vm_contract::layout::SandboxFile;
+use vm_e2e::attach::AttachClient;
+use vm_e2e::serve::Serve;
+use vm_e2e::Scratch;
+use vm_protocol::files::FileOp;
+use vm_protocol::message::Refusal;
+use vm_protocol::ExitStatus;
+
+fn create(s: &Scratch, serve: &Serve, id: &str, policy: Option<&str>) -> AttachClient {
+    let mut args = vec!["--memory", "128"];
+    let file = s.dir.join(format!("{id}.policy.json"));
+    if let Some(policy) = policy {
+        std::fs::write(&file, policy).unwrap();
+        args.extend(["--policy", file.to_str().unwrap()]);
+    }
+    args.push(id);
+    let out = serve.cli("create", &args);
+    assert!(out.status.success(), "create: {}", String::from_utf8_lossy(&out.stderr));
+    AttachClient::connect(&serve.state.join("sandboxes").join(id))
+}
+
+fn ok(result: Result<(Vec<u8>, String, ExitStatus), Refusal>) -> Vec<u8> {
+    let (stdout, stderr, status) = result.expect("refused");
+    assert_eq!(status, ExitStatus::Code(0), "stderr: {stderr}");
+    stdout
+}
+
+fn path(p: &str) -> String {
+    p.to_owned()
+}
+
+#[test]
+fn every_file_operation_works_as_the_workload_and_is_recorded_without_contents() {
+    let s = Scratch::new("files-ops");
+    let serve = Serve::start(&s);
+    let mut client = create(&s, &serve, "f", None);
+    let canary = b"files-canary-7f3a\n".repeat(1000);
+    ok(client.files(FileOp::MakeDir { path: path("/tmp/w/sub"), parents: true }, b""));
+    ok(client.files(FileOp::Write { path: path("/tmp/w/sub/a"), mode: 0o4640 }, &canary));
+    assert_eq!(ok(client.files(FileOp::Read { path: path("/tmp/w/sub/a") }, b"")), canary, "read back whole");
+
+    let stat = ok(client.files(FileOp::Stat { path: path("/tmp/w/sub/a") }, b""));
+    let stat: serde_json::Value = serde_json::from_slice(&stat).unwrap();
+    assert_eq!((stat["type"].as_str(), stat["size"].as_u64()), (Some("file"), Some(canary.len() as u64)));
+    assert_eq!(stat["mode"], "640", "the mode as asked, without the set-uid bit");
+
+    ok(client.files(FileOp::Rename { from: path("/tmp/w/sub/a"), to: path("/tmp/w/b") }, b""));
+    let listing = String::from_utf8(ok(client.files(FileOp::List { path: path("/tmp/w") }, b""))).unwrap();
+    let names: Vec<String> = listing
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names, ["b", "sub"]);
+
+    // Who wrote it: the workload identity, as an exec sees it.
+    let owner = serve.cli("exec", &["f", "--", "stat", "-c", "%u:%g", "/tmp/w/b"]);
+    assert_eq!(String::from_utf8_lossy(&owner.stdout).trim(), "1000:1000");
+
+    let tar = ok(client.files(FileOp::CopyOut { path: path("/tmp/w") }, b""));
+    assert!(tar.len() > canary.len() && tar.windows(4).any(|w| w == b"w/b\0"), "a tar named from the source");
+    ok(client.files(FileOp::Remove { path: path("/tmp/w"), recursive: true }, b""));
+    let (_, stderr, status) = client.files(FileOp::Read { path: path("/tmp/w/b") }, b"").unwrap();
+    assert_eq!(status, ExitStatus::Code(1));
+    assert!(stderr.contains("No such file or directory"), "{stderr}");
+
+    // A file the workload may not read stays unread: the operation is the workload's, not root's.
+    let (_, stderr, status) = client.files(FileOp::Read { path: path("/proc/1/environ") }, b"").unwrap();
+    assert_eq!(status, ExitStatus::Code(1), "{stderr}");
+
+    let events = std::fs::read_to_string(serve.state.join("sandboxes/f").join(SandboxFile::Events.name())).unwrap();
+    let files: Vec<serde_json::Value> = events
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["class_uid"] == 1001)
+        .collect();
+    assert!(files.len() >= 10, "one File System Activity per operation: {}", files.len());
+    assert!(
+        files.iter().any(|e| e["file"]["path"] == "/tmp/w/sub/a" && e["file"]["size"] == canary.len() as u64),
+        "the write with its size"
+    );
+    assert!(!events.contains("files-canary"), "never the contents");
+    let schema = vm_e2e::ocsf_schema::Schema::load(&vm_e2e::ocsf_schema::schema_dir());
+    for event in &files {
+        let problems = schema.validate(event);
+        assert!(problems.is_empty(), "{event}: {problems:#?}");
+    }
+}
+
+#[test]
+fn file_operations_are_denied_by_policy_with_a_finding() {
+    let s = Scratch::new("files-denied");
+    let serve = Serve::start(&s);
+    let mut client = create(&s, &serve, "ro", Some(r#"{"allow":["exec","stdin","files_read"]}"#));
+    let write = client.files(FileOp::Write { path: path("/tmp/x"), mode: 0o644 }, b"x");
+    assert_eq!(write.err(), Some(Refusal::Denied), "files_write is not allowed");
+    ok(client.files(FileOp::Stat { path: path("/tmp") }, b""));
+    let exists = serve.cli("exec", &["ro", "--", "test", "-e", "/tmp/x"]);
+    assert!(!exists.status.success(), "the denied write wrote nothing");
+    let events =
+        std::fs::read_to_string(Path::new(&serve.state).join("sandboxes/ro").join(SandboxFile::Events.name())).unwrap();
+    assert!(events.contains("files_write denied"), "a policy_denied finding names the operation");
+}
