@@ -20,7 +20,7 @@ use nix::unistd::Pid;
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::io::{ioctl_fionread, Errno};
 use rustix::pipe::PipeFlags;
-use vm_protocol::files::{FileOpError, FileSpawn, AGENT_FILES_MODE};
+use vm_protocol::files::{FileSpawn, AGENT_FILES_MODE};
 use vm_protocol::flow::DEFAULT_WINDOW_BYTES;
 use vm_protocol::frame::MAX_DATA_BYTES;
 use vm_protocol::message::{Refusal, MAX_FAILURE_MESSAGE_BYTES};
@@ -129,7 +129,7 @@ impl Table {
 
 /// Handles one file operation: the agent's own binary in files mode, run as a workload process would be.
 pub(crate) fn files(shared: &Arc<Shared>, config: &Config, req: FileSpawn) {
-    let Ok(op) = req.op.validate().and_then(|()| req.op.to_arg().map_err(|_| FileOpError::Empty)) else {
+    let Some(op) = req.op.validate().ok().and_then(|()| req.op.to_arg().ok()) else {
         return shared.send(ProcessEvent::Refused { id: req.id, reason: Refusal::Invalid });
     };
     // `/proc/self/exe` is the agent in the child too (a clone of the agent until it execs), whatever root

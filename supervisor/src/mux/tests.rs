@@ -1,5 +1,6 @@
 //! The multiplexer's rules, checked without a VM.
 use super::*;
+use vm_protocol::flow::MAX_WINDOW_BYTES;
 use vm_protocol::link::{ToGuest, ToHost};
 use vm_protocol::message::{EnvVar, MAX_FAILURE_MESSAGE_BYTES};
 use vm_protocol::{PtySize, Spawn, Stream};
