@@ -5,12 +5,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 #![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
-use std::path::Path;
+use std::time::Duration;
 
 use vm_contract::layout::SandboxFile;
 use vm_e2e::attach::AttachClient;
 use vm_e2e::serve::Serve;
-use vm_e2e::Scratch;
+use vm_e2e::{wait_until, Scratch};
 use vm_protocol::files::FileOp;
 use vm_protocol::message::Refusal;
 use vm_protocol::ExitStatus;
@@ -32,6 +32,10 @@ fn ok(result: Result<(Vec<u8>, String, ExitStatus), Refusal>) -> Vec<u8> {
     let (stdout, stderr, status) = result.expect("refused");
     assert_eq!(status, ExitStatus::Code(0), "stderr: {stderr}");
     stdout
+}
+
+fn events_file(serve: &Serve, id: &str) -> std::path::PathBuf {
+    serve.state.join("sandboxes").join(id).join(SandboxFile::Events.name())
 }
 
 fn path(p: &str) -> String {
@@ -62,8 +66,9 @@ fn every_file_operation_works_as_the_workload_and_is_recorded_without_contents()
     assert_eq!(names, ["b", "sub"]);
 
     // Who wrote it: the workload identity, as an exec sees it.
-    let owner = serve.cli("exec", &["f", "--", "stat", "-c", "%u:%g", "/tmp/w/b"]);
-    assert_eq!(String::from_utf8_lossy(&owner.stdout).trim(), "1000:1000");
+    let owner = serve.cli("exec", &["f", "--", "ls", "-ln", "/tmp/w/b"]);
+    let owner = String::from_utf8_lossy(&owner.stdout).into_owned();
+    assert_eq!(owner.split_whitespace().skip(2).take(2).collect::<Vec<_>>(), ["1000", "1000"], "{owner}");
 
     let tar = ok(client.files(FileOp::CopyOut { path: path("/tmp/w") }, b""));
     assert!(tar.len() > canary.len() && tar.windows(4).any(|w| w == b"w/b\0"), "a tar named from the source");
@@ -76,13 +81,18 @@ fn every_file_operation_works_as_the_workload_and_is_recorded_without_contents()
     let (_, stderr, status) = client.files(FileOp::Read { path: path("/proc/1/environ") }, b"").unwrap();
     assert_eq!(status, ExitStatus::Code(1), "{stderr}");
 
-    let events = std::fs::read_to_string(serve.state.join("sandboxes/f").join(SandboxFile::Events.name())).unwrap();
-    let files: Vec<serde_json::Value> = events
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|e| e["class_uid"] == 1001)
-        .collect();
-    assert!(files.len() >= 10, "one File System Activity per operation: {}", files.len());
+    // Ten operations, each one event, written out by the supervisor's sinks shortly after.
+    let read = || std::fs::read_to_string(events_file(&serve, "f")).unwrap_or_default();
+    let of_files = |events: &str| -> Vec<serde_json::Value> {
+        events
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["class_uid"] == 1001)
+            .collect()
+    };
+    assert!(wait_until(Duration::from_secs(20), || of_files(&read()).len() >= 10), "one event per operation");
+    let events = read();
+    let files = of_files(&events);
     assert!(
         files.iter().any(|e| e["file"]["path"] == "/tmp/w/sub/a" && e["file"]["size"] == canary.len() as u64),
         "the write with its size"
@@ -105,7 +115,7 @@ fn file_operations_are_denied_by_policy_with_a_finding() {
     ok(client.files(FileOp::Stat { path: path("/tmp") }, b""));
     let exists = serve.cli("exec", &["ro", "--", "test", "-e", "/tmp/x"]);
     assert!(!exists.status.success(), "the denied write wrote nothing");
-    let events =
-        std::fs::read_to_string(Path::new(&serve.state).join("sandboxes/ro").join(SandboxFile::Events.name())).unwrap();
-    assert!(events.contains("files_write denied"), "a policy_denied finding names the operation");
+    let denied =
+        || std::fs::read_to_string(events_file(&serve, "ro")).unwrap_or_default().contains("files_write denied");
+    assert!(wait_until(Duration::from_secs(20), denied), "a policy_denied finding names the operation");
 }
