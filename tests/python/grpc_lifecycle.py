@@ -82,9 +82,12 @@ class Driver:
             assert time.time() < deadline, f"not {wanted} within {limit} s"
         raise AssertionError("watch ended")
 
-    def exec(self, sandbox_id, argv, stdin=b""):
+    def exec(self, sandbox_id, argv, stdin=b"", files=None):
         def requests():
-            yield self.msg("ExecRequest", start=self.msg("ExecStart", sandbox_id=sandbox_id, argv=argv))
+            if files is None:
+                yield self.msg("ExecRequest", start=self.msg("ExecStart", sandbox_id=sandbox_id, argv=argv))
+            else:
+                yield self.msg("ExecRequest", files=self.msg("FilesStart", sandbox_id=sandbox_id, **files))
             if stdin:
                 yield self.msg("ExecRequest", stdin=stdin)
             yield self.msg("ExecRequest", stdin_eof=self.msg("StdinEof"))
@@ -118,6 +121,18 @@ def main():
     out, code = driver.exec(sandbox_id, ["/bin/sh", "-c", "cat; echo from-the-guest; exit 4"], stdin=b"hello ")
     assert (out, code) == (b"hello from-the-guest\n", 4), (out, code)
     print("grpc: exec ok")
+
+    # The files API: the first message is a file operation; stdin in, stdout out, an exit status.
+    written = b"through the files API\n" * 100
+    write = {"write": driver.msg("FileWrite", path="/tmp/grpc-file", mode=0o600)}
+    assert driver.exec(sandbox_id, [], stdin=written, files=write) == (b"", 0)
+    read = {"read": driver.msg("FilePath", path="/tmp/grpc-file")}
+    assert driver.exec(sandbox_id, [], files=read) == (written, 0), "the file reads back whole"
+    out, code = driver.exec(sandbox_id, ["ls", "-ln", "/tmp/grpc-file"])
+    assert code == 0 and out.split()[0:4] == [b"-rw-------", b"1", b"1000", b"1000"], out
+    missing = {"read": driver.msg("FilePath", path="/tmp/no-such-file")}
+    assert driver.exec(sandbox_id, [], files=missing)[1] == 1, "a missing file is exit status 1"
+    print("grpc: files ok")
 
     driver.call("StopSandbox", driver.msg("SandboxRef", sandbox_id=sandbox_id))
     assert driver.listed(sandbox_id) == "STOPPED", driver.listed(sandbox_id)

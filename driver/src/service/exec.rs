@@ -21,7 +21,10 @@ use tokio::sync::{mpsc, watch};
 use tonic::{Status, Streaming};
 use vm_contract::ids::SandboxId;
 use vm_protocol::attach::SupervisorRequest;
-use vm_protocol::driver_api::{exec_request, exec_response, ExecExited, ExecRequest, ExecResponse, ExecStarted};
+use vm_protocol::driver_api::{
+    exec_request, exec_response, files_start, ExecExited, ExecRequest, ExecResponse, ExecStarted,
+};
+use vm_protocol::files::{FileOp, FileSpawn, TarLayout};
 use vm_protocol::flow::MAX_WINDOW_BYTES;
 use vm_protocol::message::{EnvVar, Refusal};
 use vm_protocol::{Capabilities, ExitStatus, ProcId, ProcessEvent, ProcessRequest, PtySize, SignalName, Spawn, Stream};
@@ -71,6 +74,8 @@ enum Opening {
     Start(Spawn, std::collections::HashMap<String, String>),
     /// A detached process, by guest pid.
     Reattach(u32),
+    /// A file operation.
+    Files(FileOp),
 }
 
 /// Starts an Exec from its first message.
@@ -100,6 +105,11 @@ pub async fn exec(reg: Arc<Hub>, mut inbound: Streaming<ExecRequest>) -> Result<
             (start.sandbox_id, Opening::Start(spawn, start.env), false)
         }
         Some(exec_request::Request::Attach(a)) => (a.sandbox_id, Opening::Reattach(a.process_id), true),
+        Some(exec_request::Request::Files(f)) => {
+            let op = file_op(f.op).ok_or_else(|| Status::invalid_argument("files names no operation"))?;
+            op.validate().map_err(|e| Status::invalid_argument(e.to_string()))?;
+            (f.sandbox_id, Opening::Files(op), false)
+        }
         _ => return Err(Status::invalid_argument("the first Exec message must be start or attach")),
     };
     let id = SandboxId::parse(&sandbox).map_err(|e| Status::invalid_argument(e.to_string()))?;
@@ -111,6 +121,10 @@ pub async fn exec(reg: Arc<Hub>, mut inbound: Streaming<ExecRequest>) -> Result<
     let mut conn = reg.attach.get(&layout).await.map_err(unreachable)?;
     let opening = match opening {
         Opening::Reattach(pid) => Opened::Reattach(pid),
+        Opening::Files(_) if !conn.capabilities().contains(Capabilities::FILES) => {
+            return Err(Status::failed_precondition("the sandbox's agent offers no files API"));
+        }
+        Opening::Files(op) => Opened::Files(op),
         Opening::Start(mut spawn, extra_env) => {
             if spawn.pty.is_some() && !conn.capabilities().contains(Capabilities::PTY) {
                 return Err(Status::failed_precondition("the sandbox's agent offers no terminals"));
@@ -144,6 +158,7 @@ pub async fn exec(reg: Arc<Hub>, mut inbound: Streaming<ExecRequest>) -> Result<
 enum Opened {
     Spawn(Spawn),
     Reattach(u32),
+    Files(FileOp),
 }
 
 impl Opened {
@@ -156,6 +171,11 @@ impl Opened {
             // driver's queue for it is bounded by the largest window any process may have.
             Self::Reattach(pid) => {
                 conn.open(MAX_WINDOW_BYTES, |id| SupervisorRequest::Reattach { id, pid: *pid }.into()).await
+            }
+            Self::Files(op) => {
+                let files =
+                    |id| ProcessRequest::Files(FileSpawn { id, op: op.clone(), output_window: EXEC_OUTPUT_WINDOW });
+                conn.open(EXEC_OUTPUT_WINDOW, |id| files(id).into()).await
             }
         }
     }
@@ -364,8 +384,8 @@ async fn from_client(process: &Process, relay: &mut ProcessRelay, r: exec_reques
                 .ok_or_else(|| Status::invalid_argument("unknown signal name (see GetCapabilities.signals)"))?;
             process.send(ProcessRequest::Signal { id, signal }).await
         }
-        exec_request::Request::Start(_) | exec_request::Request::Attach(_) => {
-            return Err(Status::invalid_argument("start and attach only open a stream"));
+        exec_request::Request::Start(_) | exec_request::Request::Attach(_) | exec_request::Request::Files(_) => {
+            return Err(Status::invalid_argument("start, attach and files only open a stream"));
         }
     };
     sent.map_err(|_| Status::unavailable("the sandbox's supervisor is not reachable"))
@@ -388,4 +408,22 @@ fn refusal(reason: Refusal) -> Status {
         Refusal::TooManyProcesses => Status::resource_exhausted("too many processes in the sandbox"),
         Refusal::IdNotIncreasing | Refusal::Invalid => Status::invalid_argument("the sandbox refused the request"),
     }
+}
+
+/// The protocol's file operation for the API's.
+fn file_op(op: Option<files_start::Op>) -> Option<FileOp> {
+    use files_start::Op;
+    Some(match op? {
+        Op::Read(p) => FileOp::Read { path: p.path },
+        Op::Write(w) => FileOp::Write { path: w.path, mode: w.mode },
+        Op::List(p) => FileOp::List { path: p.path },
+        Op::Stat(p) => FileOp::Stat { path: p.path },
+        Op::MakeDir(m) => FileOp::MakeDir { path: m.path, parents: m.parents },
+        Op::Remove(r) => FileOp::Remove { path: r.path, recursive: r.recursive },
+        Op::Rename(r) => FileOp::Rename { from: r.from, to: r.to },
+        Op::CopyIn(c) => {
+            FileOp::CopyIn { path: c.path, layout: if c.into { TarLayout::Into } else { TarLayout::Named } }
+        }
+        Op::CopyOut(p) => FileOp::CopyOut { path: p.path },
+    })
 }
