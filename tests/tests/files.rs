@@ -5,6 +5,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 #![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
+use std::io::Write;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use vm_contract::layout::SandboxFile;
@@ -103,6 +105,44 @@ fn every_file_operation_works_as_the_workload_and_is_recorded_without_contents()
         let problems = schema.validate(event);
         assert!(problems.is_empty(), "{event}: {problems:#?}");
     }
+}
+
+/// The checksums of every file under `dir`, as `sha256sum` prints them, in order of path.
+const SUMS: &str = "cd \"$0\" && find . -type f | LC_ALL=C sort | xargs sha256sum";
+
+#[test]
+fn cp_of_a_tar_into_and_out_of_a_sandbox_round_trips_byte_for_byte() {
+    let s = Scratch::new("files-cp");
+    let serve = Serve::start(&s);
+    let mut client = create(&s, &serve, "c", None);
+    let tree = s.dir.join("tree");
+    for i in 0..200 {
+        let dir = tree.join(format!("d{}", i % 7));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("f{i}")), format!("{i}").repeat(i * 37)).unwrap();
+    }
+    let tar = Command::new("tar").arg("-C").arg(&tree).args(["-cf", "-", "."]).output().unwrap();
+    assert!(tar.status.success());
+    ok(client.files(FileOp::MakeDir { path: path("/tmp/in"), parents: false }, b""));
+    let mut cp_in = serve.cli_command("cp", &["-", "c:/tmp/in"]).stdin(Stdio::piped()).spawn().unwrap();
+    cp_in.stdin.take().unwrap().write_all(&tar.stdout).unwrap();
+    assert!(cp_in.wait().unwrap().success(), "cp - c:/tmp/in");
+
+    let host = Command::new("sh").args(["-c", SUMS]).arg(&tree).output().unwrap();
+    let guest = serve.cli("exec", &["c", "--", "sh", "-c", SUMS, "/tmp/in"]);
+    assert!(!host.stdout.is_empty());
+    assert_eq!(String::from_utf8_lossy(&guest.stdout), String::from_utf8_lossy(&host.stdout), "the tree arrived whole");
+
+    let out = serve.cli("cp", &["c:/tmp/in", "-"]);
+    assert!(out.status.success(), "cp c:/tmp/in -: {}", String::from_utf8_lossy(&out.stderr));
+    let mut list = Command::new("tar").args(["-tf", "-"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    list.stdin.take().unwrap().write_all(&out.stdout).unwrap();
+    let names = String::from_utf8(list.wait_with_output().unwrap().stdout).unwrap();
+    assert_eq!(names.lines().filter(|n| n.starts_with("in/d") && n.contains("/f")).count(), 200, "{names}");
+    assert!(names.lines().any(|n| n == "in/d3/f10"), "entries named from the source: {names}");
+
+    let refused = serve.cli("cp", &["/etc/passwd", "c:/tmp"]);
+    assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("hardened extractor"));
 }
 
 #[test]

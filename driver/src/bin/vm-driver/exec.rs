@@ -1,4 +1,5 @@
-//! `vm-driver exec [-i] [-t] SANDBOX -- CMD` and `vm-driver exec --attach PID SANDBOX`.
+//! `vm-driver exec [-i] [-t] SANDBOX -- CMD`, `vm-driver exec --attach PID SANDBOX`, and `vm-driver cp`
+//! (one file operation on the same stream).
 //!
 //! With `-i` this process's stdin is streamed (EOF included); without it the process gets an empty stdin.
 //! With `-t` the process runs on a pseudo-terminal: when our stdin is a terminal it is put in raw mode (so
@@ -15,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use vm_protocol::driver_api::{
-    exec_request, exec_response, ExecAttach, ExecRequest, ExecStart, StdinEof, TerminalSize,
+    exec_request, exec_response, ExecAttach, ExecRequest, ExecStart, FilesStart, StdinEof, TerminalSize,
 };
 
 /// What to run or attach to.
@@ -32,6 +33,8 @@ pub enum Target {
     },
     /// A running process to re-attach to, by its guest pid.
     Reattach(u32),
+    /// One file operation (`vm-driver cp`).
+    Files(vm_protocol::driver_api::files_start::Op),
 }
 
 fn request(r: exec_request::Request) -> ExecRequest {
@@ -71,7 +74,7 @@ impl Drop for RawMode {
 pub async fn exec(socket: &Path, sandbox: &str, target: Target, interactive: bool, tty: bool) -> Result<u8> {
     let mut client = crate::client::connect(socket).await?;
     let (tx, rx) = mpsc::channel::<ExecRequest>(16);
-    let starting = matches!(target, Target::Start { .. });
+    let starting = !matches!(target, Target::Reattach(_));
     // Re-attaching may find a terminal; the service drops a resize for a process without one.
     let resizable = tty || !starting;
     let opening = match target {
@@ -86,6 +89,7 @@ pub async fn exec(socket: &Path, sandbox: &str, target: Target, interactive: boo
         Target::Reattach(pid) => {
             exec_request::Request::Attach(ExecAttach { sandbox_id: sandbox.to_owned(), process_id: pid })
         }
+        Target::Files(op) => exec_request::Request::Files(FilesStart { sandbox_id: sandbox.to_owned(), op: Some(op) }),
     };
     tx.send(request(opening)).await?;
     let _raw = if tty && local_size().is_some() { RawMode::enter() } else { None };
