@@ -57,7 +57,7 @@ pub enum Command {
     /// `cp - SANDBOX:DIR` unpacks the tar on stdin into the guest directory DIR; `cp SANDBOX:PATH -` writes a
     /// tar of the guest's PATH (a file or a tree) to stdout. Runs as the workload identity; needs files_write
     /// or files_read in the sandbox's policy.
-    Cp(CpArgs),
+    Cp(crate::cp::CpArgs),
     /// Forward a host port to a port on a running sandbox's loopback (kubectl's syntax).
     ///
     /// Listens on 127.0.0.1 unless an address is given; each connection becomes a stream to the guest's
@@ -445,16 +445,6 @@ fn parse_operations(text: &str) -> Result<Operations, String> {
 pub fn read_policy(path: &str) -> Result<SandboxPolicy, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
     SandboxPolicy::parse(&text, &vm_protocol::identity::WORKLOAD).map_err(|e| format!("{path}: {e}"))
-}
-
-#[derive(Debug, Args)]
-pub struct CpArgs {
-    #[command(flatten)]
-    pub socket: SocketArgs,
-    /// `-` (a tar on stdin) or SANDBOX:PATH.
-    pub src: String,
-    /// SANDBOX:DIR or `-` (a tar on stdout).
-    pub dst: String,
 }
 
 #[derive(Debug, Args)]

@@ -8,6 +8,7 @@
 
 mod cli;
 mod client;
+mod cp;
 mod credentials;
 mod egress;
 mod exec;
@@ -185,20 +186,7 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
             };
             exec::exec(&args.socket.path(), args.id.as_str(), target, args.interactive, args.tty).await
         }
-        Command::Cp(args) => {
-            use vm_protocol::driver_api::{files_start::Op, FileCopyIn, FilePath};
-            let guest = |arg: &str| arg.split_once(':').map(|(id, path)| (id.to_owned(), path.to_owned()));
-            let (id, op, input) = match (args.src.as_str(), args.dst.as_str(), guest(&args.src), guest(&args.dst)) {
-                ("-", _, _, Some((id, path))) => (id, Op::CopyIn(FileCopyIn { path, into: true }), true),
-                (_, "-", Some((id, path)), _) => (id, Op::CopyOut(FilePath { path }), false),
-                _ => bail!(
-                    "cp takes `- SANDBOX:DIR` or `SANDBOX:PATH -`; copies to and from host paths come with the \
-                     hardened extractor (docs/files.md)"
-                ),
-            };
-            let id = vm_contract::ids::SandboxId::parse(&id)?;
-            exec::exec(&args.socket.path(), id.as_str(), Target::Files(op), input, false).await
-        }
+        Command::Cp(args) => cp::run(args).await,
         Command::PortForward(args) => port_forward::run(args).await.map(|()| 0),
         Command::Reap { state_dir, retention } => reap(state_dir, &retention, controls).map(|()| 0),
         // Registry I/O and disk builds block: off the runtime's thread.
