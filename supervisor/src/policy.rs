@@ -107,16 +107,19 @@ impl Gate {
         if self.approved.exec_programs.is_some() && overrides {
             return Err(Denial::LookupOverride);
         }
-        self.admit_counted(Operation::Exec, running)
+        self.within_process_cap(running)
     }
 
-    /// Admits `op`, an operation that runs as a process of the sandbox (a file operation, or a spawn once
-    /// its program passed), within `max_processes`.
+    /// Admits `op`, a file operation, which runs as a process of the sandbox: within `max_processes`.
     ///
     /// # Errors
     /// The [`Denial`].
     pub fn admit_counted(&self, op: Operation, running: usize) -> Result<(), Denial> {
         self.admit(op, None)?;
+        self.within_process_cap(running)
+    }
+
+    fn within_process_cap(&self, running: usize) -> Result<(), Denial> {
         if self.approved.caps.max_processes.is_some_and(|cap| running >= cap as usize) {
             return Err(Denial::ProcessCap);
         }

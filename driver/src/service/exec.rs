@@ -173,9 +173,11 @@ impl Opened {
                 conn.open(MAX_WINDOW_BYTES, |id| SupervisorRequest::Reattach { id, pid: *pid }.into()).await
             }
             Self::Files(op) => {
-                let files =
-                    |id| ProcessRequest::Files(FileSpawn { id, op: op.clone(), output_window: EXEC_OUTPUT_WINDOW });
-                conn.open(EXEC_OUTPUT_WINDOW, |id| files(id).into()).await
+                let output_window = EXEC_OUTPUT_WINDOW;
+                conn.open(output_window, |id| {
+                    ProcessRequest::Files(FileSpawn { id, op: op.clone(), output_window }).into()
+                })
+                .await
             }
         }
     }
