@@ -12,7 +12,7 @@ use proptest::prelude::*;
 
 use crate::attach::{Disconnect, ProcessSummary, SupervisorReply, SupervisorRequest, ToClient, ToSupervisor};
 use crate::credentials::{CredentialRotation, RotationOutcome};
-use crate::files::{FileOp, FileSpawn, TarLayout};
+use crate::files::{FileOp, FileSpawn, TarLayout, TarRefusal};
 use crate::flow::MAX_WINDOW_BYTES;
 use crate::handshake::{Capabilities, Hello, HELLO_MAGIC, PROTOCOL_VERSION};
 use crate::identity::{IdSelector, RunAs};
@@ -231,7 +231,9 @@ pub fn supervisor_request(ids: Range<u32>) -> BoxedStrategy<SupervisorRequest> {
     let id = ids.prop_map(ProcId);
     prop_oneof![
         (id.clone(), any::<u32>()).prop_map(|(id, pid)| SupervisorRequest::Reattach { id, pid }),
-        id.prop_map(|id| SupervisorRequest::Detach { id }),
+        id.clone().prop_map(|id| SupervisorRequest::Detach { id }),
+        (id, text(), prop::sample::select(TarRefusal::ALL.to_vec()))
+            .prop_map(|(id, path, reason)| SupervisorRequest::TarRefused { id, path, reason }),
         Just(SupervisorRequest::ListProcesses),
         (
             any::<u64>(),

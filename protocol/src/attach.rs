@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::credentials::{CredentialRotation, RotationOutcome};
+use crate::files::TarRefusal;
 use crate::handshake::Hello;
 use crate::message::{Never, ProcessEvent, ProcessRequest};
 use crate::net::{ForwardEvent, ForwardRequest};
@@ -62,6 +63,17 @@ pub enum SupervisorRequest {
     /// The driver: new OTLP collector credentials (answered with `CredentialsAck`). The supervisor keeps
     /// them; they never reach the guest.
     RotateCredentials(CredentialRotation),
+    /// The driver: the tar that file operation `id` (a `CopyOut` of `path`) sends was refused by the host's
+    /// extractor. The supervisor records a finding and kills the operation if it still runs; nothing is
+    /// answered.
+    TarRefused {
+        /// The operation, as this connection knows it.
+        id: ProcId,
+        /// The guest path it copied (at most [`crate::files::MAX_PATH_BYTES`]).
+        path: String,
+        /// Why.
+        reason: TarRefusal,
+    },
 }
 
 /// Supervisor to attach client.

@@ -110,6 +110,86 @@ pub enum TarLayout {
     Named,
 }
 
+/// Why the host's hardened extractor refused a tar the guest sent back (`CopyOut` into a host path). The
+/// driver reports it to the supervisor ([`crate::attach::SupervisorRequest::TarRefused`]), which ends the
+/// operation and records a finding; the text is fixed, so a guest's bytes never reach a log through it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TarRefusal {
+    /// Not a tar the extractor can read: a bad header, a truncated entry, an unknown extension.
+    Malformed,
+    /// An absolute entry name or link target.
+    AbsolutePath,
+    /// A `..` component in an entry name, or a symlink target that leaves the destination.
+    ParentDir,
+    /// An entry whose path passes through a symlink.
+    ThroughSymlink,
+    /// A hard link to anything but a regular file this same tar made.
+    ForeignHardLink,
+    /// A device node, FIFO, socket or sparse entry.
+    SpecialFile,
+    /// A path already made by an earlier entry, or entries with more than one top-level name.
+    Duplicate,
+    /// A name or link target longer than the cap.
+    PathTooLong,
+    /// More entries than the cap.
+    TooManyEntries,
+    /// More bytes than the cap (or the destination's free space), judged from each header before its data.
+    TooManyBytes,
+}
+
+impl TarRefusal {
+    /// Every reason.
+    pub const ALL: &'static [Self] = &[
+        Self::Malformed,
+        Self::AbsolutePath,
+        Self::ParentDir,
+        Self::ThroughSymlink,
+        Self::ForeignHardLink,
+        Self::SpecialFile,
+        Self::Duplicate,
+        Self::PathTooLong,
+        Self::TooManyEntries,
+        Self::TooManyBytes,
+    ];
+
+    /// Its name on the driver API (`TarRefused.reason`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Malformed => "malformed",
+            Self::AbsolutePath => "absolute_path",
+            Self::ParentDir => "parent_dir",
+            Self::ThroughSymlink => "through_symlink",
+            Self::ForeignHardLink => "foreign_hard_link",
+            Self::SpecialFile => "special_file",
+            Self::Duplicate => "duplicate",
+            Self::PathTooLong => "path_too_long",
+            Self::TooManyEntries => "too_many_entries",
+            Self::TooManyBytes => "too_many_bytes",
+        }
+    }
+
+    /// The reason [`TarRefusal::name`] names.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|r| r.name() == name)
+    }
+
+    /// Fixed text for messages and findings.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Malformed => "the tar is malformed",
+            Self::AbsolutePath => "an entry or link target is an absolute path",
+            Self::ParentDir => "an entry or link target leaves the destination through ..",
+            Self::ThroughSymlink => "an entry passes through a symlink",
+            Self::ForeignHardLink => "a hard link points outside the tar's own files",
+            Self::SpecialFile => "an entry is a device node, FIFO, socket or sparse file",
+            Self::Duplicate => "an entry repeats a path, or the tar has more than one top-level name",
+            Self::PathTooLong => "a name or link target is too long",
+            Self::TooManyEntries => "the tar has too many entries",
+            Self::TooManyBytes => "the tar holds more bytes than allowed or than the destination has free",
+        }
+    }
+}
+
 /// Why a file operation is malformed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum FileOpError {
@@ -231,6 +311,14 @@ mod tests {
         for junk in ["", "0", "zz", "ffffffff", &"00".repeat(9000)] {
             assert_eq!(FileOp::from_arg(junk), None, "{junk:.20}");
         }
+    }
+
+    #[test]
+    fn tar_refusals_parse_from_their_names_only() {
+        for reason in TarRefusal::ALL {
+            assert_eq!(TarRefusal::parse(reason.name()), Some(*reason));
+        }
+        assert_eq!(TarRefusal::parse("Malformed"), None);
     }
 
     #[test]

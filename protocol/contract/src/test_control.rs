@@ -43,6 +43,7 @@ controls! {
     ApiNoPeerCheck = "api-no-peer-check": "driver: the API socket serves any peer.",
     ApiSocketWorldReachable = "api-socket-world-reachable": "driver: fault injection, the API socket and its directory reachable by all users.",
     ExecMuxHeadOfLine = "exec-mux-head-of-line": "driver: the shared attach connection's reader waits on each process's queue, cut to one frame (no per-process buffering), so one stream whose client does not read stalls every stream of its sandbox.",
+    UncheckedExtract = "unchecked-extract": "driver: the hardened extractor's path checks are off (lookups follow symlinks, symlink targets unchecked), so a guest's tar can write through a symlink out of the destination.",
     NoVmmWatch = "no-vmm-watch": "driver: the VMM's exit is not watched, so a hung supervisor keeps its sandbox ready.",
     SessionGateSignals = "session-gate-signals": "driver: fault injection, SIGUSR1 drops every supervisor session and holds new ones, SIGUSR2 lets them in.",
     PoolIdentityAtBoot = "pool-identity-at-boot": "driver and supervisor: a pooled VM gets the telemetry settings at spawn and reports its boot under its slot's id, before any claim (identity at claim dropped).",

@@ -25,6 +25,8 @@ pub enum Finding {
     PolicyDenied,
     /// The launch descriptor did not match the trusted arguments: the start was stopped.
     DescriptorMismatch,
+    /// The host's hardened extractor refused a tar the guest sent back (the detail says why).
+    TarRefused,
 }
 
 impl Finding {
@@ -40,6 +42,7 @@ impl Finding {
         Self::VmmLimit,
         Self::PolicyDenied,
         Self::DescriptorMismatch,
+        Self::TarRefused,
     ];
 
     /// The finding's title (`finding_info.title`, and the event's message).
@@ -55,6 +58,7 @@ impl Finding {
             Self::VmmLimit => "The VMM hit a limit of its jail",
             Self::PolicyDenied => "The sandbox policy denied an operation",
             Self::DescriptorMismatch => "The launch descriptor did not match; start stopped",
+            Self::TarRefused => "The host refused a tar the guest sent",
         }
     }
 
@@ -71,6 +75,7 @@ impl Finding {
             Self::VmmLimit => "vmm_limit",
             Self::PolicyDenied => "policy_denied",
             Self::DescriptorMismatch => "descriptor_mismatch",
+            Self::TarRefused => "tar_refused",
         }
     }
 
@@ -83,7 +88,8 @@ impl Finding {
             | Self::WatchdogAction
             | Self::GuestProtocolViolation
             | Self::VmmLimit
-            | Self::DescriptorMismatch => Severity::High,
+            | Self::DescriptorMismatch
+            | Self::TarRefused => Severity::High,
         }
     }
 }
@@ -105,6 +111,7 @@ mod tests {
             Finding::VmmLimit => 7,
             Finding::PolicyDenied => 8,
             Finding::DescriptorMismatch => 9,
+            Finding::TarRefused => 10,
         }
     }
 

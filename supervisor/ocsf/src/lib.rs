@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | Application Lifecycle | 6002 | sandbox and VM start, stop, failure |
 //! | Process Activity | 1007 | launch and terminate (with exit code) of every workload process |
-//! | Detection Finding | 2004 | `liveness_lost`, `lease_lost`, `watchdog_action`, `admission_refused`, `guest_protocol_violation`, `telemetry_dropped`, `log_capped`, `vmm_limit`, `policy_denied`, `descriptor_mismatch` |
+//! | Detection Finding | 2004 | `liveness_lost`, `lease_lost`, `watchdog_action`, `admission_refused`, `guest_protocol_violation`, `telemetry_dropped`, `log_capped`, `vmm_limit`, `policy_denied`, `descriptor_mismatch`, `tar_refused` |
 //! | Device Config State Change | 5019 | configuration (policy) changes of the sandbox |
 //! | API Activity | 6003 | control-plane calls through the attach socket (`UpdatePolicy`, `RotateCredentials`) |
 //! | Network Activity | 4001 | open, close (bytes, duration) and refusal of every workload TCP stream through the proxy |

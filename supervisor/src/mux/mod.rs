@@ -29,7 +29,7 @@ mod violation;
 use std::collections::HashMap;
 
 use vm_protocol::attach::{ProcessSummary, SupervisorReply, SupervisorRequest, ToClient, ToSupervisor};
-use vm_protocol::files::FileOp;
+use vm_protocol::files::{FileOp, TarRefusal};
 use vm_protocol::link::ToGuest;
 use vm_protocol::message::Refusal;
 use vm_protocol::net::ForwardRequest;
@@ -97,6 +97,13 @@ pub enum Action {
         bytes: u64,
         /// How it ended: 0 is success.
         status: ExitStatus,
+    },
+    /// The client's hardened extractor refused a `CopyOut`'s tar (for a finding).
+    TarRefused {
+        /// The guest path copied out.
+        path: String,
+        /// Why.
+        reason: TarRefusal,
     },
     /// The policy denied a client's operation (for a finding).
     Denied {
@@ -373,7 +380,29 @@ impl Mux {
             // Kept by the supervisor: credentials never reach the guest.
             SupervisorRequest::RotateCredentials(rotation) => Ok(vec![Action::RotateCredentials(client, rotation)]),
             SupervisorRequest::Detach { id } => self.detach(client, id),
+            SupervisorRequest::TarRefused { id, path, reason } => self.tar_refused(client, id, path, reason),
         }
+    }
+
+    /// The client's extractor refused what a `CopyOut` sent: a finding, and the operation killed if it still
+    /// runs (a refusal often comes after the operation ended: its whole tar was sent).
+    fn tar_refused(
+        &mut self,
+        client: ClientId,
+        id: ProcId,
+        path: String,
+        reason: TarRefusal,
+    ) -> Result<Vec<Action>, ClientViolation> {
+        if path.len() > vm_protocol::files::MAX_PATH_BYTES {
+            return Err(ClientViolation::Unexpected("a refused tar's path past the path limit"));
+        }
+        let mut actions = vec![Action::TarRefused { path, reason }];
+        if let Some((guest_id, route)) = self.client_route(client, id)? {
+            if !matches!(route.phase, Phase::Exited(_)) {
+                actions.push(Action::ToGuest(ProcessRequest::Signal { id: guest_id, signal: SignalName::Kill }.into()));
+            }
+        }
+        Ok(actions)
     }
 
     fn credit(&mut self, client: ClientId, id: ProcId, bytes: u32) -> Result<Vec<Action>, ClientViolation> {

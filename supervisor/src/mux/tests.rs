@@ -570,3 +570,37 @@ fn a_file_operation_is_a_process_of_its_own_gated_as_files_and_reported_at_its_e
         [Action::ToClient(A, ToClient::Process(ProcessEvent::Refused { reason: Refusal::Invalid, .. }))]
     ));
 }
+
+#[test]
+fn a_refused_tar_is_a_finding_and_kills_a_copy_still_running() {
+    use vm_protocol::files::{FileOp, FileSpawn, TarRefusal};
+    let copy_out = |id| {
+        let op = FileOp::CopyOut { path: "/out".into() };
+        ToSupervisor::Process(ProcessRequest::Files(FileSpawn { id: ProcId(id), op, output_window: 8 }))
+    };
+    let refused = |id, path: &str| {
+        let reason = TarRefusal::ThroughSymlink;
+        ToSupervisor::Supervisor(SupervisorRequest::TarRefused { id: ProcId(id), path: path.into(), reason })
+    };
+    let mut mux = mux_with(&[A]);
+    mux.from_client(A, copy_out(1)).unwrap();
+    mux.from_guest(started(1, 9, 16)).unwrap();
+    let actions = mux.from_client(A, refused(1, "/out")).unwrap();
+    assert!(
+        matches!(&actions[..], [
+            Action::TarRefused { path, reason: TarRefusal::ThroughSymlink },
+            Action::ToGuest(ToGuest::Process(ProcessRequest::Signal { signal: SignalName::Kill, .. })),
+        ] if path == "/out"),
+        "{actions:?}"
+    );
+    // After the operation ended and was delivered: still a finding, and nothing to kill.
+    mux.from_client(A, copy_out(2)).unwrap();
+    mux.from_guest(started(2, 10, 16)).unwrap();
+    mux.from_guest(ToHost::Process(ProcessEvent::Exited { id: ProcId(2), status: ExitStatus::Code(0) })).unwrap();
+    let actions = mux.from_client(A, refused(2, "/out")).unwrap();
+    assert_eq!(actions, [Action::TarRefused { path: "/out".into(), reason: TarRefusal::ThroughSymlink }]);
+    // An id the client never used, or a path past the limit, is its violation.
+    assert!(mux.from_client(A, refused(9, "/out")).is_err());
+    let mut fresh = mux_with(&[A]);
+    assert!(fresh.from_client(A, refused(0, &"a".repeat(5000))).is_err());
+}

@@ -380,6 +380,10 @@ impl Serving<'_> {
                     let detail = format!("{op} denied at policy revision {revision}: {}", denial.describe());
                     self.finding(Finding::PolicyDenied, &detail);
                 }
+                Action::TarRefused { path, reason } => {
+                    let detail = format!("copy_out {path:?} refused by the host's extractor: {}", reason.describe());
+                    self.finding(Finding::TarRefused, &detail);
+                }
                 Action::PolicyUpdated { revision, outcome, allowed } => {
                     self.publish_network();
                     self.telemetry.spans().policy_updated(revision, outcome);
