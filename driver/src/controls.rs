@@ -13,6 +13,15 @@ pub struct Controls {
     pub reaper: Reaper,
     /// `serve`'s.
     pub service: Service,
+    /// Copies in and out (`vm-driver cp`, `launch --copy-out`).
+    pub files: Files,
+}
+
+/// Controls of copies ([`crate::files`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Files {
+    /// `unchecked-extract`: the hardened extractor's path checks are off.
+    pub unchecked_extract: bool,
 }
 
 /// Controls of the sandbox lifecycle ([`crate::sandbox`]).
@@ -83,6 +92,7 @@ impl Controls {
                 session_gate_signals: on(TestControl::SessionGateSignals),
                 exec_mux_head_of_line: on(TestControl::ExecMuxHeadOfLine),
             },
+            files: Files { unchecked_extract: on(TestControl::UncheckedExtract) },
         }
     }
 }

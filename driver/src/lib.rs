@@ -11,6 +11,8 @@
 //!   agent; an OCI image as the root), where their events go;
 //!   [`tsc`]: the host's TSC rate, which keeps a TCG guest's clock right.
 //! - [`service`]: `vm-driver serve`, the gateway-facing gRPC service for many sandboxes.
+//! - [`files`]: host paths into a sandbox (a tar made here) and out of one (the guest's tar, unpacked only by
+//!   the hardened extractor).
 //! - [`controls`]: the test controls, read once by the binary and taken by the core as plain values.
 //!
 //! The `vm-driver` binary (`src/bin/vm-driver/`) is the edge: its command line and commands (`launch`, the
@@ -25,6 +27,7 @@ pub mod attach_client;
 pub mod attach_mux;
 mod cgroup;
 pub mod controls;
+pub mod files;
 pub mod forward;
 pub mod gc;
 pub mod image;

@@ -24,7 +24,7 @@ use vm_protocol::attach::SupervisorRequest;
 use vm_protocol::driver_api::{
     exec_request, exec_response, files_start, ExecExited, ExecRequest, ExecResponse, ExecStarted,
 };
-use vm_protocol::files::{FileOp, FileSpawn, TarLayout};
+use vm_protocol::files::{FileOp, FileSpawn, TarLayout, TarRefusal};
 use vm_protocol::flow::MAX_WINDOW_BYTES;
 use vm_protocol::message::{EnvVar, Refusal};
 use vm_protocol::{Capabilities, ExitStatus, ProcId, ProcessEvent, ProcessRequest, PtySize, SignalName, Spawn, Stream};
@@ -142,12 +142,16 @@ pub async fn exec(reg: Arc<Hub>, mut inbound: Streaming<ExecRequest>) -> Result<
             opening.open(&conn).await.map_err(|_| Status::unavailable("the sandbox's supervisor is not reachable"))?
         }
     };
+    let copy_out = match &opening {
+        Opened::Files(FileOp::CopyOut { path }) => Some(path.clone()),
+        _ => None,
+    };
     let (tx, rx) = mpsc::channel(RESPONSE_QUEUE);
     let (taken, taken_rx) = watch::channel(0);
     tokio::spawn(async move {
         let mut process = process;
-        let ended =
-            relay(&mut process, inbound, Responses { tx, taken: taken_rx, accounted: 0, queued: 0 }, reattach).await;
+        let out = Responses { tx, taken: taken_rx, accounted: 0, queued: 0 };
+        let ended = relay(&mut process, inbound, out, reattach, copy_out.as_deref()).await;
         process.release(ended == Ended::Detach).await;
         drop(permit);
     });
@@ -229,6 +233,7 @@ async fn relay(
     mut inbound: Streaming<ExecRequest>,
     mut out: Responses,
     reattached: bool,
+    copy_out: Option<&str>,
 ) -> Ended {
     let mut relay = ProcessRelay::new(process.id());
     let mut inbound_open = true;
@@ -252,6 +257,11 @@ async fn relay(
                         for response in responses {
                             let _ = out.send(response, 0).await;
                         }
+                        // The client's verdict on a copy's tar comes after everything was sent, and before
+                        // the last credit, so the operation is still known when a refusal arrives.
+                        if let (Some(path), true) = (copy_out, inbound_open) {
+                            verdict(process, &mut relay, &mut inbound, path).await;
+                        }
                         return finish(process, &mut relay, &mut out).await;
                     }
                     Reply::Nothing => {}
@@ -266,7 +276,7 @@ async fn relay(
             }
             request = inbound.message(), if inbound_open && relay.wants_stdin() => match request {
                 Ok(Some(ExecRequest { request: Some(r) })) => {
-                    if let Err(status) = from_client(process, &mut relay, r).await {
+                    if let Err(status) = from_client(process, &mut relay, r, copy_out).await {
                         let _ = out.send(Err(status), 0).await;
                         return Ended::Detach;
                     }
@@ -289,6 +299,23 @@ async fn relay(
         let _ = process.send(credit).await;
     }
     Ended::Detach
+}
+
+/// How long a `copy_out`'s client may take, after the exit, to say whether its extractor took the tar.
+const VERDICT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// After a `copy_out` ended: the client's extractor still holds the tail of the tar, and may refuse it. Its
+/// `tar_refused` (or its closing the stream) is awaited, within [`VERDICT_TIMEOUT`].
+async fn verdict(process: &Process, relay: &mut ProcessRelay, inbound: &mut Streaming<ExecRequest>, path: &str) {
+    let wait = async {
+        while let Ok(Some(ExecRequest { request: Some(r) })) = inbound.message().await {
+            if let exec_request::Request::TarRefused(_) = r {
+                let _ = from_client(process, relay, r, Some(path)).await;
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(VERDICT_TIMEOUT, wait).await;
 }
 
 /// The client's status for a stream that ended under its process.
@@ -364,7 +391,12 @@ fn from_sandbox(relay: &mut ProcessRelay, msg: ProcessEvent, reattached: bool) -
     }
 }
 
-async fn from_client(process: &Process, relay: &mut ProcessRelay, r: exec_request::Request) -> Result<(), Status> {
+async fn from_client(
+    process: &Process,
+    relay: &mut ProcessRelay,
+    r: exec_request::Request,
+    copy_out: Option<&str>,
+) -> Result<(), Status> {
     let id = relay.id();
     let sent = match r {
         exec_request::Request::Stdin(bytes) => {
@@ -385,6 +417,13 @@ async fn from_client(process: &Process, relay: &mut ProcessRelay, r: exec_reques
             let signal = SignalName::parse(&name)
                 .ok_or_else(|| Status::invalid_argument("unknown signal name (see GetCapabilities.signals)"))?;
             process.send(ProcessRequest::Signal { id, signal }).await
+        }
+        exec_request::Request::TarRefused(refused) => {
+            let path =
+                copy_out.ok_or_else(|| Status::invalid_argument("tar_refused on a stream that is no copy_out"))?;
+            let reason = TarRefusal::parse(&refused.reason)
+                .ok_or_else(|| Status::invalid_argument("unknown tar refusal (see TarRefused.reason)"))?;
+            process.send(SupervisorRequest::TarRefused { id, path: path.to_owned(), reason }).await
         }
         exec_request::Request::Start(_) | exec_request::Request::Attach(_) | exec_request::Request::Files(_) => {
             return Err(Status::invalid_argument("start, attach and files only open a stream"));
