@@ -52,11 +52,14 @@ pub enum Command {
     Ps(IdArgs),
     /// Run CMD in a running sandbox, or attach to one of its processes again.
     Exec(ExecArgs),
-    /// Copy a tar into or out of a running sandbox (docker's syntax, `-` on the host side).
+    /// Copy files into or out of a running sandbox (docker's syntax).
     ///
-    /// `cp - SANDBOX:DIR` unpacks the tar on stdin into the guest directory DIR; `cp SANDBOX:PATH -` writes a
-    /// tar of the guest's PATH (a file or a tree) to stdout. Runs as the workload identity; needs files_write
-    /// or files_read in the sandbox's policy.
+    /// `cp SRC SANDBOX:DST` copies a host file or tree in (DST/NAME when DST is a directory, DST otherwise);
+    /// `cp SANDBOX:SRC DST` copies one out, through the hardened extractor (a refused tar writes nothing);
+    /// `-` is a tar on stdin (unpacked into the guest directory) or stdout. Modes are kept; guest files are
+    /// owned by the workload identity, host files by you. Needs files_write or files_read in the policy.
+    ///
+    /// Example: vm-driver cp ./project box-1:/home/sandbox && vm-driver cp box-1:/home/sandbox/project/out .
     Cp(crate::cp::CpArgs),
     /// Forward a host port to a port on a running sandbox's loopback (kubectl's syntax).
     ///
@@ -262,6 +265,14 @@ pub struct LaunchArgs {
     /// Stop the sandbox after this many seconds (exit 124).
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<u64>,
+    /// Keep stdin open (docker's -i). launch always streams its stdin to CMD, EOF included, so this is the
+    /// default; it is accepted for `launch -it`.
+    #[arg(short = 'i', long)]
+    pub interactive: bool,
+    /// Run CMD on a pseudo-terminal of this terminal's size, following its resizes; this terminal is raw
+    /// while CMD runs (Ctrl-C reaches CMD's terminal as a byte) and restored after.
+    #[arg(short = 't', long)]
+    pub tty: bool,
     /// Sandbox id ([A-Za-z0-9._-], at most 128); random by default.
     #[arg(long)]
     pub id: Option<SandboxId>,
@@ -271,6 +282,14 @@ pub struct LaunchArgs {
     /// The sandbox policy (JSON, docs/policy.md); every operation when not given.
     #[arg(long, value_name = "FILE", value_parser = read_policy)]
     pub policy: Option<SandboxPolicy>,
+    /// Copy a host file or tree into the sandbox before CMD, as `cp HOSTPATH SANDBOX:GUESTPATH` does
+    /// (repeatable; the guest path holds no `:`).
+    #[arg(long, value_name = "HOSTPATH:GUESTPATH", value_parser = copy_in)]
+    pub copy_in: Vec<(PathBuf, String)>,
+    /// Copy a guest file or tree out after CMD, whatever its status, as `cp SANDBOX:GUESTPATH HOSTPATH`
+    /// does, through the hardened extractor (repeatable; the guest path holds no `:`).
+    #[arg(long, value_name = "GUESTPATH:HOSTPATH", value_parser = copy_out)]
+    pub copy_out: Vec<(String, PathBuf)>,
     /// The root filesystem: an OCI image (REGISTRY/NAME[:TAG|@sha256:DIGEST], oci:DIR[:TAG],
     /// docker-archive:FILE), pulled on first use (docs/images.md). Default: the built-in root.
     #[arg(long, value_name = "REF")]
@@ -491,5 +510,21 @@ impl ServeArgs {
             max_exec_streams: self.max_exec_streams,
             max_exec_per_sandbox: self.max_exec_per_sandbox,
         }
+    }
+}
+
+/// `--copy-in HOSTPATH:GUESTPATH`, split at the last `:`.
+fn copy_in(text: &str) -> Result<(PathBuf, String), String> {
+    match text.rsplit_once(':') {
+        Some((host, guest)) if !host.is_empty() && !guest.is_empty() => Ok((PathBuf::from(host), guest.to_owned())),
+        _ => Err(format!("--copy-in wants HOSTPATH:GUESTPATH, got {text:?}")),
+    }
+}
+
+/// `--copy-out GUESTPATH:HOSTPATH`, split at the first `:`.
+fn copy_out(text: &str) -> Result<(String, PathBuf), String> {
+    match text.split_once(':') {
+        Some((guest, host)) if !host.is_empty() && !guest.is_empty() => Ok((guest.to_owned(), PathBuf::from(host))),
+        _ => Err(format!("--copy-out wants GUESTPATH:HOSTPATH, got {text:?}")),
     }
 }

@@ -1,36 +1,98 @@
-//! `vm-driver cp`: a tar into or out of a running sandbox, through the files API (docs/files.md).
+//! `vm-driver cp`: files into or out of a running sandbox, through the files API (docs/files.md), with
+//! docker's syntax: `cp SRC SANDBOX:DST`, `cp SANDBOX:SRC DST`, and `-` for a tar on stdin or stdout.
+
+use std::path::Path;
 
 use anyhow::{bail, Result};
 use clap::Args;
+use vm_contract::ids::SandboxId;
 use vm_protocol::driver_api::{files_start::Op, FileCopyIn, FilePath};
 
 use crate::cli::SocketArgs;
+use crate::copy::{self, Output};
 use crate::exec::{self, Target};
 
 #[derive(Debug, Args)]
 pub struct CpArgs {
     #[command(flatten)]
     pub socket: SocketArgs,
-    /// `-` (a tar on stdin) or SANDBOX:PATH.
+    /// A host path, `-` (a tar on stdin), or SANDBOX:PATH.
     pub src: String,
-    /// SANDBOX:DIR or `-` (a tar on stdout).
+    /// SANDBOX:PATH, a host path, or `-` (a tar on stdout).
     pub dst: String,
+}
+
+/// One side of a copy.
+#[derive(Debug, PartialEq, Eq)]
+enum Side<'a> {
+    /// `-`.
+    Tar,
+    /// SANDBOX:PATH.
+    Guest(SandboxId, &'a str),
+    /// Anything else, and anything that starts with `/` or `.` (so `./a:b` is a host path, as in docker).
+    Host(&'a Path),
+}
+
+fn side(arg: &str) -> Result<Side<'_>> {
+    if arg == "-" {
+        return Ok(Side::Tar);
+    }
+    if !arg.starts_with(['/', '.']) {
+        if let Some((id, path)) = arg.split_once(':') {
+            if path.is_empty() {
+                bail!("{arg:?} names no path in the sandbox");
+            }
+            return Ok(Side::Guest(SandboxId::parse(id)?, path));
+        }
+    }
+    Ok(Side::Host(Path::new(arg)))
 }
 
 /// Runs the copy; returns the exit status to exit with.
 ///
 /// # Errors
-/// A host path on either side, a bad sandbox id, or the stream's failure.
-pub async fn run(args: CpArgs) -> Result<u8> {
-    let guest = |arg: &str| arg.split_once(':').map(|(id, path)| (id.to_owned(), path.to_owned()));
-    let (id, op, input) = match (args.src.as_str(), args.dst.as_str(), guest(&args.src), guest(&args.dst)) {
-        ("-", _, _, Some((id, path))) => (id, Op::CopyIn(FileCopyIn { path, into: true }), true),
-        (_, "-", Some((id, path)), _) => (id, Op::CopyOut(FilePath { path }), false),
-        _ => bail!(
-            "cp takes `- SANDBOX:DIR` or `SANDBOX:PATH -`; copies to and from host paths come with the \
-             hardened extractor (docs/files.md)"
-        ),
+/// A copy between two host paths or two sandboxes, a bad sandbox id, a destination that cannot take the
+/// copy, a refused tar, or the stream's failure.
+pub async fn run(args: CpArgs, controls: vm_driver::controls::Files) -> Result<u8> {
+    let socket = args.socket.path();
+    let (id, op, input, output, packing) = match (side(&args.src)?, side(&args.dst)?) {
+        (Side::Tar, Side::Guest(id, path)) => {
+            let op = Op::CopyIn(FileCopyIn { path: path.to_owned(), into: true });
+            (id, op, Some(crate::stdin::chunks()), Output::stdout(), None)
+        }
+        (Side::Host(src), Side::Guest(id, path)) => {
+            let (chunks, packing) = copy::pack(src)?;
+            let op = Op::CopyIn(FileCopyIn { path: path.to_owned(), into: false });
+            (id, op, Some(chunks), Output::stdout(), Some(packing))
+        }
+        (Side::Guest(id, path), Side::Tar) => {
+            (id, Op::CopyOut(FilePath { path: path.to_owned() }), None, Output::stdout(), None)
+        }
+        (Side::Guest(id, path), Side::Host(dst)) => {
+            let output = Output::unpack(path, dst, !controls.unchecked_extract)?;
+            (id, Op::CopyOut(FilePath { path: path.to_owned() }), None, output, None)
+        }
+        _ => bail!("cp copies between the host and a sandbox: one side is SANDBOX:PATH, the other a host path or -"),
     };
-    let id = vm_contract::ids::SandboxId::parse(&id)?;
-    exec::exec(&args.socket.path(), id.as_str(), Target::Files(op), input, false).await
+    let status = exec::exec(&socket, id.as_str(), Target::Files(op), input, false, output).await?;
+    if let Some(packing) = packing {
+        packing.finish().await?;
+    }
+    Ok(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sides_follow_dockers_reading() {
+        assert_eq!(side("-").unwrap(), Side::Tar);
+        assert!(matches!(side("box-1:/work").unwrap(), Side::Guest(_, "/work")));
+        assert_eq!(side("./a:b").unwrap(), Side::Host(Path::new("./a:b")));
+        assert_eq!(side("/abs:x").unwrap(), Side::Host(Path::new("/abs:x")));
+        assert_eq!(side("plain").unwrap(), Side::Host(Path::new("plain")));
+        assert!(side("box-1:").is_err());
+        assert!(side("Not An Id:/x").is_err());
+    }
 }

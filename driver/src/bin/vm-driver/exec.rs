@@ -7,7 +7,6 @@
 //! forwarded. Without `-t`, Ctrl-C is forwarded as SIGINT.
 
 use std::io::Write;
-use std::os::fd::AsFd;
 use std::path::Path;
 
 use anyhow::{bail, Result};
@@ -16,8 +15,11 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use vm_protocol::driver_api::{
-    exec_request, exec_response, ExecAttach, ExecRequest, ExecStart, FilesStart, StdinEof, TerminalSize,
+    exec_request, exec_response, ExecAttach, ExecRequest, ExecStart, FilesStart, StdinEof, TarRefused,
 };
+
+use crate::copy::{Input, Output, OutputError};
+use crate::terminal::{local_size, RawMode};
 
 /// What to run or attach to.
 #[derive(Debug, Clone)]
@@ -41,29 +43,15 @@ fn request(r: exec_request::Request) -> ExecRequest {
     ExecRequest { request: Some(r) }
 }
 
-/// This terminal's size, when stdin is one.
-fn local_size() -> Option<TerminalSize> {
-    let ws = rustix::termios::tcgetwinsize(std::io::stdin().as_fd()).ok()?;
-    Some(TerminalSize { rows: u32::from(ws.ws_row), cols: u32::from(ws.ws_col) })
-}
-
-/// Puts the local terminal in raw mode until dropped.
-struct RawMode(nix::sys::termios::Termios);
-
-impl RawMode {
-    fn enter() -> Option<Self> {
-        let stdin = std::io::stdin();
-        let saved = nix::sys::termios::tcgetattr(stdin.as_fd()).ok()?;
-        let mut raw = saved.clone();
-        nix::sys::termios::cfmakeraw(&mut raw);
-        nix::sys::termios::tcsetattr(stdin.as_fd(), nix::sys::termios::SetArg::TCSANOW, &raw).ok()?;
-        Some(Self(saved))
-    }
-}
-
-impl Drop for RawMode {
-    fn drop(&mut self) {
-        let _ = nix::sys::termios::tcsetattr(std::io::stdin().as_fd(), nix::sys::termios::SetArg::TCSANOW, &self.0);
+/// A refusal of the extractor's goes to the sandbox (for its finding) before the copy fails with it.
+async fn refused(tx: &mpsc::Sender<ExecRequest>, e: OutputError) -> anyhow::Error {
+    match e {
+        OutputError::Refused(reason, why) => {
+            let refusal = TarRefused { reason: reason.name().to_owned() };
+            let _ = tx.send(request(exec_request::Request::TarRefused(refusal))).await;
+            why
+        }
+        OutputError::Failed(why) => why,
     }
 }
 
@@ -71,7 +59,15 @@ impl Drop for RawMode {
 ///
 /// # Errors
 /// The service refused or the stream broke before an exit status.
-pub async fn exec(socket: &Path, sandbox: &str, target: Target, interactive: bool, tty: bool) -> Result<u8> {
+pub async fn exec(
+    socket: &Path,
+    sandbox: &str,
+    target: Target,
+    input: Option<Input>,
+    tty: bool,
+    output: Output,
+) -> Result<u8> {
+    let mut output = output;
     let mut client = crate::client::connect(socket).await?;
     let (tx, rx) = mpsc::channel::<ExecRequest>(16);
     let starting = !matches!(target, Target::Reattach(_));
@@ -93,9 +89,8 @@ pub async fn exec(socket: &Path, sandbox: &str, target: Target, interactive: boo
     };
     tx.send(request(opening)).await?;
     let _raw = if tty && local_size().is_some() { RawMode::enter() } else { None };
-    if interactive {
+    if let Some(mut chunks) = input {
         let tx = tx.clone();
-        let mut chunks = crate::stdin::chunks();
         tokio::spawn(async move {
             while let Some(bytes) = chunks.recv().await {
                 if tx.send(request(exec_request::Request::Stdin(bytes))).await.is_err() {
@@ -111,21 +106,24 @@ pub async fn exec(socket: &Path, sandbox: &str, target: Target, interactive: boo
     let mut winch = signal(SignalKind::window_change())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut responses = client.exec(ReceiverStream::new(rx)).await?.into_inner();
-    let mut stdout = std::io::stdout();
     let mut stderr = std::io::stderr();
     loop {
         tokio::select! {
             next = responses.next() => match next {
                 Some(Ok(r)) => match r.response {
                     Some(exec_response::Response::Stdout(b)) => {
-                        stdout.write_all(&b)?;
-                        stdout.flush()?;
+                        if let Err(e) = output.write(&b).await {
+                            return Err(refused(&tx, e).await);
+                        }
                     }
                     Some(exec_response::Response::Stderr(b)) => {
                         stderr.write_all(&b)?;
                         stderr.flush()?;
                     }
                     Some(exec_response::Response::Exited(e)) => {
+                        if let Err(e) = output.finish(e.status == 0).await {
+                            return Err(refused(&tx, e).await);
+                        }
                         return Ok(u8::try_from(e.status.rem_euclid(256)).unwrap_or(u8::MAX));
                     }
                     Some(exec_response::Response::Started(_)) | None => {}

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
 use vm_contract::accel::AccelChoice;
@@ -30,11 +30,14 @@ use vm_driver::sandbox::{self, Ended, Running, StartSpec, Stopping, HUNG_STOP_TI
 use vm_driver::state::{self, StateDir};
 use vm_driver::telemetry::{self, TelemetryConfig};
 use vm_driver::{image, reap};
-use vm_protocol::attach::{Disconnect, SupervisorReply, ToClient};
+use vm_protocol::attach::{Disconnect, SupervisorReply, SupervisorRequest, ToClient};
+use vm_protocol::files::{FileOp, FileSpawn, TarLayout};
 use vm_protocol::message::{EnvVar, Refusal};
-use vm_protocol::{ExitStatus, ProcId, ProcessEvent, ProcessRequest, SignalName, Spawn, Stream};
+use vm_protocol::{Capabilities, ExitStatus, ProcId, ProcessEvent, ProcessRequest, SignalName, Spawn, Stream};
 
+use crate::copy::{self, Output, OutputError};
 use crate::stdin;
+use crate::terminal::{self, RawMode};
 
 /// Ctrl-Cs after which `launch` stops the sandbox instead of forwarding.
 const INTERRUPTS_TO_STOP: u32 = 3;
@@ -84,6 +87,12 @@ pub struct LaunchConfig {
     pub keep: bool,
     /// Telemetry settings for the supervisor.
     pub telemetry: TelemetryConfig,
+    /// Host paths copied in before the command: (host path, guest path).
+    pub copy_in: Vec<(PathBuf, String)>,
+    /// Guest paths copied out after it, whatever its status: (guest path, host path).
+    pub copy_out: Vec<(String, PathBuf)>,
+    /// Run the command on a pseudo-terminal (`-t`).
+    pub tty: bool,
 }
 
 /// The signals that end a launch, watched from before the supervisor starts.
@@ -191,15 +200,7 @@ async fn drive(
         Err(e) => return (Err(e.into()), running.stop(config.stop_timeout).await),
     };
     let (signal_tx, signal_rx) = mpsc::unbounded_channel();
-    let spawn = Spawn {
-        id: ProcId(1),
-        argv: config.argv.clone(),
-        env: config.env.iter().map(|(key, value)| EnvVar { key: key.clone(), value: value.clone() }).collect(),
-        cwd: config.workdir.clone(),
-        pty: None,
-        output_window: OUTPUT_WINDOW,
-    };
-    let process = run_local(attached, spawn, signal_rx);
+    let process = run_job(config, attached, signal_rx);
     tokio::pin!(process);
     let deadline = async {
         match config.timeout {
@@ -286,39 +287,116 @@ enum RunError {
     /// The sandbox broke the credit rules.
     #[error("the sandbox broke the stdin credit rules")]
     Credit,
+    /// A `--copy-in` or `--copy-out` failed, or the guest cannot do what the job asks (`-t`, copies).
+    #[error("{0:#}")]
+    Job(anyhow::Error),
 }
 
-/// Runs one process against this process's stdio, through the relay: stdin within the guest's credit,
-/// output written locally before its credit goes back, signals as messages.
-async fn run_local(
+/// The job: each `--copy-in`, the command, then each `--copy-out` (whatever the command's status), as
+/// processes on one attach connection. The command's status is the job's.
+async fn run_job(
+    config: &LaunchConfig,
     mut attached: Attached,
-    spawn: Spawn,
     mut signals: mpsc::UnboundedReceiver<SignalName>,
 ) -> Result<ExitStatus, RunError> {
-    let mut relay = ProcessRelay::new(spawn.id);
-    let mut stdin = stdin::chunks();
-    let (mut stdout, mut stderr) = (tokio::io::stdout(), tokio::io::stderr());
-    let mut stdin_open = true;
-    attached.send(ProcessRequest::Spawn(spawn)).await?;
+    let mut ids = (1..).map(ProcId);
+    let mut next = || ids.next().unwrap_or(ProcId(u32::MAX));
+    let confined = !config.controls.files.unchecked_extract;
+    if config.tty && !attached.capabilities.contains(Capabilities::PTY) {
+        return Err(RunError::Job(anyhow::anyhow!("the sandbox's agent offers no terminals for -t")));
+    }
+    let copies = !config.copy_in.is_empty() || !config.copy_out.is_empty();
+    if copies && !attached.capabilities.contains(Capabilities::FILES) {
+        return Err(RunError::Job(anyhow::anyhow!("the sandbox's agent offers no files API for --copy-in/--copy-out")));
+    }
+    for (host, guest) in &config.copy_in {
+        let (chunks, packing) = copy::pack(host).map_err(RunError::Job)?;
+        let op = FileOp::CopyIn { path: guest.clone(), layout: TarLayout::Named };
+        let files = ProcessRequest::Files(FileSpawn { id: next(), op, output_window: OUTPUT_WINDOW });
+        let status = run_local(&mut attached, files, Some(chunks), Output::stdout(), &mut signals).await?;
+        packing.finish().await.map_err(RunError::Job)?;
+        if status != ExitStatus::Code(0) {
+            return Err(RunError::Job(anyhow::anyhow!("--copy-in {} failed in the sandbox", host.display())));
+        }
+    }
+    let spawn = Spawn {
+        id: next(),
+        argv: config.argv.clone(),
+        env: config.env.iter().map(|(key, value)| EnvVar { key: key.clone(), value: value.clone() }).collect(),
+        cwd: config.workdir.clone(),
+        pty: config.tty.then(terminal::pty_size),
+        output_window: OUTPUT_WINDOW,
+    };
+    let status = {
+        // Restored when the command ends, on every path (the guard drops with this block or the future).
+        let _raw = if config.tty { RawMode::enter() } else { None };
+        run_local(&mut attached, ProcessRequest::Spawn(spawn), Some(stdin::chunks()), Output::stdout(), &mut signals)
+            .await?
+    };
+    for (guest, host) in &config.copy_out {
+        let output = Output::unpack(guest, host, confined).map_err(RunError::Job)?;
+        let op = FileOp::CopyOut { path: guest.clone() };
+        let files = ProcessRequest::Files(FileSpawn { id: next(), op, output_window: OUTPUT_WINDOW });
+        let copied = run_local(&mut attached, files, None, output, &mut signals).await?;
+        if copied != ExitStatus::Code(0) {
+            return Err(RunError::Job(anyhow::anyhow!("--copy-out {guest} failed in the sandbox")));
+        }
+    }
+    Ok(status)
+}
+
+/// Runs one process (a `Spawn` or a file operation), through the relay: `input` as its stdin within the
+/// guest's credit (none: EOF at once), its stdout handed to `output` and its stderr written here before
+/// their credit goes back, signals as messages.
+async fn run_local(
+    attached: &mut Attached,
+    opening: ProcessRequest,
+    input: Option<copy::Input>,
+    mut output: Output,
+    signals: &mut mpsc::UnboundedReceiver<SignalName>,
+) -> Result<ExitStatus, RunError> {
+    let id = match &opening {
+        ProcessRequest::Files(files) => files.id,
+        ProcessRequest::Spawn(spawn) => spawn.id,
+        _ => ProcId(0),
+    };
+    let tty = matches!(&opening, ProcessRequest::Spawn(Spawn { pty: Some(_), .. }));
+    let mut winch = signal(SignalKind::window_change()).map_err(RunError::Output)?;
+    let mut relay = ProcessRelay::new(id);
+    let mut stderr = tokio::io::stderr();
+    let mut stdin_open = input.is_some();
+    let mut stdin = input.unwrap_or_else(|| mpsc::channel(1).1);
+    if !stdin_open {
+        relay.stdin_eof();
+    }
+    attached.send(opening.clone()).await?;
     loop {
         tokio::select! {
             frame = attached.recv() => match frame {
                 Some(Ok(ToClient::Process(ProcessEvent::Started { stdin_window, output_window, .. }))) => relay.started(stdin_window, output_window),
                 Some(Ok(ToClient::Process(ProcessEvent::Output { stream, data, .. }))) => {
-                    let sink: &mut (dyn AsyncWrite + Unpin) = match stream {
-                        Stream::Stdout => &mut stdout,
-                        Stream::Stderr => &mut stderr,
-                    };
-                    sink.write_all(&data).await.map_err(RunError::Output)?;
-                    sink.flush().await.map_err(RunError::Output)?;
+                    match stream {
+                        Stream::Stdout => {
+                            if let Err(e) = output.write(&data).await {
+                                return Err(refused(attached, &opening, e).await);
+                            }
+                        }
+                        Stream::Stderr => {
+                            stderr.write_all(&data).await.map_err(RunError::Output)?;
+                            stderr.flush().await.map_err(RunError::Output)?;
+                        }
+                    }
                     if let Some(credit) = relay.output_handed_on(data.len()) {
                         attached.send(credit).await?;
                     }
                 }
                 Some(Ok(ToClient::Process(ProcessEvent::StdinCredit { bytes, .. }))) => relay.stdin_credit(bytes).map_err(|_| RunError::Credit)?,
                 Some(Ok(ToClient::Process(ProcessEvent::Exited { status, .. }))) => {
-                    stdout.flush().await.map_err(RunError::Output)?;
                     stderr.flush().await.map_err(RunError::Output)?;
+                    // The extractor's verdict while the supervisor still knows the operation (for its finding).
+                    if let Err(e) = output.finish(status == ExitStatus::Code(0)).await {
+                        return Err(refused(attached, &opening, e).await);
+                    }
                     // Everything is written: tell the supervisor, which keeps undelivered output.
                     if let Some(credit) = relay.finish() {
                         let _ = attached.send(credit).await;
@@ -348,10 +426,24 @@ async fn run_local(
                 }
             },
             Some(signal) = signals.recv() => attached.send(ProcessRequest::Signal { id: relay.id(), signal }).await?,
+            _ = winch.recv(), if tty => attached.send(ProcessRequest::Resize { id, size: terminal::pty_size() }).await?,
         }
         while let Some(msg) = relay.next_stdin() {
             attached.send(msg).await?;
         }
+    }
+}
+
+/// A copy whose tar the extractor refused: the supervisor is told (for its finding, and to end the operation).
+async fn refused(attached: &mut Attached, opening: &ProcessRequest, e: OutputError) -> RunError {
+    match e {
+        OutputError::Refused(reason, why) => {
+            if let ProcessRequest::Files(FileSpawn { id, op: FileOp::CopyOut { path }, .. }) = opening {
+                let _ = attached.send(SupervisorRequest::TarRefused { id: *id, path: path.clone(), reason }).await;
+            }
+            RunError::Job(why)
+        }
+        OutputError::Failed(why) => RunError::Job(why),
     }
 }
 

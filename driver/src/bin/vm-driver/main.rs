@@ -8,6 +8,7 @@
 
 mod cli;
 mod client;
+mod copy;
 mod cp;
 mod credentials;
 mod egress;
@@ -16,6 +17,7 @@ mod image;
 mod launch;
 mod port_forward;
 mod stdin;
+mod terminal;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -103,6 +105,9 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
                 telemetry: args.telemetry.config()?,
                 egress: args.vm.egress.egress()?,
                 controls,
+                copy_in: args.copy_in,
+                copy_out: args.copy_out,
+                tty: args.tty,
             })
             .await
         }
@@ -184,9 +189,10 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
                 (None, false) => Target::Start { argv: args.cmd, env: args.env, cwd: args.workdir },
                 (None, true) => bail!("exec needs -- CMD or --attach PID"),
             };
-            exec::exec(&args.socket.path(), args.id.as_str(), target, args.interactive, args.tty).await
+            let input = args.interactive.then(stdin::chunks);
+            exec::exec(&args.socket.path(), args.id.as_str(), target, input, args.tty, copy::Output::stdout()).await
         }
-        Command::Cp(args) => cp::run(args).await,
+        Command::Cp(args) => cp::run(args, controls.files).await,
         Command::PortForward(args) => port_forward::run(args).await.map(|()| 0),
         Command::Reap { state_dir, retention } => reap(state_dir, &retention, controls).map(|()| 0),
         // Registry I/O and disk builds block: off the runtime's thread.

@@ -1,0 +1,125 @@
+//! The host's side of a copy, shared by `cp` (through `serve`) and `launch --copy-in/--copy-out` (on the
+//! attach socket): where a process's stdin comes from and where its stdout goes.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+use vm_driver::files::{self, CopyOutError, Destination, Limits, Unpacking};
+use vm_protocol::files::TarRefusal;
+
+/// Stdin's chunks; the queue closing is EOF.
+pub type Input = mpsc::Receiver<Vec<u8>>;
+
+/// A tar of a host path, made while it is sent.
+#[derive(Debug)]
+pub struct Packing {
+    packer: files::pack::Packer,
+    source: std::path::PathBuf,
+}
+
+/// Starts packing `source`; the chunks are the copy's stdin.
+///
+/// # Errors
+/// The source is missing or has no name.
+pub fn pack(source: &Path) -> Result<(Input, Packing)> {
+    let (chunks, packer) = files::pack::start(source).with_context(|| format!("cannot copy {}", source.display()))?;
+    Ok((chunks, Packing { packer, source: source.to_path_buf() }))
+}
+
+impl Packing {
+    /// Whether the whole tar was made (a file that vanished or turned unreadable midway breaks it).
+    ///
+    /// # Errors
+    /// The packing failed.
+    pub async fn finish(self) -> Result<()> {
+        let source = self.source;
+        self.packer.finish().await.with_context(|| format!("cannot read {}", source.display()))
+    }
+}
+
+/// Where a process's stdout goes.
+#[derive(Debug)]
+pub enum Output {
+    /// This process's stdout, byte for byte.
+    Stdout(tokio::io::Stdout),
+    /// The hardened extractor, into a host path.
+    Unpack {
+        /// The extractor; `None` once it ended.
+        unpacking: Option<Unpacking>,
+    },
+}
+
+/// Why stdout could not be handed on.
+#[derive(Debug)]
+pub enum OutputError {
+    /// The extractor refused the tar: report it to the sandbox, then fail with the error.
+    Refused(TarRefusal, anyhow::Error),
+    /// Anything else.
+    Failed(anyhow::Error),
+}
+
+impl Output {
+    /// This process's stdout.
+    pub fn stdout() -> Self {
+        Self::Stdout(tokio::io::stdout())
+    }
+
+    /// The extractor, unpacking the copy of the guest's `source` to the host's `dest`.
+    ///
+    /// # Errors
+    /// The destination cannot take it (checked before any byte).
+    pub fn unpack(source: &str, dest: &Path, confined: bool) -> Result<Self> {
+        let unpacking = Unpacking::start(Destination::resolve(source, dest)?, Limits::default(), confined)
+            .context("cannot start the extractor")?;
+        Ok(Self::Unpack { unpacking: Some(unpacking) })
+    }
+
+    /// Hands stdout's bytes on.
+    ///
+    /// # Errors
+    /// Writing failed, or the extractor ended early: it refused the tar.
+    pub async fn write(&mut self, data: &[u8]) -> Result<(), OutputError> {
+        match self {
+            Self::Stdout(out) => {
+                out.write_all(data).await.context("cannot write stdout").map_err(OutputError::Failed)?;
+                out.flush().await.context("cannot write stdout").map_err(OutputError::Failed)
+            }
+            Self::Unpack { unpacking } => {
+                let Some(u) = unpacking else { return Ok(()) };
+                if u.chunks.send(data.to_vec()).await.is_ok() {
+                    return Ok(());
+                }
+                match unpacking.take() {
+                    Some(u) => Err(verdict(u.finish(false).await)),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// After the process's exit: the extractor's verdict on the whole tar (`success`: the exit status was 0;
+    /// only then does the tar land).
+    ///
+    /// # Errors
+    /// The tar was refused or could not land.
+    pub async fn finish(self, success: bool) -> Result<(), OutputError> {
+        let Self::Unpack { unpacking: Some(u), .. } = self else { return Ok(()) };
+        match u.finish(success).await {
+            Ok(_) => Ok(()),
+            // A failed operation (its message is on stderr, its status is the copy's) may have cut its tar
+            // short: that is no attack, and nothing landed.
+            Err(CopyOutError::Refused(TarRefusal::Malformed) | CopyOutError::Abandoned) if !success => Ok(()),
+            Err(e) => Err(verdict(Err(e))),
+        }
+    }
+}
+
+fn verdict(ended: Result<files::Unpacked, CopyOutError>) -> OutputError {
+    match ended {
+        Err(CopyOutError::Refused(reason)) => OutputError::Refused(reason, CopyOutError::Refused(reason).into()),
+        Err(e) => OutputError::Failed(e.into()),
+        Ok(_) => OutputError::Failed(anyhow::anyhow!("the extractor ended before the tar did")),
+    }
+}
