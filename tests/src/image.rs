@@ -60,9 +60,16 @@ pub fn rogue_agent() -> PathBuf {
 /// A copy of the harness image whose PID 1 is the rogue agent, attacking in `mode` (see
 /// `tests/rogue-agent`), written into `dir`.
 pub fn with_rogue_agent(dir: &Path, mode: &str) -> PathBuf {
+    with_rogue_agent_files(dir, mode, &[])
+}
+
+/// The same, with `extra` files (path in the image, contents) beside `/etc/rogue-mode`.
+pub fn with_rogue_agent_files(dir: &Path, mode: &str, extra: &[(&str, Vec<u8>)]) -> PathBuf {
     let rogue = std::fs::read(rogue_agent()).unwrap();
     let name = format!("rogue-{mode}.cpio");
-    with_init(dir, &name, rogue, &[("etc/rogue-mode", format!("{mode}\n").into_bytes())])
+    let mut files = vec![("etc/rogue-mode", format!("{mode}\n").into_bytes())];
+    files.extend(extra.iter().cloned());
+    with_init(dir, &name, rogue, &files)
 }
 
 /// An image directory for `serve --images`: `default` (the harness image) and, for each mode, `rogue-MODE`,

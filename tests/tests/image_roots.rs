@@ -167,7 +167,7 @@ fn serve_creates_from_a_reference_with_the_pull_on_watch_and_keeps_the_image_whi
     let reference = registry.push(&layout_ref(), "e2e/py:1");
     let store = s.dir.join("store");
     let (store_arg, ca_arg) = (store.display().to_string(), registry.ca.display().to_string());
-    let serve = vm_e2e::serve::Serve::with(&s, &[], &["--image-cache", &store_arg, "--registry-ca", &ca_arg]);
+    let mut serve = vm_e2e::serve::Serve::with(&s, &[], &["--image-cache", &store_arg, "--registry-ca", &ca_arg]);
     let (rt, mut client) = serve.grpc();
     let spec = |image: &str| SandboxSpec { image: image.into(), disk_mib: 256, ..SandboxSpec::default() };
 
@@ -213,6 +213,16 @@ fn serve_creates_from_a_reference_with_the_pull_on_watch_and_keeps_the_image_whi
     assert!(ready, "restarted");
     let note = serve.cli("exec", &["py", "--", "cat", "/home/sandbox/note"]);
     assert_eq!(String::from_utf8_lossy(&note.stdout), "kept\n", "the writable layer outlives a stop");
+    // And a driver that crashed: its VMs die with it, the restarted driver boots the sandbox on the same layer.
+    serve.kill();
+    serve.restart();
+    let ready = vm_e2e::wait_until(Duration::from_secs(180), || {
+        String::from_utf8_lossy(&serve.cli("get", &["py"]).stdout).contains("ready")
+    });
+    assert!(ready, "restored after the driver's restart");
+    let note = serve.cli("exec", &["py", "--", "cat", "/home/sandbox/note"]);
+    assert_eq!(String::from_utf8_lossy(&note.stdout), "kept\n", "the writable layer outlives a driver restart");
+    let (rt, mut client) = serve.grpc();
 
     // In use: listed so, and neither the API nor the CLI removes it.
     let images = rt.block_on(client.list_images(ListImagesRequest {})).unwrap().into_inner().images;

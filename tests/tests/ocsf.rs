@@ -7,8 +7,8 @@
 use serde_json::Value;
 use vm_e2e::ocsf_schema::{schema_dir, Schema};
 use vm_ocsf::{
-    AppInfo, Connection, Direction, Finding, Lifecycle, NetworkActivity, ProcessActivity, ProcessInfo, SchemaVersion,
-    Source, Status,
+    AppInfo, Connection, Direction, FileActivity, Finding, Lifecycle, NetworkActivity, ProcessActivity, ProcessInfo,
+    SchemaVersion, Source, Status,
 };
 
 /// An egress stream through the HTTP proxy, allowed by a rule.
@@ -65,6 +65,10 @@ fn every_kind_of_event() -> Vec<vm_ocsf::Event> {
         s.finding(Finding::VmmLimit, "the VMM exceeded its memory limit and was killed"),
         s.finding(Finding::PolicyDenied, "exec denied at policy revision 1: not allowed"),
         s.finding(Finding::DescriptorMismatch, "the launch descriptor names another generation"),
+        s.finding(
+            Finding::TarRefused,
+            "copy_out \"/out\" refused by the host's extractor: an entry passes through a symlink",
+        ),
         s.config_change("policy updated"),
         s.api_update("UpdatePolicy", "attach.sock", Status::Success, "revision 1 applied"),
         s.api_update("RotateCredentials", "attach.sock", Status::Failure, "refused: the CA bundle is unreadable"),
@@ -77,6 +81,9 @@ fn every_kind_of_event() -> Vec<vm_ocsf::Event> {
         s.http(&egress(), "GET", "/v1/items?token=s3cret#part", Some(200)),
         s.http(&egress(), "POST", "", None),
         s.http(&Connection { hostname: None, ..egress() }, "PROPFIND", "/dav", Some(207)),
+        s.file(FileActivity::Update, "/home/sandbox/a", None, 5, Status::Success),
+        s.file(FileActivity::Rename, "/tmp/a", Some("/tmp/b"), 0, Status::Failure),
+        s.file(FileActivity::Read, "/out", None, 1 << 20, Status::Success),
     ]
 }
 

@@ -18,12 +18,15 @@
 //! | `ignore-shutdown` | answers politely, and never powers off when told to |
 //! | `one-byte-output` | legal: 1 MiB of stdout in 1-byte frames within the credit, then `Exited(3)` |
 //! | `one-byte-interleaved` | the same with 512 KiB, stdout and stderr taking turns (frames no host can join) |
+//! | `tar-*` | answers politely, and every `CopyOut` with a malicious tar (see `tar.rs`) |
 //!
 //! "Answers politely" means: every `Spawn` gets `Started`, one line of output and `Exited(0)`, without
 //! running anything; a `Spawn` of `hang` gets `Started` only, and a signal ends it. The fixture never powers
 //! the VM off on its own: the host has to.
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test fixture; a panic is an attack too")]
+
+mod tar;
 
 use std::fs::File;
 use std::io::Write;
@@ -38,8 +41,11 @@ use vm_protocol::link::{ToGuest, ToHost, VmRequest};
 use vm_protocol::net::{Listener, NetToHost, StreamFrame, StreamId, HOST_OPENED, NET_WINDOW_BYTES};
 use vm_protocol::{ExitStatus, ProcId, ProcessEvent, ProcessRequest, Stream, CHANNEL_PORT_NAME};
 
-const CAPABILITIES: Capabilities =
-    Capabilities::EXEC.union(Capabilities::SIGNALS).union(Capabilities::POWER_OFF).union(Capabilities::PING);
+const CAPABILITIES: Capabilities = Capabilities::EXEC
+    .union(Capabilities::SIGNALS)
+    .union(Capabilities::POWER_OFF)
+    .union(Capabilities::PING)
+    .union(Capabilities::FILES);
 
 fn main() {
     let mode = std::fs::read_to_string("/etc/rogue-mode").unwrap_or_default().trim().to_owned();
@@ -94,6 +100,9 @@ fn main() {
             polite(&mut port, &mut out, false);
         }
         "ignore-shutdown" => polite(&mut port, &mut out, true),
+        tar if tar.starts_with("tar-") => {
+            tar::serve(port.try_clone().expect("clone"), out.try_clone().expect("clone"), tar)
+        }
         "one-byte-output" | "one-byte-interleaved" => {
             let spawned = wait_for_spawn(&mut port);
             one_byte_flood(port, &mut out, spawned, mode == "one-byte-interleaved");

@@ -1,0 +1,87 @@
+//! Files in and out (issue 23): `vm-driver cp` of a 256 MiB file into and out of a running sandbox (a tar
+//! made on the host; out, the hardened extractor) against the same bytes through `vm-driver exec -i ... cat`
+//! on stdin and stdout of the same sandbox: the files API's cost over the plain stream both ride. (`launch --
+//! cat` would add a boot to one side only.) Medians over `BENCH_RUNS` runs (default 10), the two sides of
+//! each ratio alternating within each run.
+#![allow(missing_docs)]
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a benchmark fails loudly")]
+
+mod common;
+
+use std::fs::File;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Report;
+use vm_e2e::serve::Serve;
+use vm_e2e::Scratch;
+
+const BYTES: usize = 256 << 20;
+
+fn timed(cmd: &mut Command) -> f64 {
+    let started = Instant::now();
+    let out = cmd.stdout(Stdio::null()).output().unwrap();
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    started.elapsed().as_secs_f64() * 1e3
+}
+
+fn main() {
+    let runs = common::runs();
+    let s = Scratch::with_deadline("bench-files", Duration::from_secs(120 + 90 * runs as u64));
+    let serve = Serve::start(&s);
+    let created = serve.cli("create", &["--memory", "1024", "f"]);
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    let big = s.dir.join("big.bin");
+    let data: Vec<u8> = (0..BYTES).map(|i| u8::try_from((i * 7 + i / 4096) % 251).unwrap()).collect();
+    std::fs::write(&big, &data).unwrap();
+    let back = s.dir.join("back");
+    let mut report = Report::new("files");
+    for i in 0..runs {
+        eprintln!("bench: run {}/{runs}", i + 1);
+        report.sample(
+            "cp HOST f:/tmp, 256 MiB (ms)",
+            timed(&mut serve.cli_command("cp", &[big.to_str().unwrap(), "f:/tmp"])),
+        );
+        let started = Instant::now();
+        let out = serve
+            .cli_command("exec", &["-i", "f", "--", "sh", "-c", "cat > /tmp/cat.bin"])
+            .stdin(File::open(&big).unwrap())
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        report.sample("exec -i cat > guest file, 256 MiB (ms)", started.elapsed().as_secs_f64() * 1e3);
+
+        let _ = std::fs::remove_dir_all(&back);
+        std::fs::create_dir(&back).unwrap();
+        report.sample(
+            "cp f:/tmp/big.bin HOST, 256 MiB (ms)",
+            timed(&mut serve.cli_command("cp", &["f:/tmp/big.bin", back.to_str().unwrap()])),
+        );
+        let started = Instant::now();
+        let out = serve
+            .cli_command("exec", &["f", "--", "cat", "/tmp/cat.bin"])
+            .stdout(File::create(back.join("cat.bin")).unwrap())
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        report.sample("exec cat guest file > host file, 256 MiB (ms)", started.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(std::fs::metadata(back.join("big.bin")).unwrap().len(), BYTES as u64);
+        assert_eq!(std::fs::metadata(back.join("cat.bin")).unwrap().len(), BYTES as u64);
+        assert!(serve.cli("exec", &["f", "--", "rm", "-f", "/tmp/big.bin", "/tmp/cat.bin"]).status.success());
+    }
+    report.compare(
+        "cp of 256 MiB into a sandbox vs exec -i cat of the same bytes into a guest file (ms)",
+        "cp HOST f:/tmp, 256 MiB (ms)",
+        "exec -i cat > guest file, 256 MiB (ms)",
+        0,
+        "<= 1.5",
+    );
+    report.compare(
+        "cp of 256 MiB out of a sandbox (hardened extractor) vs exec cat of the same bytes into a host file (ms)",
+        "cp f:/tmp/big.bin HOST, 256 MiB (ms)",
+        "exec cat guest file > host file, 256 MiB (ms)",
+        0,
+        "<= 1.5",
+    );
+    report.finish("Files in and out", runs);
+}
