@@ -90,6 +90,9 @@ impl Destination {
             rustix::fs::open(&parent_path, OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
                 .map_err(|e| bad(format!("cannot open the directory {}: {e}", parent_path.display())))?;
         let shown = parent_path.join(&name);
+        if shown.symlink_metadata().is_ok_and(|m| m.is_dir()) {
+            return Err(bad(merge_refused(&shown)));
+        }
         Ok(Self { parent, parent_path, name, shown })
     }
 
@@ -157,16 +160,22 @@ fn place(staging: &OwnedFd, dest: &Destination, top_is_dir: bool) -> Result<(), 
     match rustix::fs::statat(&dest.parent, &dest.name, AtFlags::SYMLINK_NOFOLLOW) {
         Err(Errno::NOENT) => rustix::fs::renameat_with(staging, top, &dest.parent, &dest.name, RenameFlags::NOREPLACE)
             .map_err(Placed::Io),
-        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => Err(Placed::Refused(format!(
-            "{} exists and is a directory; cp does not merge into one (remove it, or name another destination)",
-            dest.shown.display()
-        ))),
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
+            Err(Placed::Refused(merge_refused(&dest.shown)))
+        }
         Ok(_) if top_is_dir => {
             Err(Placed::Refused(format!("cannot copy a directory over the file {}", dest.shown.display())))
         }
         Ok(_) => rustix::fs::renameat(staging, top, &dest.parent, &dest.name).map_err(Placed::Io),
         Err(e) => Err(Placed::Io(e)),
     }
+}
+
+fn merge_refused(path: &Path) -> String {
+    format!(
+        "{} exists and is a directory; cp does not merge into one (remove it, or name another destination)",
+        path.display()
+    )
 }
 
 /// A name no other copy uses at the same time.
