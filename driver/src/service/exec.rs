@@ -274,7 +274,8 @@ async fn relay(
                     }
                 }
             }
-            request = inbound.message(), if inbound_open && relay.wants_stdin() => match request {
+            // A copy_out takes no stdin, but its client may refuse the tar at any time.
+            request = inbound.message(), if inbound_open && (relay.wants_stdin() || copy_out.is_some()) => match request {
                 Ok(Some(ExecRequest { request: Some(r) })) => {
                     if let Err(status) = from_client(process, &mut relay, r, copy_out).await {
                         let _ = out.send(Err(status), 0).await;
