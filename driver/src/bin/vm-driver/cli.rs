@@ -51,7 +51,7 @@ pub enum Command {
     /// List the processes started with exec that still run in a sandbox.
     Ps(IdArgs),
     /// Run CMD in a running sandbox, or attach to one of its processes again.
-    Exec(ExecArgs),
+    Exec(crate::exec::ExecArgs),
     /// Copy files into or out of a running sandbox (docker's syntax).
     ///
     /// `cp SRC SANDBOX:DST` copies a host file or tree in (DST/NAME when DST is a directory, DST otherwise);
@@ -284,11 +284,11 @@ pub struct LaunchArgs {
     pub policy: Option<SandboxPolicy>,
     /// Copy a host file or tree into the sandbox before CMD, as `cp HOSTPATH SANDBOX:GUESTPATH` does
     /// (repeatable; the guest path holds no `:`).
-    #[arg(long, value_name = "HOSTPATH:GUESTPATH", value_parser = copy_in)]
+    #[arg(long, value_name = "HOSTPATH:GUESTPATH", value_parser = crate::copy::parse_copy_in)]
     pub copy_in: Vec<(PathBuf, String)>,
     /// Copy a guest file or tree out after CMD, whatever its status, as `cp SANDBOX:GUESTPATH HOSTPATH`
     /// does, through the hardened extractor (repeatable; the guest path holds no `:`).
-    #[arg(long, value_name = "GUESTPATH:HOSTPATH", value_parser = copy_out)]
+    #[arg(long, value_name = "GUESTPATH:HOSTPATH", value_parser = crate::copy::parse_copy_out)]
     pub copy_out: Vec<(String, PathBuf)>,
     /// The root filesystem: an OCI image (REGISTRY/NAME[:TAG|@sha256:DIGEST], oci:DIR[:TAG],
     /// docker-archive:FILE), pulled on first use (docs/images.md). Default: the built-in root.
@@ -466,32 +466,6 @@ pub fn read_policy(path: &str) -> Result<SandboxPolicy, String> {
     SandboxPolicy::parse(&text, &vm_protocol::identity::WORKLOAD).map_err(|e| format!("{path}: {e}"))
 }
 
-#[derive(Debug, Args)]
-pub struct ExecArgs {
-    #[command(flatten)]
-    pub socket: SocketArgs,
-    /// Stream this stdin to the process (EOF included).
-    #[arg(short, long)]
-    pub interactive: bool,
-    /// Run on a pseudo-terminal.
-    #[arg(short, long)]
-    pub tty: bool,
-    /// Environment for the process (repeatable).
-    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE", value_parser = crate::launch::parse_env)]
-    pub env: Vec<(String, String)>,
-    /// Working directory in the guest.
-    #[arg(long, short = 'w', value_name = "DIR")]
-    pub workdir: Option<String>,
-    /// Attach to this running process (a pid from `vm-driver ps`) instead of starting one.
-    #[arg(long, value_name = "PID", conflicts_with = "cmd")]
-    pub attach: Option<u32>,
-    /// The sandbox.
-    pub id: SandboxId,
-    /// The command and its arguments.
-    #[arg(last = true, value_name = "CMD")]
-    pub cmd: Vec<String>,
-}
-
 /// A ratio above zero (an overcommit of 0 would refuse everything).
 fn positive_ratio(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
@@ -510,21 +484,5 @@ impl ServeArgs {
             max_exec_streams: self.max_exec_streams,
             max_exec_per_sandbox: self.max_exec_per_sandbox,
         }
-    }
-}
-
-/// `--copy-in HOSTPATH:GUESTPATH`, split at the last `:`.
-fn copy_in(text: &str) -> Result<(PathBuf, String), String> {
-    match text.rsplit_once(':') {
-        Some((host, guest)) if !host.is_empty() && !guest.is_empty() => Ok((PathBuf::from(host), guest.to_owned())),
-        _ => Err(format!("--copy-in wants HOSTPATH:GUESTPATH, got {text:?}")),
-    }
-}
-
-/// `--copy-out GUESTPATH:HOSTPATH`, split at the first `:`.
-fn copy_out(text: &str) -> Result<(String, PathBuf), String> {
-    match text.split_once(':') {
-        Some((guest, host)) if !host.is_empty() && !guest.is_empty() => Ok((guest.to_owned(), PathBuf::from(host))),
-        _ => Err(format!("--copy-out wants GUESTPATH:HOSTPATH, got {text:?}")),
     }
 }

@@ -10,16 +10,46 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::{bail, Result};
+use clap::Args;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
+use vm_contract::ids::SandboxId;
 use vm_protocol::driver_api::{
     exec_request, exec_response, ExecAttach, ExecRequest, ExecStart, FilesStart, StdinEof, TarRefused,
 };
 
+use crate::cli::SocketArgs;
 use crate::copy::{Input, Output, OutputError};
 use crate::terminal::{local_size, RawMode};
+
+#[derive(Debug, Args)]
+/// `vm-driver exec`'s arguments.
+pub struct ExecArgs {
+    #[command(flatten)]
+    pub socket: SocketArgs,
+    /// Stream this stdin to the process (EOF included).
+    #[arg(short, long)]
+    pub interactive: bool,
+    /// Run on a pseudo-terminal.
+    #[arg(short, long)]
+    pub tty: bool,
+    /// Environment for the process (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE", value_parser = crate::launch::parse_env)]
+    pub env: Vec<(String, String)>,
+    /// Working directory in the guest.
+    #[arg(long, short = 'w', value_name = "DIR")]
+    pub workdir: Option<String>,
+    /// Attach to this running process (a pid from `vm-driver ps`) instead of starting one.
+    #[arg(long, value_name = "PID", conflicts_with = "cmd")]
+    pub attach: Option<u32>,
+    /// The sandbox.
+    pub id: SandboxId,
+    /// The command and its arguments.
+    #[arg(last = true, value_name = "CMD")]
+    pub cmd: Vec<String>,
+}
 
 /// What to run or attach to.
 #[derive(Debug, Clone)]
