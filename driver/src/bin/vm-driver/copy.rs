@@ -99,6 +99,16 @@ impl Output {
         }
     }
 
+    /// Resolves once the extractor ended before the tar did (it refused it), so a guest that stops sending
+    /// after a bad entry cannot hold the copy open; never for stdout. Then [`Output::write`] of nothing
+    /// returns the refusal.
+    pub async fn ended_early(&self) {
+        match self {
+            Self::Unpack { unpacking: Some(u) } => u.chunks.closed().await,
+            _ => std::future::pending().await,
+        }
+    }
+
     /// After the process's exit: the extractor's verdict on the whole tar (`success`: the exit status was 0;
     /// only then does the tar land).
     ///

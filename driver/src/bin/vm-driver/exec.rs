@@ -161,6 +161,11 @@ pub async fn exec(
                 Some(Err(status)) => bail!("{}", status.message()),
                 None => bail!("the stream ended before the process exited"),
             },
+            () = output.ended_early() => {
+                if let Err(e) = output.write(&[]).await {
+                    return Err(refused(&tx, e).await);
+                }
+            }
             _ = winch.recv(), if resizable => {
                 if let Some(size) = local_size() {
                     let _ = tx.send(request(exec_request::Request::Resize(size))).await;

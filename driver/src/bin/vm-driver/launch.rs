@@ -427,6 +427,11 @@ async fn run_local(
             },
             Some(signal) = signals.recv() => attached.send(ProcessRequest::Signal { id: relay.id(), signal }).await?,
             _ = winch.recv(), if tty => attached.send(ProcessRequest::Resize { id, size: terminal::pty_size() }).await?,
+            () = output.ended_early() => {
+                if let Err(e) = output.write(&[]).await {
+                    return Err(refused(attached, &opening, e).await);
+                }
+            }
         }
         while let Some(msg) = relay.next_stdin() {
             attached.send(msg).await?;
