@@ -113,6 +113,12 @@ pub fn copy_out(
     confined: bool,
     commit: impl FnOnce() -> bool,
 ) -> Result<Unpacked, CopyOutError> {
+    // Nothing is made beside the destination before the first byte: a copy that fails to start (an
+    // unreachable service, a refused operation) leaves nothing behind.
+    let mut tar = io::BufReader::new(tar);
+    if io::BufRead::fill_buf(&mut tar).map_err(|e| dest.host(e))?.is_empty() {
+        return Err(CopyOutError::Refused(TarRefusal::Malformed));
+    }
     if let Ok(fs) = rustix::fs::fstatvfs(&dest.parent) {
         limits.max_bytes = limits.max_bytes.min(fs.f_bavail.saturating_mul(fs.f_frsize));
     }
