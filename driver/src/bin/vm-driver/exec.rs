@@ -74,16 +74,30 @@ fn request(r: exec_request::Request) -> ExecRequest {
 }
 
 /// A refusal of the extractor's goes to the sandbox (for its finding) before the copy fails with it.
-async fn refused(tx: &mpsc::Sender<ExecRequest>, e: OutputError) -> anyhow::Error {
+/// The stream's end is awaited (within [`REFUSAL_DELIVERY`]), so the refusal is delivered before this process
+/// exits.
+async fn refused(
+    tx: mpsc::Sender<ExecRequest>,
+    e: OutputError,
+    responses: &mut tonic::Streaming<vm_protocol::driver_api::ExecResponse>,
+) -> anyhow::Error {
     match e {
         OutputError::Refused(reason, why) => {
             let refusal = TarRefused { reason: reason.name().to_owned() };
-            let _ = tx.send(request(exec_request::Request::TarRefused(refusal))).await;
+            if tx.send(request(exec_request::Request::TarRefused(refusal))).await.is_ok() {
+                // The request stream's end too: the service waits for it after the copy's exit.
+                drop(tx);
+                let ended = async { while let Some(Ok(_)) = responses.next().await {} };
+                let _ = tokio::time::timeout(REFUSAL_DELIVERY, ended).await;
+            }
             why
         }
         OutputError::Failed(why) => why,
     }
 }
+
+/// How long a refusal waits for the sandbox to end the copy it refused.
+const REFUSAL_DELIVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Runs the exec; returns the exit status to exit with.
 ///
@@ -143,7 +157,7 @@ pub async fn exec(
                 Some(Ok(r)) => match r.response {
                     Some(exec_response::Response::Stdout(b)) => {
                         if let Err(e) = output.write(&b).await {
-                            return Err(refused(&tx, e).await);
+                            return Err(refused(tx, e, &mut responses).await);
                         }
                     }
                     Some(exec_response::Response::Stderr(b)) => {
@@ -152,7 +166,7 @@ pub async fn exec(
                     }
                     Some(exec_response::Response::Exited(e)) => {
                         if let Err(e) = output.finish(e.status == 0).await {
-                            return Err(refused(&tx, e).await);
+                            return Err(refused(tx, e, &mut responses).await);
                         }
                         return Ok(u8::try_from(e.status.rem_euclid(256)).unwrap_or(u8::MAX));
                     }
@@ -163,7 +177,7 @@ pub async fn exec(
             },
             () = output.ended_early() => {
                 if let Err(e) = output.write(&[]).await {
-                    return Err(refused(&tx, e).await);
+                    return Err(refused(tx, e, &mut responses).await);
                 }
             }
             _ = winch.recv(), if resizable => {
