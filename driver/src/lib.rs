@@ -32,6 +32,7 @@ pub mod forward;
 pub mod gc;
 pub mod image;
 pub mod jail;
+pub mod mounts;
 pub mod oci;
 mod procs;
 pub mod reap;

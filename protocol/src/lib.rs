@@ -55,6 +55,7 @@ pub mod handshake;
 pub mod identity;
 pub mod link;
 pub mod message;
+pub mod mounts;
 pub mod net;
 pub mod policy;
 pub mod process;

@@ -63,6 +63,39 @@ impl Binaries {
     }
 }
 
+/// The uid and gid of `nobody`, which the unprivileged tests run the driver as.
+pub const NOBODY: u32 = 65_534;
+
+/// `vm-driver launch` as `nobody` (`setpriv`, no supplementary groups, a bare environment), on copies of the
+/// build and the image that user can reach and a state directory of its own, in the scratch directory; the
+/// caller adds flags, then `--` and the command.
+pub fn launch_as_nobody(scratch: &Scratch) -> Command {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&scratch.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let h = harness();
+    let image = scratch.dir.join("image");
+    std::fs::create_dir_all(&image).unwrap();
+    for file in ["vmlinuz", "initramfs.cpio"] {
+        std::fs::copy(h.image.join(file), image.join(file)).unwrap();
+    }
+    let state = scratch.state();
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::chown(&state, Some(NOBODY), Some(NOBODY)).unwrap();
+    let shipped = h.shipped.copied_to(&scratch.dir.join("bin"));
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid", &NOBODY.to_string(), "--regid", &NOBODY.to_string(), "--clear-groups", "--"])
+        .arg(&shipped.driver)
+        .args(["launch", "--state-dir"])
+        .arg(&state)
+        .arg("--boot-image")
+        .arg(&image)
+        .args(["--accel", &h.accel, "--keep"])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default());
+    cmd
+}
+
 /// Where the binaries and the image are, and which accelerator the tests ask for.
 #[derive(Debug)]
 pub struct Harness {

@@ -142,10 +142,12 @@ impl Serve {
 
     /// Every QEMU seen so far under this test.
     pub fn vmms(&self) -> Vec<procs::ProcInfo> {
-        self.watcher
-            .as_ref()
-            .map(|w| w.seen().into_iter().filter(procs::ProcInfo::is_qemu).collect())
-            .unwrap_or_default()
+        self.seen().into_iter().filter(procs::ProcInfo::is_qemu).collect()
+    }
+
+    /// Every process seen so far under this test.
+    pub fn seen(&self) -> Vec<procs::ProcInfo> {
+        self.watcher.as_ref().map(Watcher::seen).unwrap_or_default()
     }
 
     /// A tokio runtime and a connected API client, for tests that speak gRPC themselves.

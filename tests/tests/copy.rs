@@ -189,6 +189,26 @@ fn every_malicious_tar_is_refused_with_a_finding_and_nothing_written_outside() {
 }
 
 #[test]
+fn a_served_cp_out_of_a_10_gib_tar_entry_is_refused_fast_with_nothing_landed() {
+    let s = Scratch::new("copy-rogue-serve");
+    let images = vm_e2e::image::images_with_rogues(&s.dir, &["tar-huge"]);
+    let serve = Serve::with(&s, &[], &["--boot-images", images.to_str().unwrap()]);
+    let created = serve.cli("create", &["--boot-image", "rogue-tar-huge", "huge"]);
+    assert!(created.status.success(), "create: {}", String::from_utf8_lossy(&created.stderr));
+    let landing = s.dir.join("landing");
+    std::fs::create_dir(&landing).unwrap();
+    let started = std::time::Instant::now();
+    let out = serve.cli("cp", &["huge:/out", landing.join("dest").to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("refused the sandbox's tar") && stderr.contains("more bytes"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(60), "refused at the cap, not at the end of the guest's stream");
+    assert_eq!(std::fs::read_dir(&landing).unwrap().count(), 0, "nothing landed, no staging left");
+    assert!(tar_refused(&s, "huge").iter().any(|f| f.contains("more bytes")), "a tar_refused finding");
+    eprintln!("e2e: a served cp of a never-ending tar refused in {:?}", started.elapsed());
+}
+
+#[test]
 fn control_without_the_extractors_checks_a_guest_writes_through_a_symlink_onto_the_host() {
     let s = Scratch::new("copy-rogue-ctl");
     let canary = s.dir.join("canary");

@@ -371,33 +371,10 @@ fn control_without_the_jail_a_vmm_outgrows_the_same_limit() {
 #[test]
 fn not_root_the_vmm_runs_in_a_user_namespace_and_the_driver_says_so() {
     use std::io::BufRead;
-    use std::os::unix::fs::PermissionsExt;
-    const NOBODY: u32 = 65_534;
     let s = Scratch::new("jail-nonroot");
-    std::fs::set_permissions(&s.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    // The harness image and the build may live under root's home (0700): give the unprivileged driver its
-    // own copies.
-    let image = s.dir.join("image");
-    std::fs::create_dir_all(&image).unwrap();
-    for file in ["vmlinuz", "initramfs.cpio"] {
-        std::fs::copy(vm_e2e::harness().image.join(file), image.join(file)).unwrap();
-    }
-    let state = s.dir.join("state");
-    std::fs::create_dir_all(&state).unwrap();
-    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
-    std::os::unix::fs::chown(&state, Some(NOBODY), Some(NOBODY)).unwrap();
-    let h = vm_e2e::harness();
-    let shipped = h.shipped.copied_to(&s.dir.join("bin"));
-    let mut driver = Command::new("setpriv")
-        .args(["--reuid", &NOBODY.to_string(), "--regid", &NOBODY.to_string(), "--clear-groups", "--"])
-        .arg(&shipped.driver)
-        .args(["launch", "--state-dir"])
-        .arg(&state)
-        .arg("--boot-image")
-        .arg(&image)
-        .args(["--accel", &h.accel, "--keep", "--", "/bin/sh", "-c", "echo up; exec sleep 1000"])
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+    let state = s.state();
+    let mut driver = vm_e2e::launch_as_nobody(&s)
+        .args(["--", "/bin/sh", "-c", "echo up; exec sleep 1000"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -410,7 +387,7 @@ fn not_root_the_vmm_runs_in_a_user_namespace_and_the_driver_says_so() {
     let _ = driver.kill();
     let out = driver.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(one_id(&field(&st, "Uid")), NOBODY, "the VMM runs as the driver's own uid");
+    assert_eq!(one_id(&field(&st, "Uid")), vm_e2e::NOBODY, "the VMM runs as the driver's own uid");
     assert_eq!(field(&st, "CapEff"), "0000000000000000");
     assert_eq!(field(&st, "NoNewPrivs"), "1");
     assert_eq!(field(&st, "Seccomp"), "2");

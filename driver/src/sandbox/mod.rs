@@ -93,6 +93,8 @@ pub struct StartSpec {
     pub policy: Option<SandboxPolicy>,
     /// How egress connections resolve and leave.
     pub egress: Egress,
+    /// Host directories, resolved ([`crate::mounts::resolve`]).
+    pub mounts: Vec<vm_contract::share::HostMount>,
     /// The test controls (all off but in the causal tests).
     pub controls: Controls,
 }
@@ -308,6 +310,7 @@ fn launch(spec: &StartSpec, pooled_start: Option<&PooledStart>) -> Result<Runnin
         backend: Backend::Microvm,
         egress_resolver: spec.egress.resolver,
         egress_proxy: spec.egress.proxy.clone(),
+        mounts: spec.mounts.clone(),
     };
     // A pooled VM learns its telemetry settings at its claim, never at spawn (but in the control).
     let telemetry = if pooled && !spec.controls.lifecycle.pool_identity_at_boot {

@@ -422,6 +422,7 @@ impl Actor {
             jail: ctx.jail,
             policy: self.record.spec.policy.clone(),
             egress: ctx.egress.clone(),
+            mounts: self.record.spec.mounts.clone(),
             controls: ctx.controls,
         })
     }

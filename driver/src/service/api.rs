@@ -86,6 +86,9 @@ fn problems(reg: &Hub, req: &CreateSandboxRequest) -> Vec<String> {
             out.push(e.to_string());
         }
     }
+    if let Err(e) = convert::host_mounts(&spec, reg.ctx.jail.confinement) {
+        out.push(e.to_string());
+    }
     if spec.env.keys().any(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
         out.push("environment names must be non-empty and contain no '=' or NUL".into());
     }
@@ -164,8 +167,8 @@ impl Driver for Api {
         if !problems.is_empty() {
             return Err(Status::invalid_argument(problems.join("; ")));
         }
-        let spec =
-            convert::stored_spec(&req.spec.unwrap_or_default()).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let spec = convert::stored_spec(&req.spec.unwrap_or_default(), self.reg.ctx.jail.confinement)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let record = self.reg.create(id, spec).await?;
         Ok(Response::new(convert::sandbox(&record)))
     }

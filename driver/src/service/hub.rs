@@ -144,9 +144,10 @@ impl Hub {
         let (hub, claim_id) = (Arc::clone(self), id.clone());
         let attempt = tokio::spawn(async move {
             // Only a VM of the same root, with the default writable layer, can serve it.
+            // A pooled VM has no file servers: a sandbox with mounts always boots.
             let claimed = match super::pool::root_key(spec.image.as_deref(), spec.disk_mib) {
-                Some(root) => hub.pool.claim(spec.shape, &image, root.as_deref()).await,
-                None => None,
+                Some(root) if spec.mounts.is_empty() => hub.pool.claim(spec.shape, &image, root.as_deref()).await,
+                _ => None,
             };
             match claimed {
                 Some(claimed) => Ok(hub.create_claimed(claim_id, spec, claimed).await),

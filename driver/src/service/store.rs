@@ -33,6 +33,9 @@ pub struct StoredSpec {
     /// The approved policy; none: every operation.
     #[serde(default)]
     pub policy: Option<SandboxPolicy>,
+    /// Host directories, resolved at create.
+    #[serde(default)]
+    pub mounts: Vec<vm_contract::share::HostMount>,
 }
 
 fn default_disk_mib() -> u32 {

@@ -6,7 +6,7 @@
 //! Exit status 0 is success; 1 is a failure, with one line on stderr.
 
 use std::fs::{self, File, Metadata, OpenOptions};
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -139,10 +139,14 @@ fn beside(path: &Path, what: &str) -> io::Result<PathBuf> {
     Ok(path.with_file_name(format!(".{}.vm-{what}-{}", name.to_string_lossy(), std::process::id())))
 }
 
+/// What [`unpack`] reads its input in (a pipe's whole default capacity and more).
+const UNPACK_BUFFER: usize = 1 << 20;
+
 /// Unpacks a tar into `dir`: no entry outside it (the tar crate refuses `..`, absolute names and paths
 /// through symlinks), modes kept without set-id bits, owned by whoever runs this (the workload identity).
 fn unpack(input: &mut impl Read, dir: &Path) -> io::Result<()> {
-    let mut archive = tar::Archive::new(input);
+    // The tar crate copies each file in 8 KiB reads: from memory here, not one pipe read each.
+    let mut archive = tar::Archive::new(BufReader::with_capacity(UNPACK_BUFFER, input));
     archive.set_preserve_permissions(false);
     archive.set_preserve_ownerships(false);
     archive.set_overwrite(true);

@@ -32,6 +32,9 @@ pub enum InitError {
     /// The workload user's home or console access could not be set up.
     #[error("cannot prepare the workload user's home and console")]
     WorkloadUser(#[source] std::io::Error),
+    /// A host directory could not be mounted.
+    #[error("cannot mount the host's directories")]
+    Mounts(#[from] crate::mounts::MountError),
     /// The image root could not be entered.
     #[error("cannot enter the image root")]
     Root(#[from] crate::root::RootError),
@@ -68,10 +71,16 @@ pub fn boot() -> Result<(), InitError> {
         eprintln!("vm-agent: cannot bring up the loopback interface");
     }
     load_modules(Path::new(MODULE_LIST))?;
+    // Read and loaded from the initramfs, before an image root hides it.
+    let shared = crate::mounts::asked()?;
+    if !shared.is_empty() {
+        load_modules(Path::new(crate::mounts::MODULE_LIST))?;
+    }
     if crate::root::asked()? {
         load_modules(Path::new(crate::root::MODULE_LIST))?;
         crate::root::enter(&WORKLOAD)?;
     }
+    crate::mounts::mount_all(&shared)?;
     Ok(())
 }
 

@@ -18,6 +18,7 @@ mod entropy;
 pub mod files;
 pub mod init;
 pub mod link;
+pub mod mounts;
 pub mod port;
 pub mod power;
 pub mod root;

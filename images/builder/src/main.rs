@@ -60,6 +60,7 @@ struct Pins {
     busybox: Pin,
     modules: Vec<String>,
     root_modules: Vec<String>,
+    mount_modules: Vec<String>,
     mirrors: Vec<String>,
 }
 
@@ -73,6 +74,7 @@ struct Manifest {
     agent_sha256: String,
     modules: Vec<String>,
     root_modules: Vec<String>,
+    mount_modules: Vec<String>,
     initramfs: Part,
     mtime: u32,
 }
@@ -157,6 +159,10 @@ fn assemble(work: &Path, agent: &[u8], kernel_deb: &Path, busybox_deb: &Path, pi
     let every: Vec<String> = pins.modules.iter().chain(&pins.root_modules).cloned().collect();
     let root_modules: Vec<modules::Module> =
         modules::resolve(&tree, &every)?.into_iter().filter(|m| !modules.iter().any(|b| b.name == m.name)).collect();
+    // What host directories need beyond the modules of every boot (an image root's are loaded before).
+    let every: Vec<String> = pins.modules.iter().chain(&pins.mount_modules).cloned().collect();
+    let mount_modules: Vec<modules::Module> =
+        modules::resolve(&tree, &every)?.into_iter().filter(|m| !modules.iter().any(|b| b.name == m.name)).collect();
     let read = |list: &[modules::Module]| -> Result<Vec<(String, Vec<u8>)>> {
         list.iter()
             .map(|m| {
@@ -176,6 +182,7 @@ fn assemble(work: &Path, agent: &[u8], kernel_deb: &Path, busybox_deb: &Path, pi
         applets: String::from_utf8_lossy(&listed.stdout).lines().map(str::to_owned).collect(),
         modules: read(&modules)?,
         root_modules: read(&root_modules)?,
+        mount_modules: read(&mount_modules)?,
     };
     let mut archive = Vec::new();
     cpio::write(&mut archive, &rootfs::entries(contents), mtime)?;
@@ -203,6 +210,7 @@ fn assemble(work: &Path, agent: &[u8], kernel_deb: &Path, busybox_deb: &Path, pi
         agent_sha256: debian::sha256(agent),
         modules: modules.into_iter().map(|m| m.name).collect(),
         root_modules: root_modules.into_iter().map(|m| m.name).collect(),
+        mount_modules: mount_modules.into_iter().map(|m| m.name).collect(),
         initramfs: part(None, "initramfs.cpio")?,
         mtime,
     };

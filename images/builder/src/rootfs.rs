@@ -33,6 +33,8 @@ pub struct Contents {
     pub modules: Vec<(String, Vec<u8>)>,
     /// Modules loaded only to boot an image root (the block device, EROFS, overlayfs), in load order.
     pub root_modules: Vec<(String, Vec<u8>)>,
+    /// Modules loaded only when the host shares directories (FUSE, virtiofs), in load order.
+    pub mount_modules: Vec<(String, Vec<u8>)>,
 }
 
 /// The archive entries, sorted by path, parents before children.
@@ -61,9 +63,11 @@ pub fn entries(contents: Contents) -> Vec<Entry> {
     for applet in contents.applets.iter().filter(|a| a.as_str() != "bin/busybox" && !a.contains("..")) {
         add(applet, 0o777, Kind::Symlink("/bin/busybox".into()));
     }
-    for (list_path, modules) in
-        [("etc/vm-agent/modules", contents.modules), ("etc/vm-agent/modules-root", contents.root_modules)]
-    {
+    for (list_path, modules) in [
+        ("etc/vm-agent/modules", contents.modules),
+        ("etc/vm-agent/modules-root", contents.root_modules),
+        ("etc/vm-agent/modules-mount", contents.mount_modules),
+    ] {
         let mut list = String::new();
         for (name, bytes) in modules {
             let path = format!("{MODULE_DIR}/{name}.ko");
@@ -92,6 +96,7 @@ mod tests {
             applets: vec!["bin/sh".into(), "usr/bin/head".into(), "bin/busybox".into()],
             modules: vec![("virtio".into(), b"ko".to_vec())],
             root_modules: vec![("erofs".into(), b"ko".to_vec())],
+            mount_modules: vec![("virtiofs".into(), b"ko".to_vec())],
         });
         let paths: Vec<_> = entries.iter().map(|e| e.path.as_str()).collect();
         let mut sorted = paths.clone();

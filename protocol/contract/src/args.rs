@@ -111,6 +111,9 @@ pub struct SupervisorArgs {
     /// credentials, if any, are in the auth bundle.
     #[cfg_attr(feature = "clap", arg(long))]
     pub egress_proxy: Option<String>,
+    /// Host directories to share into the guest (repeatable), each served by its own confined `virtiofsd`.
+    #[cfg_attr(feature = "clap", arg(long = "mount", value_name = "type=bind,src=HOSTDIR,dst=GUESTDIR[,readonly]"))]
+    pub mounts: Vec<crate::share::HostMount>,
 }
 
 impl SupervisorArgs {
@@ -173,6 +176,10 @@ impl SupervisorArgs {
         if let Some(proxy) = &self.egress_proxy {
             argv.push("--egress-proxy".into());
             argv.push(proxy.into());
+        }
+        for mount in &self.mounts {
+            argv.push("--mount".into());
+            argv.push(mount.to_string().into());
         }
         argv
     }
@@ -242,6 +249,7 @@ mod tests {
             backend: Backend::Microvm,
             egress_resolver: Some("127.0.0.1:5353".parse().unwrap()),
             egress_proxy: Some("proxy.corp.example:3128".into()),
+            mounts: vec!["src=/home/me/p,dst=/work,readonly".parse().unwrap(), "src=/d,dst=/data".parse().unwrap()],
         };
         let saving = SupervisorArgs {
             save_snapshot: Some("/run/vm-driver/snapshots/pool-2".into()),
@@ -263,6 +271,7 @@ mod tests {
             backend: Backend::Microvm,
             egress_resolver: None,
             egress_proxy: None,
+            mounts: Vec::new(),
             ..full.clone()
         };
         for args in [full, saving, minimal] {

@@ -190,6 +190,10 @@ pub struct JailerArgs {
     /// The sandbox's writable layer, bound read-write into the jail as [`JAIL_WRITABLE_DISK`].
     #[cfg_attr(feature = "clap", arg(long, requires = "image_disk"))]
     pub writable_disk: Option<PathBuf>,
+    /// Guest memory in a shared memory file of this many MiB (host directories need it): QEMU may size a
+    /// file that large.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub shared_memory_mib: Option<u32>,
     /// QEMU's program and arguments.
     #[cfg_attr(feature = "clap", arg(last = true, required = true))]
     pub exec: Vec<OsString>,
@@ -229,6 +233,9 @@ impl JailerArgs {
         }
         if let Some(disk) = &self.writable_disk {
             flag("--writable-disk", disk.clone().into());
+        }
+        if let Some(mib) = self.shared_memory_mib {
+            flag("--shared-memory-mib", mib.to_string().into());
         }
         if self.kvm {
             argv.push("--kvm".into());
@@ -286,6 +293,7 @@ mod tests {
             incoming: Some("/run/vm-driver/snapshots/k/state".into()),
             image_disk: Some("/cache/disks/00/rootfs.erofs".into()),
             writable_disk: Some("/run/vm-driver/sandboxes/a/disk.ext4".into()),
+            shared_memory_mib: Some(256),
             exec: vec!["/usr/bin/qemu-system-x86_64".into(), "-m".into(), "256M".into(), "--".into()],
         };
         let minimal = JailerArgs {
@@ -297,6 +305,7 @@ mod tests {
             incoming: None,
             image_disk: None,
             writable_disk: None,
+            shared_memory_mib: None,
             ..full.clone()
         };
         for args in [full, minimal] {

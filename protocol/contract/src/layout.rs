@@ -58,11 +58,13 @@ pub enum SandboxFile {
     /// The sandbox's writable layer (a sparse ext4 disk, made by the supervisor at the first boot and kept
     /// across restarts).
     WritableDisk,
+    /// The host-directory mounts' file servers: `shares/N/`, each one's jail root (empty on the host).
+    Shares,
 }
 
 impl SandboxFile {
     /// Every file, for listings and tests.
-    pub const ALL: [Self; 23] = [
+    pub const ALL: [Self; 24] = [
         Self::VmmRoot,
         Self::JailId,
         Self::Channel,
@@ -86,6 +88,7 @@ impl SandboxFile {
         Self::Stopped,
         Self::Root,
         Self::WritableDisk,
+        Self::Shares,
     ];
 
     /// The file's name inside the sandbox directory.
@@ -114,6 +117,7 @@ impl SandboxFile {
             Self::Stopped => "stopped",
             Self::Root => "root.json",
             Self::WritableDisk => "disk.ext4",
+            Self::Shares => "shares",
         }
     }
 

@@ -42,6 +42,7 @@ pub mod pids;
 pub mod root;
 pub mod session;
 pub mod shape;
+pub mod share;
 pub mod snapshot;
 pub mod status;
 pub mod stop;

@@ -63,6 +63,7 @@ controls! {
     WatchdogEofOnly = "watchdog-eof-only": "watchdog: silence does not kill, only EOF does.",
     WatchdogNeverReady = "watchdog-never-ready": "watchdog: fault injection, never send the ready byte.",
     JailerNoDeathSignal = "jailer-no-death-signal": "jailer: QEMU is not armed to die with the jailer (its parent-death SIGKILL dropped).",
+    ShareNoDeathSignal = "share-no-death-signal": "jailer share: a file server's jailer is not armed to die with the supervisor.",
 }
 
 impl TestControl {

@@ -23,6 +23,17 @@ pub fn limit(own_uid: bool, fsize: u64) -> Result<(), JailError> {
     Ok(())
 }
 
+/// The file server's open-file limit (it holds one for every file the guest looked up), within the hard
+/// limit this process has (raising it needs `CAP_SYS_RESOURCE`, which a container may lack), and no core dumps.
+pub fn limit_files(nofile: u64) -> Result<(), JailError> {
+    let nofile = rustix::process::getrlimit(Resource::Nofile).maximum.map_or(nofile, |hard| hard.min(nofile));
+    for (resource, value) in [(Resource::Nofile, nofile), (Resource::Core, 0)] {
+        setrlimit(resource, Rlimit { current: Some(value), maximum: Some(value) })
+            .map_err(|e| JailError::Step("set an rlimit", e.into()))?;
+    }
+    Ok(())
+}
+
 /// The largest file QEMU may write: none ([`RLIMIT_FSIZE`]), or up to the writable layer's size.
 pub fn file_size_limit(writable_disk: Option<&std::path::Path>) -> Result<u64, JailError> {
     match writable_disk {
@@ -44,9 +55,17 @@ pub fn last_capability() -> u32 {
 
 /// Empties the capability bounding set, so nothing QEMU execs later could regain one.
 fn empty_bounding_set(last: u32) -> Result<(), JailError> {
+    limit_bounding_set(last, CapabilitySet::empty())
+}
+
+/// Leaves only `keep` in the capability bounding set.
+pub fn limit_bounding_set(last: u32, keep: CapabilitySet) -> Result<(), JailError> {
     for bit in 0..=last.min(63) {
         // Every bit is a valid set (rustix's flags are open-ended), and a single bit names one capability.
         let cap = CapabilitySet::from_bits_retain(1 << bit);
+        if keep.contains(cap) {
+            continue;
+        }
         match remove_capability_from_bounding_set(cap) {
             // A capability this kernel does not know is not in the set.
             Ok(()) | Err(rustix::io::Errno::INVAL) => {}

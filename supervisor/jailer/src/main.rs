@@ -18,6 +18,7 @@ mod creds;
 mod fds;
 mod pidns;
 mod root;
+mod share;
 
 use std::convert::Infallible;
 use std::ffi::{CString, OsString};
@@ -28,11 +29,12 @@ use std::process::ExitCode;
 use clap::Parser;
 use nix::sched::{unshare, CloneFlags};
 use vm_contract::jail::{Confinement, JailerArgs, PROBE_USERNS};
+use vm_contract::share::ShareJailerArgs;
 
 /// The namespaces every jail gets: mounts (the jail root), IPC, host name, network (QEMU has no network
 /// device, and without its own network namespace an escaped QEMU could reach loopback services, such as the
 /// OTLP collector, and every abstract Unix socket on the host), and processes (it sees and signals no other).
-const JAIL_NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWNS
+pub(crate) const JAIL_NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWNS
     .union(CloneFlags::CLONE_NEWIPC)
     .union(CloneFlags::CLONE_NEWUTS)
     .union(CloneFlags::CLONE_NEWNET)
@@ -51,8 +53,11 @@ pub enum JailError {
     #[error("an argument holds a NUL byte")]
     Nul,
     /// No program to exec.
-    #[error("no QEMU command line after --")]
+    #[error("no command line after --")]
     NoProgram,
+    /// A file server without namespaces.
+    #[error("host directories need jail or userns confinement")]
+    NoShareConfinement,
 }
 
 impl JailError {
@@ -69,12 +74,18 @@ impl JailError {
 pub struct Safeguards {
     /// QEMU gets SIGKILL when the jailer dies (off: `jailer-no-death-signal`).
     pub parent_death_signal: bool,
+    /// A file server's jailer gets SIGKILL when the supervisor dies (off: `share-no-death-signal`).
+    pub share_death_signal: bool,
 }
 
 impl Safeguards {
     /// The switches of this process's environment; in a release build, every safeguard on.
     fn read() -> Self {
-        Self { parent_death_signal: !control(vm_contract::test_control::TestControl::JailerNoDeathSignal) }
+        use vm_contract::test_control::TestControl;
+        Self {
+            parent_death_signal: !control(TestControl::JailerNoDeathSignal),
+            share_death_signal: !control(TestControl::ShareNoDeathSignal),
+        }
     }
 }
 
@@ -82,10 +93,15 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == PROBE_USERNS) {
         return probe_userns();
     }
-    let args = JailerArgs::parse();
     #[cfg(feature = "test-controls")]
     eprintln!("{}", vm_contract::test_control::announcement("vm-jailer"));
-    let Err(e) = confine_and_exec(&args, Safeguards::read());
+    let outcome = if std::env::args_os().nth(1).is_some_and(|a| a == vm_contract::share::SUBCOMMAND) {
+        let args = ShareJailerArgs::parse_from(std::env::args_os().skip(1));
+        share::confine_and_exec(&args, Safeguards::read())
+    } else {
+        confine_and_exec(&JailerArgs::parse(), Safeguards::read())
+    };
+    let Err(e) = outcome;
     // QEMU's stderr is the supervisor's vmm.log pipe: the reason lands there and in the boot error.
     let mut message = format!("vm-jailer: {e}");
     let mut source = std::error::Error::source(&e);
@@ -112,7 +128,8 @@ fn confine_and_exec(args: &JailerArgs, safeguards: Safeguards) -> Result<Infalli
     }
     // Read while /proc is still there: the jail has none.
     let last_cap = creds::last_capability();
-    let fsize = creds::file_size_limit(args.writable_disk.as_deref())?;
+    let fsize = creds::file_size_limit(args.writable_disk.as_deref())?
+        .max(args.shared_memory_mib.map_or(0, |mib| u64::from(mib) << 20));
     rustix::process::setpriority_process(None, i32::from(args.nice))
         .map_err(|e| JailError::step("set the niceness")(e.into()))?;
     match args.confinement {
@@ -146,14 +163,14 @@ fn confine_and_exec(args: &JailerArgs, safeguards: Safeguards) -> Result<Infalli
     exec(&qemu)
 }
 
-/// Execs QEMU with an empty environment.
-fn exec(argv: &[OsString]) -> Result<Infallible, JailError> {
+/// Execs QEMU (or the file server) with an empty environment.
+pub(crate) fn exec(argv: &[OsString]) -> Result<Infallible, JailError> {
     let argv: Vec<CString> =
         argv.iter().map(|a| CString::new(a.as_bytes()).map_err(|_| JailError::Nul)).collect::<Result<_, _>>()?;
     let program = argv.first().ok_or(JailError::NoProgram)?;
     let env: [CString; 0] = [];
     let Err(e) = nix::unistd::execve(program, &argv, &env);
-    Err(JailError::errno("execute QEMU")(e))
+    Err(JailError::errno("execute the program")(e))
 }
 
 /// Whether an unprivileged user namespace with a mount namespace can be made here.

@@ -22,9 +22,9 @@ use vm_contract::jail::vmm_pid_line;
 use crate::{fds, JailError, Safeguards};
 
 /// Splits into QEMU's parent and QEMU-to-be. Returns in the child only, which then execs QEMU (keeping
-/// `for_qemu`, a snapshot to restore); the parent reports the child's pid, closes what it inherited and
-/// `for_qemu`, and exits when the child does.
-pub fn split(inherited: &[RawFd], for_qemu: Option<OwnedFd>, safeguards: Safeguards) -> Result<(), JailError> {
+/// `for_qemu`, a snapshot to restore), with its link to the parent; the parent reports the child's pid,
+/// closes what it inherited and `for_qemu`, and exits when the child does.
+pub fn split(inherited: &[RawFd], for_qemu: Option<OwnedFd>, safeguards: Safeguards) -> Result<Parent, JailError> {
     // Open for as long as the parent lives: the child checks it after arming its parent-death signal.
     let (alive_read, alive_write) =
         nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(JailError::errno("make a pipe"))?;
@@ -58,18 +58,31 @@ pub fn split(inherited: &[RawFd], for_qemu: Option<OwnedFd>, safeguards: Safegua
     }
 }
 
+/// The child's link to the parent: the read end of a pipe whose write end only the parent holds.
+pub struct Parent(std::fs::File);
+
+impl Parent {
+    /// Arms SIGKILL at the parent's death (again after a change of ids, which disarms it), then checks that
+    /// the parent still lives.
+    pub fn die_with(&self, safeguards: Safeguards) -> Result<(), JailError> {
+        if safeguards.parent_death_signal {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+                .map_err(|e| JailError::step("arm the parent-death signal")(e.into()))?;
+        }
+        // The parent may have died before the signal was armed; then its end of the pipe is closed.
+        match (&self.0).read(&mut [0]) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(()),
+            _ => Err(JailError::Step("outlive the jailer", std::io::ErrorKind::BrokenPipe.into())),
+        }
+    }
+}
+
 /// The child: dies with its parent, and keeps no pipe to the supervisor on its stdout.
-fn become_vmm(alive: OwnedFd, safeguards: Safeguards) -> Result<(), JailError> {
-    if safeguards.parent_death_signal {
-        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
-            .map_err(|e| JailError::step("arm the parent-death signal")(e.into()))?;
-    }
-    // The parent may have died before the signal was armed; then its end of the pipe is closed.
-    match std::fs::File::from(alive).read(&mut [0]) {
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-        _ => return Err(JailError::Step("outlive the jailer", std::io::ErrorKind::BrokenPipe.into())),
-    }
-    quiet_stdout()
+fn become_vmm(alive: OwnedFd, safeguards: Safeguards) -> Result<Parent, JailError> {
+    let parent = Parent(alive.into());
+    parent.die_with(safeguards)?;
+    quiet_stdout()?;
+    Ok(parent)
 }
 
 /// Writes QEMU's host pid on stdout for the supervisor (a pipe it reads once), then points stdout at

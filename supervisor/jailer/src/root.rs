@@ -32,20 +32,7 @@ fn io(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> JailError {
 /// Builds the jail in `args.root` and makes it this process's root. Needs a fresh mount namespace.
 pub fn enter(args: &JailerArgs) -> Result<(), JailError> {
     let root = &args.root;
-    // The supervisor's umask keeps its files private; the jail's directories must be searchable by the VMM.
-    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
-    // Nothing done here may reach the host's mounts.
-    mount_change("/", MountPropagationFlags::PRIVATE | MountPropagationFlags::REC)
-        .map_err(io("make the mounts private"))?;
-    mount_bind(root, root).map_err(io("make the jail a mount point"))?;
-    for dir in SYSTEM_DIRS {
-        let dir = Path::new(dir);
-        match fs::symlink_metadata(dir) {
-            Ok(meta) if meta.file_type().is_symlink() => copy_symlink(dir, root)?,
-            Ok(meta) if meta.is_dir() => bind_read_only(dir, &inside(root, dir), false)?,
-            _ => {}
-        }
-    }
+    prepare(root)?;
     let qemu = args.exec.first().map(PathBuf::from).ok_or(JailError::NoProgram)?;
     bind_read_only(&qemu, &inside(root, &qemu), false)?;
     bind_read_only(&args.kernel, &root.join(JAIL_KERNEL), false)?;
@@ -61,6 +48,30 @@ pub fn enter(args: &JailerArgs) -> Result<(), JailError> {
     if args.kvm {
         bind_device(Path::new("/dev/kvm"), &root.join("dev/kvm"))?;
     }
+    pivot(root)
+}
+
+/// Makes `root` a private mount point holding the system directories. Needs a fresh mount namespace.
+pub(crate) fn prepare(root: &Path) -> Result<(), JailError> {
+    // The supervisor's umask keeps its files private; the jail's directories must be searchable by the VMM.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
+    // Nothing done here may reach the host's mounts.
+    mount_change("/", MountPropagationFlags::PRIVATE | MountPropagationFlags::REC)
+        .map_err(io("make the mounts private"))?;
+    mount_bind(root, root).map_err(io("make the jail a mount point"))?;
+    for dir in SYSTEM_DIRS {
+        let dir = Path::new(dir);
+        match fs::symlink_metadata(dir) {
+            Ok(meta) if meta.file_type().is_symlink() => copy_symlink(dir, root)?,
+            Ok(meta) if meta.is_dir() => bind_read_only(dir, &inside(root, dir), false)?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Makes the prepared `root` this process's root, read-only.
+pub(crate) fn pivot(root: &Path) -> Result<(), JailError> {
     rustix::process::chdir(root).map_err(io("enter the jail"))?;
     // The old root is stacked under the new one, then detached: nothing of it stays reachable.
     rustix::process::pivot_root(".", ".").map_err(io("pivot_root into the jail"))?;
@@ -71,7 +82,7 @@ pub fn enter(args: &JailerArgs) -> Result<(), JailError> {
 }
 
 /// `path` as seen from inside `root`.
-fn inside(root: &Path, path: &Path) -> PathBuf {
+pub(crate) fn inside(root: &Path, path: &Path) -> PathBuf {
     root.join(path.strip_prefix("/").unwrap_or(path))
 }
 
@@ -97,7 +108,7 @@ fn mount_point(source: &Path, target: &Path) -> Result<(), JailError> {
 }
 
 /// Binds `source` at `target`, then makes that mount read-only and `nosuid` (and `nodev` unless `device`).
-fn bind_read_only(source: &Path, target: &Path, device: bool) -> Result<(), JailError> {
+pub(crate) fn bind_read_only(source: &Path, target: &Path, device: bool) -> Result<(), JailError> {
     mount_point(source, target)?;
     mount_bind_recursive(source, target).map_err(io("bind a file into the jail"))?;
     let mut flags = MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID;
@@ -116,7 +127,7 @@ fn bind_writable(source: &Path, target: &Path) -> Result<(), JailError> {
 }
 
 /// Binds a device node writable (`/dev/null`, `/dev/kvm`), `nosuid` and not executable.
-fn bind_device(source: &Path, target: &Path) -> Result<(), JailError> {
+pub(crate) fn bind_device(source: &Path, target: &Path) -> Result<(), JailError> {
     mount_point(source, target)?;
     mount_bind(source, target).map_err(io("bind a device into the jail"))?;
     mount_remount(target, MountFlags::BIND | MountFlags::NOSUID | MountFlags::NOEXEC, "")

@@ -40,6 +40,9 @@ pub enum BootError {
     /// The snapshot to restore from is unreadable.
     #[error("cannot read the snapshot to restore")]
     Snapshot(#[source] std::io::Error),
+    /// A host directory's file server could not be started.
+    #[error("cannot share a host directory")]
+    Shares(#[source] super::shares::ShareError),
     /// QEMU could not be started.
     #[error("cannot start the VMM")]
     SpawnVmm(#[source] std::io::Error),

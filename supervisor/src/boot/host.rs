@@ -90,6 +90,7 @@ pub(super) fn prepare(args: &SupervisorArgs, root: Option<&RootImage>) -> Result
         incoming: args.restore_snapshot.as_deref().map(|dir| SnapshotFile::State.path(dir)),
         tsc_khz: args.tsc_khz,
         disks,
+        mounts: super::shares::guest_view(&args.mounts),
     };
     Ok(Prepared { config, watchdog, channel, console, monitor, migration, restored })
 }

@@ -41,6 +41,7 @@ pub mod guest_link;
 pub mod guest_logs;
 mod host;
 pub mod lease;
+pub(crate) mod shares;
 pub mod snapshot;
 pub mod vmm;
 pub mod vmm_limits;
@@ -80,6 +81,8 @@ pub(crate) struct Vm {
     pub(crate) vmm_record: ProcessRecord,
     pub(crate) lease: Lease,
     pub(crate) logs: GuestLogs,
+    /// The host directories' file servers.
+    pub(crate) shares: shares::Shares,
 }
 
 impl Vm {
@@ -88,6 +91,7 @@ impl Vm {
     /// killed.
     pub(crate) async fn shut_down(mut self) -> Option<std::process::ExitStatus> {
         self.vmm.kill().await;
+        self.shares.kill().await;
         self.lease.close().await
     }
 }
@@ -116,8 +120,17 @@ pub(crate) async fn boot(
 ) -> Result<Booted, BootError> {
     let Prepared { config, watchdog, channel, console, monitor, migration, restored } = host::prepare(args, root)?;
     let saving = monitor.is_some();
+    let mut shares = shares::start(&args.mounts, config.confinement, config.ids, &config.cgroups, safeguards, senders)
+        .await
+        .map_err(BootError::Shares)?;
     // Until QEMU's pid is known, the switch kills the jailer, and QEMU with it (its parent-death signal).
-    let jailer = config.spawn(&safeguards.child_env).map_err(BootError::SpawnVmm)?;
+    let jailer = match config.spawn(&safeguards.child_env) {
+        Ok(jailer) => jailer,
+        Err(e) => {
+            shares.kill().await;
+            return Err(BootError::SpawnVmm(e));
+        }
+    };
     let mut vmm = VmmProcess::new(jailer, senders.vmm_kill.clone());
     let booted = async {
         let logs = guest_logs(&mut vmm, &console, senders, safeguards).await?;
@@ -142,10 +155,11 @@ pub(crate) async fn boot(
     };
     match booted.await {
         Ok((vmm_record, lease, link, attach, logs, save)) => {
-            Ok(Booted { vm: Vm { vmm, vmm_record, lease, logs }, link, attach, save })
+            Ok(Booted { vm: Vm { vmm, vmm_record, lease, logs, shares }, link, attach, save })
         }
         Err(e) => {
             vmm.kill().await;
+            shares.kill().await;
             Err(e)
         }
     }

@@ -29,6 +29,7 @@ use vm_contract::jail::{
 };
 use vm_contract::layout::SandboxFile;
 use vm_contract::shape::SandboxShape;
+use vm_protocol::mounts::{self, GuestMount};
 use vm_protocol::root::{IMAGE_DISK_SERIAL, KERNEL_ARG as IMAGE_ROOT_ARG, WRITABLE_DISK_SERIAL};
 use vm_protocol::CHANNEL_PORT_NAME;
 
@@ -90,6 +91,8 @@ pub struct VmmConfig {
     pub tsc_khz: Option<u32>,
     /// An image root's disks; without them the guest keeps the initramfs as its root.
     pub disks: Option<Disks>,
+    /// Host directories, one vhost-user-fs device each ([`super::shares`] serves them).
+    pub mounts: Vec<GuestMount>,
 }
 
 impl VmmConfig {
@@ -105,11 +108,23 @@ impl VmmConfig {
             kernel_args.push(' ');
             kernel_args.push_str(IMAGE_ROOT_ARG);
         }
+        if let Some(arg) = mounts::kernel_arg(&self.mounts) {
+            kernel_args.push(' ');
+            kernel_args.push_str(&arg);
+        }
         let jailed = self.confinement.has_jail_root();
         let mut args: Vec<OsString> = Vec::new();
         let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
         push(&["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
-        push(&["-M", "microvm,pit=on,pic=on,rtc=on"]);
+        if self.mounts.is_empty() {
+            push(&["-M", "microvm,pit=on,pic=on,rtc=on"]);
+        } else {
+            // vhost-user needs guest memory the file servers can map, and virtio-mmio devices in modern
+            // (version 2) mode: libvhost-user refuses legacy ones.
+            push(&["-M", "microvm,pit=on,pic=on,rtc=on,memory-backend=mem"]);
+            let size = format!("memory-backend-memfd,id=mem,size={}M,share=on", self.shape.memory_mib());
+            push(&["-object", &size, "-global", "virtio-mmio.force-legacy=false"]);
+        }
         match self.accel {
             Accelerator::Kvm => push(&["-accel", "kvm", "-cpu", "host"]),
             // QEMU's default translation cache is 1 GiB, and a guest that runs long enough fills it.
@@ -147,6 +162,11 @@ impl VmmConfig {
             push(&["-drive", &drive("writable", &writable, ",discard=unmap")]);
             push(&["-device", &format!("virtio-blk-device,drive=writable,serial={WRITABLE_DISK_SERIAL}")]);
         }
+        for m in &self.mounts {
+            let (chardev, socket) = (format!("fs{}", m.index), vm_contract::share::socket_name(m.index));
+            push(&["-chardev", &format!("socket,id={chardev},path={socket}")]);
+            push(&["-device", &format!("vhost-user-fs-device,chardev={chardev},tag={}", mounts::tag(m.index))]);
+        }
         push(&["-append", &kernel_args]);
         let (kernel, initrd) = if jailed {
             (JAIL_KERNEL.into(), JAIL_INITRD.into())
@@ -174,6 +194,7 @@ impl VmmConfig {
             incoming: self.incoming.clone(),
             image_disk: self.disks.as_ref().map(|d| d.image.clone()),
             writable_disk: self.disks.as_ref().map(|d| d.writable.clone()),
+            shared_memory_mib: (!self.mounts.is_empty()).then(|| self.shape.memory_mib()),
             exec,
         }
     }
@@ -231,6 +252,7 @@ mod tests {
             incoming: None,
             tsc_khz: None,
             disks: None,
+            mounts: Vec::new(),
         }
     }
 
@@ -285,5 +307,23 @@ mod tests {
         assert!(line.contains("file=/c/disks/a,,b/rootfs.erofs,"), "a comma in a path is escaped: {line}");
         let jailer = with.jailer_args();
         assert_eq!((jailer.image_disk, jailer.writable_disk), (Some(disks.image), Some(disks.writable)));
+    }
+
+    #[test]
+    fn mounts_add_shared_memory_a_device_each_and_the_kernel_argument() {
+        let mounts = vec![
+            GuestMount { index: 0, target: "/work".into(), readonly: false },
+            GuestMount { index: 1, target: "/data".into(), readonly: true },
+        ];
+        let with = VmmConfig { mounts: mounts.clone(), ..config(Accelerator::Tcg) };
+        let line = with.args().iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
+        assert!(line.contains("memory-backend=mem") && line.contains("memory-backend-memfd,id=mem,size=512M,share=on"));
+        assert!(line.contains("-global virtio-mmio.force-legacy=false"), "{line}");
+        assert!(line.contains("vhost-user-fs-device,chardev=fs1,tag=vmfs1") && line.contains("path=fs0.sock"));
+        assert!(line.contains(&mounts::kernel_arg(&mounts).unwrap()));
+        assert_eq!(with.jailer_args().shared_memory_mib, Some(512));
+        let plain = joined(Accelerator::Tcg);
+        assert!(!plain.contains("memory-backend") && !plain.contains("vhost-user") && !plain.contains("force-legacy"));
+        assert_eq!(config(Accelerator::Tcg).jailer_args().shared_memory_mib, None);
     }
 }

@@ -85,6 +85,7 @@ impl BareVm {
             incoming: None,
             tsc_khz: vm_driver::tsc::khz(),
             disks: None,
+            mounts: Vec::new(),
         };
         let started = Instant::now();
         let qemu = Command::new(&config.qemu)

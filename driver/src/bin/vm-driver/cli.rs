@@ -290,6 +290,10 @@ pub struct LaunchArgs {
     /// does, through the hardened extractor (repeatable; the guest path holds no `:`).
     #[arg(long, value_name = "GUESTPATH:HOSTPATH", value_parser = crate::copy::parse_copy_out)]
     pub copy_out: Vec<(String, PathBuf)>,
+    /// Share a host directory into the sandbox through virtiofs, docker's syntax (repeatable, at most 8;
+    /// docs/files.md): the guest's workload writes as the directory's owner, never as root.
+    #[arg(long = "mount", value_name = "type=bind,src=HOSTDIR,dst=GUESTDIR[,readonly]")]
+    pub mounts: Vec<vm_contract::share::HostMount>,
     /// The root filesystem: an OCI image (REGISTRY/NAME[:TAG|@sha256:DIGEST], oci:DIR[:TAG],
     /// docker-archive:FILE), pulled on first use (docs/images.md). Default: the built-in root.
     #[arg(long, value_name = "REF")]
@@ -405,6 +409,10 @@ pub struct CreateArgs {
     /// The writable layer's size in MiB, with --image.
     #[arg(long, value_name = "MIB", default_value_t = vm_contract::root::DEFAULT_DISK_MIB)]
     pub disk: u32,
+    /// Share a host directory (of serve's host) into the sandbox through virtiofs, docker's syntax (repeatable, at most 8;
+    /// docs/files.md): the guest's workload writes as the directory's owner, never as root.
+    #[arg(long = "mount", value_name = "type=bind,src=HOSTDIR,dst=GUESTDIR[,readonly]")]
+    pub mounts: Vec<vm_contract::share::HostMount>,
     /// The sandbox policy (JSON, docs/policy.md); every operation when not given.
     #[arg(long, value_name = "FILE", value_parser = read_policy)]
     pub policy: Option<SandboxPolicy>,

@@ -99,6 +99,10 @@ pub async fn show(socket: &Path, id: Option<&str>) -> Result<()> {
     );
     for s in &sandboxes {
         println!("{}", line(s));
+        // One sandbox: its host directories too.
+        for m in s.spec.iter().filter(|_| id.is_some()).flat_map(|spec| &spec.mounts) {
+            println!("  mount {} -> {}{}", m.source, m.target, if m.readonly { " (read-only)" } else { "" });
+        }
     }
     Ok(())
 }

@@ -93,6 +93,8 @@ pub struct LaunchConfig {
     pub copy_out: Vec<(String, PathBuf)>,
     /// Run the command on a pseudo-terminal (`-t`).
     pub tty: bool,
+    /// Host directories shared with the guest (`--mount`).
+    pub mounts: Vec<vm_contract::share::HostMount>,
 }
 
 /// The signals that end a launch, watched from before the supervisor starts.
@@ -110,6 +112,7 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
     let image = image::resolve(config.boot_image.as_deref(), config.kernel.as_deref(), config.initrd.as_deref())?;
     let supervisor = sandbox::supervisor::locate()?;
     let jail = config.jail.resolve(&supervisor)?;
+    let mounts = vm_driver::mounts::resolve(&config.mounts, jail.confinement)?;
     let root = config.state_dir.clone().unwrap_or_else(state::default_root);
     let state = StateDir::open(&root)?;
     for reaped in reap::reap_all(&state.sandboxes_dir(), config.controls.reaper) {
@@ -145,6 +148,7 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
         jail,
         policy: config.policy.clone(),
         egress: config.egress.clone(),
+        mounts,
         controls: config.controls,
     };
     let running = match sandbox::start(&spec) {

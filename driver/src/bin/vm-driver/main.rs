@@ -107,6 +107,7 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
                 controls,
                 copy_in: args.copy_in,
                 copy_out: args.copy_out,
+                mounts: args.mounts,
                 tty: args.tty,
             })
             .await
@@ -156,6 +157,16 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
                 image: args.image.unwrap_or_default(),
                 disk_mib: args.disk,
                 policy: args.policy.map(|p| p.to_json()).unwrap_or_default(),
+                mounts: args
+                    .mounts
+                    .into_iter()
+                    .map(|m| vm_protocol::driver_api::Mount {
+                        // serve resolves it on its side; a relative path is made absolute here, where it was meant.
+                        source: std::path::absolute(&m.source).unwrap_or(m.source).display().to_string(),
+                        target: m.target,
+                        readonly: m.readonly,
+                    })
+                    .collect(),
             };
             let timeout = Duration::from_secs(args.wait_timeout);
             client::create(&args.socket.path(), args.id.as_str(), spec, !args.no_wait, timeout).await?;

@@ -61,6 +61,7 @@ fn spec() -> StoredSpec {
         image: None,
         disk_mib: vm_contract::root::DEFAULT_DISK_MIB,
         policy: None,
+        mounts: Vec::new(),
     }
 }
 

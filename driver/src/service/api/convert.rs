@@ -3,10 +3,12 @@
 
 use tonic::Status;
 use vm_contract::ids::SandboxId;
+use vm_contract::jail::Confinement;
 use vm_contract::shape::{SandboxShape, ShapeError};
+use vm_contract::share::HostMount;
 use vm_protocol::credentials::{CredentialRotation, RotationOutcome, MAX_HEADERS};
 use vm_protocol::driver_api::{
-    watch_event, ListPoolResponse, PlatformEvent, PoolTarget as ApiTarget, PooledVm, ReadinessKind,
+    watch_event, ListPoolResponse, Mount, PlatformEvent, PoolTarget as ApiTarget, PooledVm, ReadinessKind,
     RotateCredentialsRequest, Sandbox, SandboxSpec, SandboxState, WatchEvent,
 };
 use vm_protocol::policy::{PolicyError, SandboxPolicy};
@@ -28,13 +30,43 @@ pub enum SpecError {
     /// The policy is not valid.
     #[error(transparent)]
     Policy(#[from] PolicyError),
+    /// A mount's guest path is not valid.
+    #[error("mount target {0:?}: an absolute guest path of at most 96 bytes, without . or .., and not /, /proc, /sys, /dev or /run")]
+    MountTarget(String),
+    /// A mount's host path is relative: the service's working directory is not the client's.
+    #[error("mount source {0:?} must be an absolute host path")]
+    MountSource(String),
+    /// The mounts cannot be had.
+    #[error(transparent)]
+    Mounts(#[from] crate::mounts::MountError),
 }
 
-/// A spec from the API, with defaults filled in.
+/// A spec's mounts, checked and resolved.
 ///
 /// # Errors
-/// [`SpecError`] for a shape out of range or a policy that is not valid.
-pub fn stored_spec(spec: &SandboxSpec) -> Result<StoredSpec, SpecError> {
+/// [`SpecError::MountTarget`], [`SpecError::MountSource`] or [`SpecError::Mounts`].
+pub fn host_mounts(spec: &SandboxSpec, confinement: Confinement) -> Result<Vec<HostMount>, SpecError> {
+    let mounts = spec
+        .mounts
+        .iter()
+        .map(|m| {
+            if !vm_protocol::mounts::target_ok(&m.target) {
+                return Err(SpecError::MountTarget(m.target.clone()));
+            }
+            if !std::path::Path::new(&m.source).is_absolute() {
+                return Err(SpecError::MountSource(m.source.clone()));
+            }
+            Ok(HostMount { source: m.source.clone().into(), target: m.target.clone(), readonly: m.readonly })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(crate::mounts::resolve(&mounts, confinement)?)
+}
+
+/// A spec from the API, with defaults filled in and its mounts resolved.
+///
+/// # Errors
+/// [`SpecError`] for a shape out of range, a policy that is not valid or mounts that cannot be had.
+pub fn stored_spec(spec: &SandboxSpec, confinement: Confinement) -> Result<StoredSpec, SpecError> {
     let policy = if spec.policy.is_empty() {
         None
     } else {
@@ -47,6 +79,7 @@ pub fn stored_spec(spec: &SandboxSpec) -> Result<StoredSpec, SpecError> {
         image: (!spec.image.is_empty()).then(|| spec.image.clone()),
         disk_mib: if spec.disk_mib == 0 { vm_contract::root::DEFAULT_DISK_MIB } else { spec.disk_mib },
         policy,
+        mounts: host_mounts(spec, confinement)?,
     })
 }
 
@@ -61,6 +94,11 @@ pub fn spec(spec: &StoredSpec) -> SandboxSpec {
         image: spec.image.clone().unwrap_or_default(),
         disk_mib: spec.disk_mib,
         policy: spec.policy.as_ref().map(SandboxPolicy::to_json).unwrap_or_default(),
+        mounts: spec
+            .mounts
+            .iter()
+            .map(|m| Mount { source: m.source.display().to_string(), target: m.target.clone(), readonly: m.readonly })
+            .collect(),
     }
 }
 
@@ -208,5 +246,29 @@ impl From<RotateError> for Status {
             RotateError::Unreachable => Self::unavailable(e.to_string()),
             RotateError::Refused(_) => Self::failed_precondition(e.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(source: &str, target: &str) -> SandboxSpec {
+        SandboxSpec {
+            mounts: vec![Mount { source: source.into(), target: target.into(), readonly: true }],
+            ..SandboxSpec::default()
+        }
+    }
+
+    #[test]
+    fn an_api_mount_needs_an_absolute_source_and_a_valid_target() {
+        let tmp = std::env::temp_dir();
+        let resolved = host_mounts(&spec(tmp.to_str().unwrap(), "/work"), Confinement::Jail).unwrap();
+        assert_eq!(resolved[0].source, std::fs::canonicalize(&tmp).unwrap());
+        assert!(matches!(host_mounts(&spec("tmp", "/work"), Confinement::Jail), Err(SpecError::MountSource(_))));
+        assert!(matches!(
+            host_mounts(&spec(tmp.to_str().unwrap(), "/proc"), Confinement::Jail),
+            Err(SpecError::MountTarget(_))
+        ));
     }
 }

@@ -57,6 +57,7 @@ pub(super) fn boot(
         jail: ctx.jail,
         policy: None,
         egress: ctx.egress.clone(),
+        mounts: Vec::new(),
         controls: ctx.controls,
     };
     Ok(sandbox::start_pooled(&spec, start)?)

@@ -1,0 +1,191 @@
+//! `vm-jailer share`: confines itself, then execs `virtiofsd` for one host directory
+//! ([`vm_contract::share`]).
+//!
+//! ```text
+//! join cgroups -> socket (stdin) to fd 3 -> no supplementary groups -> user namespace (only the guest's
+//!   workload uid and gid, mapped to the directory's owner) -> mount/IPC/UTS/net/PID namespaces -> fork
+//!   (the server is the PID namespace's init) -> jail root: system libraries, the server, a /proc of its
+//!   own, the directory at /shared (read-only if asked) -> pivot_root -> the workload ids, CAP_SYS_CHROOT
+//!   and CAP_SETPCAP alone (virtiofsd chroots into /shared) -> no new privileges -> exec
+//! ```
+//!
+//! The mapping is the whole of the server's identity: a guest request as any other uid (root included)
+//! fails in the server's `setresuid` (EINVAL), and nothing it creates can belong to a host uid but the one
+//! mapped. Its capabilities count only in its own user namespace, over files whose owner is mapped.
+
+use std::convert::Infallible;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::OFlag;
+use nix::sched::{unshare, CloneFlags};
+use nix::unistd::{fork, setgroups, setresgid, setresuid, ForkResult, Gid, Uid};
+use rustix::mount::{mount, mount_remount, MountFlags};
+use rustix::thread::{
+    configure_capability_in_ambient_set, set_capabilities, set_keep_capabilities, CapabilitySet, CapabilitySets,
+};
+use vm_contract::jail::Confinement;
+use vm_contract::share::{ShareJailerArgs, JAIL_SOURCE, RLIMIT_NOFILE, SOCKET_FD};
+
+use crate::{creds, fds, pidns, root, JailError, Safeguards, JAIL_NAMESPACES};
+
+/// What the server keeps, in its own namespace only: `chroot` into the shared directory, which it does
+/// itself, and `setpcap`, to empty its bounding set as it starts (without it libcap-ng takes a path that
+/// its own seccomp filter kills).
+const KEPT: CapabilitySet = CapabilitySet::SYS_CHROOT.union(CapabilitySet::SETPCAP);
+
+/// Confines this process for the file server and execs it.
+pub fn confine_and_exec(args: &ShareJailerArgs, safeguards: Safeguards) -> Result<Infallible, JailError> {
+    let supervisor = rustix::process::getppid();
+    for cgroup in &args.cgroups {
+        std::fs::write(cgroup.join("cgroup.procs"), std::process::id().to_string())
+            .map_err(JailError::step("join the VMM's cgroup"))?;
+    }
+    let inherited = fds::close_on_exec_beyond_stdio()?;
+    let socket = take_socket()?;
+    let last_cap = creds::last_capability();
+    rustix::process::setpriority_process(None, i32::from(args.nice))
+        .map_err(|e| JailError::step("set the niceness")(e.into()))?;
+    creds::limit_files(RLIMIT_NOFILE)?;
+    match args.confinement {
+        Confinement::Jail => {
+            // Host groups (root's among them) would still count in every permission check.
+            setgroups(&[]).map_err(JailError::errno("drop the supplementary groups"))?;
+            map_by_helper(args)?;
+        }
+        Confinement::Userns => {
+            unshare(CloneFlags::CLONE_NEWUSER).map_err(JailError::errno("create the user namespace"))?;
+            write_maps(Path::new("/proc/self"), args)?;
+        }
+        Confinement::None => return Err(JailError::NoShareConfinement),
+    }
+    unshare(JAIL_NAMESPACES).map_err(JailError::errno("create the namespaces"))?;
+    if safeguards.share_death_signal {
+        die_with(supervisor)?;
+    }
+    let jailer = pidns::split(&inherited, Some(socket), safeguards)?;
+    enter(args)?;
+    become_workload(args, last_cap)?;
+    jailer.die_with(safeguards)?;
+    rustix::thread::set_no_new_privs(true).map_err(|e| JailError::step("set no-new-privileges")(e.into()))?;
+    crate::exec(&args.exec)
+}
+
+/// Unlike QEMU, the server has no watchdog: this process (and with it the server, its parent-death
+/// signal armed in [`pidns::split`]) dies with the supervisor, even before QEMU has connected.
+fn die_with(supervisor: Option<rustix::process::Pid>) -> Result<(), JailError> {
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+        .map_err(|e| JailError::step("arm the parent-death signal")(e.into()))?;
+    // Gone before the signal was armed: this process has been reparented.
+    if rustix::process::getppid() != supervisor {
+        return Err(JailError::step("outlive the supervisor")(std::io::Error::from(std::io::ErrorKind::NotConnected)));
+    }
+    Ok(())
+}
+
+/// The listening socket the supervisor gave as stdin, moved to [`SOCKET_FD`] (open across the exec);
+/// stdin becomes `/dev/null`.
+fn take_socket() -> Result<OwnedFd, JailError> {
+    let stdin = std::io::stdin();
+    let target = {
+        // SAFETY: SOCKET_FD is either closed or an inherited fd marked close-on-exec above, which dup2
+        // replaces; nothing of this process owns it. No safe API duplicates onto a chosen number.
+        #[allow(unsafe_code)]
+        let mut fd = unsafe { OwnedFd::from_raw_fd(SOCKET_FD) };
+        rustix::io::dup2(stdin.as_fd(), &mut fd).map_err(|e| JailError::step("take the socket")(e.into()))?;
+        fd
+    };
+    let null = std::fs::File::open("/dev/null").map_err(JailError::step("open /dev/null"))?;
+    nix::unistd::dup2_stdin(null).map_err(JailError::errno("point stdin at /dev/null"))?;
+    Ok(target)
+}
+
+/// Root: a child still in the host's user namespace writes the maps of this process's new one (only a
+/// process privileged there may map another uid than its own).
+fn map_by_helper(args: &ShareJailerArgs) -> Result<(), JailError> {
+    let (ready_read, ready_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(JailError::errno("make a pipe"))?;
+    let (done_read, done_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(JailError::errno("make a pipe"))?;
+    let parent = std::process::id();
+    // SAFETY: single-threaded (see pidns::split); the child only reads, writes three files and exits.
+    #[allow(unsafe_code)]
+    let forked = unsafe { fork() }.map_err(JailError::errno("fork the mapper"))?;
+    match forked {
+        ForkResult::Child => {
+            drop((ready_write, done_read));
+            let mapped = std::fs::File::from(ready_read).read_exact(&mut [0]).is_ok()
+                && write_maps(&PathBuf::from(format!("/proc/{parent}")), args).is_ok();
+            let _ = std::fs::File::from(done_write).write_all(&[u8::from(mapped)]);
+            std::process::exit(i32::from(!mapped))
+        }
+        ForkResult::Parent { child } => {
+            drop((ready_read, done_write));
+            let made = unshare(CloneFlags::CLONE_NEWUSER);
+            let mut said = [0];
+            let told = std::fs::File::from(ready_write).write_all(&[1]).is_ok();
+            let mapped = told && made.is_ok() && std::fs::File::from(done_read).read_exact(&mut said).is_ok();
+            let _ = nix::sys::wait::waitpid(child, None);
+            made.map_err(JailError::errno("create the user namespace"))?;
+            if !mapped || said[0] != 1 {
+                return Err(JailError::Step("map the user namespace", std::io::ErrorKind::PermissionDenied.into()));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Writes the one-uid, one-gid maps of the user namespace of `proc` (a `/proc/PID` directory).
+fn write_maps(proc: &Path, args: &ShareJailerArgs) -> Result<(), JailError> {
+    let write = |file: &str, text: String| {
+        std::fs::write(proc.join(file), text).map_err(JailError::step("map the user namespace"))
+    };
+    write("setgroups", "deny".into())?;
+    write("uid_map", format!("{} {} 1", args.uid_map.0, args.uid_map.1))?;
+    write("gid_map", format!("{} {} 1", args.gid_map.0, args.gid_map.1))
+}
+
+/// Builds the jail in `args.root` (system libraries, the server, a /proc of this PID namespace, the shared
+/// directory) and makes it this process's root.
+fn enter(args: &ShareJailerArgs) -> Result<(), JailError> {
+    let root = &args.root;
+    root::prepare(root)?;
+    let program = args.exec.first().map(PathBuf::from).ok_or(JailError::NoProgram)?;
+    let in_jail = root::inside(root, &program);
+    // Debian's is under /usr/lib, already bound with the system directories.
+    if !in_jail.is_file() {
+        root::bind_read_only(&program, &in_jail, false)?;
+    }
+    // The server reopens files through /proc/self/fd: a /proc of its own PID namespace, not the host's.
+    let proc = root.join("proc");
+    std::fs::create_dir_all(&proc).map_err(JailError::step("make a mount point"))?;
+    mount("proc", &proc, "proc", MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC, None)
+        .map_err(|e| JailError::step("mount /proc")(e.into()))?;
+    let shared = root::inside(root, Path::new(JAIL_SOURCE));
+    std::fs::create_dir_all(&shared).map_err(JailError::step("make a mount point"))?;
+    // Not recursive: mounts under the directory stay out.
+    rustix::mount::mount_bind(&args.source, &shared)
+        .map_err(|e| JailError::step("bind the shared directory")(e.into()))?;
+    let mut flags = MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV;
+    if args.readonly {
+        flags |= MountFlags::RDONLY;
+    }
+    mount_remount(&shared, flags, "").map_err(|e| JailError::step("restrict the shared directory")(e.into()))?;
+    root::bind_device(Path::new("/dev/null"), &root.join("dev/null"))?;
+    // The server makes no mount from here: without CAP_SYS_ADMIN the read-only bind stays so.
+    root::pivot(root)
+}
+
+/// Becomes the guest's workload ids inside the namespace, keeping [`KEPT`] only (also across the exec).
+fn become_workload(args: &ShareJailerArgs, last_cap: u32) -> Result<(), JailError> {
+    creds::limit_bounding_set(last_cap, KEPT)?;
+    set_keep_capabilities(true).map_err(|e| JailError::step("keep capabilities")(e.into()))?;
+    let (uid, gid) = (Uid::from_raw(args.uid_map.0), Gid::from_raw(args.gid_map.0));
+    setresgid(gid, gid, gid).map_err(JailError::errno("set the workload's gid"))?;
+    setresuid(uid, uid, uid).map_err(JailError::errno("set the workload's uid"))?;
+    set_capabilities(None, CapabilitySets { effective: KEPT, permitted: KEPT, inheritable: KEPT })
+        .map_err(|e| JailError::step("limit the capabilities")(e.into()))?;
+    for cap in [CapabilitySet::SYS_CHROOT, CapabilitySet::SETPCAP] {
+        configure_capability_in_ambient_set(cap, true).map_err(|e| JailError::step("keep a capability")(e.into()))?;
+    }
+    set_keep_capabilities(false).map_err(|e| JailError::step("keep capabilities")(e.into()))
+}

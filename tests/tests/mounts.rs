@@ -1,0 +1,310 @@
+//! Host directories in real sandboxes (`--mount`, virtiofs through a confined `virtiofsd` per mount): a
+//! read-only mount is readable and refuses writes while a read-write one is shared both ways, live; a
+//! symlink in the directory never leads the guest out of it, while the same link followed on the host does
+//! (the control); the server sees only its directory, as the directory's owner, and dies with the
+//! supervisor, which the `share-no-death-signal` control shows it would not; bad mounts are refused before
+//! anything starts.
+#![allow(missing_docs)]
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::sys::signal::Signal::{SIGKILL, SIGSTOP};
+use vm_contract::layout::SandboxFile;
+use vm_e2e::image::with_init_script;
+use vm_e2e::procs::{signal, ProcInfo};
+use vm_e2e::{gone_within, survives, wait_until, Launch, Running, Scratch, TestControl};
+
+/// The host owner of the shared directories (no such user needs to exist).
+const OWNER: u32 = 4242;
+const CANARY: &str = "canary-from-the-guest";
+
+fn root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// A directory owned by [`OWNER`] when the tests run as root (a read-write mount of a root-owned one is
+/// refused), by the test's own user otherwise.
+fn owned_dir(path: &Path) -> PathBuf {
+    std::fs::create_dir_all(path).unwrap();
+    if root() {
+        std::os::unix::fs::chown(path, Some(OWNER), Some(OWNER)).unwrap();
+    }
+    path.to_owned()
+}
+
+fn expected_owner() -> u32 {
+    if root() {
+        OWNER
+    } else {
+        rustix::process::geteuid().as_raw()
+    }
+}
+
+fn mount_flag(src: &Path, dst: &str, readonly: bool) -> String {
+    format!("--mount=type=bind,src={},dst={dst}{}", src.display(), if readonly { ",readonly" } else { "" })
+}
+
+fn is_server(p: &ProcInfo) -> bool {
+    p.comm == "virtiofsd"
+}
+
+#[test]
+fn a_read_only_mount_refuses_writes_and_a_read_write_one_is_shared_both_ways_while_it_runs() {
+    let s = Scratch::new("mounts-rw");
+    let ro = owned_dir(&s.dir.join("ro"));
+    std::fs::write(ro.join("data.txt"), "from-the-host\n").unwrap();
+    let rw = owned_dir(&s.dir.join("rw"));
+    let script = "cat /data/data.txt; \
+        echo x > /data/data.txt && echo RO-WRITTEN; touch /data/new && echo RO-CREATED; \
+        echo from-the-guest > /work/guest.txt && mkdir /work/sub && echo deep > /work/sub/f; \
+        i=0; while [ ! -e /work/host.txt ] && [ $i -lt 120 ]; do sleep 1; i=$((i+1)); done; \
+        cat /work/host.txt; mount | grep virtiofs";
+    // The host answers the guest's file with one of its own while the VM runs: shared, not copied.
+    let watched = rw.clone();
+    let answer = std::thread::spawn(move || {
+        let seen = wait_until(Duration::from_secs(120), || watched.join("guest.txt").exists());
+        std::fs::write(watched.join("host.txt"), "live-from-the-host\n").unwrap();
+        seen
+    });
+    let out = Launch::new(&s, &["sh", "-c", script])
+        .flag(&mount_flag(&ro, "/data", true))
+        .flag(&mount_flag(&rw, "/work", false))
+        .run();
+    assert!(answer.join().unwrap(), "the guest's file appeared on the host while the VM ran");
+    let stdout = out.stdout_text();
+    assert_eq!(out.code, Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.starts_with("from-the-host\n"), "{stdout}");
+    assert!(!stdout.contains("RO-WRITTEN") && !stdout.contains("RO-CREATED"), "{stdout}");
+    assert!(out.workload_stderr().contains("Read-only file system"), "{}", out.workload_stderr());
+    assert!(stdout.contains("live-from-the-host"), "the host's write was seen in the guest: {stdout}");
+    assert!(stdout.contains("on /data type virtiofs (ro,nosuid,nodev"), "{stdout}");
+    assert!(stdout.contains("on /work type virtiofs (rw,nosuid,nodev"), "{stdout}");
+
+    assert_eq!(std::fs::read_to_string(ro.join("data.txt")).unwrap(), "from-the-host\n");
+    assert!(!ro.join("new").exists());
+    assert_eq!(std::fs::read_to_string(rw.join("guest.txt")).unwrap(), "from-the-guest\n");
+    assert_eq!(std::fs::read_to_string(rw.join("sub/f")).unwrap(), "deep\n");
+    for made in ["guest.txt", "sub", "sub/f"] {
+        let meta = std::fs::metadata(rw.join(made)).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (expected_owner(), expected_owner()), "{made} belongs to the owner");
+    }
+    assert_eq!(out.seen.iter().filter(|p| is_server(p)).count(), 2, "one file server per mount");
+    out.assert_nothing_left();
+}
+
+#[test]
+fn a_symlink_in_a_mount_never_leads_the_guest_out_of_it() {
+    let s = Scratch::new("mounts-links");
+    let outside = s.dir.join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    let secret = format!("host-secret-{}", std::process::id());
+    std::fs::write(outside.join("secret"), &secret).unwrap();
+    let shared = owned_dir(&s.dir.join("shared"));
+    std::os::unix::fs::symlink(&outside, shared.join("abs")).unwrap();
+    std::os::unix::fs::symlink("../outside/secret", shared.join("rel")).unwrap();
+    std::os::unix::fs::symlink("/etc", shared.join("etc")).unwrap();
+    // Control: on the host, each link leads out.
+    assert_eq!(std::fs::read_to_string(shared.join("abs/secret")).unwrap(), secret);
+    assert_eq!(std::fs::read_to_string(shared.join("rel")).unwrap(), secret);
+    assert!(shared.join("etc/passwd").exists());
+
+    let script = "cat /work/abs/secret; cat /work/rel; cat /work/etc/hostname; \
+        echo planted > /work/abs/planted; echo planted > /work/rel; echo planted > /work/etc/planted; \
+        cd /work/.. && ls; ls -la /work";
+    let out = Launch::new(&s, &["sh", "-c", script]).flag(&mount_flag(&shared, "/work", false)).run();
+    let everything = format!("{}{}", out.stdout_text(), String::from_utf8_lossy(&out.stderr));
+    assert!(everything.contains("abs -> "), "the links reached the guest as links: {everything}");
+    assert!(!everything.contains(&secret), "the host's file was read through a link: {everything}");
+    let entries: Vec<_> = std::fs::read_dir(&outside).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(entries, ["secret"], "nothing was written outside the shared directory");
+    assert_eq!(std::fs::read_to_string(outside.join("secret")).unwrap(), secret);
+    assert!(!Path::new("/etc/planted").exists());
+    out.assert_nothing_left();
+}
+
+/// A hostile guest (it never powers itself off, as a compromised one would not, so only the host's
+/// mechanisms can end it) with one read-write mount, its canary seen on the console, and its file server,
+/// connected to QEMU from QEMU's start.
+fn hostile_guest_with_a_mount(s: &Scratch, shared: &Path, controls: &[TestControl]) -> (Running, ProcInfo) {
+    let initrd =
+        with_init_script(&s.dir, &format!("echo {CANARY} > /dev/console\nwhile :; do /bin/busybox sleep 1; done"));
+    let launch = Launch::new(s, &["true"])
+        .flag("--initrd")
+        .flag(initrd.to_str().unwrap())
+        .flag("--boot-timeout")
+        .flag("600")
+        .flag(&mount_flag(shared, "/work", false));
+    let launch = controls.iter().fold(launch, |l, c| l.control(*c));
+    let run = Running::start(launch, &[], "");
+    let procs = run.procs();
+    let console = run.sandbox_dir.join(SandboxFile::Console.name());
+    assert!(
+        wait_until(Duration::from_secs(60), || std::fs::read_to_string(&console).is_ok_and(|c| c.contains(CANARY))),
+        "canary on the guest console"
+    );
+    assert!(procs.vmm.is_alive());
+    let server = run.watcher.as_ref().unwrap().seen().into_iter().find(|p| is_server(p) && p.is_alive());
+    (run, server.expect("a running virtiofsd"))
+}
+
+/// Freezes the driver and the watchdog (either would end the VM, and with it the server's connection),
+/// then kills the supervisor.
+fn kill_the_supervisor_alone(run: &Running) {
+    let p = run.procs();
+    signal(i32::try_from(run.driver.id()).unwrap(), SIGSTOP);
+    signal(p.watchdog.pid, SIGSTOP);
+    signal(p.supervisor.pid, SIGKILL);
+    assert!(gone_within(&p.supervisor, Duration::from_secs(2)));
+}
+
+#[test]
+fn the_file_server_sees_only_its_directory_as_its_owner_and_dies_with_the_supervisor() {
+    let s = Scratch::new("mounts-server");
+    let shared = owned_dir(&s.dir.join("shared"));
+    std::fs::write(shared.join("one"), "1").unwrap();
+    std::fs::create_dir(shared.join("two")).unwrap();
+    let (run, server) = hostile_guest_with_a_mount(&s, &shared, &[]);
+
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid)).unwrap();
+    let uids = status.lines().find(|l| l.starts_with("Uid:")).unwrap().to_owned();
+    let owner = expected_owner().to_string();
+    assert!(uids.split_whitespace().skip(1).all(|u| u == owner), "the server runs as the owner only: {uids}");
+    let own_ns = |pid: &str, ns: &str| std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).unwrap();
+    for ns in ["user", "mnt", "pid", "net"] {
+        assert_ne!(own_ns(&server.pid.to_string(), ns), own_ns("self", ns), "the server has its own {ns} namespace");
+    }
+    // Its root is the shared directory itself: nothing of the host is there to name.
+    let mut seen: Vec<_> = std::fs::read_dir(format!("/proc/{}/root", server.pid))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    seen.sort();
+    assert_eq!(seen, ["one", "two"], "the server's root is the directory");
+    let mounts = std::fs::read_to_string(format!("/proc/{}/mountinfo", server.pid)).unwrap();
+    assert!(mounts.lines().count() <= 8, "the server's namespace holds its jail's mounts only:\n{mounts}");
+
+    kill_the_supervisor_alone(&run);
+    assert!(gone_within(&server, Duration::from_secs(5)), "the server outlived the supervisor");
+    eprintln!("e2e: supervisor SIGKILL -> file server gone");
+}
+
+#[test]
+fn control_a_server_jailer_not_armed_to_die_keeps_the_server_after_the_supervisor() {
+    let s = Scratch::new("mounts-server-ctl");
+    let shared = owned_dir(&s.dir.join("shared"));
+    let (run, server) = hostile_guest_with_a_mount(&s, &shared, &[TestControl::ShareNoDeathSignal]);
+    kill_the_supervisor_alone(&run);
+    assert!(survives(&server, Duration::from_secs(5)), "control: the server outlives the supervisor");
+    eprintln!("e2e: control confirmed: file server alive 5 s after the supervisor died");
+}
+
+#[test]
+fn bad_mounts_are_refused_before_anything_starts() {
+    let s = Scratch::new("mounts-bad");
+    let file = s.dir.join("file");
+    std::fs::write(&file, "x").unwrap();
+    let dir = owned_dir(&s.dir.join("dir"));
+    let mut cases = vec![
+        (mount_flag(&s.dir.join("missing"), "/work", false), "is not a directory"),
+        (mount_flag(&file, "/work", false), "is not a directory"),
+        (mount_flag(&dir, "/proc/x", false), "dst"),
+        (mount_flag(&dir, "/", false), "dst"),
+        (format!("--mount=type=volume,src={},dst=/work", dir.display()), "type"),
+    ];
+    if root() {
+        let root_owned = s.dir.join("root-owned");
+        std::fs::create_dir(&root_owned).unwrap();
+        cases.push((mount_flag(&root_owned, "/work", false), "owned by root"));
+    }
+    for (flag, says) in cases {
+        let out = Launch::new(&s, &["true"]).flag(&flag).run();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.code, Some(0), "{flag}");
+        assert!(stderr.contains(says), "{flag}: {stderr}");
+        assert!(out.elapsed < Duration::from_secs(5), "{flag} refused in {:?}", out.elapsed);
+        assert!(out.accel().is_none(), "{flag}: no VM was started");
+        out.assert_nothing_left();
+    }
+    let twice =
+        Launch::new(&s, &["true"]).flag(&mount_flag(&dir, "/work", false)).flag(&mount_flag(&dir, "/work", true)).run();
+    assert!(String::from_utf8_lossy(&twice.stderr).contains("two mounts at /work"));
+}
+
+#[test]
+fn a_served_sandbox_keeps_its_mounts_across_stop_and_start_and_a_driver_restart() {
+    let s = Scratch::with_deadline("mounts-serve", Duration::from_secs(400));
+    let shared = owned_dir(&s.dir.join("shared"));
+    let mut serve = vm_e2e::serve::Serve::start(&s);
+    let flag = mount_flag(&shared, "/work", false);
+    let ok = |out: std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let ready = |serve: &vm_e2e::serve::Serve| {
+        let up = wait_until(Duration::from_secs(120), || {
+            String::from_utf8_lossy(&serve.cli("get", &["m"]).stdout).contains("ready")
+        });
+        assert!(up, "m is ready again");
+    };
+    ok(serve.cli("create", &[&flag, "m"]));
+    ok(serve.cli("exec", &["m", "--", "sh", "-c", "echo one > /work/one"]));
+    assert_eq!(std::fs::read_to_string(shared.join("one")).unwrap(), "one\n");
+    assert!(ok(serve.cli("get", &["m"])).contains("/work"), "the sandbox shows its mount");
+    ok(serve.cli("stop", &["m"]));
+    std::fs::write(shared.join("two"), "two\n").unwrap();
+    ok(serve.cli("start", &["m"]));
+    ready(&serve);
+    assert_eq!(ok(serve.cli("exec", &["m", "--", "cat", "/work/one", "/work/two"])), "one\ntwo\n");
+    serve.restart();
+    ok(serve.cli("stop", &["m"]));
+    ok(serve.cli("start", &["m"]));
+    ready(&serve);
+    assert_eq!(ok(serve.cli("exec", &["m", "--", "cat", "/work/two"])), "two\n", "the mount outlived a driver restart");
+    let refused = serve.cli("create", &[&mount_flag(&s.dir.join("missing"), "/work", false), "bad"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("is not a directory"));
+    ok(serve.cli("rm", &["m"]));
+    assert!(shared.join("one").exists(), "removing the sandbox leaves the host directory alone");
+    let servers: Vec<_> = serve.seen().into_iter().filter(is_server).collect();
+    assert_eq!(servers.len(), 3, "one server per start: {servers:?}");
+    assert!(servers.iter().all(|p| gone_within(p, Duration::from_secs(5))), "every server ended with its VM");
+}
+
+/// Not root: the server runs in a user namespace of the driver's own making, the guest's workload mapped to
+/// the driver's own uid (there is no other to map to).
+#[test]
+fn an_unprivileged_driver_shares_a_directory_as_its_own_user() {
+    let s = Scratch::new("mounts-nonroot");
+    let shared = s.dir.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::write(shared.join("h.txt"), "from-the-host\n").unwrap();
+    for path in [&shared, &shared.join("h.txt")] {
+        std::os::unix::fs::chown(path, Some(vm_e2e::NOBODY), Some(vm_e2e::NOBODY)).unwrap();
+    }
+    let out = vm_e2e::launch_as_nobody(&s)
+        .arg(mount_flag(&shared, "/work", false))
+        .args(["--", "sh", "-c", "cat /work/h.txt; echo from-the-guest > /work/g.txt"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("confinement none") || stderr.contains("UNCONFINED") {
+        assert!(stderr.contains("host directories need jail or userns confinement"), "{stderr}");
+        eprintln!("e2e: no user namespaces here: the mount was refused, as documented");
+        return;
+    }
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "from-the-host\n");
+    let meta = std::fs::metadata(shared.join("g.txt")).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (vm_e2e::NOBODY, vm_e2e::NOBODY), "the guest's file is the driver user's");
+    eprintln!("e2e: not root: a userns file server shared the directory as the driver's own user");
+}
