@@ -2,8 +2,8 @@
 //! read-only mount is readable and refuses writes while a read-write one is shared both ways, live; a
 //! symlink in the directory never leads the guest out of it, while the same link followed on the host does
 //! (the control); the server sees only its directory, as the directory's owner, and dies with the
-//! supervisor, which the `share-no-death-signal` control shows it would not; bad mounts are refused before
-//! anything starts.
+//! supervisor, which the `share-no-death-signal` control shows it would not; no set-id file reaches the
+//! host (the `share-allows-setid` control shows one would); bad mounts are refused before anything starts.
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 #![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
@@ -124,6 +124,38 @@ fn a_symlink_in_a_mount_never_leads_the_guest_out_of_it() {
     assert_eq!(std::fs::read_to_string(outside.join("secret")).unwrap(), secret);
     assert!(!Path::new("/etc/planted").exists());
     out.assert_nothing_left();
+}
+
+/// The guest's workload owns what it makes in a read-write mount, so it may `chmod u+s` it; the host
+/// would then hold a set-uid program of the directory's owner. Returns the host file's mode and the
+/// guest's output.
+fn set_id_attempt(s: &Scratch, controls: &[TestControl]) -> (u32, String) {
+    let shared = owned_dir(&s.dir.join("shared"));
+    let script = "echo '#!/bin/sh' > /work/prog; chmod 755 /work/prog; \
+        chmod 4755 /work/prog 2>&1; chmod 2755 /work/prog 2>&1; chmod 6755 /work/prog 2>&1; \
+        mkfifo /work/fifo && echo FIFO; stat -c %a /work/prog";
+    let launch = Launch::new(s, &["sh", "-c", script]).flag(&mount_flag(&shared, "/work", false));
+    let out = controls.iter().fold(launch, |l, c| l.control(*c)).run();
+    assert_eq!(out.code, Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    out.assert_nothing_left();
+    (std::fs::metadata(shared.join("prog")).unwrap().mode() & 0o7777, out.stdout_text())
+}
+
+#[test]
+fn a_guest_cannot_make_a_set_id_file_in_a_shared_directory() {
+    let s = Scratch::new("mounts-setid");
+    let (mode, guest) = set_id_attempt(&s, &[]);
+    assert_eq!(mode, 0o755, "no set-id bit reached the host: {guest}");
+    assert!(guest.contains("Operation not permitted"), "{guest}");
+    assert!(guest.contains("FIFO"), "what is harmless still works: {guest}");
+}
+
+#[test]
+fn control_without_the_set_id_filter_the_guest_plants_a_set_uid_program_on_the_host() {
+    let s = Scratch::new("mounts-setid-ctl");
+    let (mode, guest) = set_id_attempt(&s, &[TestControl::ShareAllowsSetId]);
+    assert_eq!(mode, 0o6755, "control: the set-id bits reached the host: {guest}");
+    eprintln!("e2e: control confirmed: without the filter the host file is mode {mode:o}");
 }
 
 /// A hostile guest (it never powers itself off, as a compromised one would not, so only the host's

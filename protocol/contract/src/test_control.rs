@@ -64,6 +64,7 @@ controls! {
     WatchdogNeverReady = "watchdog-never-ready": "watchdog: fault injection, never send the ready byte.",
     JailerNoDeathSignal = "jailer-no-death-signal": "jailer: QEMU is not armed to die with the jailer (its parent-death SIGKILL dropped).",
     ShareNoDeathSignal = "share-no-death-signal": "jailer share: a file server's jailer is not armed to die with the supervisor.",
+    ShareAllowsSetId = "share-allows-setid": "jailer share: a file server may set set-uid and set-gid bits (its set-id filter is not installed).",
 }
 
 impl TestControl {

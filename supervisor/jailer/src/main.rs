@@ -18,6 +18,7 @@ mod creds;
 mod fds;
 mod pidns;
 mod root;
+mod setid;
 mod share;
 
 use std::convert::Infallible;
@@ -76,6 +77,8 @@ pub struct Safeguards {
     pub parent_death_signal: bool,
     /// A file server's jailer gets SIGKILL when the supervisor dies (off: `share-no-death-signal`).
     pub share_death_signal: bool,
+    /// A file server may not make set-id files or devices (off: `share-allows-setid`).
+    pub share_setid_filter: bool,
 }
 
 impl Safeguards {
@@ -85,6 +88,7 @@ impl Safeguards {
         Self {
             parent_death_signal: !control(TestControl::JailerNoDeathSignal),
             share_death_signal: !control(TestControl::ShareNoDeathSignal),
+            share_setid_filter: !control(TestControl::ShareAllowsSetId),
         }
     }
 }

@@ -6,7 +6,8 @@
 //!   workload uid and gid, mapped to the directory's owner) -> mount/IPC/UTS/net/PID namespaces -> fork
 //!   (the server is the PID namespace's init) -> jail root: system libraries, the server, a /proc of its
 //!   own, the directory at /shared (read-only if asked) -> pivot_root -> the workload ids, CAP_SYS_CHROOT
-//!   and CAP_SETPCAP alone (virtiofsd chroots into /shared) -> no new privileges -> exec
+//!   and CAP_SETPCAP alone (virtiofsd chroots into /shared) -> no new privileges -> no set-id files or
+//!   devices (a seccomp filter) -> exec
 //! ```
 //!
 //! The mapping is the whole of the server's identity: a guest request as any other uid (root included)
@@ -28,7 +29,7 @@ use rustix::thread::{
 use vm_contract::jail::Confinement;
 use vm_contract::share::{ShareJailerArgs, JAIL_SOURCE, RLIMIT_NOFILE, SOCKET_FD};
 
-use crate::{creds, fds, pidns, root, JailError, Safeguards, JAIL_NAMESPACES};
+use crate::{creds, fds, pidns, root, setid, JailError, Safeguards, JAIL_NAMESPACES};
 
 /// What the server keeps, in its own namespace only: `chroot` into the shared directory, which it does
 /// itself, and `setpcap`, to empty its bounding set as it starts (without it libcap-ng takes a path that
@@ -69,6 +70,9 @@ pub fn confine_and_exec(args: &ShareJailerArgs, safeguards: Safeguards) -> Resul
     become_workload(args, last_cap)?;
     jailer.die_with(safeguards)?;
     rustix::thread::set_no_new_privs(true).map_err(|e| JailError::step("set no-new-privileges")(e.into()))?;
+    if safeguards.share_setid_filter {
+        setid::forbid()?;
+    }
     crate::exec(&args.exec)
 }
 
