@@ -244,9 +244,10 @@ fn bad_mounts_are_refused_before_anything_starts() {
     let mut cases = vec![
         (mount_flag(&s.dir.join("missing"), "/work", false), "is not a directory"),
         (mount_flag(&file, "/work", false), "is not a directory"),
-        (mount_flag(&dir, "/proc/x", false), "dst"),
-        (mount_flag(&dir, "/", false), "dst"),
-        (format!("--mount=type=volume,src={},dst=/work", dir.display()), "type"),
+        (mount_flag(&dir, "/proc/x", false), "must be an absolute guest path"),
+        (mount_flag(&dir, "/", false), "must be an absolute guest path"),
+        (format!("--mount=type=volume,src={},dst=/work", dir.display()), "only type=bind"),
+        (format!("--mount=src={},dst=/work,src=/etc", dir.display()), "given twice"),
     ];
     if root() {
         let root_owned = s.dir.join("root-owned");
@@ -265,6 +266,11 @@ fn bad_mounts_are_refused_before_anything_starts() {
     let twice =
         Launch::new(&s, &["true"]).flag(&mount_flag(&dir, "/work", false)).flag(&mount_flag(&dir, "/work", true)).run();
     assert!(String::from_utf8_lossy(&twice.stderr).contains("two mounts at /work"));
+    let nested = Launch::new(&s, &["true"])
+        .flag(&mount_flag(&dir, "/work", false))
+        .flag(&mount_flag(&dir, "/work/in", true))
+        .run();
+    assert!(String::from_utf8_lossy(&nested.stderr).contains("overlap"));
 }
 
 #[test]
@@ -305,10 +311,27 @@ fn a_served_sandbox_keeps_its_mounts_across_stop_and_start_and_a_driver_restart(
     let refused = serve.cli("create", &[&mount_flag(&s.dir.join("missing"), "/work", false), "bad"]);
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("is not a directory"));
+    // The directory's path turned into a symlink since create: the start is refused, nothing served.
+    ok(serve.cli("stop", &["m"]));
+    let elsewhere = owned_dir(&s.dir.join("elsewhere"));
+    std::fs::rename(&shared, s.dir.join("shared.old")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &shared).unwrap();
+    assert!(serve.cli("start", &["m"]).status.success(), "the start is accepted, then fails");
+    let failed = wait_until(Duration::from_secs(120), || {
+        String::from_utf8_lossy(&serve.cli("get", &["m"]).stdout).contains("failed")
+    });
+    assert!(failed, "a start through a swapped path fails");
+    let sandboxes = s.state().join("sandboxes").join("m");
+    let log = std::fs::read_to_string(sandboxes.join("shares/0.log")).unwrap_or_default();
+    assert!(log.contains("without following symlinks"), "the jailer's reason is kept: {log}");
+    let events = std::fs::read_to_string(sandboxes.join(SandboxFile::Events.name())).unwrap_or_default();
+    assert!(events.contains("without following symlinks"), "and reported: {events}");
+    std::fs::remove_file(&shared).unwrap();
+    std::fs::rename(s.dir.join("shared.old"), &shared).unwrap();
     ok(serve.cli("rm", &["m"]));
     assert!(shared.join("one").exists(), "removing the sandbox leaves the host directory alone");
     let servers: Vec<_> = serve.seen().into_iter().filter(is_server).collect();
-    assert_eq!(servers.len(), 3, "one server per start: {servers:?}");
+    assert_eq!(servers.len(), 3, "one server per successful start: {servers:?}");
     assert!(servers.iter().all(|p| gone_within(p, Duration::from_secs(5))), "every server ended with its VM");
 }
 

@@ -49,8 +49,20 @@ impl FromStr for HostMount {
     /// `destination` and `ro` too). Paths may not hold a comma.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let (mut source, mut target, mut readonly) = (None, None, false);
+        let mut seen: Vec<&str> = Vec::new();
         for item in s.split(',') {
             let (key, value) = item.split_once('=').map_or((item, None), |(k, v)| (k, Some(v)));
+            // A later key must not override an earlier one: `src=/a,src=/b` is refused, not read as `/b`.
+            let canonical = match key {
+                "source" => "src",
+                "destination" | "target" => "dst",
+                "ro" => "readonly",
+                other => other,
+            };
+            if seen.contains(&canonical) {
+                return Err(format!("{key:?} is given twice"));
+            }
+            seen.push(canonical);
             match (key, value) {
                 ("type", Some("bind")) => {}
                 ("type", _) => return Err("only type=bind mounts are supported".into()),
@@ -74,6 +86,12 @@ impl FromStr for HostMount {
     }
 }
 
+/// Whether a host path can be written in the mount syntax and read back as itself (the driver checks every
+/// resolved source with it: the supervisor's argv carries mounts in this syntax).
+pub fn source_ok(source: &std::path::Path) -> bool {
+    source.to_str().is_some_and(|s| !s.contains(','))
+}
+
 impl fmt::Display for HostMount {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "type=bind,src={},dst={}", self.source.display(), self.target)?;
@@ -95,9 +113,13 @@ pub struct ShareJailerArgs {
     /// The server's jail root (empty on the host; its mounts live only in the jail's namespace).
     #[cfg_attr(feature = "clap", arg(long))]
     pub root: PathBuf,
-    /// The shared directory.
+    /// The shared directory: opened without following any symlink, and refused unless its owner is
+    /// `source_owner` (as checked by the supervisor, whose decision of the mapping rests on it).
     #[cfg_attr(feature = "clap", arg(long))]
     pub source: PathBuf,
+    /// The owner the supervisor saw.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub source_owner: u32,
     /// Bind it read-only.
     #[cfg_attr(feature = "clap", arg(long))]
     pub readonly: bool,
@@ -135,6 +157,7 @@ impl ShareJailerArgs {
         flag("--confinement", self.confinement.as_str().into());
         flag("--root", self.root.clone().into());
         flag("--source", self.source.clone().into());
+        flag("--source-owner", self.source_owner.to_string().into());
         flag("--uid-map", format!("{}:{}", self.uid_map.0, self.uid_map.1).into());
         flag("--gid-map", format!("{}:{}", self.gid_map.0, self.gid_map.1).into());
         flag("--nice", self.nice.to_string().into());
@@ -171,6 +194,8 @@ mod tests {
             "src=/a,dst=/b,bogus=1",
             "src=,dst=/b",
             "src=/a,dst=/b/../c",
+            "src=/a,dst=/b,source=/c",
+            "src=/a,dst=/b,target=/c",
         ] {
             assert!(bad.parse::<HostMount>().is_err(), "{bad}");
         }
@@ -184,6 +209,7 @@ mod tests {
             confinement: Confinement::Jail,
             root: "/s/box/shares/0".into(),
             source: "/home/me/project".into(),
+            source_owner: 1001,
             readonly: true,
             uid_map: (1000, 1001),
             gid_map: (1000, 100),

@@ -16,7 +16,7 @@
 
 use std::convert::Infallible;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::OFlag;
@@ -43,8 +43,11 @@ pub fn confine_and_exec(args: &ShareJailerArgs, safeguards: Safeguards) -> Resul
         std::fs::write(cgroup.join("cgroup.procs"), std::process::id().to_string())
             .map_err(JailError::step("join the VMM's cgroup"))?;
     }
-    let inherited = fds::close_on_exec_beyond_stdio()?;
+    let mut inherited = fds::close_on_exec_beyond_stdio()?;
     let socket = take_socket()?;
+    // The socket now owns that number: it is not an inherited descriptor to close.
+    inherited.retain(|fd| *fd != SOCKET_FD);
+    let source = checked_source(args)?;
     let last_cap = creds::last_capability();
     rustix::process::setpriority_process(None, i32::from(args.nice))
         .map_err(|e| JailError::step("set the niceness")(e.into()))?;
@@ -66,7 +69,7 @@ pub fn confine_and_exec(args: &ShareJailerArgs, safeguards: Safeguards) -> Resul
         die_with(supervisor)?;
     }
     let jailer = pidns::split(&inherited, Some(socket), safeguards)?;
-    enter(args)?;
+    enter(args, source)?;
     become_workload(args, last_cap)?;
     jailer.die_with(safeguards)?;
     rustix::thread::set_no_new_privs(true).map_err(|e| JailError::step("set no-new-privileges")(e.into()))?;
@@ -74,6 +77,32 @@ pub fn confine_and_exec(args: &ShareJailerArgs, safeguards: Safeguards) -> Resul
         setid::forbid()?;
     }
     crate::exec(&args.exec)
+}
+
+/// The shared directory, opened through no symlink (the driver resolved its path: a symlink in it now was
+/// put there since), and only if its owner is still the one the supervisor mapped the guest to.
+fn open_source(args: &ShareJailerArgs) -> Result<OwnedFd, JailError> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags, CWD};
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let resolve = ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    rustix::fs::openat2(CWD, &args.source, flags, Mode::empty(), resolve)
+        .map_err(|e| JailError::step("open the shared directory without following symlinks")(e.into()))
+}
+
+/// Device and inode: the same directory in every namespace.
+fn identity(fd: &OwnedFd) -> Result<(u64, u64), JailError> {
+    let st = rustix::fs::fstat(fd).map_err(|e| JailError::step("stat the shared directory")(e.into()))?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// The directory checked on the host ([`open_source`] there, and its owner against the supervisor's).
+fn checked_source(args: &ShareJailerArgs) -> Result<(u64, u64), JailError> {
+    let fd = open_source(args)?;
+    let owner = rustix::fs::fstat(&fd).map_err(|e| JailError::step("stat the shared directory")(e.into()))?.st_uid;
+    if owner != args.source_owner {
+        return Err(JailError::Step("keep the shared directory's owner", std::io::ErrorKind::PermissionDenied.into()));
+    }
+    identity(&fd)
 }
 
 /// Unlike QEMU, the server has no watchdog: this process (and with it the server, its parent-death
@@ -150,7 +179,7 @@ fn write_maps(proc: &Path, args: &ShareJailerArgs) -> Result<(), JailError> {
 
 /// Builds the jail in `args.root` (system libraries, the server, a /proc of this PID namespace, the shared
 /// directory) and makes it this process's root.
-fn enter(args: &ShareJailerArgs) -> Result<(), JailError> {
+fn enter(args: &ShareJailerArgs, source: (u64, u64)) -> Result<(), JailError> {
     let root = &args.root;
     root::prepare(root)?;
     let program = args.exec.first().map(PathBuf::from).ok_or(JailError::NoProgram)?;
@@ -166,9 +195,14 @@ fn enter(args: &ShareJailerArgs) -> Result<(), JailError> {
         .map_err(|e| JailError::step("mount /proc")(e.into()))?;
     let shared = root::inside(root, Path::new(JAIL_SOURCE));
     std::fs::create_dir_all(&shared).map_err(JailError::step("make a mount point"))?;
-    // Not recursive: mounts under the directory stay out.
-    rustix::mount::mount_bind(&args.source, &shared)
-        .map_err(|e| JailError::step("bind the shared directory")(e.into()))?;
+    // Opened again in this mount namespace (a bind takes its source from the caller's own), and only if
+    // it is still the directory checked on the host.
+    let fd = open_source(args)?;
+    if identity(&fd)? != source {
+        return Err(JailError::Step("keep the shared directory", std::io::ErrorKind::PermissionDenied.into()));
+    }
+    let opened = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+    rustix::mount::mount_bind(&opened, &shared).map_err(|e| JailError::step("bind the shared directory")(e.into()))?;
     let mut flags = MountFlags::BIND | MountFlags::NOSUID | MountFlags::NODEV;
     if args.readonly {
         flags |= MountFlags::RDONLY;

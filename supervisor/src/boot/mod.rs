@@ -120,9 +120,17 @@ pub(crate) async fn boot(
 ) -> Result<Booted, BootError> {
     let Prepared { config, watchdog, channel, console, monitor, migration, restored } = host::prepare(args, root)?;
     let saving = monitor.is_some();
-    let mut shares = shares::start(&args.mounts, config.confinement, config.ids, &config.cgroups, safeguards, senders)
-        .await
-        .map_err(BootError::Shares)?;
+    let mut shares = shares::start(
+        &config.jailer,
+        &args.mounts,
+        config.confinement,
+        config.ids,
+        &config.cgroups,
+        safeguards,
+        senders,
+    )
+    .await
+    .map_err(BootError::Shares)?;
     // Until QEMU's pid is known, the switch kills the jailer, and QEMU with it (its parent-death signal).
     let jailer = match config.spawn(&safeguards.child_env) {
         Ok(jailer) => jailer,

@@ -33,8 +33,12 @@ use crate::safeguards::Safeguards;
 
 /// Debian's (and QEMU 7.2's) C `virtiofsd`.
 pub const VIRTIOFSD: &str = "/usr/lib/qemu/virtiofsd";
+/// The host group a root group is served as.
+const NOGROUP: u32 = 65_534;
 /// Each server's log cap.
 const LOG_CAP_BYTES: u64 = 64 * 1024;
+/// How much of a failed jailer's stderr is kept.
+const REASON_BYTES: u64 = 4096;
 /// How long a jailer has to report its server's pid.
 const REPORT_MS: u64 = 5_000;
 
@@ -53,9 +57,12 @@ pub enum ShareError {
     /// A step on the host failed.
     #[error("cannot {0}")]
     Io(&'static str, #[source] std::io::Error),
+    /// The server would run as host root (root under `userns` confinement).
+    #[error("a file server may not run as root: as root, host directories need jail confinement")]
+    AsRoot,
     /// The jailer did not report a pid naming its server.
-    #[error("the file server of {} did not start (see shares/{}.log)", .0.display(), .1)]
-    NoPid(PathBuf, usize),
+    #[error("the file server of {} did not start: {}", .0.display(), .1)]
+    NoPid(PathBuf, String),
 }
 
 /// The running file servers of one VM.
@@ -86,6 +93,7 @@ pub(crate) fn guest_view(mounts: &[HostMount]) -> Vec<GuestMount> {
 
 /// Starts one confined server per mount; on an error, none is left running.
 pub(crate) async fn start(
+    jailer: &Path,
     mounts: &[HostMount],
     confinement: Confinement,
     ids: Option<JailIds>,
@@ -103,10 +111,9 @@ pub(crate) async fn start(
     if !Path::new(VIRTIOFSD).is_file() {
         return Err(ShareError::NoVirtiofsd);
     }
-    let jailer = super::host::sibling_binary("vm-jailer").map_err(|_| ShareError::NoVirtiofsd)?;
     std::fs::create_dir_all(SandboxFile::Shares.name()).map_err(|e| ShareError::Io("make the shares directory", e))?;
     for (index, mount) in mounts.iter().enumerate() {
-        match start_one(&jailer, index, mount, confinement, ids, cgroups, safeguards, senders).await {
+        match start_one(jailer, index, mount, confinement, ids, cgroups, safeguards, senders).await {
             Ok(child) => shares.jailers.push(child),
             Err(e) => {
                 shares.kill().await;
@@ -133,12 +140,16 @@ async fn start_one(
         return Err(ShareError::Source(mount.source.clone()));
     }
     let host_ids = match (confinement, ids) {
-        // Never root: a root-owned directory is served as the VMM's own id.
+        // Never root: a root-owned directory (read-only: the driver refuses it read-write) is served as the
+        // VMM's own id, and a root group as `nogroup`, which no sandbox reuses.
         (Confinement::Jail, Some(ids)) => {
-            (if meta.uid() == 0 { ids.uid } else { meta.uid() }, if meta.gid() == 0 { ids.gid } else { meta.gid() })
+            (if meta.uid() == 0 { ids.uid } else { meta.uid() }, if meta.gid() == 0 { NOGROUP } else { meta.gid() })
         }
         _ => (rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw()),
     };
+    if host_ids.0 == 0 || host_ids.1 == 0 {
+        return Err(ShareError::AsRoot);
+    }
     let root = std::path::absolute(Path::new(SandboxFile::Shares.name()).join(index.to_string()))
         .map_err(|e| ShareError::Io("make a server's jail", e))?;
     make_jail_dir(&root)?;
@@ -147,6 +158,7 @@ async fn start_one(
         confinement,
         root,
         source: mount.source.clone(),
+        source_owner: meta.uid(),
         readonly: mount.readonly,
         uid_map: (WORKLOAD.uid, host_ids.0),
         gid_map: (WORKLOAD.gid, host_ids.1),
@@ -165,16 +177,7 @@ async fn start_one(
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| ShareError::Io("start vm-jailer", e))?;
-    if let Some(stderr) = child.stderr.take() {
-        guest_logs::copy_capped(
-            Box::new(stderr),
-            &log,
-            safeguards.log_cap(LOG_CAP_BYTES),
-            "a file server's log",
-            senders.notices.clone(),
-        )
-        .map_err(|e| ShareError::Io("open a file server's log", e))?;
-    }
+    let stderr = child.stderr.take();
     let mut line = String::new();
     if let Some(stdout) = child.stdout.take() {
         let mut reader = tokio::io::BufReader::new(stdout.take(24));
@@ -184,11 +187,30 @@ async fn start_one(
     let reported = parse_vmm_pid_line(&line).and_then(|p| i32::try_from(p).ok());
     match (reported, parent) {
         (Some(pid), Some(parent)) if vm_contract::pids::ProcessRecord::read_child_of(pid, parent).is_some() => {
+            if let Some(stderr) = stderr {
+                guest_logs::copy_capped(
+                    Box::new(stderr),
+                    &log,
+                    safeguards.log_cap(LOG_CAP_BYTES),
+                    "a file server's log",
+                    senders.notices.clone(),
+                )
+                .map_err(|e| ShareError::Io("open a file server's log", e))?;
+            }
             Ok(child)
         }
         _ => {
             let _ = child.kill().await;
-            Err(ShareError::NoPid(mount.source.clone(), index))
+            // The jailer's own reason (fixed text and an errno), for the log and the error.
+            let mut reason = String::new();
+            if let Some(stderr) = stderr {
+                let mut limited = stderr.take(REASON_BYTES);
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(REPORT_MS), limited.read_to_string(&mut reason)).await;
+            }
+            let _ = std::fs::write(&log, &reason);
+            let reason = reason.lines().last().unwrap_or("no reason given").to_owned();
+            Err(ShareError::NoPid(mount.source.clone(), reason))
         }
     }
 }

@@ -31,7 +31,11 @@ pub enum SpecError {
     #[error(transparent)]
     Policy(#[from] PolicyError),
     /// A mount's guest path is not valid.
-    #[error("mount target {0:?}: an absolute guest path of at most 96 bytes, without . or .., and not /, /proc, /sys, /dev or /run")]
+    #[error(
+        "mount target {0:?}: an absolute guest path of at most {max} bytes, without . or .., and not /, /proc, \
+         /sys, /dev or /run",
+        max = vm_protocol::mounts::MAX_TARGET_BYTES
+    )]
     MountTarget(String),
     /// A mount's host path is relative: the service's working directory is not the client's.
     #[error("mount source {0:?} must be an absolute host path")]
