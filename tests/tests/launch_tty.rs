@@ -55,7 +55,7 @@ fn launch_it_runs_a_shell_on_a_terminal_of_the_panes_size_and_restores_it() {
     let launch = Launch::new(&s, &["/bin/sh"]).flag("-it").command();
     let line: Vec<String> = std::iter::once(launch.get_program()).chain(launch.get_args()).map(quote).collect();
     // The pane's shell runs the launch, then shows its status and the terminal's settings once it is back.
-    let script = format!("{}; echo \"exit=$?\"; stty -a; sleep 600", line.join(" "));
+    let script = format!("{}; echo \"exit=$?\"; stty -a; echo \"settings-$((6 * 7))\"; sleep 600", line.join(" "));
     let tmux = Tmux { socket: s.dir.join("tmux.sock") };
     let watcher = Watcher::start(&s.dir);
     tmux.run(&["new-session", "-d", "-s", "t", "-x", "100", "-y", "30", "sh", "-c", &script]);
@@ -74,7 +74,9 @@ fn launch_it_runs_a_shell_on_a_terminal_of_the_panes_size_and_restores_it() {
     assert!(screen.contains("40 120"), "the resize reached the guest:\n{screen}");
 
     tmux.run(&["send-keys", "-t", "t", "exit 7", "Enter"]);
-    let screen = tmux.wait_for("exit=7");
+    // Wait for the line after the settings, so the screen holds all of them.
+    let screen = tmux.wait_for("settings-42");
+    assert!(screen.contains("exit=7"), "the shell's status came back:\n{screen}");
     assert!(screen.contains(" icanon") && screen.contains(" echo "), "the terminal is cooked again:\n{screen}");
     let seen = watcher.stop();
     let accel = seen.iter().find(|p| p.is_qemu()).and_then(ProcInfo::accel);
