@@ -38,6 +38,7 @@ mod procs;
 pub mod reap;
 pub mod relay;
 pub mod sandbox;
+pub mod secrets;
 pub mod service;
 pub mod state;
 pub mod telemetry;

@@ -19,7 +19,7 @@ use crate::identity::{IdSelector, RunAs};
 use crate::link::{self, HostEntropy, VmRequest, RESEED_BYTES};
 use crate::message::{EnvVar, ProcessEvent, ProcessRequest, Refusal, Spawn, MAX_FAILURE_MESSAGE_BYTES};
 use crate::net::{ForwardEvent, ForwardRequest, Listener, NetToGuest, NetToHost, StreamFrame, StreamId, HOST_OPENED};
-use crate::policy::network::{IpRange, NetRule};
+use crate::policy::network::{HttpRule, IpRange, NetRule, TlsMode};
 use crate::policy::{Operation, PolicyUpdate, UpdateOutcome};
 use crate::process::{ExitStatus, ProcId, PtySize, SignalName, Stream};
 
@@ -193,11 +193,21 @@ pub fn forward_event(ids: Range<u32>) -> BoxedStrategy<ForwardEvent> {
 fn net_rule() -> BoxedStrategy<NetRule> {
     let host = prop::sample::select(vec!["pypi.org", "*.example.com", "host.vm-driver.internal", "10.0.0.1"]);
     let range = IpRange(ipnet::IpNet::from(std::net::IpAddr::from([10, 0, 0, 1])));
-    (host, prop::collection::vec(any::<u16>(), 0..3), prop::collection::vec(Just(range), 0..2))
-        .prop_map(|(host, ports, allowed_ips)| NetRule {
+    let http = HttpRule { methods: vec!["POST".into()], paths: vec!["/v1/*".into()] };
+    let tls = prop::sample::select(vec![TlsMode::Passthrough, TlsMode::Intercept]);
+    (
+        host,
+        prop::collection::vec(any::<u16>(), 0..3),
+        prop::collection::vec(Just(range), 0..2),
+        tls,
+        prop::collection::vec(Just(http), 0..2),
+    )
+        .prop_map(|(host, ports, allowed_ips, tls, http)| NetRule {
             host: host.parse().unwrap_or_else(|_| unreachable!()),
             ports,
             allowed_ips,
+            tls,
+            http,
         })
         .boxed()
 }
@@ -211,6 +221,11 @@ pub fn vm_request() -> impl Strategy<Value = VmRequest> {
             .prop_flat_map(|(n, unix_nanos)| (prop::collection::vec(any::<u8>(), n), Just(unix_nanos)))
             .prop_map(|(e, unix_nanos)| VmRequest::Reseed { entropy: HostEntropy(e.into()), unix_nanos }),
         any::<bool>().prop_map(|listen| VmRequest::Egress { listen }),
+        prop::sample::select(vec![
+            String::new(),
+            "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n".into()
+        ])
+        .prop_map(|ca_pem| VmRequest::Trust { ca_pem }),
     ]
 }
 
@@ -245,7 +260,11 @@ pub fn supervisor_request(ids: Range<u32>) -> BoxedStrategy<SupervisorRequest> {
                 SupervisorRequest::UpdatePolicy(PolicyUpdate { revision, allow, run_as, network })
             }),
         (prop::option::of(prop::collection::vec((text(), text()), 0..3)), prop::option::of(text())).prop_map(
-            |(headers, ca_path)| SupervisorRequest::RotateCredentials(CredentialRotation { headers, ca_path })
+            |(headers, ca_path)| SupervisorRequest::RotateCredentials(CredentialRotation {
+                headers,
+                ca_path,
+                secrets: None
+            })
         ),
     ]
     .boxed()

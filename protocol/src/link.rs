@@ -63,7 +63,17 @@ pub enum VmRequest {
         /// Listen (true) or close the listeners (false).
         listen: bool,
     },
+    /// The sandbox's certificate authority, for the trust the workload sees (`docs/network.md`,
+    /// Interception): sent after the reseed when some rule intercepts TLS. The agent writes it beside the
+    /// system bundle; it is public, its key never leaves the supervisor.
+    Trust {
+        /// One PEM certificate, at most [`MAX_CA_PEM_BYTES`].
+        ca_pem: String,
+    },
 }
+
+/// Longest CA certificate a [`VmRequest::Trust`] carries.
+pub const MAX_CA_PEM_BYTES: usize = 8 * 1024;
 
 /// Seed material: its `Debug` shows the length only, so no log line can carry it.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]

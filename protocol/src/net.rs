@@ -68,6 +68,14 @@ pub const HTTP_PROXY_PORT: u16 = 3128;
 /// The guest loopback port of the SOCKS5 proxy listener.
 pub const SOCKS_PROXY_PORT: u16 = 1080;
 
+/// Where the agent writes the sandbox's CA certificate ([`crate::link::VmRequest::Trust`]), alone.
+pub const TRUST_CA_FILE: &str = "/run/vm-driver/ca.pem";
+/// Where it writes the system bundle with the sandbox's CA after it; the image's
+/// `/etc/ssl/certs/ca-certificates.crt`, where there is one, shows this file.
+pub const TRUST_BUNDLE_FILE: &str = "/run/vm-driver/ca-certificates.crt";
+/// The image's system bundle (Debian's, and what OpenSSL's and curl's defaults read on it).
+pub const SYSTEM_BUNDLE_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
 /// Receive window each side grants a stream when it opens: with [`crate::frame::MAX_DATA_BYTES`] frames
 /// this keeps a stream moving across a credit round trip, and 64 streams cost the supervisor 32 MiB at most.
 pub const NET_WINDOW_BYTES: u32 = 256 * 1024;

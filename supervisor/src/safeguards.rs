@@ -35,6 +35,8 @@ pub struct Safeguards {
     pub full_stream_cap: bool,
     /// Egress checks every resolved address against the address rules (off: `no-address-check`).
     pub address_check: bool,
+    /// Intercepted requests get their placeholders swapped, refused or injected (off: `pass-placeholders`).
+    pub swap_placeholders: bool,
     /// Egress follows policy updates (off: `egress-ignores-updates`).
     pub egress_updates: bool,
     /// Failures are logged in fixed text and library logs are silenced (off: `verbose-failure-logs`).
@@ -68,6 +70,7 @@ impl Safeguards {
             full_stream_cap: on(TestControl::SnapshotStreamCap),
             quiet_failures: on(TestControl::VerboseFailureLogs),
             address_check: on(TestControl::NoAddressCheck),
+            swap_placeholders: on(TestControl::PassPlaceholders),
             egress_updates: on(TestControl::EgressIgnoresUpdates),
             telemetry: TelemetryControls {
                 jsonl_fails: !on(TestControl::JsonlSinkFails),

@@ -67,6 +67,11 @@ impl WebServer {
     pub fn requests(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// The `Authorization` headers it received so far, one per line.
+    pub fn authorizations(&self) -> String {
+        std::fs::read_to_string(self.log.with_file_name("authorization.log")).unwrap_or_default()
+    }
 }
 
 /// A CA and a server certificate it signed for `names`, as PEM files in `dir`: (ca, cert, key).

@@ -175,7 +175,8 @@ fn serve_creates_from_a_reference_with_the_pull_on_watch_and_keeps_the_image_whi
     let (pull_notes, ready) = rt.block_on(async {
         let request = WatchRequest { sandbox_id: "py".into() };
         let mut watch = client.watch(request).await.unwrap().into_inner();
-        let create = CreateSandboxRequest { sandbox_id: "py".into(), spec: Some(spec(&reference)) };
+        let create =
+            CreateSandboxRequest { sandbox_id: "py".into(), spec: Some(spec(&reference)), credentials: Vec::new() };
         client.create_sandbox(create).await.unwrap();
         let mut notes = Vec::new();
         while let Some(event) = watch.next().await {
@@ -241,7 +242,11 @@ fn serve_creates_from_a_reference_with_the_pull_on_watch_and_keeps_the_image_whi
     let missing = format!("{}/e2e/missing:1", registry.addr);
     let failed = rt.block_on(async {
         client
-            .create_sandbox(CreateSandboxRequest { sandbox_id: "bad".into(), spec: Some(spec(&missing)) })
+            .create_sandbox(CreateSandboxRequest {
+                sandbox_id: "bad".into(),
+                spec: Some(spec(&missing)),
+                credentials: Vec::new(),
+            })
             .await
             .unwrap();
         let mut watch = client.watch(WatchRequest { sandbox_id: "bad".into() }).await.unwrap().into_inner();
@@ -374,7 +379,7 @@ fn a_pool_of_an_image_root_serves_creates_of_that_image_booted_and_restored() {
                 let vms = tokio::time::timeout(Duration::from_secs(300), full).await.expect("the pool filled");
                 assert!(vms.iter().all(|v| v.image == layout_ref()), "{vms:?}");
                 let spec = SandboxSpec { image: layout_ref(), ..SandboxSpec::default() };
-                let request = CreateSandboxRequest { sandbox_id: id.into(), spec: Some(spec) };
+                let request = CreateSandboxRequest { sandbox_id: id.into(), spec: Some(spec), credentials: Vec::new() };
                 let created = client.create_sandbox(request).await.unwrap().into_inner();
                 let mut watch = client.watch(WatchRequest { sandbox_id: id.into() }).await.unwrap().into_inner();
                 while let Some(event) = watch.next().await {

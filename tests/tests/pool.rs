@@ -52,7 +52,7 @@ impl Api {
 
     fn create(&mut self, id: &str, cpus: u32, memory_mib: u32) -> Result<Sandbox, tonic::Status> {
         let spec = SandboxSpec { cpus, memory_mib, ..SandboxSpec::default() };
-        let req = CreateSandboxRequest { sandbox_id: id.into(), spec: Some(spec) };
+        let req = CreateSandboxRequest { sandbox_id: id.into(), spec: Some(spec), credentials: Vec::new() };
         self.rt.block_on(self.client.create_sandbox(req)).map(tonic::Response::into_inner)
     }
 

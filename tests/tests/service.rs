@@ -279,7 +279,7 @@ fn refusals_other_uid_bad_id_symlinked_socket() {
     // A bad id is an invalid-argument error before any path is built.
     let (rt, mut client) = serve.grpc();
     for bad in ["../escape", "a/b", "", "..", &"x".repeat(129)] {
-        let req = CreateSandboxRequest { sandbox_id: bad.into(), spec: None };
+        let req = CreateSandboxRequest { sandbox_id: bad.into(), spec: None, credentials: Vec::new() };
         let err = rt.block_on(client.create_sandbox(req)).unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{bad:?}");
         let err = rt.block_on(client.get_sandbox(SandboxRef { sandbox_id: bad.into() })).unwrap_err();

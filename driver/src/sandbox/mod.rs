@@ -95,6 +95,8 @@ pub struct StartSpec {
     pub egress: Egress,
     /// Host directories, resolved ([`crate::mounts::resolve`]).
     pub mounts: Vec<vm_contract::share::HostMount>,
+    /// Secret credentials, for the auth bundle only (their `Debug` shows names).
+    pub secrets: Vec<vm_protocol::credentials::SecretCredential>,
     /// The test controls (all off but in the causal tests).
     pub controls: Controls,
 }
@@ -109,11 +111,17 @@ pub struct Egress {
     pub proxy: Option<String>,
     /// Its `Proxy-Authorization` value, for the auth bundle only.
     pub proxy_authorization: Option<String>,
+    /// Certificates trusted for intercepted destinations beside the system's (`--egress-ca`), absolute.
+    pub ca: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Egress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Egress").field("resolver", &self.resolver).field("proxy", &self.proxy).finish_non_exhaustive()
+        f.debug_struct("Egress")
+            .field("resolver", &self.resolver)
+            .field("proxy", &self.proxy)
+            .field("ca", &self.ca)
+            .finish_non_exhaustive()
     }
 }
 
@@ -310,6 +318,7 @@ fn launch(spec: &StartSpec, pooled_start: Option<&PooledStart>) -> Result<Runnin
         backend: Backend::Microvm,
         egress_resolver: spec.egress.resolver,
         egress_proxy: spec.egress.proxy.clone(),
+        egress_ca: spec.egress.ca.clone(),
         mounts: spec.mounts.clone(),
     };
     // A pooled VM learns its telemetry settings at its claim, never at spawn (but in the control).

@@ -18,6 +18,7 @@ pub(super) fn write_start_files(spec: &StartSpec) -> Result<(), StartError> {
         otlp_headers: spec.otlp_headers.clone(),
         session_token: spec.session.as_ref().map(|s| s.token.clone()),
         egress_proxy_authorization: spec.egress.proxy_authorization.clone(),
+        secrets: spec.secrets.clone(),
     };
     bundle.write(dir)?;
     write_policy(&spec.layout, spec.policy.as_ref()).map_err(StartError::Policy)?;

@@ -402,9 +402,11 @@ impl Actor {
         self.hub.tokens.expect(id, generation, session_id.clone(), token.clone());
         // A rotation outlives the supervisor it was sent to.
         let (mut telemetry, mut otlp_headers) = (ctx.telemetry.clone(), ctx.otlp_headers.clone());
+        let mut secrets = Vec::new();
         if let Some(rotated) = self.hub.rotations.get(id) {
             otlp_headers = rotated.headers.unwrap_or(otlp_headers);
             telemetry.otlp_ca = rotated.ca_path.map(PathBuf::from).or(telemetry.otlp_ca);
+            secrets = rotated.secrets.unwrap_or_default();
         }
         let session = SessionSpec { socket: ctx.sessions_socket.clone(), generation, id: session_id, token };
         Ok(StartSpec {
@@ -423,6 +425,7 @@ impl Actor {
             policy: self.record.spec.policy.clone(),
             egress: ctx.egress.clone(),
             mounts: self.record.spec.mounts.clone(),
+            secrets,
             controls: ctx.controls,
         })
     }

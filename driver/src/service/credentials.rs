@@ -71,6 +71,14 @@ impl Rotations {
         if rotation.ca_path.is_some() {
             merged.ca_path = rotation.ca_path;
         }
+        // Credentials by name: a rotation names only those it changes.
+        if let Some(new) = rotation.secrets {
+            let held = merged.secrets.get_or_insert_with(Vec::new);
+            for credential in new {
+                held.retain(|c| c.name != credential.name);
+                held.push(credential);
+            }
+        }
     }
 
     /// The credentials rotated for `id`, if any.
@@ -93,10 +101,23 @@ mod tests {
         let rotations = Rotations::default();
         let id = SandboxId::parse("a").unwrap_or_else(|e| panic!("{e}"));
         let headers = Some(vec![("k".to_owned(), "v".to_owned())]);
-        rotations.record(&id, CredentialRotation { headers: headers.clone(), ca_path: None });
-        rotations.record(&id, CredentialRotation { headers: None, ca_path: Some("/ca".into()) });
+        let secret = |name: &str, value: &str| vm_protocol::credentials::SecretCredential {
+            name: name.into(),
+            value: value.into(),
+            hosts: vec!["a.example".parse().unwrap_or_else(|e| panic!("{e}"))],
+            inject: None,
+            in_url: false,
+        };
+        let secrets = |list: Vec<_>| CredentialRotation { secrets: Some(list), ..CredentialRotation::default() };
+        rotations.record(&id, CredentialRotation { headers: headers.clone(), ..CredentialRotation::default() });
+        rotations.record(&id, CredentialRotation { ca_path: Some("/ca".into()), ..CredentialRotation::default() });
+        rotations.record(&id, secrets(vec![secret("A", "1"), secret("B", "2")]));
+        rotations.record(&id, secrets(vec![secret("B", "3")]));
         let merged = rotations.get(&id).unwrap_or_default();
         assert_eq!((merged.headers, merged.ca_path.as_deref()), (headers, Some("/ca")));
+        let held: Vec<(String, String)> =
+            merged.secrets.unwrap_or_default().into_iter().map(|c| (c.name, c.value)).collect();
+        assert_eq!(held, [("A".to_owned(), "1".to_owned()), ("B".to_owned(), "3".to_owned())], "merged by name");
         rotations.forget(&id);
         assert!(rotations.get(&id).is_none());
     }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use vm_contract::ids::SandboxId;
 use vm_contract::layout::{SandboxFile, SandboxLayout};
-use vm_protocol::credentials::CredentialRotation;
+use vm_protocol::credentials::{CredentialRotation, SecretCredential};
 
 use super::actor::{self, Command, Initial};
 use super::admission::{ExecStreams, Refused, Usage};
@@ -129,10 +129,16 @@ impl Hub {
     }
 
     /// Creates sandbox `id`: on a claimed pooled VM of its shape and image if one is free, else booted cold.
+    /// Its `secrets` are held in memory only, with the rotations, for every start.
     ///
     /// # Errors
     /// [`CreateError`].
-    pub async fn create(self: &Arc<Self>, id: SandboxId, spec: StoredSpec) -> Result<SandboxRecord, CreateError> {
+    pub async fn create(
+        self: &Arc<Self>,
+        id: SandboxId,
+        spec: StoredSpec,
+        secrets: Vec<SecretCredential>,
+    ) -> Result<SandboxRecord, CreateError> {
         if self.registry.is_closing() {
             return Err(CreateError::Closing);
         }
@@ -140,13 +146,33 @@ impl Hub {
             return Err(CreateError::Exists(id));
         }
         let image = self.ctx.images.resolve(&spec.boot_image)?;
+        // A pooled VM read its auth bundle at its own start: one with credentials always boots.
+        let poolable = spec.mounts.is_empty() && secrets.is_empty();
+        if !secrets.is_empty() {
+            self.rotations.record(&id, CredentialRotation { secrets: Some(secrets), ..CredentialRotation::default() });
+        }
+        let created = self.create_with(&id, spec, image, poolable).await;
+        if created.is_err() {
+            self.rotations.forget(&id);
+        }
+        created
+    }
+
+    async fn create_with(
+        self: &Arc<Self>,
+        id: &SandboxId,
+        spec: StoredSpec,
+        image: crate::image::Image,
+        poolable: bool,
+    ) -> Result<SandboxRecord, CreateError> {
+        let id = id.clone();
         // In a task of its own: a client that goes away mid-claim must not drop a VM in hand.
         let (hub, claim_id) = (Arc::clone(self), id.clone());
         let attempt = tokio::spawn(async move {
             // Only a VM of the same root, with the default writable layer, can serve it.
             // A pooled VM has no file servers: a sandbox with mounts always boots.
             let claimed = match super::pool::root_key(spec.image.as_deref(), spec.disk_mib) {
-                Some(root) if spec.mounts.is_empty() => hub.pool.claim(spec.shape, &image, root.as_deref()).await,
+                Some(root) if poolable => hub.pool.claim(spec.shape, &image, root.as_deref()).await,
                 _ => None,
             };
             match claimed {

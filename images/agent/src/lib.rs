@@ -31,5 +31,6 @@ mod process;
 mod pty;
 mod reaper;
 mod spawn;
+mod trust;
 
 pub use entropy::ReseedError;

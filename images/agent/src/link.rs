@@ -280,6 +280,13 @@ fn handle(shared: &Arc<Shared>, config: &Config, msg: ToGuest) -> Result<Option<
             return Ok(Some((Duration::from_millis(u64::from(grace_ms)), signal)))
         }
         ToGuest::Vm(VmRequest::Egress { listen }) => crate::net::Streams::set_listening(shared, listen),
+        // Best effort: a workload that cannot trust the CA gets TLS errors, which is what it would get anyway.
+        ToGuest::Vm(VmRequest::Trust { ca_pem }) if config.own_kernel => {
+            if let Err(e) = crate::trust::install(&ca_pem) {
+                shared.log(&format!("cannot install the sandbox's CA: {e}"));
+            }
+        }
+        ToGuest::Vm(VmRequest::Trust { .. }) => {}
         ToGuest::Net(msg) => crate::net::handle(shared, msg)?,
         ToGuest::Ping { nonce } => shared.send(ToHost::Pong { nonce }),
         ToGuest::Hello(_) => return Err(LinkError::Violation { what: "unexpected hello after the handshake".into() }),

@@ -111,6 +111,9 @@ pub struct SupervisorArgs {
     /// credentials, if any, are in the auth bundle.
     #[cfg_attr(feature = "clap", arg(long))]
     pub egress_proxy: Option<String>,
+    /// Certificates (PEM) trusted for intercepted connections' destinations, beside the system's roots.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub egress_ca: Option<PathBuf>,
     /// Host directories to share into the guest (repeatable), each served by its own confined `virtiofsd`.
     #[cfg_attr(feature = "clap", arg(long = "mount", value_name = "type=bind,src=HOSTDIR,dst=GUESTDIR[,readonly]"))]
     pub mounts: Vec<crate::share::HostMount>,
@@ -176,6 +179,10 @@ impl SupervisorArgs {
         if let Some(proxy) = &self.egress_proxy {
             argv.push("--egress-proxy".into());
             argv.push(proxy.into());
+        }
+        if let Some(ca) = &self.egress_ca {
+            argv.push("--egress-ca".into());
+            argv.push(ca.into());
         }
         for mount in &self.mounts {
             argv.push("--mount".into());
@@ -249,6 +256,7 @@ mod tests {
             backend: Backend::Microvm,
             egress_resolver: Some("127.0.0.1:5353".parse().unwrap()),
             egress_proxy: Some("proxy.corp.example:3128".into()),
+            egress_ca: Some("/etc/corp-ca.pem".into()),
             mounts: vec!["src=/home/me/p,dst=/work,readonly".parse().unwrap(), "src=/d,dst=/data".parse().unwrap()],
         };
         let saving = SupervisorArgs {
@@ -271,6 +279,7 @@ mod tests {
             backend: Backend::Microvm,
             egress_resolver: None,
             egress_proxy: None,
+            egress_ca: None,
             mounts: Vec::new(),
             ..full.clone()
         };

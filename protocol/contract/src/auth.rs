@@ -23,6 +23,9 @@ pub struct AuthBundle {
     /// The `Proxy-Authorization` value for the operator's upstream proxy (`--egress-proxy`).
     #[serde(default)]
     pub egress_proxy_authorization: Option<String>,
+    /// The sandbox's secret credentials: the workload sees placeholders, the proxy swaps these in.
+    #[serde(default)]
+    pub secrets: Vec<vm_protocol::credentials::SecretCredential>,
 }
 
 impl fmt::Debug for AuthBundle {
@@ -32,6 +35,7 @@ impl fmt::Debug for AuthBundle {
             .field("otlp_header_names", &names)
             .field("session_token", &self.session_token.as_ref().map(|_| "<redacted>"))
             .field("egress_proxy_authorization", &self.egress_proxy_authorization.as_ref().map(|_| "<redacted>"))
+            .field("secrets", &self.secrets)
             .finish()
     }
 }
@@ -98,10 +102,11 @@ mod tests {
             otlp_headers: vec![("authorization".into(), "Bearer s3cret".into())],
             session_token: Some("t0ken-value".into()),
             egress_proxy_authorization: Some("Basic cHJveHk=".into()),
+            secrets: serde_json::from_str(r#"[{"name": "KEY", "value": "sk-v4lue", "hosts": ["a.example"]}]"#).unwrap(),
         };
         let shown = format!("{b:?}");
         assert!(shown.contains("authorization") && !shown.contains("s3cret") && !shown.contains("t0ken"), "{shown}");
-        assert!(!shown.contains("cHJveHk"), "{shown}");
+        assert!(!shown.contains("cHJveHk") && shown.contains("KEY") && !shown.contains("sk-v4lue"), "{shown}");
         b.write(&dir).unwrap();
         let mode = std::fs::metadata(dir.join("auth.json")).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);

@@ -59,6 +59,7 @@ controls! {
     NoReseedAtRestore = "no-reseed-at-restore": "supervisor: a VM restored from a snapshot is not reseeded (the saved VM still was), so its clones keep the RNG state and clock they were saved with.",
     SnapshotStreamCap = "snapshot-stream-cap": "supervisor: fault injection, a saved VM's migration stream may hold 1 MiB at most, so every save is refused as too large (as for a QEMU that sends more than its guest's memory).",
     NoAddressCheck = "no-address-check": "supervisor: egress dials every resolved address unchecked (loopback, private, metadata).",
+    PassPlaceholders = "pass-placeholders": "supervisor: intercepted requests go out as the workload wrote them (no placeholder swapped or refused, nothing injected).",
     EgressIgnoresUpdates = "egress-ignores-updates": "supervisor: egress keeps deciding by the network rules approved at create; policy updates do not reach it.",
     WatchdogEofOnly = "watchdog-eof-only": "watchdog: silence does not kill, only EOF does.",
     WatchdogNeverReady = "watchdog-never-ready": "watchdog: fault injection, never send the ready byte.",

@@ -69,6 +69,77 @@ pub struct NetRule {
     /// in bincode, in a `PolicyUpdate`, where a skipped field would not decode.)
     #[serde(default, deserialize_with = "crate::message::seq_deserialize")]
     pub allowed_ips: Vec<IpRange>,
+    /// What the supervisor does with TLS on this rule's CONNECT streams.
+    #[serde(default)]
+    pub tls: TlsMode,
+    /// The requests allowed, when the supervisor sees them (plain HTTP, or TLS it intercepts); empty: any.
+    #[serde(default, deserialize_with = "crate::message::seq_deserialize")]
+    pub http: Vec<HttpRule>,
+}
+
+/// A rule's TLS handling (`docs/network.md`, Interception).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsMode {
+    /// The workload's TLS passes through untouched, end to end with the destination.
+    #[default]
+    Passthrough,
+    /// The supervisor terminates the workload's TLS with a leaf of the sandbox's CA, reads each request, and
+    /// makes its own TLS connection to the destination.
+    Intercept,
+}
+
+/// Requests a rule allows, by method and path. A request matches when its method is listed (or none are)
+/// and its path is listed (or none are). A path ending in `*` matches any path it is a prefix of.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpRule {
+    /// `GET`, `POST`, ... (exact, case-sensitive as HTTP's are).
+    #[serde(default, deserialize_with = "crate::message::seq_deserialize")]
+    pub methods: Vec<String>,
+    /// `/v1/chat/completions`, `/simple/*`.
+    #[serde(default, deserialize_with = "crate::message::seq_deserialize")]
+    pub paths: Vec<String>,
+}
+
+/// Longest path pattern or method of an [`HttpRule`].
+pub const MAX_HTTP_ITEM_BYTES: usize = 1024;
+
+impl HttpRule {
+    fn validate(&self, host: &HostPattern) -> Result<(), PolicyError> {
+        let bad = |what: &str| PolicyError::BadNetwork(format!("{host}: http rule: {what}"));
+        if self.methods.len() > MAX_RULE_ITEMS || self.paths.len() > MAX_RULE_ITEMS {
+            return Err(bad(&format!("at most {MAX_RULE_ITEMS} methods and {MAX_RULE_ITEMS} paths")));
+        }
+        let token = |m: &String| {
+            !m.is_empty() && m.len() <= 32 && m.bytes().all(|b| b.is_ascii_uppercase() || b == b'-' || b == b'_')
+        };
+        if !self.methods.iter().all(token) {
+            return Err(bad("a method must be an upper-case HTTP method"));
+        }
+        let path_ok = |p: &String| {
+            p.starts_with('/')
+                && p.len() <= MAX_HTTP_ITEM_BYTES
+                && p.bytes().all(|b| b.is_ascii_graphic() && b != b'?' && b != b'#' && b != b'%')
+                && !p.trim_end_matches('*').contains('*')
+                && p.split('/').all(|seg| seg != "." && seg != "..")
+        };
+        if !self.paths.iter().all(path_ok) {
+            return Err(bad("a path must start with /, hold no ?, #, %, . or .. segment, and end in at most one *"));
+        }
+        Ok(())
+    }
+
+    /// Whether the request `method` on `path` (without its query) matches.
+    pub fn matches(&self, method: &str, path: &str) -> bool {
+        let method_ok = self.methods.is_empty() || self.methods.iter().any(|m| m == method);
+        let path_ok = self.paths.is_empty()
+            || self.paths.iter().any(|p| match p.strip_suffix('*') {
+                Some(prefix) => path.starts_with(prefix),
+                None => p == path,
+            });
+        method_ok && path_ok
+    }
 }
 
 impl NetRule {
@@ -82,7 +153,19 @@ impl NetRule {
         if self.allowed_ips.len() > MAX_RULE_ITEMS {
             return Err(PolicyError::BadNetwork(format!("{host}: at most {MAX_RULE_ITEMS} allowed_ips")));
         }
-        Ok(())
+        if self.http.len() > MAX_RULE_ITEMS {
+            return Err(PolicyError::BadNetwork(format!("{host}: at most {MAX_RULE_ITEMS} http rules")));
+        }
+        // The sandbox's CA names DNS hosts only: a leaf for an address would be one no client checks by name.
+        if self.tls == TlsMode::Intercept && host.as_str().parse::<IpAddr>().is_ok() {
+            return Err(PolicyError::BadNetwork(format!("{host}: tls intercept needs a host name, not an address")));
+        }
+        self.http.iter().try_for_each(|h| h.validate(host))
+    }
+
+    /// Whether the rule lets `method` reach `path` (the path without its query).
+    pub fn allows_request(&self, method: &str, path: &str) -> bool {
+        self.http.is_empty() || self.http.iter().any(|h| h.matches(method, path))
     }
 
     /// Whether the rule covers `host` (normalized, see [`normalize_host`]) and `port`.
@@ -218,7 +301,41 @@ mod tests {
     use super::*;
 
     fn rule(host: &str) -> NetRule {
-        NetRule { host: host.parse().unwrap(), ports: vec![443], allowed_ips: Vec::new() }
+        NetRule {
+            host: host.parse().unwrap(),
+            ports: vec![443],
+            allowed_ips: Vec::new(),
+            tls: TlsMode::Passthrough,
+            http: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn http_rules_match_method_and_path_and_refuse_what_they_cannot_judge() {
+        let json = r#"{"host": "api.example.com", "ports": [443], "tls": "intercept",
+            "http": [{"methods": ["POST"], "paths": ["/v1/chat/completions", "/v1/files/*"]}]}"#;
+        let r: NetRule = serde_json::from_str(json).unwrap();
+        r.validate().unwrap();
+        assert_eq!(r.tls, TlsMode::Intercept);
+        assert!(r.allows_request("POST", "/v1/chat/completions"));
+        assert!(r.allows_request("POST", "/v1/files/abc"));
+        assert!(!r.allows_request("GET", "/v1/chat/completions"));
+        assert!(!r.allows_request("POST", "/v1/chat/completions/x"));
+        assert!(!r.allows_request("POST", "/v1/models"));
+        assert!(rule("a.com").allows_request("DELETE", "/anything"), "no http rules: any request");
+        for bad in [
+            r#"{"paths": ["v1"]}"#,
+            r#"{"paths": ["/a/../b"]}"#,
+            r#"{"paths": ["/a*b"]}"#,
+            r#"{"paths": ["/a?x=1"]}"#,
+            r#"{"paths": ["/%2e"]}"#,
+            r#"{"methods": ["get"]}"#,
+        ] {
+            let h: HttpRule = serde_json::from_str(bad).unwrap();
+            assert!(h.validate(&r.host).is_err(), "{bad}");
+        }
+        let literal = NetRule { host: "10.0.0.1".parse().unwrap(), tls: TlsMode::Intercept, ..rule("a.com") };
+        assert!(literal.validate().is_err(), "no interception of an address");
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! HTTP Activity (4002): a plain-HTTP request the proxy forwarded, with no query recorded.
+//! HTTP Activity (4002): a request the proxy read (plain HTTP it forwarded, or HTTPS it intercepted), with
+//! no query, header value or body recorded.
 
 use std::borrow::Cow;
 
@@ -42,11 +43,25 @@ impl Source {
     /// HTTP Activity (4002): a plain-HTTP (absolute-form) request through the proxy, and its response's
     /// `status` when one came. The path's query is never recorded.
     pub fn http(&self, conn: &Connection, method: &str, path: &str, status: Option<u16>) -> Event {
+        self.http_scheme(conn, "http", method, path, status, false)
+    }
+
+    /// The same for a request of `scheme` (`https` for an intercepted one); `denied` when the proxy refused
+    /// it and answered itself.
+    pub fn http_scheme(
+        &self,
+        conn: &Connection,
+        scheme: &'static str,
+        method: &str,
+        path: &str,
+        status: Option<u16>,
+        denied: bool,
+    ) -> Event {
         let known = http_activity(method);
         let (id, name) = known.map_or((99, "Other"), |(id, name, _)| (id, name));
         let method = known.map_or_else(|| printable(method, 16), |(_, _, m)| m.to_owned());
         let url = Url {
-            scheme: "http",
+            scheme,
             hostname: conn.hostname().or_else(|| conn.ip.map(|ip| ip.to_string())),
             port: conn.port,
             path: bare_path(path),
@@ -56,8 +71,8 @@ impl Source {
             h => h.unwrap_or("unknown").to_owned(),
         };
         let code = status.map(|c| format!(": {c}")).unwrap_or_default();
-        let message = format!("{method} http://{host}:{}{} (stream {}){code}", url.port, url.path, conn.stream);
-        let mut fields = conn.fields(true);
+        let message = format!("{method} {scheme}://{host}:{}{} (stream {}){code}", url.port, url.path, conn.stream);
+        let mut fields = conn.fields(!denied);
         fields.http_request = Some(HttpRequest { http_method: known.map(|k| k.2), url });
         fields.http_response = status.map(|code| HttpResponse { code });
         if conn.bytes_in > 0 || conn.bytes_out > 0 {

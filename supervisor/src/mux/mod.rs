@@ -31,7 +31,7 @@ use std::collections::HashMap;
 use vm_protocol::attach::{ProcessSummary, SupervisorReply, SupervisorRequest, ToClient, ToSupervisor};
 use vm_protocol::files::{FileOp, TarRefusal};
 use vm_protocol::link::ToGuest;
-use vm_protocol::message::Refusal;
+use vm_protocol::message::{EnvVar, Refusal};
 use vm_protocol::net::ForwardRequest;
 use vm_protocol::{ExitStatus, ProcId, ProcessEvent, ProcessRequest, SignalName};
 
@@ -153,6 +153,8 @@ pub struct Mux {
     late_update: Option<vm_protocol::policy::PolicyUpdate>,
     /// How the image root asks processes be run (nothing for the built-in root).
     run: RunConfig,
+    /// Variables every process gets over its own: credential placeholders and the sandbox CA's trust.
+    egress_env: Vec<EnvVar>,
 }
 
 impl Default for Mux {
@@ -174,7 +176,14 @@ impl Mux {
             gate: Gate::default(),
             late_update: None,
             run: RunConfig::default(),
+            egress_env: Vec::new(),
         }
+    }
+
+    /// The same, giving every process `env` over what it asks for ([`crate::network::egress_env`]).
+    pub fn with_egress_env(mut self, env: Vec<EnvVar>) -> Self {
+        self.egress_env = env;
+        self
     }
 
     /// The same, applying policy updates in order with dispatch or (`serialized` off, controls only) late.
@@ -294,6 +303,10 @@ impl Mux {
             image::defaults(&self.run, spawn);
             if self.gate.has_network() {
                 crate::network::proxy_env(spawn);
+            }
+            for var in &self.egress_env {
+                spawn.env.retain(|e| e.key != var.key);
+                spawn.env.push(var.clone());
             }
         }
         if let Some(denied) = self.admit(client, &msg) {

@@ -15,19 +15,21 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use vm_protocol::link::ToGuest;
 use vm_protocol::net::{Listener, NetToGuest, StreamFrame, StreamId};
 
 use super::dial;
+use super::intercept::secrets::{Scanner, Secrets};
+use super::intercept::Interceptor;
 use super::pipe::{End, Inbound, Pipe};
 use super::request::{self, Kind, ProxyRequest};
 use super::resolve::Resolver;
 use super::socks::{self, Socks, Step};
 use super::upstream::Upstream;
 use crate::policy::NetView;
+use vm_protocol::policy::network::TlsMode;
 
 /// How long a workload has to send its whole proxy request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -39,6 +41,8 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 const LINGER: Duration = Duration::from_secs(2);
 /// Largest chunk read from a destination at once.
 const CHUNK_BYTES: usize = 256 * 1024;
+/// Bytes buffered between an intercepted stream and its TLS server, each way.
+const INTERCEPT_BUFFER_BYTES: usize = 64 * 1024;
 
 /// What every egress task of a sandbox shares.
 #[derive(Debug)]
@@ -55,6 +59,10 @@ pub struct Context {
     pub upstream: Option<Upstream>,
     /// When off (the `no-address-check` control), resolved addresses are dialed unchecked.
     pub check_addresses: bool,
+    /// The sandbox's credentials (their placeholders are refused on streams not intercepted).
+    pub secrets: Secrets,
+    /// TLS interception, when some approved rule asks for it.
+    pub intercept: Option<Arc<Interceptor>>,
 }
 
 /// What a stream is, once its request was read and decided.
@@ -90,8 +98,17 @@ pub enum Report {
     },
     /// The destination answered; bytes flow.
     Opened(StreamId, Listener, Decided),
-    /// A plain-HTTP request went out (method and path without the query).
-    Http(StreamId, Decided, String, String),
+    /// A request the proxy read: a plain-HTTP one that went out, or an intercepted one, answered or refused.
+    Http(Box<HttpReport>),
+    /// Something a finding must tell about a stream (the detail names no secret).
+    Finding {
+        /// The stream.
+        id: StreamId,
+        /// Where it was going.
+        decided: Decided,
+        /// What happened.
+        detail: String,
+    },
     /// The task ended: the loop forgets the stream.
     Gone(StreamId),
     /// The stream ended.
@@ -111,6 +128,27 @@ pub enum Report {
         /// Why it ended, when not in order (fixed text).
         why: Option<&'static str>,
     },
+}
+
+/// One request, for its HTTP Activity event: never a header value, a query or a body.
+#[derive(Debug)]
+pub struct HttpReport {
+    /// The stream.
+    pub id: StreamId,
+    /// Where it went.
+    pub decided: Decided,
+    /// Its method.
+    pub method: String,
+    /// Its path, without the query.
+    pub path: String,
+    /// The answer's status (none for a plain-HTTP forward, which the proxy does not read back).
+    pub status: Option<u16>,
+    /// Bytes of the answer's body.
+    pub bytes: u64,
+    /// Intercepted TLS (`https`), or plain HTTP.
+    pub tls: bool,
+    /// Why the proxy refused or failed it, when it did (the answer is then the proxy's own).
+    pub refused: Option<String>,
 }
 
 /// Why a request was refused: what the workload is told, and what the event says.
@@ -155,7 +193,29 @@ pub async fn run(ctx: Arc<Context>, id: StreamId, listener: Listener, pipe: Arc<
         }
     };
     let _ = ctx.reports.send(Report::Opened(id, listener, decided.clone())).await;
-    let (mut up_read, mut up_write) = upstream.into_split();
+    let intercept = pipe.decided().filter(|rule| rule.tls == TlsMode::Intercept).and(ctx.intercept.clone());
+    let (mut up_read, mut up_write): (Box<dyn AsyncRead + Send + Unpin>, Box<dyn AsyncWrite + Send + Unpin>) =
+        match (&req.kind, intercept) {
+            (Kind::Connect, Some(intercept)) => {
+                let (near, far) = tokio::io::duplex(INTERCEPT_BUFFER_BYTES);
+                let task = super::intercept::serve(Arc::clone(&ctx), intercept, id, decided.clone(), far, upstream);
+                tokio::spawn(task);
+                let (read, write) = tokio::io::split(near);
+                (Box::new(read), Box::new(write))
+            }
+            _ => {
+                let (read, write) = upstream.into_split();
+                (Box::new(read), Box::new(write))
+            }
+        };
+    // Placeholders are only ever swapped on intercepted requests: on any other stream one is a leak.
+    let mut scanner = scans_for_placeholders(&ctx, &pipe, &req.kind).then(|| ctx.secrets.scanner());
+    if let (Some(scanner), Kind::Forward { head, .. }) = (scanner.as_mut(), &req.kind) {
+        if let Some(name) = scanner.feed(head) {
+            leak(&ctx, id, &decided, &name).await;
+            return closed(&ctx, id, listener, &pipe, decided, (0, 0), started, Some(LEAK)).await;
+        }
+    }
     // The request head is ours to answer or rewrite; what follows it is the workload's own bytes.
     let consumed = pipe.discard(req.head_len);
     credit(&ctx, id, consumed).await;
@@ -163,7 +223,17 @@ pub async fn run(ctx: Arc<Context>, id: StreamId, listener: Listener, pipe: Arc<
         (_, true) => &socks::reply(socks::SUCCEEDED),
         (Kind::Connect, false) => request::ESTABLISHED,
         (Kind::Forward { head, method, path }, false) => {
-            let _ = ctx.reports.send(Report::Http(id, decided.clone(), method.clone(), path.clone())).await;
+            let report = HttpReport {
+                id,
+                decided: decided.clone(),
+                method: method.clone(),
+                path: path.clone(),
+                status: None,
+                bytes: 0,
+                tls: false,
+                refused: None,
+            };
+            let _ = ctx.reports.send(Report::Http(Box::new(report))).await;
             if up_write.write_all(head).await.is_err() {
                 return closed(&ctx, id, listener, &pipe, decided, (0, 0), started, Some("the destination closed"))
                     .await;
@@ -183,7 +253,13 @@ pub async fn run(ctx: Arc<Context>, id: StreamId, listener: Listener, pipe: Arc<
         (bytes, why)
     };
     let down = async { failed(download(&ctx, id, &pipe, &mut up_read, &activity).await) };
-    let up = async { failed(upload(&ctx, id, &pipe, &mut up_write, &activity).await) };
+    let up = async {
+        let (bytes, why) = upload(&ctx, id, &pipe, &mut up_write, &activity, scanner.as_mut()).await;
+        if why == Some(LEAK) {
+            leak(&ctx, id, &decided, scanner.as_ref().and_then(Scanner::found).unwrap_or_default()).await;
+        }
+        failed((bytes, why))
+    };
     // Either direction may wait on the destination for ever: an end from outside, or idleness, ends both.
     let (why, bytes) = tokio::select! {
         (to_guest, from_guest) = async { tokio::join!(down, up) } => {
@@ -194,6 +270,26 @@ pub async fn run(ctx: Arc<Context>, id: StreamId, listener: Listener, pipe: Arc<
         () = activity.idle() => (Some("idle"), activity.totals()),
     };
     closed(&ctx, id, listener, &pipe, decided, bytes, started, why).await;
+}
+
+/// Why a stream that carried a placeholder was cut.
+const LEAK: &str = "a credential placeholder on a stream the proxy does not intercept";
+
+/// Whether a stream's bytes are scanned for placeholders: the sandbox has credentials, and the stream is
+/// not one whose requests the interceptor reads.
+fn scans_for_placeholders(ctx: &Context, pipe: &Pipe, kind: &Kind) -> bool {
+    let intercepted = matches!(kind, Kind::Connect)
+        && ctx.intercept.is_some()
+        && pipe.decided().is_some_and(|rule| rule.tls == TlsMode::Intercept);
+    !intercepted && !ctx.secrets.is_empty()
+}
+
+async fn leak(ctx: &Context, id: StreamId, decided: &Decided, name: &str) {
+    let detail = format!(
+        "the placeholder of credential {name} was sent on a stream to {} the proxy does not intercept",
+        decided.host
+    );
+    let _ = ctx.reports.send(Report::Finding { id, decided: decided.clone(), detail }).await;
 }
 
 /// Reads the proxy request within its bounds. `Err(None)`: the stream ended before one came.
@@ -274,7 +370,7 @@ async fn download(
     ctx: &Context,
     id: StreamId,
     pipe: &Pipe,
-    up: &mut OwnedReadHalf,
+    up: &mut (impl AsyncRead + Unpin),
     activity: &Activity,
 ) -> (u64, Option<&'static str>) {
     let mut buf = vec![0u8; CHUNK_BYTES];
@@ -305,18 +401,23 @@ async fn download(
     }
 }
 
-/// Guest to destination, returning credit for what was written.
+/// Guest to destination, returning credit for what was written. With a scanner, a chunk that completes a
+/// placeholder is not written, and the stream ends with [`LEAK`].
 async fn upload(
     ctx: &Context,
     id: StreamId,
     pipe: &Pipe,
-    up: &mut OwnedWriteHalf,
+    up: &mut (impl AsyncWrite + Unpin),
     activity: &Activity,
+    mut scanner: Option<&mut Scanner>,
 ) -> (u64, Option<&'static str>) {
     let mut total = 0u64;
     loop {
         match pipe.take(CHUNK_BYTES).await {
             Inbound::Bytes(bytes) => {
+                if scanner.as_mut().is_some_and(|s| s.feed(&bytes).is_some()) {
+                    return (total, Some(LEAK));
+                }
                 if up.write_all(&bytes).await.is_err() {
                     return (total, Some("the destination closed"));
                 }

@@ -12,6 +12,7 @@ pub mod address;
 pub mod dial;
 mod dns;
 pub mod egress;
+pub mod intercept;
 pub mod pipe;
 pub mod request;
 pub mod resolve;
@@ -20,8 +21,22 @@ pub mod streams;
 pub mod upstream;
 
 use vm_protocol::message::EnvVar;
-use vm_protocol::net::{HTTP_PROXY_PORT, SOCKS_PROXY_PORT};
+use vm_protocol::net::{HTTP_PROXY_PORT, SOCKS_PROXY_PORT, TRUST_BUNDLE_FILE, TRUST_CA_FILE};
 use vm_protocol::Spawn;
+
+/// What every process of a sandbox gets over its own variables: each credential's placeholder and, when
+/// the supervisor intercepts TLS, the files that make its CA trusted (the bundle with the system's roots,
+/// or the CA alone where a tool adds it to its own roots).
+pub fn egress_env(secrets: &intercept::secrets::Secrets, intercepting: bool) -> Vec<EnvVar> {
+    let mut env: Vec<EnvVar> = secrets.env().into_iter().map(|(key, value)| EnvVar { key, value }).collect();
+    if intercepting {
+        for key in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT"] {
+            env.push(EnvVar { key: key.to_owned(), value: TRUST_BUNDLE_FILE.to_owned() });
+        }
+        env.push(EnvVar { key: "NODE_EXTRA_CA_CERTS".to_owned(), value: TRUST_CA_FILE.to_owned() });
+    }
+    env
+}
 
 /// Gives a workload the proxy settings, under any it sets itself: both spellings of each variable, since
 /// tools disagree on which they read, and `socks5h` so SOCKS clients let the host resolve names (the guest

@@ -29,7 +29,7 @@ use vm_contract::args::SupervisorArgs;
 use vm_contract::layout::SandboxFile;
 use vm_ocsf::{FileActivity, Finding, ProcessActivity, ProcessInfo, Status};
 use vm_protocol::attach::{SupervisorReply, SupervisorRequest, ToClient, ToSupervisor};
-use vm_protocol::credentials::RotationOutcome;
+use vm_protocol::credentials::{CredentialRotation, RotationOutcome};
 use vm_protocol::files::FileOp;
 use vm_protocol::link::{ToGuest, VmRequest};
 use vm_protocol::policy::UpdateOutcome;
@@ -394,7 +394,7 @@ impl Serving<'_> {
                     self.telemetry.emit(event);
                 }
                 Action::RotateCredentials(client, rotation) => {
-                    let outcome = self.telemetry.rotate(&rotation);
+                    let outcome = self.rotate(&rotation);
                     self.api_call("RotateCredentials", outcome == RotationOutcome::Applied, outcome.describe());
                     self.send_to_client(client, SupervisorReply::CredentialsAck { outcome }.into());
                 }
@@ -415,6 +415,28 @@ impl Serving<'_> {
                 }
             }
         }
+    }
+
+    /// A rotation: the collector's part and the credentials, each all or nothing; the credentials' names are
+    /// checked before the collector's part is swapped, so an unknown name changes nothing.
+    fn rotate(&mut self, rotation: &CredentialRotation) -> RotationOutcome {
+        let secrets = rotation.secrets.as_deref();
+        if secrets.is_some_and(|s| !self.holds_secrets(s)) {
+            return RotationOutcome::UnknownSecret;
+        }
+        if rotation.headers.is_some() || rotation.ca_path.is_some() || secrets.is_none() {
+            let outcome = self.telemetry.rotate(rotation);
+            if outcome != RotationOutcome::Applied {
+                return outcome;
+            }
+        }
+        let Some(secrets) = secrets else { return RotationOutcome::Applied };
+        let outcome = self.rotate_secrets(secrets);
+        let names: Vec<&str> = secrets.iter().map(|c| c.name.as_str()).collect();
+        let event =
+            self.telemetry.source().config_change(&format!("credentials {}: {}", outcome.describe(), names.join(", ")));
+        self.telemetry.emit(event);
+        outcome
     }
 
     /// Records a control-plane call that came through the attach socket (API Activity); `outcome` is fixed text.

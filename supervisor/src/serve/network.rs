@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, watch};
 use vm_ocsf::{Connection, Direction, Finding, NetworkActivity};
+use vm_protocol::credentials::RotationOutcome;
 use vm_protocol::link::{ToGuest, VmRequest};
 use vm_protocol::net::{ForwardRequest, Listener, NetToHost};
 
@@ -40,6 +41,10 @@ pub(crate) struct EgressSettings {
     pub(crate) resolver: Resolver,
     pub(crate) upstream: Option<Upstream>,
     pub(crate) check_addresses: bool,
+    /// The sandbox's credentials.
+    pub(crate) secrets: crate::network::intercept::secrets::Secrets,
+    /// TLS interception, when some approved rule asks for it.
+    pub(crate) intercept: Option<Arc<crate::network::intercept::Interceptor>>,
     /// Off under the `egress-ignores-updates` control: the rules approved at create stay in force for egress.
     pub(crate) follow_updates: bool,
 }
@@ -51,6 +56,8 @@ pub(crate) struct Network {
     view: watch::Sender<NetView>,
     /// Whether the agent was told to listen.
     listening: bool,
+    /// The sandbox CA's certificate, until the agent was told to trust it.
+    trust: Option<String>,
     follow_updates: bool,
     /// When the last refusal finding was emitted, and how many refusals had none since.
     last_finding: Option<tokio::time::Instant>,
@@ -80,13 +87,17 @@ impl Network {
             resolver: settings.resolver,
             upstream: settings.upstream,
             check_addresses: settings.check_addresses,
+            secrets: settings.secrets,
+            intercept: settings.intercept,
         };
         let follow_updates = settings.follow_updates;
+        let trust = ctx.intercept.as_ref().map(|i| i.ca.pem().to_owned());
         let net = Self {
             streams: Streams::default(),
             ctx: Arc::new(ctx),
             view: view_tx,
             listening: false,
+            trust,
             follow_updates,
             last_finding: None,
             unreported: 0,
@@ -141,6 +152,10 @@ fn inbound(id: u32, port: u16) -> Connection {
 impl Serving<'_> {
     /// Tells the agent to open its listeners when some rule allows egress, and to close them when none does.
     pub(super) fn publish_network(&mut self) {
+        // Before the listeners: no workload connects before its trust is in place.
+        if let Some(ca_pem) = self.net.trust.take() {
+            self.net_send(VmRequest::Trust { ca_pem }.into());
+        }
         if self.net.listening && !self.net.follow_updates {
             return;
         }
@@ -182,6 +197,15 @@ impl Serving<'_> {
     }
 
     /// Nothing new opens; every egress stream ends.
+    /// Replaces credentials by name ([`crate::network::intercept::secrets::Secrets::rotate`]).
+    pub(super) fn holds_secrets(&self, secrets: &[vm_protocol::credentials::SecretCredential]) -> bool {
+        self.net.ctx.secrets.holds(secrets)
+    }
+
+    pub(super) fn rotate_secrets(&self, secrets: &[vm_protocol::credentials::SecretCredential]) -> RotationOutcome {
+        self.net.ctx.secrets.rotate(secrets)
+    }
+
     pub(super) fn net_stop(&mut self) {
         self.net.streams.stop_accepting();
         for (_, pipe) in self.net.streams.egress() {
@@ -305,10 +329,22 @@ impl Serving<'_> {
                 let event = self.telemetry.source().network(NetworkActivity::Open, &conn, None);
                 self.telemetry.emit(event);
             }
-            Report::Http(id, decided, method, path) => {
-                let conn = outbound(id.0, Listener::Http, Some(&decided));
-                let event = self.telemetry.source().http(&conn, &method, &path, None);
+            Report::Http(http) => {
+                let conn =
+                    Connection { bytes_in: http.bytes, ..outbound(http.id.0, Listener::Http, Some(&http.decided)) };
+                let scheme = if http.tls { "https" } else { "http" };
+                let denied = http.status == Some(403) && http.refused.is_some();
+                let source = self.telemetry.source();
+                let event = source.http_scheme(&conn, scheme, &http.method, &http.path, http.status, denied);
                 self.telemetry.emit(event);
+                if let Some(why) = http.refused {
+                    let (method, host, port) = (&http.method, &http.decided.host, http.decided.port);
+                    let detail = format!("{method} {scheme}://{host}:{port}{} refused: {why}", http.path);
+                    self.finding(Finding::PolicyDenied, &detail);
+                }
+            }
+            Report::Finding { id, decided, detail } => {
+                self.finding(Finding::PolicyDenied, &format!("stream {} to {}: {detail}", id.0, decided.host));
             }
             Report::Closed { id, listener, decided, to_guest, from_guest, duration, why } => {
                 let conn = Connection {

@@ -3,7 +3,7 @@
 //! ```text
 //! launch descriptor against the trusted arguments (before any credential is read)
 //!   -> auth bundle (read once, then gone) -> telemetry under the sandbox's identity
-//!   -> session settings -> the approved policy
+//!   -> session settings -> the approved policy -> egress secrets (credentials, the sandbox's CA)
 //! ```
 
 use std::path::Path;
@@ -20,6 +20,8 @@ use vm_protocol::policy::{PolicyError, SandboxPolicy};
 
 use super::fail::{Failure, Outlet};
 use super::sandbox::Sandbox;
+use crate::network::intercept::secrets::Secrets;
+use crate::network::intercept::{InterceptError, Interceptor};
 use crate::safeguards::Safeguards;
 use crate::serve::session::SessionConfig;
 use crate::telemetry::console::Console;
@@ -53,6 +55,18 @@ pub enum AdmitError {
     /// The sandbox's image root cannot be read.
     #[error("cannot read the sandbox's image root")]
     Root(#[source] RootFileError),
+    /// The credentials in the auth bundle are not valid.
+    #[error("the sandbox's credentials are not valid")]
+    Secrets(#[source] vm_protocol::credentials::SecretError),
+    /// The system's RNG failed while making placeholders.
+    #[error("cannot make credential placeholders")]
+    Placeholders(#[source] std::io::Error),
+    /// `--egress-ca` cannot be read.
+    #[error("--egress-ca cannot be read or holds no PEM certificate")]
+    EgressCa,
+    /// TLS interception could not be set up.
+    #[error("cannot set up TLS interception")]
+    Intercept(#[source] InterceptError),
 }
 
 /// Where the telemetry settings come from.
@@ -79,8 +93,19 @@ pub(crate) struct Admitted {
     pub(crate) session: Option<SessionConfig>,
     pub(crate) policy: SandboxPolicy,
     pub(crate) root: Option<RootImage>,
-    /// The upstream proxy's `Proxy-Authorization`, from the auth bundle.
-    pub(crate) egress_proxy_authorization: Option<String>,
+    /// What egress holds that the guest never sees.
+    pub(crate) egress: EgressSecrets,
+}
+
+/// The upstream proxy's login and the sandbox's credentials (from the auth bundle), and its CA.
+#[derive(Debug, Default)]
+pub(crate) struct EgressSecrets {
+    /// The upstream proxy's `Proxy-Authorization`.
+    pub(crate) proxy_authorization: Option<String>,
+    /// The credentials and their placeholders.
+    pub(crate) secrets: Secrets,
+    /// TLS interception, when some approved rule asks for it.
+    pub(crate) intercept: Option<std::sync::Arc<Interceptor>>,
 }
 
 /// Admits the sandbox `args` names, in the sandbox directory. The admission span starts here and is exported
@@ -101,18 +126,22 @@ pub(crate) fn admit(
         let outlet = Outlet::Refused { console, settings, sandbox_id, controls: safeguards.telemetry };
         return Err(Failure::new(AdmitError::Descriptor(mismatch), outlet));
     }
-    let (telemetry, token, egress_proxy_authorization) = match start_telemetry(args, safeguards, &console, from) {
+    let (telemetry, bundle) = match start_telemetry(args, safeguards, &console, from) {
         Ok(started) => started,
         Err(e) => return Err(Failure::new(e, Outlet::Console(console))),
     };
     let mut sandbox = Sandbox::open(telemetry, console, args);
-    let session = match session(args, token) {
+    let session = match session(args, bundle.session_token.clone()) {
         Ok(session) => session,
         Err(e) => return Err(Failure::new(e, Outlet::Sandbox(Box::new(sandbox)))),
     };
-    let checked = policy().and_then(|policy| Ok((policy, RootImage::read(Path::new(".")).map_err(AdmitError::Root)?)));
+    let checked = policy().and_then(|policy| {
+        let root = RootImage::read(Path::new(".")).map_err(AdmitError::Root)?;
+        let egress = egress_secrets(args, safeguards, &policy, bundle)?;
+        Ok((policy, root, egress))
+    });
     sandbox.telemetry().spans().admission(started, checked.is_ok());
-    let (policy, root) = match checked {
+    let (policy, root, egress) = match checked {
         Ok(checked) => checked,
         Err(e) => return Err(Failure::new(e, Outlet::Sandbox(Box::new(sandbox)))),
     };
@@ -125,7 +154,41 @@ pub(crate) fn admit(
     if let Some(root) = &root {
         sandbox.config_change(&format!("image root {}", root.manifest));
     }
-    Ok(Admitted { sandbox, session, policy, root, egress_proxy_authorization })
+    if egress.intercept.is_some() {
+        sandbox.config_change(&format!("sandbox CA made for intercepted hosts: {}", ca_hosts(&policy).join(", ")));
+    }
+    let names: Vec<String> = egress.secrets.env().into_iter().map(|(name, _)| name).collect();
+    if !names.is_empty() {
+        sandbox.config_change(&format!("credentials held as placeholders: {}", names.join(", ")));
+    }
+    Ok(Admitted { sandbox, session, policy, root, egress })
+}
+
+fn ca_hosts(policy: &SandboxPolicy) -> Vec<&str> {
+    let rules = policy.network.iter().flat_map(|n| &n.allow);
+    rules.filter(|r| r.tls == vm_protocol::policy::network::TlsMode::Intercept).map(|r| r.host.as_str()).collect()
+}
+
+/// The credentials of `bundle` with their placeholders, and the sandbox's CA when a rule intercepts.
+fn egress_secrets(
+    args: &SupervisorArgs,
+    safeguards: &Safeguards,
+    policy: &SandboxPolicy,
+    bundle: AuthBundle,
+) -> Result<EgressSecrets, AdmitError> {
+    vm_protocol::credentials::SecretCredential::validate_all(&bundle.secrets).map_err(AdmitError::Secrets)?;
+    let secrets = Secrets::new(bundle.secrets).map_err(AdmitError::Placeholders)?;
+    let extra = match &args.egress_ca {
+        Some(path) => {
+            crate::telemetry::credentials::CaBundle::load(path).map_err(|_| AdmitError::EgressCa)?.certificates()
+        }
+        None => Vec::new(),
+    };
+    let rules = policy.network.as_ref().map_or(&[][..], |n| &n.allow[..]);
+    let intercept = Interceptor::new(args.sandbox_id.as_str(), rules, &extra, safeguards.swap_placeholders)
+        .map_err(AdmitError::Intercept)?
+        .map(std::sync::Arc::new);
+    Ok(EgressSecrets { proxy_authorization: bundle.egress_proxy_authorization, secrets, intercept })
 }
 
 /// Admits the launch descriptor against the trusted arguments, before any credential is read or the policy
@@ -149,12 +212,12 @@ fn start_telemetry(
     safeguards: &Safeguards,
     console: &Console,
     from: SettingsFrom<'_>,
-) -> Result<(Telemetry, Option<String>, Option<String>), AdmitError> {
-    let bundle = AuthBundle::take(Path::new(".")).map_err(AdmitError::Bundle)?;
-    let settings = from.settings(bundle.otlp_headers).map_err(AdmitError::Settings)?;
+) -> Result<(Telemetry, AuthBundle), AdmitError> {
+    let mut bundle = AuthBundle::take(Path::new(".")).map_err(AdmitError::Bundle)?;
+    let settings = from.settings(std::mem::take(&mut bundle.otlp_headers)).map_err(AdmitError::Settings)?;
     let telemetry = Telemetry::start(console.handle(), args.sandbox_id.as_str(), &settings, safeguards.telemetry)
         .map_err(AdmitError::Telemetry)?;
-    Ok((telemetry, bundle.session_token, bundle.egress_proxy_authorization))
+    Ok((telemetry, bundle))
 }
 
 /// The session with `vm-driver serve`, where the arguments name its socket.

@@ -113,7 +113,7 @@ impl Admitted {
         senders: Senders,
         mut inbox: Inbox,
     ) -> StopReason {
-        let Self { mut sandbox, session, policy, root, egress_proxy_authorization } = self;
+        let Self { mut sandbox, session, policy, root, egress } = self;
         let Booted { mut vm, link, attach, .. } = booted;
         sandbox.telemetry.spans().boot_ended(true);
         let microvm = AppInfo { name: "microvm".into(), version: link.hello.software_label() };
@@ -129,14 +129,17 @@ impl Admitted {
         let mux = Mux::new(safeguards.guest_invariants)
             .with_serialized_policy(safeguards.serialized_policy)
             .with_policy(policy)
-            .with_run_config(root.map(|r| r.run).unwrap_or_default());
+            .with_run_config(root.map(|r| r.run).unwrap_or_default())
+            .with_egress_env(crate::network::egress_env(&egress.secrets, egress.intercept.is_some()));
         let egress = crate::serve::network::EgressSettings {
             resolver: args.egress_resolver.map_or(Resolver::System, Resolver::Dns),
             upstream: args
                 .egress_proxy
                 .clone()
-                .map(|address| Upstream { address, authorization: egress_proxy_authorization }),
+                .map(|address| Upstream { address, authorization: egress.proxy_authorization }),
             check_addresses: safeguards.address_check,
+            secrets: egress.secrets,
+            intercept: egress.intercept,
             follow_updates: safeguards.egress_updates,
         };
         let boundary = crate::serve::Boundary { guest: link.tx, mux, egress };

@@ -186,7 +186,11 @@ mod tests {
         let good = temp("good.pem", CERT);
         let bad = temp("bad.pem", "not a certificate");
         let rotate = |headers: Option<Vec<(String, String)>>, ca: Option<&Path>| {
-            live.rotate(&CredentialRotation { headers, ca_path: ca.map(|p| p.to_string_lossy().into_owned()) })
+            live.rotate(&CredentialRotation {
+                headers,
+                ca_path: ca.map(|p| p.to_string_lossy().into_owned()),
+                secrets: None,
+            })
         };
         assert_eq!(rotate(None, None).0, RotationOutcome::Empty);
         assert_eq!(rotate(Some(vec![("k".into(), "a\nb".into())]), None).0, RotationOutcome::BadHeader);

@@ -12,7 +12,9 @@ pub type Client = DriverClient<tonic::transport::Channel>;
 pub async fn create_ready(client: &mut Client, id: &str) -> (Duration, Sandbox) {
     let mut events = client.watch(WatchRequest { sandbox_id: id.to_owned() }).await.unwrap().into_inner();
     let start = Instant::now();
-    let created = client.create_sandbox(CreateSandboxRequest { sandbox_id: id.to_owned(), spec: None }).await;
+    let created = client
+        .create_sandbox(CreateSandboxRequest { sandbox_id: id.to_owned(), spec: None, credentials: Vec::new() })
+        .await;
     let created = created.unwrap().into_inner();
     while let Some(event) = events.next().await {
         if let Some(watch_event::Event::Changed(s)) = event.unwrap().event {

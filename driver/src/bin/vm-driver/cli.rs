@@ -294,6 +294,10 @@ pub struct LaunchArgs {
     /// docs/files.md): the guest's workload writes as the directory's owner, never as root.
     #[arg(long = "mount", value_name = "type=bind,src=HOSTDIR,dst=GUESTDIR[,readonly]")]
     pub mounts: Vec<vm_contract::share::HostMount>,
+    /// Secret credentials the workload sees only as placeholders (a JSON list in a 0600 file,
+    /// docs/network.md); the supervisor's proxy swaps them in for their hosts.
+    #[arg(long, value_name = "FILE")]
+    pub credentials_file: Option<PathBuf>,
     /// The root filesystem: an OCI image (REGISTRY/NAME[:TAG|@sha256:DIGEST], oci:DIR[:TAG],
     /// docker-archive:FILE), pulled on first use (docs/images.md). Default: the built-in root.
     #[arg(long, value_name = "REF")]
@@ -416,6 +420,10 @@ pub struct CreateArgs {
     /// The sandbox policy (JSON, docs/policy.md); every operation when not given.
     #[arg(long, value_name = "FILE", value_parser = read_policy)]
     pub policy: Option<SandboxPolicy>,
+    /// Secret credentials the workload sees only as placeholders (a JSON list in a 0600 file,
+    /// docs/network.md); the supervisor's proxy swaps them in for their hosts.
+    #[arg(long, value_name = "FILE")]
+    pub credentials_file: Option<PathBuf>,
     /// The sandbox id ([A-Za-z0-9._-], at most 128).
     pub id: SandboxId,
 }
@@ -455,6 +463,10 @@ pub struct CredentialsArgs {
     /// A new PEM CA bundle for an https:// collector.
     #[arg(long, value_name = "FILE")]
     pub ca: Option<PathBuf>,
+    /// New values for the sandbox's secret credentials, by name (a JSON list in a 0600 file, as
+    /// --credentials-file of create takes it).
+    #[arg(long, value_name = "FILE")]
+    pub credentials_file: Option<PathBuf>,
     /// The sandbox id.
     pub id: SandboxId,
 }

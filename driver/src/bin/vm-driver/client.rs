@@ -9,8 +9,8 @@ use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 use vm_protocol::driver_api::driver_client::DriverClient;
 use vm_protocol::driver_api::{
-    watch_event, CreateSandboxRequest, ListPoolRequest, ListSandboxesRequest, Sandbox, SandboxRef, SandboxSpec,
-    SandboxState, UpdatePolicyRequest, WatchRequest,
+    watch_event, CreateSandboxRequest, ListPoolRequest, ListSandboxesRequest, Sandbox, SandboxRef, SandboxState,
+    UpdatePolicyRequest, WatchRequest,
 };
 use vm_protocol::identity::{IdSelector, RunAs};
 use vm_protocol::policy::Operation;
@@ -59,10 +59,12 @@ fn line(s: &Sandbox) -> String {
 ///
 /// # Errors
 /// Refused, failed, or not ready within `timeout`.
-pub async fn create(socket: &Path, id: &str, spec: SandboxSpec, wait: bool, timeout: Duration) -> Result<()> {
+pub async fn create(socket: &Path, request: CreateSandboxRequest, wait: bool, timeout: Duration) -> Result<()> {
+    let id = request.sandbox_id.clone();
+    let id = id.as_str();
     let mut client = connect(socket).await?;
     let mut events = client.watch(WatchRequest { sandbox_id: id.to_owned() }).await?.into_inner();
-    let created = client.create_sandbox(CreateSandboxRequest { sandbox_id: id.to_owned(), spec: Some(spec) }).await?;
+    let created = client.create_sandbox(request).await?;
     println!("{}", line(created.get_ref()));
     if !wait {
         return Ok(());

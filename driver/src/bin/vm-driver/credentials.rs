@@ -51,14 +51,30 @@ impl HeadersFrom {
     }
 }
 
-/// Rotates the credentials of sandbox `id`: new headers, a new CA bundle, or both.
+/// What a rotation changes.
+#[derive(Debug)]
+pub struct Rotation<'a> {
+    /// New collector headers.
+    pub headers: Option<&'a HeadersFrom>,
+    /// A new collector CA bundle.
+    pub ca: Option<&'a Path>,
+    /// New secret credentials, by name.
+    pub credentials: Option<&'a Path>,
+}
+
+/// Rotates the credentials of sandbox `id`: new collector headers, a new CA bundle, new secret values.
 ///
 /// # Errors
 /// Nothing to rotate, unreadable input, refused, or the driver or sandbox cannot be reached.
-pub async fn rotate(socket: &Path, id: &str, headers: Option<&HeadersFrom>, ca: Option<&Path>) -> Result<()> {
-    if headers.is_none() && ca.is_none() {
-        bail!("nothing to rotate: give --headers-file, --ca, or both");
+pub async fn rotate(socket: &Path, id: &str, rotation: Rotation<'_>) -> Result<()> {
+    let Rotation { headers, ca, credentials } = rotation;
+    if headers.is_none() && ca.is_none() && credentials.is_none() {
+        bail!("nothing to rotate: give --headers-file, --ca, --credentials-file, or several");
     }
+    let credentials = match credentials {
+        Some(path) => vm_driver::secrets::read_file(path).with_context(|| path.display().to_string())?,
+        None => Vec::new(),
+    };
     let headers = match headers {
         Some(from) => Some(from.read()?),
         None => None,
@@ -76,6 +92,7 @@ pub async fn rotate(socket: &Path, id: &str, headers: Option<&HeadersFrom>, ca: 
             header: h.into_iter().map(|(name, value)| CollectorHeader { name, value }).collect(),
         }),
         ca_path,
+        credentials: vm_driver::secrets::to_api(credentials),
     };
     let mut client = crate::client::connect(socket).await?;
     let answer = client.rotate_credentials(request).await?.into_inner();

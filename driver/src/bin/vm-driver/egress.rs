@@ -23,6 +23,10 @@ pub struct EgressArgs {
     /// USER:PASSWORD for --egress-proxy, in a file only its owner can read (0600); never on the command line.
     #[arg(long, value_name = "FILE", requires = "egress_proxy")]
     pub egress_proxy_credentials: Option<PathBuf>,
+    /// Certificates (PEM) trusted, beside the system's roots, for the destinations of connections the
+    /// supervisor intercepts (network rules with "tls": "intercept").
+    #[arg(long, value_name = "FILE")]
+    pub egress_ca: Option<PathBuf>,
 }
 
 impl EgressArgs {
@@ -37,7 +41,11 @@ impl EgressArgs {
             Some(path) => Some(credentials(path)?),
             None => None,
         };
-        Ok(Egress { resolver: self.egress_resolver, proxy, proxy_authorization })
+        let ca = match &self.egress_ca {
+            Some(path) => Some(std::fs::canonicalize(path).with_context(|| format!("cannot read {}", path.display()))?),
+            None => None,
+        };
+        Ok(Egress { resolver: self.egress_resolver, proxy, proxy_authorization, ca })
     }
 }
 

@@ -95,6 +95,8 @@ pub struct LaunchConfig {
     pub tty: bool,
     /// Host directories shared with the guest (`--mount`).
     pub mounts: Vec<vm_contract::share::HostMount>,
+    /// Secret credentials (`--credentials-file`), for the auth bundle only.
+    pub secrets: Vec<vm_protocol::credentials::SecretCredential>,
 }
 
 /// The signals that end a launch, watched from before the supervisor starts.
@@ -149,6 +151,7 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
         policy: config.policy.clone(),
         egress: config.egress.clone(),
         mounts,
+        secrets: config.secrets.clone(),
         controls: config.controls,
     };
     let running = match sandbox::start(&spec) {

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context as _, Result};
 use clap::Parser;
 use cli::{Cli, Command, VmArgs};
 use client::Lifecycle;
@@ -32,7 +32,7 @@ use launch::LaunchConfig;
 use vm_contract::exit::driver::DRIVER_ERROR;
 use vm_driver::controls::Controls;
 use vm_driver::service::{self, ServeConfig};
-use vm_protocol::driver_api::SandboxSpec;
+use vm_protocol::driver_api::{CreateSandboxRequest, SandboxSpec};
 use vm_protocol::identity::{IdSelector, RunAs};
 
 vm_contract::test_controls!();
@@ -108,6 +108,10 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
                 copy_in: args.copy_in,
                 copy_out: args.copy_out,
                 mounts: args.mounts,
+                secrets: match &args.credentials_file {
+                    Some(path) => vm_driver::secrets::read_file(path).with_context(|| path.display().to_string())?,
+                    None => Vec::new(),
+                },
                 tty: args.tty,
             })
             .await
@@ -169,7 +173,16 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
                     .collect(),
             };
             let timeout = Duration::from_secs(args.wait_timeout);
-            client::create(&args.socket.path(), args.id.as_str(), spec, !args.no_wait, timeout).await?;
+            let credentials = match &args.credentials_file {
+                Some(path) => vm_driver::secrets::read_file(path).with_context(|| path.display().to_string())?,
+                None => Vec::new(),
+            };
+            let request = CreateSandboxRequest {
+                sandbox_id: args.id.to_string(),
+                spec: Some(spec),
+                credentials: vm_driver::secrets::to_api(credentials),
+            };
+            client::create(&args.socket.path(), request, !args.no_wait, timeout).await?;
             Ok(0)
         }
         Command::Get(args) => client::show(&args.socket.path(), Some(args.id.as_str())).await.map(|()| 0),
@@ -192,7 +205,12 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
         }
         Command::Credentials(args) => {
             let (socket, id) = (args.socket.path(), args.id.as_str());
-            credentials::rotate(&socket, id, args.headers_file.as_ref(), args.ca.as_deref()).await.map(|()| 0)
+            let rotation = credentials::Rotation {
+                headers: args.headers_file.as_ref(),
+                ca: args.ca.as_deref(),
+                credentials: args.credentials_file.as_deref(),
+            };
+            credentials::rotate(&socket, id, rotation).await.map(|()| 0)
         }
         Command::Exec(args) => {
             let target = match (args.attach, args.cmd.is_empty()) {

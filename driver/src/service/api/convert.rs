@@ -6,9 +6,11 @@ use vm_contract::ids::SandboxId;
 use vm_contract::jail::Confinement;
 use vm_contract::shape::{SandboxShape, ShapeError};
 use vm_contract::share::HostMount;
-use vm_protocol::credentials::{CredentialRotation, RotationOutcome, MAX_HEADERS};
+use vm_protocol::credentials::{
+    CredentialRotation, Inject, RotationOutcome, SecretCredential, SecretError, MAX_HEADERS,
+};
 use vm_protocol::driver_api::{
-    watch_event, ListPoolResponse, Mount, PlatformEvent, PoolTarget as ApiTarget, PooledVm, ReadinessKind,
+    watch_event, Credential, ListPoolResponse, Mount, PlatformEvent, PoolTarget as ApiTarget, PooledVm, ReadinessKind,
     RotateCredentialsRequest, Sandbox, SandboxSpec, SandboxState, WatchEvent,
 };
 use vm_protocol::policy::{PolicyError, SandboxPolicy};
@@ -237,10 +239,37 @@ pub fn rotation(req: RotateCredentialsRequest) -> Result<(SandboxId, CredentialR
     if ca_path.as_deref().is_some_and(|p| !p.starts_with('/')) {
         return Err(Status::invalid_argument("ca_path must be absolute"));
     }
-    if headers.is_none() && ca_path.is_none() {
+    let secrets = Some(credentials(req.credentials)?).filter(|s| !s.is_empty());
+    if headers.is_none() && ca_path.is_none() && secrets.is_none() {
         return Err(Status::invalid_argument(RotationOutcome::Empty.describe()));
     }
-    Ok((id, CredentialRotation { headers, ca_path }))
+    Ok((id, CredentialRotation { headers, ca_path, secrets }))
+}
+
+/// The API's credentials, checked. Every status is fixed text: none shows a value.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` for a credential that is not valid.
+pub fn credentials(list: Vec<Credential>) -> Result<Vec<SecretCredential>, Status> {
+    let bad = |e: SecretError| Status::invalid_argument(format!("credentials: {e}"));
+    if list.len() > vm_protocol::credentials::MAX_SECRETS {
+        return Err(bad(SecretError::Count));
+    }
+    let converted = list
+        .into_iter()
+        .map(|c| {
+            let hosts = c.hosts.iter().map(|h| h.parse()).collect::<Result<Vec<_>, _>>();
+            Ok(SecretCredential {
+                name: c.name,
+                value: c.value,
+                hosts: hosts.map_err(|_| bad(SecretError::Hosts))?,
+                inject: c.inject.map(|i| Inject { header: i.header, format: i.format }),
+                in_url: c.in_url,
+            })
+        })
+        .collect::<Result<Vec<_>, Status>>()?;
+    SecretCredential::validate_all(&converted).map_err(bad)?;
+    Ok(converted)
 }
 
 impl From<RotateError> for Status {

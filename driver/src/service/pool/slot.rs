@@ -58,6 +58,7 @@ pub(super) fn boot(
         policy: None,
         egress: ctx.egress.clone(),
         mounts: Vec::new(),
+        secrets: Vec::new(),
         controls: ctx.controls,
     };
     Ok(sandbox::start_pooled(&spec, start)?)

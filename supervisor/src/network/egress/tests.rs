@@ -7,6 +7,7 @@ use vm_protocol::net::{Listener, NetToGuest, StreamFrame, StreamId, NET_WINDOW_B
 use vm_protocol::policy::network::{NetRule, HOST_GATEWAY};
 
 use super::{run, Context, Report};
+use crate::network::intercept::secrets::Secrets;
 use crate::network::pipe::Pipe;
 use crate::network::resolve::Resolver;
 use crate::policy::NetView;
@@ -21,7 +22,16 @@ async fn a_destination_that_resets_ends_both_directions_at_once() {
     let (guest, mut to_guest) = mpsc::channel::<ToGuest>(64);
     let (reports, mut reported) = mpsc::channel(64);
     let (_rules, view) = watch::channel(NetView { rules: vec![rule], revision: 0, max_connections: 8 });
-    let ctx = Context { guest, reports, view, resolver: Resolver::System, upstream: None, check_addresses: true };
+    let ctx = Context {
+        guest,
+        reports,
+        view,
+        resolver: Resolver::System,
+        upstream: None,
+        check_addresses: true,
+        secrets: Secrets::default(),
+        intercept: None,
+    };
     let pipe = Arc::new(Pipe::new(NET_WINDOW_BYTES, NET_WINDOW_BYTES));
     pipe.push(format!("CONNECT {HOST_GATEWAY}:{port} HTTP/1.1\r\n\r\n").as_bytes()).unwrap();
     let task = tokio::spawn(run(Arc::new(ctx), StreamId(1), Listener::Http, Arc::clone(&pipe)));

@@ -1,0 +1,332 @@
+//! One intercepted connection: the workload's TLS, its requests, and this supervisor's connection to the
+//! destination.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+
+use bytes::Bytes;
+use http_body_util::{Either, Full};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::http::request::Parts;
+use hyper::{Request, Response, StatusCode, Uri};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls::pki_types::ServerName;
+use tokio::io::DuplexStream;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+use vm_protocol::net::StreamId;
+use vm_protocol::policy::network::normalize_host;
+
+use super::secrets::RequestParts;
+use super::{Interceptor, MAX_HEAD_BYTES, MAX_STREAMS};
+use crate::network::egress::{Context, Decided, HttpReport, Report, CONNECT_TIMEOUT, REQUEST_TIMEOUT};
+
+/// What the proxy answers a request it refuses or cannot carry (the reason goes to the events only).
+const REFUSED_BODY: &str = "refused by the sandbox's network policy\n";
+const FAILED_BODY: &str = "the sandbox's proxy could not reach the destination\n";
+/// Headers of one hop only, never forwarded (RFC 9110 7.6.1), plus the proxy's own.
+const HOP_HEADERS: [&str; 9] = [
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+type ProxyBody = Either<Counted, Full<Bytes>>;
+
+/// The connection to the destination.
+enum Sender {
+    Http1(tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Incoming>>),
+    Http2(hyper::client::conn::http2::SendRequest<Incoming>),
+}
+
+impl Sender {
+    async fn send(&self, req: Request<Incoming>) -> Result<Response<Incoming>, hyper::Error> {
+        match self {
+            // One request at a time: the next waits until the previous response was read.
+            Self::Http1(sender) => {
+                let mut sender = sender.lock().await;
+                sender.ready().await?;
+                sender.send_request(req).await
+            }
+            Self::Http2(sender) => sender.clone().send_request(req).await,
+        }
+    }
+}
+
+/// What each request of one connection shares.
+struct Conn {
+    ctx: Arc<Context>,
+    intercept: Arc<Interceptor>,
+    id: StreamId,
+    decided: Decided,
+    upstream: Result<Sender, &'static str>,
+}
+
+/// Serves one intercepted stream: `guest` carries the workload's TLS, `destination` is the checked dial.
+pub async fn serve(
+    ctx: Arc<Context>,
+    intercept: Arc<Interceptor>,
+    id: StreamId,
+    decided: Decided,
+    guest: DuplexStream,
+    destination: TcpStream,
+) {
+    let finding = |detail: String| {
+        let ctx = Arc::clone(&ctx);
+        let decided = decided.clone();
+        async move {
+            let _ = ctx.reports.send(Report::Finding { id, decided, detail }).await;
+        }
+    };
+    let config = match intercept.ca.server_config(&decided.host) {
+        Ok(config) => config,
+        Err(e) => return finding(e.to_string()).await,
+    };
+    let tls = match tokio::time::timeout(REQUEST_TIMEOUT, TlsAcceptor::from(config).accept(guest)).await {
+        Ok(Ok(tls)) => tls,
+        _ => return finding("the workload's TLS handshake with the sandbox's CA failed".into()).await,
+    };
+    let sni = tls.get_ref().1.server_name().map(normalize_host);
+    if sni.is_some_and(|name| name.as_deref() != Some(decided.host.as_str())) {
+        return finding("the workload's TLS names another host than its CONNECT".into()).await;
+    }
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    let upstream = connect(&intercept, &decided.host, destination).await;
+    if let Err(why) = upstream {
+        finding(why.into()).await;
+    }
+    let conn = Arc::new(Conn { ctx: Arc::clone(&ctx), intercept, id, decided: decided.clone(), upstream });
+    let service = hyper::service::service_fn(move |req| handle(Arc::clone(&conn), req));
+    let io = TokioIo::new(tls);
+    // Errors here are the workload's (a malformed request, a reset): the connection just ends.
+    let _ = if h2 {
+        hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(MAX_STREAMS)
+            .max_header_list_size(u32::try_from(MAX_HEAD_BYTES).unwrap_or(u32::MAX))
+            .max_pending_accept_reset_streams(Some(usize::try_from(MAX_STREAMS).unwrap_or(64)))
+            .max_local_error_reset_streams(Some(1024))
+            .serve_connection(io, service)
+            .await
+    } else {
+        hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(REQUEST_TIMEOUT)
+            .max_buf_size(MAX_HEAD_BYTES)
+            .serve_connection(io, service)
+            .await
+    };
+}
+
+/// This supervisor's TLS connection to the destination, fully checked, and HTTP over it.
+async fn connect(intercept: &Interceptor, host: &str, tcp: TcpStream) -> Result<Sender, &'static str> {
+    let name = ServerName::try_from(host.to_owned()).map_err(|_| "the destination's name is not a TLS name")?;
+    let handshake = TlsConnector::from(Arc::clone(&intercept.client)).connect(name, tcp);
+    let tls = match tokio::time::timeout(CONNECT_TIMEOUT, handshake).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            let rustls_error = e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>());
+            return Err(match rustls_error {
+                Some(rustls::Error::InvalidCertificate(_)) => "the destination's certificate is not trusted",
+                _ => "the TLS handshake with the destination failed",
+            });
+        }
+        Err(_) => return Err("the TLS handshake with the destination timed out"),
+    };
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    let io = TokioIo::new(tls);
+    if h2 {
+        let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .max_header_list_size(u32::try_from(MAX_HEAD_BYTES).unwrap_or(u32::MAX))
+            .handshake(io)
+            .await
+            .map_err(|_| "the HTTP/2 handshake with the destination failed")?;
+        tokio::spawn(conn);
+        Ok(Sender::Http2(sender))
+    } else {
+        let (sender, conn) = hyper::client::conn::http1::Builder::new()
+            .max_buf_size(MAX_HEAD_BYTES)
+            .handshake(io)
+            .await
+            .map_err(|_| "the HTTP/1.1 handshake with the destination failed")?;
+        tokio::spawn(conn);
+        Ok(Sender::Http1(tokio::sync::Mutex::new(sender)))
+    }
+}
+
+async fn handle(conn: Arc<Conn>, req: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
+    let (mut parts, body) = req.into_parts();
+    let mut report = HttpReport {
+        id: conn.id,
+        decided: conn.decided.clone(),
+        method: parts.method.as_str().to_owned(),
+        path: parts.uri.path().to_owned(),
+        status: None,
+        bytes: 0,
+        tls: true,
+        refused: None,
+    };
+    if let Err(why) = conn.prepare(&mut parts) {
+        return Ok(conn.answer(report, StatusCode::FORBIDDEN, REFUSED_BODY, why).await);
+    }
+    let sender = match &conn.upstream {
+        Ok(sender) => sender,
+        Err(why) => return Ok(conn.answer(report, StatusCode::BAD_GATEWAY, FAILED_BODY, (*why).into()).await),
+    };
+    match sender.send(Request::from_parts(parts, body)).await {
+        Ok(response) => {
+            let (mut parts, body) = response.into_parts();
+            strip_hop_headers(&mut parts.headers);
+            report.status = Some(parts.status.as_u16());
+            let counted = Counted { inner: body, report: Some((conn.ctx.reports.clone(), report)) };
+            Ok(Response::from_parts(parts, Either::Left(counted)))
+        }
+        Err(_) => {
+            let why = "the destination did not answer the request".into();
+            Ok(conn.answer(report, StatusCode::BAD_GATEWAY, FAILED_BODY, why).await)
+        }
+    }
+}
+
+impl Conn {
+    /// Judges the request and makes it the destination's: its host, the rule in force, the HTTP rules, the
+    /// placeholders, and the form the destination's HTTP version wants.
+    fn prepare(&self, parts: &mut Parts) -> Result<(), String> {
+        let decided = &self.decided;
+        let authority = parts
+            .uri
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .or_else(|| parts.headers.get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_owned))
+            .ok_or("the request names no host")?;
+        let (host, port) = match authority.rsplit_once(':').filter(|(_, p)| !p.contains(']')) {
+            Some((host, port)) => (host, port.parse::<u16>().ok()),
+            None => (authority.as_str(), Some(decided.port)),
+        };
+        if normalize_host(host).as_deref() != Some(decided.host.as_str()) || port != Some(decided.port) {
+            return Err("the request names another host than its connection".into());
+        }
+        let rule = self.ctx.view.borrow().rule_for(&decided.host, decided.port).cloned();
+        let rule = rule.ok_or("a policy update no longer allows the destination")?;
+        let path = parts.uri.path();
+        if !rule.http.is_empty() {
+            let lowered = path.to_ascii_lowercase();
+            let unclear =
+                path.split('/').any(|s| s == "." || s == "..") || lowered.contains("%2e") || lowered.contains("%2f");
+            if unclear || !rule.allows_request(parts.method.as_str(), path) {
+                return Err(format!("no http rule of {} allows {} {path}", rule.host, parts.method));
+            }
+        }
+        let mut path_and_query = parts.uri.path_and_query().map_or_else(|| "/".to_owned(), |pq| pq.as_str().to_owned());
+        if self.intercept.swap_placeholders {
+            let request = RequestParts { headers: &mut parts.headers, path_and_query: &mut path_and_query };
+            self.ctx.secrets.apply(&decided.host, request).map_err(|misplaced| {
+                format!(
+                    "the placeholder of credential {} was sent to {}, which it is not bound to",
+                    misplaced.name, decided.host
+                )
+            })?;
+        }
+        strip_hop_headers(&mut parts.headers);
+        let authority =
+            if decided.port == 443 { decided.host.clone() } else { format!("{}:{}", decided.host, decided.port) };
+        match &self.upstream {
+            Ok(Sender::Http2(_)) => {
+                parts.headers.remove(header::HOST);
+                parts.uri =
+                    Uri::try_from(format!("https://{authority}{path_and_query}")).map_err(|_| "a malformed path")?;
+                parts.version = hyper::Version::HTTP_2;
+            }
+            _ => {
+                let host = HeaderValue::from_str(&authority).map_err(|_| "a malformed host")?;
+                parts.headers.insert(header::HOST, host);
+                parts.uri = Uri::try_from(path_and_query).map_err(|_| "a malformed path")?;
+                parts.version = hyper::Version::HTTP_11;
+            }
+        }
+        Ok(())
+    }
+
+    /// The proxy's own answer, reported with why.
+    async fn answer(
+        &self,
+        mut report: HttpReport,
+        status: StatusCode,
+        body: &'static str,
+        why: String,
+    ) -> Response<ProxyBody> {
+        report.status = Some(status.as_u16());
+        report.refused = Some(why);
+        let _ = self.ctx.reports.send(Report::Http(Box::new(report))).await;
+        let mut response = Response::new(Either::Right(Full::new(Bytes::from_static(body.as_bytes()))));
+        *response.status_mut() = status;
+        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        response
+    }
+}
+
+fn strip_hop_headers(headers: &mut HeaderMap) {
+    let listed: Vec<String> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(',').map(|name| name.trim().to_ascii_lowercase()))
+        .collect();
+    for name in HOP_HEADERS.iter().copied().chain(listed.iter().map(String::as_str)) {
+        headers.remove(name);
+    }
+}
+
+/// A response body that counts its bytes and reports the request once it ends (or is dropped).
+struct Counted {
+    inner: Incoming,
+    report: Option<(mpsc::Sender<Report>, HttpReport)>,
+}
+
+impl Body for Counted {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            if let (Some(data), Some((_, report))) = (frame.data_ref(), self.report.as_mut()) {
+                report.bytes += data.len() as u64;
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if let Some((reports, report)) = self.report.take() {
+            // The loop may be busy: the report waits its turn rather than being lost.
+            tokio::spawn(async move {
+                let _ = reports.send(Report::Http(Box::new(report))).await;
+            });
+        }
+    }
+}
