@@ -132,14 +132,21 @@ pub struct Dns {
 impl Dns {
     /// Answers each `(name, address)`.
     pub fn start(records: &[(&str, &str)]) -> Self {
+        Self::spawn(records.iter().map(|(name, addr)| format!("--host-record={name},{addr}")))
+    }
+
+    /// Answers every name under `domain` with `addr`.
+    pub fn domain(domain: &str, addr: &str) -> Self {
+        Self::spawn([format!("--address=/{domain}/{addr}")])
+    }
+
+    fn spawn(answers: impl IntoIterator<Item = String>) -> Self {
         let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let mut cmd = Command::new("dnsmasq");
         cmd.args(["--keep-in-foreground", "--no-resolv", "--no-hosts", "--no-poll", "--bind-interfaces"])
             .args(["--listen-address=127.0.0.1", "--pid-file=", "--user=root", "--log-facility=-"])
-            .arg(format!("--port={port}"));
-        for (name, addr) in records {
-            cmd.arg(format!("--host-record={name},{addr}"));
-        }
+            .arg(format!("--port={port}"))
+            .args(answers);
         let child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -18,12 +18,14 @@ use std::time::Duration;
 use serde_json::Value;
 use vm_contract::layout::SandboxFile;
 use vm_contract::test_control::TestControl;
-use vm_e2e::net::{server_dir, throwaway_ca, WebServer, HOST_GATEWAY};
+use vm_e2e::net::{server_dir, throwaway_ca, Dns, WebServer, HOST_GATEWAY};
+use vm_e2e::procs::PeakRss;
 use vm_e2e::serve::Serve;
 use vm_e2e::test_image::{layout_ref, shared_store};
 use vm_e2e::{Launch, Running, Scratch};
 
 const G: &str = HOST_GATEWAY;
+use vm_supervisor::network::intercept::ca::LEAF_CACHE_ITEMS as LEAF_CACHE;
 
 /// The servers, the CA, the canary and the files a test hands the driver.
 struct Setup {
@@ -336,4 +338,58 @@ fn a_rotated_key_reaches_the_server_on_the_next_request_with_nothing_restarted()
     assert!(String::from_utf8_lossy(&out.stderr).contains("names none the sandbox holds"));
     assert_eq!(exec(), "over tls\n");
     assert!(setup.tls.authorizations().ends_with(&format!("Bearer {rotated}\n")));
+}
+
+/// The supervisor's peak resident memory while a hostile workload attacks its interception stays under this
+/// (`docs/network.md`, Interception: bounds).
+const HOSTILE_PEAK_RSS_MIB: u64 = 64;
+
+#[test]
+fn a_hostile_workload_meets_bounds_and_findings() {
+    let s = Scratch::with_deadline("secrets-hostile", Duration::from_secs(600));
+    let setup = setup(&s, "hostile");
+    let dns = Dns::domain("flood.test", "127.0.0.1");
+    let t = setup.tls.port;
+    let policy = s.dir.join("hostile-policy.json");
+    let text = format!(
+        r#"{{"allow": ["exec", "stdin"], "network": {{"allow": [
+            {{"host": "{G}", "ports": [{t}], "tls": "intercept"}},
+            {{"host": "*.flood.test", "ports": [{t}], "allowed_ips": ["127.0.0.1"], "tls": "intercept"}}]}}}}"#
+    );
+    std::fs::write(&policy, text).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/hostile_tls.py");
+    let names = LEAF_CACHE + 44;
+    let peak = PeakRss::supervisors(&s.dir, "hostile-tls");
+    let out = Launch::new(&s, &["/bin/sh", "-c", &format!("cat > /tmp/h.py && python3 /tmp/h.py {G} {t} {names}")])
+        .flag("--id")
+        .flag("hostile-tls")
+        .flag("--policy")
+        .flag(policy.to_str().unwrap())
+        .flag("--image")
+        .flag(&layout_ref())
+        .flag("--image-cache")
+        .flag(&shared_store().display().to_string())
+        .flag("--disk")
+        .flag("64")
+        .flag("--egress-ca")
+        .flag(setup.ca.to_str().unwrap())
+        .flag("--egress-resolver")
+        .flag(&dns.addr.to_string())
+        .stdin(std::fs::read(script).unwrap())
+        .run();
+    let peak_mib = peak.peak() >> 10;
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stdout_text(), out.workload_stderr());
+    let lines: Vec<String> = out.stdout_text().lines().map(str::to_owned).collect();
+    assert_eq!(lines[0], format!("names {names}"), "every host got a leaf that verifies for it");
+    assert!(lines[1].starts_with("head bounded HTTP/1.1 431"), "{lines:?}");
+    assert!(lines[2].starts_with("h2 ") && lines[2].ends_with(" bounded"), "{lines:?}");
+    let dirs: Vec<PathBuf> =
+        std::fs::read_dir(s.state().join("sandboxes")).unwrap().map(|e| e.unwrap().path()).collect();
+    let found = findings(&events(&dirs[0]));
+    let has = |needle: &str| found.iter().any(|f| f.contains(needle));
+    assert!(has("request head passed the proxy's 64 KiB bound"), "{found:#?}");
+    let broke = found.iter().filter(|f| f.contains("broke HTTP's rules or the proxy's bounds")).count();
+    assert_eq!(broke, 1, "the HTTP/2 flood, and only it, is a finding: {found:#?}");
+    eprintln!("e2e: {names} hosts, an endless head and an HTTP/2 reset flood: supervisor peak {peak_mib} MiB");
+    assert!(peak_mib < HOSTILE_PEAK_RSS_MIB, "the supervisor's peak memory: {peak_mib} MiB");
 }

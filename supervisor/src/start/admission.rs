@@ -67,6 +67,9 @@ pub enum AdmitError {
     /// TLS interception could not be set up.
     #[error("cannot set up TLS interception")]
     Intercept(#[source] InterceptError),
+    /// The supervisor could not make itself non-dumpable while it holds secrets.
+    #[error("cannot make the supervisor non-dumpable")]
+    Dumpable(#[source] std::io::Error),
 }
 
 /// Where the telemetry settings come from.
@@ -188,6 +191,11 @@ fn egress_secrets(
     let intercept = Interceptor::new(args.sandbox_id.as_str(), rules, &extra, safeguards.swap_placeholders)
         .map_err(AdmitError::Intercept)?
         .map(std::sync::Arc::new);
+    // Keys in memory: no process of this user may read it (ptrace, /proc/PID/mem) or find it in a core.
+    if intercept.is_some() || !secrets.is_empty() {
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+            .map_err(|e| AdmitError::Dumpable(e.into()))?;
+    }
     Ok(EgressSecrets { proxy_authorization: bundle.egress_proxy_authorization, secrets, intercept })
 }
 

@@ -69,7 +69,25 @@ struct Conn {
     intercept: Arc<Interceptor>,
     id: StreamId,
     decided: Decided,
-    upstream: Result<Sender, &'static str>,
+    /// The checked dial, until the first request makes it a TLS connection.
+    destination: std::sync::Mutex<Option<TcpStream>>,
+    /// That connection: made once, at the first request, so a workload that only shakes hands costs no
+    /// handshake with the destination.
+    upstream: tokio::sync::OnceCell<Result<Sender, &'static str>>,
+}
+
+impl Conn {
+    async fn upstream(&self) -> &Result<Sender, &'static str> {
+        self.upstream
+            .get_or_init(|| async {
+                let tcp = self.destination.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+                match tcp {
+                    Some(tcp) => connect(&self.intercept, &self.decided.host, tcp).await,
+                    None => Err("the destination's connection is gone"),
+                }
+            })
+            .await
+    }
 }
 
 /// Serves one intercepted stream: `guest` carries the workload's TLS, `destination` is the checked dial.
@@ -101,15 +119,17 @@ pub async fn serve(
         return finding("the workload's TLS names another host than its CONNECT".into()).await;
     }
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-    let upstream = connect(&intercept, &decided.host, destination).await;
-    if let Err(why) = upstream {
-        finding(why.into()).await;
-    }
-    let conn = Arc::new(Conn { ctx: Arc::clone(&ctx), intercept, id, decided: decided.clone(), upstream });
+    let conn = Arc::new(Conn {
+        ctx: Arc::clone(&ctx),
+        intercept,
+        id,
+        decided: decided.clone(),
+        destination: std::sync::Mutex::new(Some(destination)),
+        upstream: tokio::sync::OnceCell::new(),
+    });
     let service = hyper::service::service_fn(move |req| handle(Arc::clone(&conn), req));
     let io = TokioIo::new(tls);
-    // Errors here are the workload's (a malformed request, a reset): the connection just ends.
-    let _ = if h2 {
+    let served = if h2 {
         hyper::server::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .max_concurrent_streams(MAX_STREAMS)
@@ -126,6 +146,31 @@ pub async fn serve(
             .serve_connection(io, service)
             .await
     };
+    // A workload that closes mid-request just ends its connection; one that breaks a bound is a finding.
+    if let Some(why) = served.err().as_ref().and_then(bound_broken) {
+        finding(why.into()).await;
+    }
+}
+
+/// What a connection's error says of the workload, when it broke a bound or the protocol.
+fn bound_broken(e: &hyper::Error) -> Option<&'static str> {
+    if e.is_parse_too_large() {
+        Some("the workload's request head passed the proxy's 64 KiB bound")
+    } else if e.is_timeout() {
+        Some("the workload's request head did not complete in time")
+    } else if e.is_parse() {
+        Some("the workload sent a malformed request")
+    } else if e.is_incomplete_message()
+        || e.is_canceled()
+        || e.is_closed()
+        || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
+    {
+        // The workload went away (a close, a reset, TLS without close_notify).
+        None
+    } else {
+        // HTTP/2: the server sent GOAWAY for a protocol error or too many reset streams.
+        Some("the workload's connection broke HTTP's rules or the proxy's bounds")
+    }
 }
 
 /// This supervisor's TLS connection to the destination, fully checked, and HTTP over it.
@@ -177,13 +222,17 @@ async fn handle(conn: Arc<Conn>, req: Request<Incoming>) -> Result<Response<Prox
         tls: true,
         refused: None,
     };
-    if let Err(why) = conn.prepare(&mut parts) {
-        return Ok(conn.answer(report, StatusCode::FORBIDDEN, REFUSED_BODY, why).await);
-    }
-    let sender = match &conn.upstream {
+    let path_and_query = match conn.judge(&mut parts) {
+        Ok(path_and_query) => path_and_query,
+        Err(why) => return Ok(conn.answer(report, StatusCode::FORBIDDEN, REFUSED_BODY, why).await),
+    };
+    let sender = match conn.upstream().await {
         Ok(sender) => sender,
         Err(why) => return Ok(conn.answer(report, StatusCode::BAD_GATEWAY, FAILED_BODY, (*why).into()).await),
     };
+    if let Err(why) = conn.adapt(&mut parts, &path_and_query, matches!(sender, Sender::Http2(_))) {
+        return Ok(conn.answer(report, StatusCode::BAD_REQUEST, REFUSED_BODY, why.into()).await);
+    }
     match sender.send(Request::from_parts(parts, body)).await {
         Ok(response) => {
             let (mut parts, body) = response.into_parts();
@@ -200,9 +249,9 @@ async fn handle(conn: Arc<Conn>, req: Request<Incoming>) -> Result<Response<Prox
 }
 
 impl Conn {
-    /// Judges the request and makes it the destination's: its host, the rule in force, the HTTP rules, the
-    /// placeholders, and the form the destination's HTTP version wants.
-    fn prepare(&self, parts: &mut Parts) -> Result<(), String> {
+    /// Judges the request: its host, the rule in force, the HTTP rules, the placeholders (swapped here).
+    /// Returns its path and query, swapped too.
+    fn judge(&self, parts: &mut Parts) -> Result<String, String> {
         let decided = &self.decided;
         let authority = parts
             .uri
@@ -238,22 +287,25 @@ impl Conn {
                 )
             })?;
         }
+        Ok(path_and_query)
+    }
+
+    /// Puts the request in the form the destination's HTTP version wants.
+    fn adapt(&self, parts: &mut Parts, path_and_query: &str, h2: bool) -> Result<(), &'static str> {
+        let decided = &self.decided;
         strip_hop_headers(&mut parts.headers);
         let authority =
             if decided.port == 443 { decided.host.clone() } else { format!("{}:{}", decided.host, decided.port) };
-        match &self.upstream {
-            Ok(Sender::Http2(_)) => {
-                parts.headers.remove(header::HOST);
-                parts.uri =
-                    Uri::try_from(format!("https://{authority}{path_and_query}")).map_err(|_| "a malformed path")?;
-                parts.version = hyper::Version::HTTP_2;
-            }
-            _ => {
-                let host = HeaderValue::from_str(&authority).map_err(|_| "a malformed host")?;
-                parts.headers.insert(header::HOST, host);
-                parts.uri = Uri::try_from(path_and_query).map_err(|_| "a malformed path")?;
-                parts.version = hyper::Version::HTTP_11;
-            }
+        if h2 {
+            parts.headers.remove(header::HOST);
+            parts.uri =
+                Uri::try_from(format!("https://{authority}{path_and_query}")).map_err(|_| "a malformed path")?;
+            parts.version = hyper::Version::HTTP_2;
+        } else {
+            let host = HeaderValue::from_str(&authority).map_err(|_| "a malformed host")?;
+            parts.headers.insert(header::HOST, host);
+            parts.uri = Uri::try_from(path_and_query).map_err(|_| "a malformed path")?;
+            parts.version = hyper::Version::HTTP_11;
         }
         Ok(())
     }
