@@ -70,7 +70,7 @@ fn setup(s: &Scratch, name: &str) -> Setup {
         r#"{{"allow": ["exec", "stdin"], "network": {{"allow": [
             {{"host": "{G}", "ports": [{}], "tls": "intercept",
               "http": [{{"methods": ["GET", "POST"], "paths": ["/file.txt", "/api/*"]}}]}},
-            {{"host": "{G}", "ports": [{}]}}]}}}}"#,
+            {{"host": "{G}", "ports": [{}], "http": [{{"methods": ["GET"], "paths": ["/file.txt"]}}]}}]}}}}"#,
         tls.port, plain.port
     );
     std::fs::write(&policy, text).unwrap();
@@ -100,12 +100,24 @@ fn requests(setup: &Setup) -> String {
          curl -sS -o /dev/null -w 'rule %{{http_code}}\\n' https://{G}:{t}/secret.txt; \
          curl -sS -o /dev/null -w 'unbound %{{http_code}}\\n' -H \"Authorization: Bearer $OTHER_KEY\" https://{G}:{t}/file.txt; \
          curl -s -o /dev/null -w 'passthrough %{{http_code}}\\n' -H \"X-Key: $API_KEY\" http://{G}:{p}/file.txt; \
+         curl -sS http://{G}:{p}/file.txt; \
+         curl -s -o /dev/null -w 'plain rule %{{http_code}}\\n' --data x http://{G}:{p}/file.txt; \
          echo \"env ${{API_KEY%%-*}}\""
     )
 }
 
-const EXPECTED: [&str; 8] =
-    ["over tls", "h2 2 200", "posted 5", "over tls", "rule 403", "unbound 403", "passthrough 000", "env vmdrv"];
+const EXPECTED: [&str; 10] = [
+    "over tls",
+    "h2 2 200",
+    "posted 5",
+    "over tls",
+    "rule 403",
+    "unbound 403",
+    "passthrough 000",
+    "plain",
+    "plain rule 403",
+    "env vmdrv",
+];
 
 fn events(dir: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(dir.join(SandboxFile::Events.name())).unwrap();
@@ -218,7 +230,8 @@ fn the_key_reaches_only_its_host_and_never_the_guest() {
     let with_key = received.lines().filter(|l| *l == format!("Bearer {}", setup.canary)).count();
     assert_eq!(with_key, 4, "the server's Authorization headers:\n{received}");
     assert!(!received.contains("vmdrv-placeholder-"), "a placeholder reached the server:\n{received}");
-    assert!(!setup.plain.requests().contains("file.txt"), "the passthrough request carrying a placeholder went out");
+    let plain = setup.plain.requests();
+    assert_eq!(plain, "GET /file.txt\n", "only the plain request without a placeholder, and allowed, went out");
 
     let dir = running.sandbox_dir.clone();
     let holding = files_holding(&dir, setup.canary.as_bytes());

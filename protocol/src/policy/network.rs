@@ -163,9 +163,17 @@ impl NetRule {
         self.http.iter().try_for_each(|h| h.validate(host))
     }
 
-    /// Whether the rule lets `method` reach `path` (the path without its query).
+    /// Whether the rule lets `method` reach `path` (the path without its query). With HTTP rules, a path
+    /// whose meaning a server may change (`.` or `..` segments, an encoded dot or slash) is refused: it
+    /// cannot be judged as the destination will read it.
     pub fn allows_request(&self, method: &str, path: &str) -> bool {
-        self.http.is_empty() || self.http.iter().any(|h| h.matches(method, path))
+        if self.http.is_empty() {
+            return true;
+        }
+        let lowered = path.to_ascii_lowercase();
+        let unclear =
+            path.split('/').any(|s| s == "." || s == "..") || lowered.contains("%2e") || lowered.contains("%2f");
+        !unclear && self.http.iter().any(|h| h.matches(method, path))
     }
 
     /// Whether the rule covers `host` (normalized, see [`normalize_host`]) and `port`.
@@ -323,6 +331,8 @@ mod tests {
         assert!(!r.allows_request("POST", "/v1/chat/completions/x"));
         assert!(!r.allows_request("POST", "/v1/models"));
         assert!(rule("a.com").allows_request("DELETE", "/anything"), "no http rules: any request");
+        assert!(!r.allows_request("POST", "/v1/files/../admin"), "a path a server may read otherwise");
+        assert!(!r.allows_request("POST", "/v1/files/%2E%2E/admin"));
         for bad in [
             r#"{"paths": ["v1"]}"#,
             r#"{"paths": ["/a/../b"]}"#,

@@ -9,7 +9,7 @@ use vm_protocol::policy::network::{NetRule, HOST_GATEWAY};
 
 use super::egress::{Context, Decided, Refusal, CONNECT_TIMEOUT};
 use super::pipe::Pipe;
-use super::request::ProxyRequest;
+use super::request::{Kind, ProxyRequest};
 use super::socks;
 use crate::policy::NetView;
 
@@ -21,6 +21,12 @@ pub(super) async fn connect(ctx: &Context, req: &ProxyRequest, pipe: &Pipe) -> R
         socks::NOT_ALLOWED,
         "no network rule allows the destination",
     ))?;
+    // A plain-HTTP request is judged by the rule's HTTP rules before anything is dialed.
+    if let Kind::Forward { method, path, .. } = &req.kind {
+        if !rule.allows_request(method, path) {
+            return Err(Refusal::new(403, socks::NOT_ALLOWED, "no http rule of the network rule allows the request"));
+        }
+    }
     // From here a policy update that no longer allows it ends the stream; one that came before is caught below.
     pipe.decide(&rule);
     let ips = addresses(ctx, host, port).await?;

@@ -30,7 +30,16 @@ use vm_protocol::Spawn;
 pub fn egress_env(secrets: &intercept::secrets::Secrets, intercepting: bool) -> Vec<EnvVar> {
     let mut env: Vec<EnvVar> = secrets.env().into_iter().map(|(key, value)| EnvVar { key, value }).collect();
     if intercepting {
-        for key in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT"] {
+        let bundles = [
+            "SSL_CERT_FILE",
+            "REQUESTS_CA_BUNDLE",
+            "CURL_CA_BUNDLE",
+            "GIT_SSL_CAINFO",
+            "PIP_CERT",
+            "AWS_CA_BUNDLE",
+            "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
+        ];
+        for key in bundles {
             env.push(EnvVar { key: key.to_owned(), value: TRUST_BUNDLE_FILE.to_owned() });
         }
         env.push(EnvVar { key: "NODE_EXTRA_CA_CERTS".to_owned(), value: TRUST_CA_FILE.to_owned() });

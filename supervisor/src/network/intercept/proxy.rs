@@ -269,13 +269,8 @@ impl Conn {
         let rule = self.ctx.view.borrow().rule_for(&decided.host, decided.port).cloned();
         let rule = rule.ok_or("a policy update no longer allows the destination")?;
         let path = parts.uri.path();
-        if !rule.http.is_empty() {
-            let lowered = path.to_ascii_lowercase();
-            let unclear =
-                path.split('/').any(|s| s == "." || s == "..") || lowered.contains("%2e") || lowered.contains("%2f");
-            if unclear || !rule.allows_request(parts.method.as_str(), path) {
-                return Err(format!("no http rule of {} allows {} {path}", rule.host, parts.method));
-            }
+        if !rule.allows_request(parts.method.as_str(), path) {
+            return Err(format!("no http rule of {} allows {} {path}", rule.host, parts.method));
         }
         let mut path_and_query = parts.uri.path_and_query().map_or_else(|| "/".to_owned(), |pq| pq.as_str().to_owned());
         if self.intercept.swap_placeholders {
