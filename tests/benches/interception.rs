@@ -85,13 +85,16 @@ fn main() {
         r#"{{"host":"{g}","ports":[{i}],"tls":"intercept"}},{{"host":"{g}","ports":[{p}],"tls":"passthrough"}}"#
     );
     std::fs::write(&policy, format!(r#"{{"allow":["exec","stdin"],"network":{{"allow":[{rules}]}}}}"#)).unwrap();
-    // Intercepted requests trust the sandbox's CA through the environment; passed-through ones the server's.
+    // Each measured curl trusts one certificate: the sandbox's CA alone, or the server's. A last series uses
+    // the environment's bundle (the system's roots and the sandbox's CA), to show what loading it costs.
+    let sandbox_ca = vm_protocol::net::TRUST_CA_FILE;
     let script = format!(
         "cat > /tmp/ca.pem; \
-         curl -sS -o /dev/null -w '%{{time_total}} %{{size_download}}\\n' https://{g}:{i}/big; \
+         curl -sS -o /dev/null --cacert {sandbox_ca} -w '%{{time_total}} %{{size_download}}\\n' https://{g}:{i}/big; \
          curl -sS -o /dev/null --cacert /tmp/ca.pem -w '%{{time_total}} %{{size_download}}\\n' https://{g}:{p}/big; \
-         for n in $(seq {SMALL_REQUESTS}); do curl -sS -o /dev/null -w '%{{time_total}}\\n' https://{g}:{i}/small; done; \
-         for n in $(seq {SMALL_REQUESTS}); do curl -sS -o /dev/null --cacert /tmp/ca.pem -w '%{{time_total}}\\n' https://{g}:{p}/small; done"
+         for n in $(seq {SMALL_REQUESTS}); do curl -sS -o /dev/null --cacert {sandbox_ca} -w '%{{time_total}}\\n' https://{g}:{i}/small; done; \
+         for n in $(seq {SMALL_REQUESTS}); do curl -sS -o /dev/null --cacert /tmp/ca.pem -w '%{{time_total}}\\n' https://{g}:{p}/small; done; \
+         for n in $(seq {SMALL_REQUESTS}); do curl -sS -o /dev/null -w '%{{time_total}}\\n' https://{g}:{i}/small; done"
     );
     let resolve = format!("{g}:{p}:127.0.0.1");
     let small_url = format!("https://{g}:{p}/small");
@@ -113,12 +116,13 @@ fn main() {
             .run();
         let text = out.stdout_text();
         let lines: Vec<&str> = text.lines().collect();
-        assert!(out.code == Some(0) && lines.len() == 2 + 2 * SMALL_REQUESTS, "{text}\n{}", out.workload_stderr());
+        assert!(out.code == Some(0) && lines.len() == 2 + 3 * SMALL_REQUESTS, "{text}\n{}", out.workload_stderr());
         report.sample("256 MiB intercepted (MB/s)", mb_per_s(lines[0], BIG));
         report.sample("256 MiB passed through (MB/s)", mb_per_s(lines[1], BIG));
         let ms = |range: &[&str]| median(&range.iter().map(|l| l.parse::<f64>().unwrap() * 1e3).collect::<Vec<_>>());
         report.sample("small GET intercepted (ms)", ms(&lines[2..2 + SMALL_REQUESTS]));
-        report.sample("small GET passed through (ms)", ms(&lines[2 + SMALL_REQUESTS..]));
+        report.sample("small GET passed through (ms)", ms(&lines[2 + SMALL_REQUESTS..2 + 2 * SMALL_REQUESTS]));
+        report.sample("small GET intercepted, the environment's bundle (ms)", ms(&lines[2 + 2 * SMALL_REQUESTS..]));
         let direct: Vec<f64> = (0..SMALL_REQUESTS)
             .map(|_| {
                 let out = Command::new("curl")
@@ -143,6 +147,13 @@ fn main() {
         "small HTTPS GET, total time (median of 10 a run): guest `curl` intercepted vs the host's `curl` direct (ms)",
         "small GET intercepted (ms)",
         "small GET direct on the host (ms)",
+        1,
+        "-",
+    );
+    report.compare(
+        "small HTTPS GET, total time (median of 10 a run): guest `curl` intercepted, trusting the environment's bundle (the system's roots and the sandbox's CA) vs the sandbox's CA alone (ms)",
+        "small GET intercepted, the environment's bundle (ms)",
+        "small GET intercepted (ms)",
         1,
         "-",
     );

@@ -92,6 +92,9 @@ fn problems(reg: &Hub, req: &CreateSandboxRequest) -> Vec<String> {
     if spec.env.keys().any(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
         out.push("environment names must be non-empty and contain no '=' or NUL".into());
     }
+    if let Err(status) = convert::credentials(req.credentials.clone()) {
+        out.push(status.message().to_owned());
+    }
     out
 }
 
