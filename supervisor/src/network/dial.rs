@@ -41,33 +41,55 @@ pub(super) async fn connect(ctx: &Context, req: &ProxyRequest, pipe: &Pipe) -> R
     }
     let mut last = Refusal::new(502, socks::CONNECTION_REFUSED, "the destination refused the connection");
     for ip in ips {
-        let addr = SocketAddr::new(ip, port);
-        let dial = async {
-            match &ctx.upstream {
-                None => TcpStream::connect(addr).await.map_err(drop),
-                Some(proxy) => proxy.connect(addr).await.map_err(drop),
-            }
-        };
-        match tokio::time::timeout(CONNECT_TIMEOUT, dial).await {
-            Ok(Ok(stream)) => {
-                let _ = stream.set_nodelay(true);
+        match dial(ctx, SocketAddr::new(ip, port)).await {
+            Ok(stream) => {
                 let decided =
                     Decided { host: host.to_owned(), port, rule: rule.host.as_str().to_owned(), ip: Some(ip) };
                 return Ok((stream, decided));
             }
-            Ok(Err(_)) => {
+            Err(DialError::Refused) => {
                 last = Refusal {
                     ip: Some(ip),
                     ..Refusal::new(502, socks::CONNECTION_REFUSED, "the destination refused the connection")
                 }
             }
-            Err(_) => {
+            Err(DialError::TimedOut) => {
                 last =
                     Refusal { ip: Some(ip), ..Refusal::new(504, socks::HOST_UNREACHABLE, "the connection timed out") }
             }
         }
     }
     Err(last)
+}
+
+/// Why a dial failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DialError {
+    /// The destination (or the operator's proxy) refused.
+    Refused,
+    /// No answer within [`CONNECT_TIMEOUT`].
+    TimedOut,
+}
+
+/// Dials `addr`, an address already checked: directly, or by CONNECT through the operator's proxy.
+///
+/// # Errors
+/// [`DialError`].
+pub async fn dial(ctx: &Context, addr: SocketAddr) -> Result<TcpStream, DialError> {
+    let dial = async {
+        match &ctx.upstream {
+            None => TcpStream::connect(addr).await.map_err(drop),
+            Some(proxy) => proxy.connect(addr).await.map_err(drop),
+        }
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, dial).await {
+        Ok(Ok(stream)) => {
+            let _ = stream.set_nodelay(true);
+            Ok(stream)
+        }
+        Ok(Err(())) => Err(DialError::Refused),
+        Err(_) => Err(DialError::TimedOut),
+    }
 }
 
 fn current_rule(ctx: &Context, host: &str, port: u16) -> Option<NetRule> {

@@ -45,20 +45,15 @@ type ProxyBody = Either<Counted, Full<Bytes>>;
 
 /// The connection to the destination.
 enum Sender {
-    Http1(tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Incoming>>),
+    Http1(hyper::client::conn::http1::SendRequest<Incoming>),
     Http2(hyper::client::conn::http2::SendRequest<Incoming>),
 }
 
 impl Sender {
-    async fn send(&self, req: Request<Incoming>) -> Result<Response<Incoming>, hyper::Error> {
+    fn is_closed(&self) -> bool {
         match self {
-            // One request at a time: the next waits until the previous response was read.
-            Self::Http1(sender) => {
-                let mut sender = sender.lock().await;
-                sender.ready().await?;
-                sender.send_request(req).await
-            }
-            Self::Http2(sender) => sender.clone().send_request(req).await,
+            Self::Http1(sender) => sender.is_closed(),
+            Self::Http2(sender) => sender.is_closed(),
         }
     }
 }
@@ -69,24 +64,52 @@ struct Conn {
     intercept: Arc<Interceptor>,
     id: StreamId,
     decided: Decided,
-    /// The checked dial, until the first request makes it a TLS connection.
-    destination: std::sync::Mutex<Option<TcpStream>>,
-    /// That connection: made once, at the first request, so a workload that only shakes hands costs no
-    /// handshake with the destination.
-    upstream: tokio::sync::OnceCell<Result<Sender, &'static str>>,
+    /// The checked dial, until the first request makes it a TLS connection (so a workload that only shakes
+    /// hands costs no handshake with the destination); then that connection, made again to the same checked
+    /// address when the destination closed it (an HTTP/1.0 server, an idle keep-alive).
+    upstream: tokio::sync::Mutex<(Option<TcpStream>, Option<Sender>)>,
 }
 
 impl Conn {
-    async fn upstream(&self) -> &Result<Sender, &'static str> {
-        self.upstream
-            .get_or_init(|| async {
-                let tcp = self.destination.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
-                match tcp {
-                    Some(tcp) => connect(&self.intercept, &self.decided.host, tcp).await,
-                    None => Err("the destination's connection is gone"),
-                }
-            })
+    /// Sends `req` (judged) in the form the destination's HTTP version wants. HTTP/1.1 requests take turns:
+    /// the next one's `ready` waits until the previous answer was read.
+    async fn forward(
+        &self,
+        mut parts: Parts,
+        body: Incoming,
+        path_and_query: &str,
+    ) -> Result<Response<Incoming>, &'static str> {
+        let mut upstream = self.upstream.lock().await;
+        if upstream.1.as_ref().is_none_or(Sender::is_closed) {
+            let tcp = match upstream.0.take() {
+                Some(tcp) => tcp,
+                None => self.redial().await?,
+            };
+            upstream.1 = Some(connect(&self.intercept, &self.decided.host, tcp).await?);
+        }
+        let unanswered = "the destination did not answer the request";
+        match upstream.1.as_mut() {
+            Some(Sender::Http1(sender)) => {
+                self.adapt(&mut parts, path_and_query, false)?;
+                sender.ready().await.map_err(|_| unanswered)?;
+                sender.send_request(Request::from_parts(parts, body)).await.map_err(|_| unanswered)
+            }
+            Some(Sender::Http2(sender)) => {
+                let mut sender = sender.clone();
+                drop(upstream);
+                self.adapt(&mut parts, path_and_query, true)?;
+                sender.send_request(Request::from_parts(parts, body)).await.map_err(|_| unanswered)
+            }
+            None => Err(unanswered),
+        }
+    }
+
+    /// A new connection to the address the stream was decided for (checked then; never resolved again).
+    async fn redial(&self) -> Result<TcpStream, &'static str> {
+        let ip = self.decided.ip.ok_or("the destination has no address")?;
+        crate::network::dial::dial(&self.ctx, std::net::SocketAddr::new(ip, self.decided.port))
             .await
+            .map_err(|_| "the destination refused a new connection")
     }
 }
 
@@ -124,8 +147,7 @@ pub async fn serve(
         intercept,
         id,
         decided: decided.clone(),
-        destination: std::sync::Mutex::new(Some(destination)),
-        upstream: tokio::sync::OnceCell::new(),
+        upstream: tokio::sync::Mutex::new((Some(destination), None)),
     });
     let service = hyper::service::service_fn(move |req| handle(Arc::clone(&conn), req));
     let io = TokioIo::new(tls);
@@ -206,7 +228,7 @@ async fn connect(intercept: &Interceptor, host: &str, tcp: TcpStream) -> Result<
             .await
             .map_err(|_| "the HTTP/1.1 handshake with the destination failed")?;
         tokio::spawn(conn);
-        Ok(Sender::Http1(tokio::sync::Mutex::new(sender)))
+        Ok(Sender::Http1(sender))
     }
 }
 
@@ -226,14 +248,7 @@ async fn handle(conn: Arc<Conn>, req: Request<Incoming>) -> Result<Response<Prox
         Ok(path_and_query) => path_and_query,
         Err(why) => return Ok(conn.answer(report, StatusCode::FORBIDDEN, REFUSED_BODY, why).await),
     };
-    let sender = match conn.upstream().await {
-        Ok(sender) => sender,
-        Err(why) => return Ok(conn.answer(report, StatusCode::BAD_GATEWAY, FAILED_BODY, (*why).into()).await),
-    };
-    if let Err(why) = conn.adapt(&mut parts, &path_and_query, matches!(sender, Sender::Http2(_))) {
-        return Ok(conn.answer(report, StatusCode::BAD_REQUEST, REFUSED_BODY, why.into()).await);
-    }
-    match sender.send(Request::from_parts(parts, body)).await {
+    match conn.forward(parts, body, &path_and_query).await {
         Ok(response) => {
             let (mut parts, body) = response.into_parts();
             strip_hop_headers(&mut parts.headers);
@@ -241,10 +256,7 @@ async fn handle(conn: Arc<Conn>, req: Request<Incoming>) -> Result<Response<Prox
             let counted = Counted { inner: body, report: Some((conn.ctx.reports.clone(), report)) };
             Ok(Response::from_parts(parts, Either::Left(counted)))
         }
-        Err(_) => {
-            let why = "the destination did not answer the request".into();
-            Ok(conn.answer(report, StatusCode::BAD_GATEWAY, FAILED_BODY, why).await)
-        }
+        Err(why) => Ok(conn.answer(report, StatusCode::BAD_GATEWAY, FAILED_BODY, why.into()).await),
     }
 }
 
