@@ -17,7 +17,7 @@ fn main() {
     }
     if let Err(e) = tonic_prost_build::configure()
         // Header values are secrets: `driver_api.rs` gives this message a `Debug` that shows names only.
-        .skip_debug([".vmdriver.v1.CollectorHeader"])
+        .skip_debug([".vmdriver.v1.CollectorHeader", ".vmdriver.v1.Credential"])
         .compile_fds(fds)
     {
         panic!("cannot generate the gRPC code: {e}");

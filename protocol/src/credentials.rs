@@ -90,8 +90,9 @@ pub enum SecretError {
     /// No host, or more than [`MAX_SECRET_HOSTS`].
     #[error("a credential must name 1 to 16 hosts")]
     Hosts,
-    /// An inject header name that is no HTTP token, or a format without exactly one `{}`.
-    #[error("an inject header must be a header name and a format with one {{}}")]
+    /// An inject header name that is no HTTP token or one the proxy owns (`Host`, framing, hop-by-hop,
+    /// `Proxy-*`), or a format without exactly one `{}`.
+    #[error("an inject header must be an end-to-end header name and a format with one {{}}")]
     Inject,
 }
 
@@ -125,9 +126,15 @@ impl SecretCredential {
             return Err(SecretError::Hosts);
         }
         if let Some(inject) = &self.inject {
+            // Never a header of the hop, the framing or the destination: the proxy sets or drops those.
+            let reserved = ["host", "content-length", "transfer-encoding", "connection", "te", "upgrade", "trailer"];
+            let lowered = inject.header.to_ascii_lowercase();
             let token = !inject.header.is_empty()
                 && inject.header.len() <= 128
-                && inject.header.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
+                && inject.header.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
+                && !reserved.contains(&lowered.as_str())
+                && !lowered.starts_with("proxy-")
+                && lowered != "keep-alive";
             if !token || inject.format.matches("{}").count() != 1 || !inject.format.bytes().all(header_byte) {
                 return Err(SecretError::Inject);
             }
@@ -189,7 +196,7 @@ pub enum RotationOutcome {
     BadHeader,
     /// The CA bundle cannot be read, or holds no PEM certificate.
     CaUnreadable,
-    /// Neither headers nor a CA path were given.
+    /// Neither headers, a CA path nor credentials were given.
     Empty,
     /// A secret credential names none the sandbox holds.
     UnknownSecret,
@@ -203,7 +210,7 @@ impl RotationOutcome {
             Self::NoCollector => "refused: the sandbox exports to no OTLP collector",
             Self::BadHeader => "refused: a header name or value is not valid on the wire",
             Self::CaUnreadable => "refused: the CA bundle is unreadable or holds no PEM certificate",
-            Self::Empty => "refused: neither headers nor a CA path were given",
+            Self::Empty => "refused: neither headers, a CA path nor credentials were given",
             Self::UnknownSecret => "refused: a credential names none the sandbox holds",
         }
     }
@@ -244,6 +251,11 @@ mod tests {
         let mut two = secret("A", "v");
         two.inject = Some(Inject { header: "Authorization".into(), format: "{} {}".into() });
         assert_eq!(SecretCredential::validate_all(&[two]), Err(SecretError::Inject));
+        for header in ["Host", "Content-Length", "Proxy-Authorization", "Transfer-Encoding"] {
+            let mut c = secret("A", "v");
+            c.inject = Some(Inject { header: header.into(), format: "{}".into() });
+            assert_eq!(SecretCredential::validate_all(&[c]), Err(SecretError::Inject), "{header}");
+        }
         let json = r#"[{"name": "K", "value": "v", "hosts": ["api.openai.com"],
             "inject": {"header": "Authorization", "format": "Bearer {}"}}]"#;
         let list: Vec<SecretCredential> = serde_json::from_str(json).unwrap();

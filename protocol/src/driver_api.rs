@@ -11,3 +11,9 @@ impl std::fmt::Debug for CollectorHeader {
         f.debug_struct("CollectorHeader").field("name", &self.name).finish_non_exhaustive()
     }
 }
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credential").field("name", &self.name).field("hosts", &self.hosts).finish_non_exhaustive()
+    }
+}

@@ -100,6 +100,8 @@ fn requests(setup: &Setup) -> String {
          curl -sS -o /dev/null -w 'rule %{{http_code}}\\n' https://{G}:{t}/secret.txt; \
          curl -sS -o /dev/null -w 'unbound %{{http_code}}\\n' -H \"Authorization: Bearer $OTHER_KEY\" https://{G}:{t}/file.txt; \
          curl -s -o /dev/null -w 'passthrough %{{http_code}}\\n' -H \"X-Key: $API_KEY\" http://{G}:{p}/file.txt; \
+         curl -sS -o /dev/null -w 'other host %{{http_code}}\\n' -H 'Host: other.example' https://{G}:{t}/file.txt; \
+         curl -s -o /dev/null -w 'tunnel %{{http_connect}}\\n' -p http://{G}:{p}/file.txt; \
          curl -sS http://{G}:{p}/file.txt; \
          curl -s -o /dev/null -w 'plain rule %{{http_code}}\\n' --data x http://{G}:{p}/file.txt; \
          echo \"env ${{API_KEY%%-*}}\""
@@ -108,7 +110,7 @@ fn requests(setup: &Setup) -> String {
 
 /// The first two lines are one `curl` making two requests on one connection: the server (HTTP/1.0) closes
 /// after the first, so the second needs the proxy to connect to the destination again.
-const EXPECTED: [&str; 11] = [
+const EXPECTED: [&str; 13] = [
     "over tls",
     "over tls",
     "h2 2 200",
@@ -117,6 +119,8 @@ const EXPECTED: [&str; 11] = [
     "rule 403",
     "unbound 403",
     "passthrough 000",
+    "other host 403",
+    "tunnel 403",
     "plain",
     "plain rule 403",
     "env vmdrv",
@@ -259,6 +263,8 @@ fn the_key_reaches_only_its_host_and_never_the_guest() {
     assert!(has("no http rule"), "the HTTP rule's refusal is a finding: {found:#?}");
     assert!(has("credential OTHER_KEY was sent to"), "the unbound placeholder is a finding: {found:#?}");
     assert!(has("credential API_KEY was sent on a stream"), "the passthrough placeholder is a finding: {found:#?}");
+    assert!(has("another host than its connection"), "a request for another host is a finding: {found:#?}");
+    assert!(has("cannot judge a tunnel"), "a tunnel under http rules it does not intercept is refused: {found:#?}");
     eprintln!(
         "e2e: key at the server 5 times; none in {} MiB of guest memory, the sandbox directory or the driver's output",
         scanned >> 20

@@ -164,15 +164,17 @@ impl NetRule {
     }
 
     /// Whether the rule lets `method` reach `path` (the path without its query). With HTTP rules, a path
-    /// whose meaning a server may change (`.` or `..` segments, an encoded dot or slash) is refused: it
-    /// cannot be judged as the destination will read it.
+    /// whose meaning a server may change is refused, as it cannot be judged as the destination will read
+    /// it: `.` or `..` segments, `;` (path parameters, `..;/`), `\`, and an encoded dot, slash, backslash
+    /// or percent sign.
     pub fn allows_request(&self, method: &str, path: &str) -> bool {
         if self.http.is_empty() {
             return true;
         }
         let lowered = path.to_ascii_lowercase();
-        let unclear =
-            path.split('/').any(|s| s == "." || s == "..") || lowered.contains("%2e") || lowered.contains("%2f");
+        let unclear = path.split('/').any(|s| s == "." || s == "..")
+            || path.contains([';', '\\'])
+            || ["%2e", "%2f", "%5c", "%25"].iter().any(|e| lowered.contains(e));
         !unclear && self.http.iter().any(|h| h.matches(method, path))
     }
 
@@ -333,6 +335,10 @@ mod tests {
         assert!(rule("a.com").allows_request("DELETE", "/anything"), "no http rules: any request");
         assert!(!r.allows_request("POST", "/v1/files/../admin"), "a path a server may read otherwise");
         assert!(!r.allows_request("POST", "/v1/files/%2E%2E/admin"));
+        for unclear in ["/v1/files/..;/admin", "/v1/files/a\\..\\b", "/v1/files/%252e%252e/x", "/v1/files/%5c"] {
+            assert!(!r.allows_request("POST", unclear), "{unclear}");
+        }
+        assert!(r.allows_request("POST", "/v1/files/my%20file"), "other escapes are judged as written");
         for bad in [
             r#"{"paths": ["v1"]}"#,
             r#"{"paths": ["/a/../b"]}"#,

@@ -5,7 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use tokio::net::TcpStream;
-use vm_protocol::policy::network::{NetRule, HOST_GATEWAY};
+use vm_protocol::policy::network::{NetRule, TlsMode, HOST_GATEWAY};
 
 use super::egress::{Context, Decided, Refusal, CONNECT_TIMEOUT};
 use super::pipe::Pipe;
@@ -21,11 +21,20 @@ pub(super) async fn connect(ctx: &Context, req: &ProxyRequest, pipe: &Pipe) -> R
         socks::NOT_ALLOWED,
         "no network rule allows the destination",
     ))?;
-    // A plain-HTTP request is judged by the rule's HTTP rules before anything is dialed.
-    if let Kind::Forward { method, path, .. } = &req.kind {
-        if !rule.allows_request(method, path) {
+    // A plain-HTTP request is judged by the rule's HTTP rules before anything is dialed; a tunnel, whose
+    // requests nobody reads unless the rule intercepts, cannot be judged by them at all.
+    match &req.kind {
+        Kind::Forward { method, path, .. } if !rule.allows_request(method, path) => {
             return Err(Refusal::new(403, socks::NOT_ALLOWED, "no http rule of the network rule allows the request"));
         }
+        Kind::Connect if !rule.http.is_empty() && rule.tls == TlsMode::Passthrough => {
+            return Err(Refusal::new(
+                403,
+                socks::NOT_ALLOWED,
+                "the rule's http rules cannot judge a tunnel it does not intercept",
+            ));
+        }
+        _ => {}
     }
     // From here a policy update that no longer allows it ends the stream; one that came before is caught below.
     pipe.decide(&rule);

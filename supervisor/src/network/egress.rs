@@ -193,23 +193,28 @@ pub async fn run(ctx: Arc<Context>, id: StreamId, listener: Listener, pipe: Arc<
         }
     };
     let _ = ctx.reports.send(Report::Opened(id, listener, decided.clone())).await;
-    let intercept = pipe.decided().filter(|rule| rule.tls == TlsMode::Intercept).and(ctx.intercept.clone());
+    // A tunnel (CONNECT or SOCKS) whose rule intercepts goes to the TLS server; anything else to the destination.
+    let intercept = match (&req.kind, pipe.decided(), ctx.intercept.clone()) {
+        (Kind::Connect, Some(rule), Some(intercept)) if rule.tls == TlsMode::Intercept => Some((rule, intercept)),
+        _ => None,
+    };
+    let intercepted = intercept.is_some();
     let (mut up_read, mut up_write): (Box<dyn AsyncRead + Send + Unpin>, Box<dyn AsyncWrite + Send + Unpin>) =
-        match (&req.kind, intercept) {
-            (Kind::Connect, Some(intercept)) => {
+        match intercept {
+            Some((rule, intercept)) => {
                 let (near, far) = tokio::io::duplex(INTERCEPT_BUFFER_BYTES);
-                let task = super::intercept::serve(Arc::clone(&ctx), intercept, id, decided.clone(), far, upstream);
-                tokio::spawn(task);
+                let stream = (id, decided.clone(), rule);
+                tokio::spawn(super::intercept::serve(Arc::clone(&ctx), intercept, stream, far, upstream));
                 let (read, write) = tokio::io::split(near);
                 (Box::new(read), Box::new(write))
             }
-            _ => {
+            None => {
                 let (read, write) = upstream.into_split();
                 (Box::new(read), Box::new(write))
             }
         };
     // Placeholders are only ever swapped on intercepted requests: on any other stream one is a leak.
-    let mut scanner = scans_for_placeholders(&ctx, &pipe, &req.kind).then(|| ctx.secrets.scanner());
+    let mut scanner = (!intercepted && !ctx.secrets.is_empty()).then(|| ctx.secrets.scanner());
     if let (Some(scanner), Kind::Forward { head, .. }) = (scanner.as_mut(), &req.kind) {
         if let Some(name) = scanner.feed(head) {
             leak(&ctx, id, &decided, &name).await;
@@ -275,20 +280,8 @@ pub async fn run(ctx: Arc<Context>, id: StreamId, listener: Listener, pipe: Arc<
 /// Why a stream that carried a placeholder was cut.
 const LEAK: &str = "a credential placeholder on a stream the proxy does not intercept";
 
-/// Whether a stream's bytes are scanned for placeholders: the sandbox has credentials, and the stream is
-/// not one whose requests the interceptor reads.
-fn scans_for_placeholders(ctx: &Context, pipe: &Pipe, kind: &Kind) -> bool {
-    let intercepted = matches!(kind, Kind::Connect)
-        && ctx.intercept.is_some()
-        && pipe.decided().is_some_and(|rule| rule.tls == TlsMode::Intercept);
-    !intercepted && !ctx.secrets.is_empty()
-}
-
 async fn leak(ctx: &Context, id: StreamId, decided: &Decided, name: &str) {
-    let detail = format!(
-        "the placeholder of credential {name} was sent on a stream to {} the proxy does not intercept",
-        decided.host
-    );
+    let detail = format!("the placeholder of credential {name} was sent on a stream the proxy does not intercept");
     let _ = ctx.reports.send(Report::Finding { id, decided: decided.clone(), detail }).await;
 }
 

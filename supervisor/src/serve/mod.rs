@@ -421,7 +421,7 @@ impl Serving<'_> {
     /// checked before the collector's part is swapped, so an unknown name changes nothing.
     fn rotate(&mut self, rotation: &CredentialRotation) -> RotationOutcome {
         let secrets = rotation.secrets.as_deref();
-        if secrets.is_some_and(|s| !self.holds_secrets(s)) {
+        if secrets.is_some_and(|s| !self.secrets().holds(s)) {
             return RotationOutcome::UnknownSecret;
         }
         if rotation.headers.is_some() || rotation.ca_path.is_some() || secrets.is_none() {
@@ -431,7 +431,7 @@ impl Serving<'_> {
             }
         }
         let Some(secrets) = secrets else { return RotationOutcome::Applied };
-        let outcome = self.rotate_secrets(secrets);
+        let outcome = self.secrets().rotate(secrets);
         let names: Vec<&str> = secrets.iter().map(|c| c.name.as_str()).collect();
         let event =
             self.telemetry.source().config_change(&format!("credentials {}: {}", outcome.describe(), names.join(", ")));

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, watch};
 use vm_ocsf::{Connection, Direction, Finding, NetworkActivity};
-use vm_protocol::credentials::RotationOutcome;
 use vm_protocol::link::{ToGuest, VmRequest};
 use vm_protocol::net::{ForwardRequest, Listener, NetToHost};
 
@@ -34,6 +33,12 @@ const BACKLOG_ITEMS: usize = 8192;
 /// link passes the cost back to it (QEMU stops taking its writes), where a busy guest's cost already is.
 /// A workload that retries at its connection cap is slowed, never stopped.
 const REFUSALS_PER_SEC: u32 = 512;
+/// Findings about intercepted requests and placeholders: a burst this large, then one a second. Each
+/// request also has its own HTTP Activity event (under the telemetry limits); a workload that sends 403s
+/// without end must not flood the findings.
+const INTERCEPT_FINDINGS_BURST: u32 = 16;
+/// Longest method and path a finding repeats.
+const FINDING_PATH_CHARS: usize = 256;
 
 /// How this sandbox's egress resolves, leaves and checks (from the arguments and the auth bundle).
 #[derive(Debug)]
@@ -62,6 +67,9 @@ pub(crate) struct Network {
     /// When the last refusal finding was emitted, and how many refusals had none since.
     last_finding: Option<tokio::time::Instant>,
     unreported: u64,
+    /// Interception's findings: tokens left (refilled one a second up to the burst), when last refilled, and
+    /// how many had no finding since.
+    intercept_findings: (u32, tokio::time::Instant, u64),
     /// The current second's start and the egress refusals in it; reading the guest's link is paused until
     /// the second ends once they pass [`REFUSALS_PER_SEC`].
     refusals: (tokio::time::Instant, u32),
@@ -101,6 +109,7 @@ impl Network {
             follow_updates,
             last_finding: None,
             unreported: 0,
+            intercept_findings: (INTERCEPT_FINDINGS_BURST, tokio::time::Instant::now(), 0),
             refusals: (tokio::time::Instant::now(), 0),
             backlog: VecDeque::new(),
             dropped: 0,
@@ -196,16 +205,12 @@ impl Serving<'_> {
         self.net_apply(out);
     }
 
+    /// The sandbox's credentials, for rotations.
+    pub(super) fn secrets(&self) -> &crate::network::intercept::secrets::Secrets {
+        &self.net.ctx.secrets
+    }
+
     /// Nothing new opens; every egress stream ends.
-    /// Replaces credentials by name ([`crate::network::intercept::secrets::Secrets::rotate`]).
-    pub(super) fn holds_secrets(&self, secrets: &[vm_protocol::credentials::SecretCredential]) -> bool {
-        self.net.ctx.secrets.holds(secrets)
-    }
-
-    pub(super) fn rotate_secrets(&self, secrets: &[vm_protocol::credentials::SecretCredential]) -> RotationOutcome {
-        self.net.ctx.secrets.rotate(secrets)
-    }
-
     pub(super) fn net_stop(&mut self) {
         self.net.streams.stop_accepting();
         for (_, pipe) in self.net.streams.egress() {
@@ -317,6 +322,25 @@ impl Serving<'_> {
         self.finding(Finding::PolicyDenied, &format!("connection to {what} refused: {reason}{also}"));
     }
 
+    /// A finding of interception, within its burst and rate; the next one emitted counts those held back.
+    fn intercept_finding(&mut self, detail: &str) {
+        let now = tokio::time::Instant::now();
+        let (tokens, since, held) = &mut self.net.intercept_findings;
+        let refill = u32::try_from(now.duration_since(*since).as_secs()).unwrap_or(u32::MAX);
+        if refill > 0 {
+            *tokens = tokens.saturating_add(refill).min(INTERCEPT_FINDINGS_BURST);
+            *since = now;
+        }
+        if *tokens == 0 {
+            *held += 1;
+            return;
+        }
+        *tokens -= 1;
+        let more = std::mem::take(held);
+        let also = if more > 0 { format!(" ({more} more held back since the last finding)") } else { String::new() };
+        self.finding(Finding::PolicyDenied, &format!("{detail}{also}"));
+    }
+
     pub(super) fn net_report(&mut self, report: Report) {
         match report {
             Report::Refused { id, listener, host, port, ip, reason } => {
@@ -338,13 +362,14 @@ impl Serving<'_> {
                 let event = source.http_scheme(&conn, scheme, &http.method, &http.path, http.status, denied);
                 self.telemetry.emit(event);
                 if let Some(why) = http.refused {
-                    let (method, host, port) = (&http.method, &http.decided.host, http.decided.port);
-                    let detail = format!("{method} {scheme}://{host}:{port}{} refused: {why}", http.path);
-                    self.finding(Finding::PolicyDenied, &detail);
+                    let (host, port) = (&http.decided.host, http.decided.port);
+                    let method = vm_contract::logs::printable(&http.method, 16);
+                    let path = vm_contract::logs::printable(&http.path, FINDING_PATH_CHARS);
+                    self.intercept_finding(&format!("{method} {scheme}://{host}:{port}{path} refused: {why}"));
                 }
             }
             Report::Finding { id, decided, detail } => {
-                self.finding(Finding::PolicyDenied, &format!("stream {} to {}: {detail}", id.0, decided.host));
+                self.intercept_finding(&format!("stream {} to {}: {detail}", id.0, decided.host));
             }
             Report::Closed { id, listener, decided, to_guest, from_guest, duration, why } => {
                 let conn = Connection {

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, GeneralSubtree, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, NameConstraints, SanType,
+    BasicConstraints, CertificateParams, CidrSubnet, DnType, ExtendedKeyUsagePurpose, GeneralSubtree, IsCa, Issuer,
+    KeyPair, KeyUsagePurpose, NameConstraints, SanType,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::ServerConfig;
@@ -68,9 +68,13 @@ impl SandboxCa {
         params.distinguished_name.push(DnType::CommonName, format!("vm-driver sandbox {sandbox} CA"));
         params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
         params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        // Names only: every address is excluded, or an iPAddress SAN would be unconstrained (RFC 5280 4.2.1.10).
         params.name_constraints = Some(NameConstraints {
             permitted_subtrees: domains.iter().map(|d| GeneralSubtree::DnsName(d.clone())).collect(),
-            excluded_subtrees: Vec::new(),
+            excluded_subtrees: vec![
+                GeneralSubtree::IpAddress(CidrSubnet::from_v4_prefix([0; 4], 0)),
+                GeneralSubtree::IpAddress(CidrSubnet::from_v6_prefix([0; 16], 0)),
+            ],
         });
         validity(&mut params, CA_LIFETIME);
         let key = KeyPair::generate().map_err(|_| CaError::Sign)?;

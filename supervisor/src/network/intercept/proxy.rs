@@ -19,7 +19,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use vm_protocol::net::StreamId;
-use vm_protocol::policy::network::normalize_host;
+use vm_protocol::policy::network::{normalize_host, NetRule};
 
 use super::secrets::RequestParts;
 use super::{Interceptor, MAX_HEAD_BYTES, MAX_STREAMS};
@@ -43,6 +43,9 @@ const HOP_HEADERS: [&str; 9] = [
 
 type ProxyBody = Either<Counted, Full<Bytes>>;
 
+/// Streams the proxy may reset on one HTTP/2 connection for the workload's errors before it ends it.
+const MAX_LOCAL_RESETS: usize = 1024;
+
 /// The connection to the destination.
 enum Sender {
     Http1(hyper::client::conn::http1::SendRequest<Incoming>),
@@ -64,6 +67,8 @@ struct Conn {
     intercept: Arc<Interceptor>,
     id: StreamId,
     decided: Decided,
+    /// The rule the stream was decided by: its HTTP rules judge every request, while it is in force.
+    rule: NetRule,
     /// The checked dial, until the first request makes it a TLS connection (so a workload that only shakes
     /// hands costs no handshake with the destination); then that connection, made again to the same checked
     /// address when the destination closed it (an HTTP/1.0 server, an idle keep-alive).
@@ -91,7 +96,18 @@ impl Conn {
         match upstream.1.as_mut() {
             Some(Sender::Http1(sender)) => {
                 self.adapt(&mut parts, path_and_query, false)?;
-                sender.ready().await.map_err(|_| unanswered)?;
+                // The destination may close between requests (after `is_closed` said otherwise): once more.
+                if sender.ready().await.is_err() {
+                    let tcp = self.redial().await?;
+                    upstream.1 = Some(connect(&self.intercept, &self.decided.host, tcp).await?);
+                    return match upstream.1.as_mut() {
+                        Some(Sender::Http1(sender)) => {
+                            sender.ready().await.map_err(|_| unanswered)?;
+                            sender.send_request(Request::from_parts(parts, body)).await.map_err(|_| unanswered)
+                        }
+                        _ => Err("the destination changed its HTTP version"),
+                    };
+                }
                 sender.send_request(Request::from_parts(parts, body)).await.map_err(|_| unanswered)
             }
             Some(Sender::Http2(sender)) => {
@@ -117,8 +133,7 @@ impl Conn {
 pub async fn serve(
     ctx: Arc<Context>,
     intercept: Arc<Interceptor>,
-    id: StreamId,
-    decided: Decided,
+    (id, decided, rule): (StreamId, Decided, NetRule),
     guest: DuplexStream,
     destination: TcpStream,
 ) {
@@ -147,6 +162,7 @@ pub async fn serve(
         intercept,
         id,
         decided: decided.clone(),
+        rule,
         upstream: tokio::sync::Mutex::new((Some(destination), None)),
     });
     let service = hyper::service::service_fn(move |req| handle(Arc::clone(&conn), req));
@@ -157,7 +173,7 @@ pub async fn serve(
             .max_concurrent_streams(MAX_STREAMS)
             .max_header_list_size(u32::try_from(MAX_HEAD_BYTES).unwrap_or(u32::MAX))
             .max_pending_accept_reset_streams(Some(usize::try_from(MAX_STREAMS).unwrap_or(64)))
-            .max_local_error_reset_streams(Some(1024))
+            .max_local_error_reset_streams(Some(MAX_LOCAL_RESETS))
             .serve_connection(io, service)
             .await
     } else {
@@ -278,11 +294,11 @@ impl Conn {
         if normalize_host(host).as_deref() != Some(decided.host.as_str()) || port != Some(decided.port) {
             return Err("the request names another host than its connection".into());
         }
-        let rule = self.ctx.view.borrow().rule_for(&decided.host, decided.port).cloned();
-        let rule = rule.ok_or("a policy update no longer allows the destination")?;
-        let path = parts.uri.path();
-        if !rule.allows_request(parts.method.as_str(), path) {
-            return Err(format!("no http rule of {} allows {} {path}", rule.host, parts.method));
+        if !self.ctx.view.borrow().rules.contains(&self.rule) {
+            return Err("a policy update no longer allows the destination".into());
+        }
+        if !self.rule.allows_request(parts.method.as_str(), parts.uri.path()) {
+            return Err(format!("no http rule of {} allows the request", self.rule.host));
         }
         let mut path_and_query = parts.uri.path_and_query().map_or_else(|| "/".to_owned(), |pq| pq.as_str().to_owned());
         if self.intercept.swap_placeholders {
@@ -335,7 +351,10 @@ impl Conn {
     }
 }
 
+/// Drops the headers of one hop, and those `Connection` names; `TE: trailers`, which HTTP/2 and gRPC need
+/// end to end, stays.
 fn strip_hop_headers(headers: &mut HeaderMap) {
+    let trailers = headers.get(header::TE).is_some_and(|te| te.as_bytes().eq_ignore_ascii_case(b"trailers"));
     let listed: Vec<String> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -345,9 +364,13 @@ fn strip_hop_headers(headers: &mut HeaderMap) {
     for name in HOP_HEADERS.iter().copied().chain(listed.iter().map(String::as_str)) {
         headers.remove(name);
     }
+    if trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
 }
 
-/// A response body that counts its bytes and reports the request once it ends (or is dropped).
+/// A response body that counts its bytes and reports the request when hyper drops it: at its end, or when
+/// the workload went away (one report task per answer, at most 64 streams on each of the sandbox's connections).
 struct Counted {
     inner: Incoming,
     report: Option<(mpsc::Sender<Report>, HttpReport)>,

@@ -139,20 +139,21 @@ impl Secrets {
 
     /// A scanner for placeholders in a stream the proxy does not read as HTTP.
     pub fn scanner(&self) -> Scanner {
-        let needles: Vec<(String, String)> =
-            self.read().iter().map(|s| (s.credential.name.clone(), s.placeholder.clone())).collect();
-        let keep = needles.iter().map(|(_, p)| p.len()).max().unwrap_or(1) - 1;
-        Scanner { needles, tail: Vec::new(), keep, found: None }
+        let needles = self.read().iter().map(|s| (s.credential.name.clone(), s.placeholder.clone())).collect();
+        Scanner { needles, tail: Vec::new(), found: None }
     }
 }
 
-/// Finds placeholders across the chunks of one stream.
+/// Every placeholder's length: the prefix and the random bytes in hex.
+const PLACEHOLDER_BYTES: usize = PLACEHOLDER_PREFIX.len() + 2 * PLACEHOLDER_RANDOM_BYTES;
+
+/// Finds placeholders across the chunks of one stream: one pass for their shared prefix, then the
+/// candidates compared; only the few bytes at a chunk's end are kept for the next.
 #[derive(Debug)]
 pub struct Scanner {
     needles: Vec<(String, String)>,
-    /// The end of the previous chunk, so a placeholder split across two is found.
+    /// The end of what came before, so a placeholder split across chunks is found.
     tail: Vec<u8>,
-    keep: usize,
     found: Option<String>,
 }
 
@@ -162,14 +163,27 @@ impl Scanner {
         if self.needles.is_empty() {
             return None;
         }
-        self.tail.extend_from_slice(chunk);
-        let found = self.needles.iter().find(|(_, p)| contains(&self.tail, p)).map(|(name, _)| name.clone());
-        let drop = self.tail.len().saturating_sub(self.keep);
-        self.tail.drain(..drop);
+        // A placeholder that starts in the tail ends within its length of the chunk's start.
+        let mut seam = std::mem::take(&mut self.tail);
+        seam.extend_from_slice(&chunk[..chunk.len().min(PLACEHOLDER_BYTES)]);
+        let found = self.find(&seam).or_else(|| self.find(chunk));
+        let keep = PLACEHOLDER_BYTES - 1;
+        self.tail = if chunk.len() >= keep {
+            chunk[chunk.len() - keep..].to_vec()
+        } else {
+            seam.split_off(seam.len().saturating_sub(keep))
+        };
         if found.is_some() {
             self.found.clone_from(&found);
         }
         found
+    }
+
+    fn find(&self, haystack: &[u8]) -> Option<String> {
+        memchr::memmem::find_iter(haystack, PLACEHOLDER_PREFIX.as_bytes()).find_map(|at| {
+            let candidate = haystack.get(at..at + PLACEHOLDER_BYTES)?;
+            self.needles.iter().find(|(_, p)| p.as_bytes() == candidate).map(|(name, _)| name.clone())
+        })
     }
 
     /// The credential whose placeholder was found, once one was.
@@ -179,7 +193,7 @@ impl Scanner {
 }
 
 fn contains(haystack: &[u8], needle: &str) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle.as_bytes())
+    memchr::memmem::find(haystack, needle.as_bytes()).is_some()
 }
 
 /// `value` with every `placeholder` replaced by `secret`, if it held one.
@@ -264,13 +278,18 @@ mod tests {
         let secrets = Secrets::new(vec![credential("KEY", "v", "a.example", false, false)]).unwrap();
         let placeholder = secrets.env()[0].1.clone();
         let stream = format!("GET / HTTP/1.1\r\nX: {placeholder}\r\n\r\n");
-        for split in [1, 20, stream.len() - 3] {
+        for split in [1, 20, 30, stream.len() - 3] {
             let mut scanner = secrets.scanner();
             let (a, b) = stream.as_bytes().split_at(split);
             let found = scanner.feed(a).or_else(|| scanner.feed(b));
             assert_eq!(found.as_deref(), Some("KEY"), "split at {split}");
         }
+        let mut bytewise = secrets.scanner();
+        let found: Vec<String> = stream.as_bytes().chunks(1).filter_map(|b| bytewise.feed(b)).collect();
+        assert_eq!(found, ["KEY"], "one byte at a time");
         assert_eq!(secrets.scanner().feed(b"nothing here"), None);
+        let near = format!("{}{}", PLACEHOLDER_PREFIX, "0".repeat(2 * PLACEHOLDER_RANDOM_BYTES));
+        assert_eq!(secrets.scanner().feed(near.as_bytes()), None, "the prefix alone is no placeholder");
         assert_eq!(Secrets::default().scanner().feed(placeholder.as_bytes()), None);
     }
 }
