@@ -70,11 +70,17 @@ pub const SOCKS_PROXY_PORT: u16 = 1080;
 
 /// Where the agent writes the sandbox's CA certificate ([`crate::link::VmRequest::Trust`]), alone.
 pub const TRUST_CA_FILE: &str = "/run/vm-driver/ca.pem";
-/// Where it writes the system bundle with the sandbox's CA after it; the image's
-/// `/etc/ssl/certs/ca-certificates.crt`, where there is one, shows this file.
+/// Where it writes the image's system bundle with the sandbox's CA after it; the system bundle's path, where
+/// the image has one, shows this file.
 pub const TRUST_BUNDLE_FILE: &str = "/run/vm-driver/ca-certificates.crt";
-/// The image's system bundle (Debian's, and what OpenSSL's and curl's defaults read on it).
-pub const SYSTEM_BUNDLE_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// Where images keep their system bundle, in the order looked for: Debian, Ubuntu, Alpine, Arch; Fedora
+/// and RHEL; openSUSE; Alpine's and the BSDs' other name. The first that is a file is the one used.
+pub const SYSTEM_BUNDLE_FILES: [&str; 4] = [
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
 
 /// Receive window each side grants a stream when it opens: with [`crate::frame::MAX_DATA_BYTES`] frames
 /// this keeps a stream moving across a credit round trip, and 64 streams cost the supervisor 32 MiB at most.

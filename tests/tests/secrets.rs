@@ -101,6 +101,7 @@ fn requests(setup: &Setup) -> String {
          curl -sS -o /dev/null -w 'unbound %{{http_code}}\\n' -H \"Authorization: Bearer $OTHER_KEY\" https://{G}:{t}/file.txt; \
          curl -s -o /dev/null -w 'passthrough %{{http_code}}\\n' -H \"X-Key: $API_KEY\" http://{G}:{p}/file.txt; \
          curl -sS -o /dev/null -w 'other host %{{http_code}}\\n' -H 'Host: other.example' https://{G}:{t}/file.txt; \
+         env -u CURL_CA_BUNDLE -u SSL_CERT_FILE curl -sS -o /dev/null -w 'system path %{{http_code}}\\n' https://{G}:{t}/file.txt; \
          curl -s -o /dev/null -w 'tunnel %{{http_connect}}\\n' -p http://{G}:{p}/file.txt; \
          curl -sS http://{G}:{p}/file.txt; \
          curl -s -o /dev/null -w 'plain rule %{{http_code}}\\n' --data x http://{G}:{p}/file.txt; \
@@ -110,7 +111,7 @@ fn requests(setup: &Setup) -> String {
 
 /// The first two lines are one `curl` making two requests on one connection: the server (HTTP/1.0) closes
 /// after the first, so the second needs the proxy to connect to the destination again.
-const EXPECTED: [&str; 13] = [
+const EXPECTED: [&str; 14] = [
     "over tls",
     "over tls",
     "h2 2 200",
@@ -120,6 +121,7 @@ const EXPECTED: [&str; 13] = [
     "unbound 403",
     "passthrough 000",
     "other host 403",
+    "system path 200",
     "tunnel 403",
     "plain",
     "plain rule 403",

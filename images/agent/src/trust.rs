@@ -1,7 +1,7 @@
 //! The sandbox's CA in the trust the workload sees ([`vm_protocol::link::VmRequest::Trust`]): written alone
-//! and after the system bundle under `/run/vm-driver` (a tmpfs, nothing kept across a stop), and shown at
-//! the image's system bundle path by a read-only bind mount, so tools that read only their default trust it
-//! too. The workload's environment names the files (the supervisor sets it).
+//! and after the image's system bundle (the first of [`SYSTEM_BUNDLE_FILES`]) under `/run/vm-driver` (a
+//! tmpfs, nothing kept across a stop), and shown at that bundle's path by a read-only bind mount, so tools
+//! that read only their default trust it too. The workload's environment names the files (the supervisor sets it).
 
 use std::fs;
 use std::io::Write;
@@ -10,7 +10,7 @@ use std::path::Path;
 
 use nix::mount::{mount, MsFlags};
 use vm_protocol::link::MAX_CA_PEM_BYTES;
-use vm_protocol::net::{SYSTEM_BUNDLE_FILE, TRUST_BUNDLE_FILE, TRUST_CA_FILE};
+use vm_protocol::net::{SYSTEM_BUNDLE_FILES, TRUST_BUNDLE_FILE, TRUST_CA_FILE};
 
 /// Why the CA could not be installed (fixed text).
 #[derive(Debug, thiserror::Error)]
@@ -41,9 +41,10 @@ pub fn install(ca_pem: &str) -> Result<(), TrustError> {
     let dir = Path::new(TRUST_CA_FILE).parent().unwrap_or(Path::new("/run"));
     fs::create_dir_all(dir).map_err(TrustError::Write)?;
     fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).map_err(TrustError::Write)?;
-    // The system bundle as the image has it: a mount of ours over it from an earlier call is read through.
-    let system = Path::new(SYSTEM_BUNDLE_FILE);
-    let mut bundle = fs::read(system).unwrap_or_default();
+    // The system bundle as the image has it (a mount of ours over it from an earlier call is read through),
+    // or none: the bundle is then the CA alone, as the image trusted nothing else.
+    let system = SYSTEM_BUNDLE_FILES.iter().map(Path::new).find(|p| p.is_file());
+    let mut bundle = system.and_then(|p| fs::read(p).ok()).unwrap_or_default();
     if let Some(own) = bundle.windows(ca_pem.len()).position(|w| w == ca_pem.as_bytes()) {
         bundle.truncate(own);
     }
@@ -53,7 +54,7 @@ pub fn install(ca_pem: &str) -> Result<(), TrustError> {
     bundle.extend_from_slice(ca_pem.as_bytes());
     write(Path::new(TRUST_CA_FILE), ca_pem.as_bytes())?;
     write(Path::new(TRUST_BUNDLE_FILE), &bundle)?;
-    if system.is_file() {
+    if let Some(system) = system {
         let flags = MsFlags::MS_BIND;
         mount(Some(TRUST_BUNDLE_FILE), system, None::<&str>, flags, None::<&str>).map_err(TrustError::Mount)?;
         let ro = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
