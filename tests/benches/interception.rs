@@ -9,11 +9,10 @@
 
 mod common;
 
-use std::io::Write;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use common::served::{mb_per_s, write_file, Removed};
 use common::{median, Report};
 use vm_e2e::net::{server_dir, throwaway_ca, WebServer, HOST_GATEWAY};
 use vm_e2e::test_image::{layout, layout_ref};
@@ -21,42 +20,6 @@ use vm_e2e::{harness, Launch, Scratch};
 
 const BIG: usize = 256 << 20;
 const SMALL_REQUESTS: usize = 10;
-
-/// Server directories (outside every scratch), removed when dropped: each holds a 256 MiB file.
-struct Removed(Vec<PathBuf>);
-
-impl Drop for Removed {
-    fn drop(&mut self) {
-        for dir in &self.0 {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-}
-
-/// `size` bytes of a fixed pseudo-random MiB, repeated (nothing on the path compresses).
-fn write_file(path: &std::path::Path, size: usize) {
-    let mut block = vec![0u8; 1 << 20];
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    for chunk in block.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes());
-    }
-    let mut file = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    for _ in 0..size / block.len() {
-        file.write_all(&block).unwrap();
-    }
-    file.flush().unwrap();
-}
-
-/// `%{time_total} %{size_download}` as MB/s, checking the size.
-fn mb_per_s(line: &str, size: usize) -> f64 {
-    let (secs, bytes) = line.split_once(' ').unwrap();
-    let (secs, bytes) = (secs.parse::<f64>().unwrap(), bytes.trim().parse::<usize>().unwrap());
-    assert_eq!(bytes, size, "the whole file arrived: {line:?}");
-    size as f64 / secs / 1e6
-}
 
 fn main() {
     let runs = common::runs();

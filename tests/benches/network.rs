@@ -12,10 +12,11 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::served::{mb_per_s, write_file, Removed};
 use common::{median, Report};
 use vm_e2e::net::{server_dir, throwaway_ca, WebServer, HOST_GATEWAY};
 use vm_e2e::serve::Serve;
@@ -37,47 +38,11 @@ impl Drop for Killed {
     }
 }
 
-/// Server directories (outside every scratch), removed when dropped: one holds a 256 MiB file.
-struct Removed(Vec<PathBuf>);
-
-impl Drop for Removed {
-    fn drop(&mut self) {
-        for dir in &self.0 {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-}
-
-/// `size` bytes of a fixed pseudo-random MiB, repeated (nothing on the path compresses).
-fn write_file(path: &Path, size: usize) {
-    let mut block = vec![0u8; 1 << 20];
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    for chunk in block.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes());
-    }
-    let mut file = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    for _ in 0..size / block.len() {
-        file.write_all(&block).unwrap();
-    }
-    file.flush().unwrap();
-}
-
 /// The host's `curl` with `args` (never through a proxy of the host's environment): its `-w` output.
 fn curl(args: &[&str]) -> String {
     let out = Command::new("curl").args(["-s", "-S", "--noproxy", "*", "-o", "/dev/null"]).args(args).output().unwrap();
     assert!(out.status.success(), "curl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap()
-}
-
-/// `-w '%{time_total} %{size_download}'` as MB/s, checking the size.
-fn mb_per_s(line: &str, size: usize) -> f64 {
-    let (secs, bytes) = line.split_once(' ').unwrap();
-    let (secs, bytes) = (secs.parse::<f64>().unwrap(), bytes.trim().parse::<usize>().unwrap());
-    assert_eq!(bytes, size, "the whole file arrived: {line:?}");
-    size as f64 / secs / 1e6
 }
 
 /// The utime + stime of the one live supervisor under `dir`, in seconds.

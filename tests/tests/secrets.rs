@@ -77,10 +77,10 @@ fn setup(s: &Scratch, name: &str) -> Setup {
     Setup { tls, plain, ca, canary, credentials, policy }
 }
 
-fn launch<'a>(s: &'a Scratch, setup: &Setup, script: &str) -> Launch<'a> {
+fn launch<'a>(s: &'a Scratch, policy: &Path, script: &str) -> Launch<'a> {
     Launch::new(s, &["/bin/sh", "-c", script])
         .flag("--policy")
-        .flag(setup.policy.to_str().unwrap())
+        .flag(policy.to_str().unwrap())
         .flag("--image")
         .flag(&layout_ref())
         .flag("--image-cache")
@@ -212,7 +212,7 @@ fn the_key_reaches_only_its_host_and_never_the_guest() {
     let setup = setup(&s, "canary");
     // The workload makes its requests, then holds still while the host reads the guest's memory.
     let script = format!("{{ {}; }} > /tmp/out 2>&1; echo READY; cat /tmp/out; echo END; sleep 25", requests(&setup));
-    let launch = launch(&s, &setup, &script)
+    let launch = launch(&s, &setup.policy, &script)
         .flag("--egress-ca")
         .flag(setup.ca.to_str().unwrap())
         .flag("--credentials-file")
@@ -292,7 +292,7 @@ fn control_without_the_swap_the_server_gets_the_placeholder() {
     let s = Scratch::with_deadline("secrets-swap-control", Duration::from_secs(400));
     let setup = setup(&s, "swap");
     let script = format!("curl -sS -H \"Authorization: Bearer $API_KEY\" https://{G}:{}/file.txt", setup.tls.port);
-    let out = launch(&s, &setup, &script)
+    let out = launch(&s, &setup.policy, &script)
         .control(TestControl::PassPlaceholders)
         .flag("--egress-ca")
         .flag(setup.ca.to_str().unwrap())
@@ -311,7 +311,8 @@ fn a_destination_the_supervisor_does_not_trust_is_a_502_and_a_finding() {
     let setup = setup(&s, "untrusted");
     let script = format!("curl -sS -o /dev/null -w '%{{http_code}}\\n' https://{G}:{}/file.txt", setup.tls.port);
     // No --egress-ca: the server's throwaway CA is in no root store of the supervisor.
-    let out = launch(&s, &setup, &script).flag("--credentials-file").flag(setup.credentials.to_str().unwrap()).run();
+    let out =
+        launch(&s, &setup.policy, &script).flag("--credentials-file").flag(setup.credentials.to_str().unwrap()).run();
     assert_eq!(out.stdout_text(), "502\n", "{}", out.workload_stderr());
     assert!(setup.tls.requests().is_empty(), "no request reached the untrusted server");
     let dirs: Vec<PathBuf> =
@@ -384,17 +385,10 @@ fn a_hostile_workload_meets_bounds_and_findings() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/hostile_tls.py");
     let names = LEAF_CACHE + 44;
     let peak = PeakRss::supervisors(&s.dir, "hostile-tls");
-    let out = Launch::new(&s, &["/bin/sh", "-c", &format!("cat > /tmp/h.py && python3 /tmp/h.py {G} {t} {names}")])
+    let run = format!("cat > /tmp/h.py && python3 /tmp/h.py {G} {t} {names}");
+    let out = launch(&s, &policy, &run)
         .flag("--id")
         .flag("hostile-tls")
-        .flag("--policy")
-        .flag(policy.to_str().unwrap())
-        .flag("--image")
-        .flag(&layout_ref())
-        .flag("--image-cache")
-        .flag(&shared_store().display().to_string())
-        .flag("--disk")
-        .flag("64")
         .flag("--egress-ca")
         .flag(setup.ca.to_str().unwrap())
         .flag("--egress-resolver")

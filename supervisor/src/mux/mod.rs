@@ -301,13 +301,7 @@ impl Mux {
         // Before the gate: the policy judges the program that will run, the image's entrypoint included.
         if let ToSupervisor::Process(ProcessRequest::Spawn(spawn)) = &mut msg {
             image::defaults(&self.run, spawn);
-            if self.gate.has_network() {
-                crate::network::proxy_env(spawn);
-            }
-            for var in &self.egress_env {
-                spawn.env.retain(|e| e.key != var.key);
-                spawn.env.push(var.clone());
-            }
+            crate::network::workload_env(spawn, self.gate.has_network(), &self.egress_env);
         }
         if let Some(denied) = self.admit(client, &msg) {
             return Ok(denied);

@@ -47,10 +47,22 @@ pub fn egress_env(secrets: &intercept::secrets::Secrets, intercepting: bool) -> 
     env
 }
 
-/// Gives a workload the proxy settings, under any it sets itself: both spellings of each variable, since
-/// tools disagree on which they read, and `socks5h` so SOCKS clients let the host resolve names (the guest
-/// has no DNS).
-pub fn proxy_env(spawn: &mut Spawn) {
+/// Gives a workload its network variables: the proxy settings under its own (with a network section), then
+/// `egress` ([`egress_env`]) over its own.
+pub fn workload_env(spawn: &mut Spawn, proxies: bool, egress: &[EnvVar]) {
+    if proxies {
+        proxy_env(spawn);
+    }
+    for var in egress {
+        spawn.env.retain(|e| e.key != var.key);
+        spawn.env.push(var.clone());
+    }
+}
+
+/// The proxy settings, under any the workload sets itself: both spellings of each variable, since tools
+/// disagree on which they read, and `socks5h` so SOCKS clients let the host resolve names (the guest has no
+/// DNS).
+fn proxy_env(spawn: &mut Spawn) {
     let http = format!("http://127.0.0.1:{HTTP_PROXY_PORT}");
     let socks = format!("socks5h://127.0.0.1:{SOCKS_PROXY_PORT}");
     let none = "localhost,127.0.0.1,::1".to_owned();

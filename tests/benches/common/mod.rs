@@ -4,6 +4,7 @@
 
 pub mod api;
 mod report;
+pub mod served;
 #[allow(unused_imports, reason = "each benchmark uses part of this module")]
 pub use report::{median, Report};
 

@@ -78,7 +78,7 @@ pub enum Command {
     /// newlines between pairs, values percent-encoded as in OTEL_EXPORTER_OTLP_HEADERS).
     ///
     /// Example: vm-driver credentials box-1 --headers-file - --ca /etc/otel/ca.pem <<< 'authorization=Bearer%20t2'
-    Credentials(CredentialsArgs),
+    Credentials(crate::credentials::CredentialsArgs),
     /// Pull, import, list and remove OCI images in the local store (docs/images.md).
     ///
     /// Example: vm-driver image pull python:3.12-slim
@@ -449,24 +449,6 @@ pub struct PolicyArgs {
     /// Default: every approved rule.
     #[arg(long, value_name = "JSON")]
     pub network: Option<String>,
-    /// The sandbox id.
-    pub id: SandboxId,
-}
-
-#[derive(Debug, Args)]
-pub struct CredentialsArgs {
-    #[command(flatten)]
-    pub socket: SocketArgs,
-    /// The new collector headers: a file, or - for stdin. Replaces every header.
-    #[arg(long, value_name = "FILE", value_parser = crate::credentials::HeadersFrom::parse)]
-    pub headers_file: Option<crate::credentials::HeadersFrom>,
-    /// A new PEM CA bundle for an https:// collector.
-    #[arg(long, value_name = "FILE")]
-    pub ca: Option<PathBuf>,
-    /// New values for the sandbox's secret credentials, by name (a JSON list in a 0600 file, as
-    /// --credentials-file of create takes it).
-    #[arg(long, value_name = "FILE")]
-    pub credentials_file: Option<PathBuf>,
     /// The sandbox id.
     pub id: SandboxId,
 }

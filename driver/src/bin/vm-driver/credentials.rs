@@ -10,6 +10,25 @@ use vm_protocol::driver_api::{CollectorHeader, CollectorHeaders, RotateCredentia
 /// Largest headers file read.
 const MAX_HEADERS_BYTES: u64 = 64 * 1024;
 
+/// `vm-driver credentials`.
+#[derive(Debug, clap::Args)]
+pub struct CredentialsArgs {
+    #[command(flatten)]
+    pub socket: crate::cli::SocketArgs,
+    /// The new collector headers: a file, or - for stdin. Replaces every header.
+    #[arg(long, value_name = "FILE", value_parser = HeadersFrom::parse)]
+    pub headers_file: Option<HeadersFrom>,
+    /// A new PEM CA bundle for an https:// collector.
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// New values for the sandbox's secret credentials, by name (a JSON list in a 0600 file, as
+    /// --credentials-file of create takes it).
+    #[arg(long, value_name = "FILE")]
+    pub credentials_file: Option<PathBuf>,
+    /// The sandbox id.
+    pub id: vm_contract::ids::SandboxId,
+}
+
 /// Where the new headers come from.
 #[derive(Debug, Clone)]
 pub enum HeadersFrom {
