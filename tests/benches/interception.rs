@@ -15,8 +15,8 @@ use std::time::Duration;
 use common::served::{mb_per_s, write_file, Removed};
 use common::{median, Report};
 use vm_e2e::net::{server_dir, throwaway_ca, WebServer, HOST_GATEWAY};
-use vm_e2e::test_image::{layout, layout_ref};
-use vm_e2e::{harness, Launch, Scratch};
+use vm_e2e::test_image::{import_into, layout_ref};
+use vm_e2e::{Launch, Scratch};
 
 const BIG: usize = 256 << 20;
 const SMALL_REQUESTS: usize = 10;
@@ -25,13 +25,7 @@ fn main() {
     let runs = common::runs();
     let s = Scratch::with_deadline("bench-intercept", Duration::from_secs(300 + 180 * runs as u64));
     let store = s.dir.join("store");
-    let imported = Command::new(&harness().shipped.driver)
-        .args(["image", "import", "--image-cache"])
-        .arg(&store)
-        .arg(layout_ref())
-        .output()
-        .unwrap();
-    assert!(imported.status.success(), "import {}: {}", layout().display(), String::from_utf8_lossy(&imported.stderr));
+    import_into(&store);
 
     let dirs = [server_dir("bench-icpt-ca"), server_dir("bench-icpt-a"), server_dir("bench-icpt-b")];
     let _removed = Removed(dirs.to_vec());

@@ -20,8 +20,8 @@ use common::served::{mb_per_s, write_file, Removed};
 use common::{median, Report};
 use vm_e2e::net::{server_dir, throwaway_ca, WebServer, HOST_GATEWAY};
 use vm_e2e::serve::Serve;
-use vm_e2e::test_image::{layout, layout_ref};
-use vm_e2e::{harness, procs, Launch, Scratch};
+use vm_e2e::test_image::{import_into, layout_ref};
+use vm_e2e::{procs, Launch, Scratch};
 
 const BIG: usize = 256 << 20;
 const FORWARDED: usize = 64 << 20;
@@ -121,13 +121,7 @@ fn main() {
     // About 40 s a run on 2 cores under TCG, and the setup (an image import, a create).
     let s = Scratch::with_deadline("bench-net", Duration::from_secs(300 + 90 * runs as u64));
     let store = s.dir.join("store");
-    let imported = Command::new(&harness().shipped.driver)
-        .args(["image", "import", "--image-cache"])
-        .arg(&store)
-        .arg(layout_ref())
-        .output()
-        .unwrap();
-    assert!(imported.status.success(), "import {}: {}", layout().display(), String::from_utf8_lossy(&imported.stderr));
+    import_into(&store);
 
     let (web_dir, ca_dir, tls_dir) =
         (server_dir("bench-net-web"), server_dir("bench-net-ca"), server_dir("bench-net-tls"));

@@ -28,15 +28,20 @@ pub fn shared_store() -> &'static Path {
     STORE.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("e2e-image-store-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let started = Instant::now();
-        let out = Command::new(&crate::harness().shipped.driver)
-            .args(["image", "import", "--image-cache"])
-            .arg(&dir)
-            .arg(layout_ref())
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "import: {}", String::from_utf8_lossy(&out.stderr));
-        eprintln!("e2e: imported the Debian test image in {:.1} s", started.elapsed().as_secs_f64());
+        import_into(&dir);
         dir
     })
+}
+
+/// Imports the image into the store at `dir` with the shipped driver.
+pub fn import_into(dir: &Path) {
+    let started = Instant::now();
+    let out = Command::new(&crate::harness().shipped.driver)
+        .args(["image", "import", "--image-cache"])
+        .arg(dir)
+        .arg(layout_ref())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "import {}: {}", layout().display(), String::from_utf8_lossy(&out.stderr));
+    eprintln!("e2e: imported the Debian test image in {:.1} s", started.elapsed().as_secs_f64());
 }
