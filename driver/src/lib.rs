@@ -27,6 +27,7 @@ pub mod attach_client;
 pub mod attach_mux;
 mod cgroup;
 pub mod controls;
+pub mod doctor;
 pub mod files;
 pub mod forward;
 pub mod gc;

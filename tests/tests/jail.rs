@@ -90,6 +90,55 @@ fn assert_jailed(vmm: i32) -> u32 {
     uid
 }
 
+/// The paths this host's loader resolves for `object` (`ldd`, run by the test on a host binary: an
+/// answer found independently of the jailer's own ELF reading), canonical.
+fn loaded_by(object: &Path) -> BTreeSet<PathBuf> {
+    let out = Command::new("ldd").arg(object).output().unwrap();
+    let mut found = BTreeSet::from([std::fs::canonicalize(object).unwrap()]);
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let path = line.split("=>").nth(1).unwrap_or(line).trim().split(' ').next().unwrap_or("");
+        if path.starts_with('/') {
+            found.insert(std::fs::canonicalize(path).unwrap());
+        }
+    }
+    found
+}
+
+/// The regular files of the VMM's root equal QEMU's loader closure, the TCG module's under TCG, the
+/// `microvm` firmware, and the sandbox's kernel and initramfs: no other file of the host.
+fn assert_jail_holds_only_what_qemu_loads(vmm: &ProcInfo) {
+    let root = PathBuf::from(format!("/proc/{}/root", vmm.pid));
+    let mut held = BTreeSet::new();
+    let mut dirs = vec![root.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            // Through the mount, not readdir's type: a mount point's own type is the host's empty file.
+            let kind = std::fs::symlink_metadata(entry.path()).unwrap().file_type();
+            if kind.is_dir() {
+                dirs.push(entry.path());
+            } else if kind.is_file() {
+                held.insert(Path::new("/").join(entry.path().strip_prefix(&root).unwrap()));
+            }
+        }
+    }
+    let qemu = PathBuf::from(&vmm.cmdline[0]);
+    let mut expected = loaded_by(&qemu);
+    let prefix = qemu.parent().unwrap().parent().unwrap();
+    let tcg = vmm.cmdline.iter().skip_while(|a| *a != "-accel").nth(1).unwrap().starts_with("tcg");
+    if tcg {
+        let module = prefix.join("lib/x86_64-linux-gnu/qemu/accel-tcg-x86_64.so");
+        expected.extend(loaded_by(&module));
+    }
+    for firmware in ["bios-microvm.bin", "linuxboot_dma.bin"] {
+        expected.insert(std::fs::canonicalize(prefix.join("share/qemu").join(firmware)).unwrap());
+    }
+    expected.extend([PathBuf::from("/kernel"), PathBuf::from("/initrd")]);
+    let bytes: u64 =
+        held.iter().map(|p| std::fs::metadata(root.join(p.strip_prefix("/").unwrap())).unwrap().len()).sum();
+    eprintln!("e2e: the VMM's root holds {} files, {} MiB (TCG module: {tcg})", held.len(), bytes >> 20);
+    assert_eq!(held, expected, "the jail holds exactly what QEMU loads");
+}
+
 #[test]
 fn a_launched_vmm_runs_jailed() {
     let s = Scratch::new("jail-launch");
@@ -97,6 +146,7 @@ fn a_launched_vmm_runs_jailed() {
     let running = Running::start(launch, &[], "up");
     let p = running.procs();
     let uid = assert_jailed(p.vmm.pid);
+    assert_jail_holds_only_what_qemu_loads(&p.vmm);
     let guest_mib: u64 =
         p.vmm.cmdline.iter().skip_while(|a| *a != "-m").nth(1).unwrap().trim_end_matches('M').parse().unwrap();
     let limits = cgroup_limits(p.vmm.pid);
@@ -223,8 +273,28 @@ fn two_sandboxes(s: &Scratch, args: &[&str]) -> Targets {
     Targets { vmm_dir: dir("a").join(SandboxFile::VmmRoot.name()), other_dir: dir("b"), vmm, other, serve }
 }
 
+/// A file placed among the host's libraries for one test, removed after.
+struct HostLibraryCanary(PathBuf);
+
+impl HostLibraryCanary {
+    fn place() -> Self {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        let path = PathBuf::from(format!("/usr/lib/vm-e2e-canary-{}-{nanos}", std::process::id()));
+        std::fs::write(&path, b"canary").unwrap();
+        Self(path)
+    }
+}
+
+impl Drop for HostLibraryCanary {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// Runs the escape probe as the VMM of `t` (its uid, gid, mount/IPC/UTS namespaces and root).
 fn escape(t: &Targets, outside: &Path, jailed: bool) -> String {
+    // World-readable, as the host's libraries are: only the jail's file list keeps it out of reach.
+    let canary = HostLibraryCanary::place();
     let probe = PathBuf::from(env!("CARGO_BIN_EXE_escape-probe"));
     let placed = t.vmm_dir.join("escape-probe");
     std::fs::copy(&probe, &placed).unwrap();
@@ -244,6 +314,7 @@ fn escape(t: &Targets, outside: &Path, jailed: bool) -> String {
         .arg(t.other.vmm.unwrap().pid.to_string())
         .arg(outside)
         .arg(listener.local_addr().unwrap().to_string())
+        .arg(&canary.0)
         .env_clear()
         .output()
         .unwrap();
@@ -253,7 +324,7 @@ fn escape(t: &Targets, outside: &Path, jailed: bool) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "the probe ran");
-    assert_eq!(report.lines().count(), 7, "every attempt reported");
+    assert_eq!(report.lines().count(), 8, "every attempt reported");
     report
 }
 

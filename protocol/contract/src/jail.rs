@@ -71,6 +71,9 @@ pub const JAIL_INITRD: &str = "initrd";
 pub const JAIL_IMAGE_DISK: &str = "image-disk";
 /// The sandbox's writable layer inside the jail.
 pub const JAIL_WRITABLE_DISK: &str = "writable-disk";
+/// The firmware QEMU's `microvm` machine loads from its data directory when it boots a `-kernel`: the
+/// only data files its jail holds (the supervisor's `-M microvm`).
+pub const MICROVM_FIRMWARE: [&str; 2] = ["bios-microvm.bin", "linuxboot_dma.bin"];
 
 /// Open files: QEMU's eventfds, sockets and vCPU fds, with room.
 pub const RLIMIT_NOFILE: u64 = 4096;

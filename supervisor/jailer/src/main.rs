@@ -3,6 +3,7 @@
 //!
 //! - [`fds`]: every inherited fd beyond 0–2 closed at exec; a snapshot to restore from opened for QEMU.
 //! - [`root`]: new mount namespace, the jail's files bound read-only, `pivot_root` into it.
+//! - [`closure`]: the objects QEMU's loader opens, read from the ELF headers.
 //! - [`creds`]: rlimits, the capability bounding set emptied, the jail's uid and gid, no new privileges.
 //! - [`pidns`]: QEMU becomes the first process of its own PID namespace; the jailer stays as its parent and
 //!   reports its pid on stdout (always, with or without a namespace).
@@ -14,6 +15,7 @@
 
 vm_contract::test_controls!();
 
+mod closure;
 mod creds;
 mod fds;
 mod pidns;
@@ -56,6 +58,9 @@ pub enum JailError {
     /// No program to exec.
     #[error("no command line after --")]
     NoProgram,
+    /// QEMU's dependency closure could not be read.
+    #[error(transparent)]
+    Closure(#[from] closure::ClosureError),
     /// A file server without namespaces.
     #[error("host directories need jail or userns confinement")]
     NoShareConfinement,

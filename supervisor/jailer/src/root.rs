@@ -3,27 +3,34 @@
 //!
 //! Its own network namespace (no interface but a down loopback) is made with it (`JAIL_NAMESPACES`).
 //!
-//! Inside: QEMU's binary at its own path; the shared-library and firmware directories (`/lib`, `/lib64`,
-//! `/usr/lib`, `/usr/lib64`, `/usr/share/qemu`, or symlinks to them as on the host); the guest kernel and
-//! initramfs as `/kernel` and `/initrd`; an image root's disk (read-only) and the sandbox's writable layer; `/dev/null`, `/dev/urandom` and, for KVM, `/dev/kvm`. No shell, no
-//! `/etc`, `/proc`, `/sys` or `/tmp`, and nothing of the host's state directory.
+//! Inside: QEMU's binary and the objects of its ELF dependency closure ([`crate::closure`]), each at the
+//! path the loader opens, through copies of the host's symlinks on the way; the accelerator module QEMU
+//! loads for TCG and the `microvm` firmware, at the paths QEMU derives from its own; the guest kernel and
+//! initramfs as `/kernel` and `/initrd`; an image root's disk (read-only) and the sandbox's writable layer;
+//! `/dev/null`, `/dev/urandom` and, for KVM, `/dev/kvm`. No other library or data file of the host, no
+//! shell, no `/etc`, `/proc`, `/sys` or `/tmp`, and nothing of the host's state directory.
 //!
 //! Mount points are made in the VMM directory on the host and stay there, empty, until the sandbox
 //! directory is removed; the mounts themselves exist only in the namespace, and end with it.
 
+use std::collections::{HashSet, VecDeque};
+use std::ffi::OsString;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use rustix::mount::{
     mount_bind, mount_bind_recursive, mount_change, mount_remount, unmount, MountFlags, MountPropagationFlags,
     UnmountFlags,
 };
-use vm_contract::jail::{JailerArgs, JAIL_IMAGE_DISK, JAIL_INITRD, JAIL_KERNEL, JAIL_WRITABLE_DISK};
+use vm_contract::jail::{JailerArgs, JAIL_IMAGE_DISK, JAIL_INITRD, JAIL_KERNEL, JAIL_WRITABLE_DISK, MICROVM_FIRMWARE};
 
 use crate::JailError;
 
-/// Host directories QEMU loads code and firmware from. A symlink (merged /usr) is copied as a symlink.
-const SYSTEM_DIRS: [&str; 5] = ["/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/share/qemu"];
+/// Where QEMU looks for its modules, relative to its binary's directory's parent.
+const MODULE_DIRS: [&str; 3] = ["lib/x86_64-linux-gnu/qemu", "lib64/qemu", "lib/qemu"];
+
+/// The loader's limit on symlinks followed for one path.
+const MAX_LINKS: usize = 40;
 
 fn io(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> JailError {
     move |e| JailError::Step(what, e.into())
@@ -34,7 +41,9 @@ pub fn enter(args: &JailerArgs) -> Result<(), JailError> {
     let root = &args.root;
     prepare(root)?;
     let qemu = args.exec.first().map(PathBuf::from).ok_or(JailError::NoProgram)?;
-    bind_read_only(&qemu, &inside(root, &qemu), false)?;
+    let mut files = JailFiles::new(root);
+    files.program(&qemu)?;
+    files.qemu_data(&qemu, args.kvm)?;
     bind_read_only(&args.kernel, &root.join(JAIL_KERNEL), false)?;
     bind_read_only(&args.initrd, &root.join(JAIL_INITRD), false)?;
     if let Some(disk) = &args.image_disk {
@@ -51,23 +60,105 @@ pub fn enter(args: &JailerArgs) -> Result<(), JailError> {
     pivot(root)
 }
 
-/// Makes `root` a private mount point holding the system directories. Needs a fresh mount namespace.
+/// Makes `root` a private mount point. Needs a fresh mount namespace.
 pub(crate) fn prepare(root: &Path) -> Result<(), JailError> {
     // The supervisor's umask keeps its files private; the jail's directories must be searchable by the VMM.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
     // Nothing done here may reach the host's mounts.
     mount_change("/", MountPropagationFlags::PRIVATE | MountPropagationFlags::REC)
         .map_err(io("make the mounts private"))?;
-    mount_bind(root, root).map_err(io("make the jail a mount point"))?;
-    for dir in SYSTEM_DIRS {
-        let dir = Path::new(dir);
-        match fs::symlink_metadata(dir) {
-            Ok(meta) if meta.file_type().is_symlink() => copy_symlink(dir, root)?,
-            Ok(meta) if meta.is_dir() => bind_read_only(dir, &inside(root, dir), false)?,
-            _ => {}
-        }
+    mount_bind(root, root).map_err(io("make the jail a mount point"))
+}
+
+/// The host files bound into a jail, each once.
+pub(crate) struct JailFiles<'a> {
+    root: &'a Path,
+    bound: HashSet<PathBuf>,
+}
+
+impl<'a> JailFiles<'a> {
+    pub(crate) fn new(root: &'a Path) -> Self {
+        Self { root, bound: HashSet::new() }
     }
-    Ok(())
+
+    /// Binds `program` and every object the loader will open to run it.
+    pub(crate) fn program(&mut self, program: &Path) -> Result<(), JailError> {
+        for object in crate::closure::closure(program)? {
+            self.bind_resolved(&object)?;
+        }
+        Ok(())
+    }
+
+    /// Binds the files QEMU opens beside its binary: the TCG accelerator's module (with its own closure)
+    /// when it runs without KVM, and the `microvm` firmware.
+    fn qemu_data(&mut self, qemu: &Path, kvm: bool) -> Result<(), JailError> {
+        let Some(prefix) = qemu.parent().and_then(Path::parent) else { return Ok(()) };
+        let target = qemu.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("qemu-system-"));
+        if let (false, Some(target)) = (kvm, target) {
+            let module = format!("accel-tcg-{target}.so");
+            let found = MODULE_DIRS.iter().map(|dir| prefix.join(dir).join(&module)).find(|p| p.is_file());
+            if let Some(module) = found {
+                self.program(&module)?;
+            }
+        }
+        for firmware in MICROVM_FIRMWARE {
+            let path = prefix.join("share/qemu").join(firmware);
+            if path.exists() {
+                self.bind_resolved(&path)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes `path` resolve inside the jail as it does on the host: each symlink on the way recreated as
+    /// it is, each directory made, and the file it ends at bound read-only. Only host paths without a
+    /// symlink are ever joined to the jail's root, so no mount lands through a link.
+    fn bind_resolved(&mut self, path: &Path) -> Result<(), JailError> {
+        let mut pending: VecDeque<OsString> = parts(path);
+        let mut at = PathBuf::from("/");
+        let mut links = 0;
+        while let Some(part) = pending.pop_front() {
+            if part == ".." {
+                at.pop();
+                continue;
+            }
+            let host = at.join(&part);
+            let meta = fs::symlink_metadata(&host).map_err(JailError::step("find a file QEMU loads"))?;
+            if meta.file_type().is_symlink() {
+                links += 1;
+                if links > MAX_LINKS {
+                    return Err(JailError::Step("follow a file's links", std::io::ErrorKind::InvalidInput.into()));
+                }
+                let target = fs::read_link(&host).map_err(JailError::step("read a system symlink"))?;
+                copy_symlink(&host, self.root)?;
+                if target.is_absolute() {
+                    at = PathBuf::from("/");
+                }
+                for part in parts(&target).into_iter().rev() {
+                    pending.push_front(part);
+                }
+            } else if pending.is_empty() && !meta.is_dir() {
+                if self.bound.insert(host.clone()) {
+                    bind_read_only(&host, &inside(self.root, &host), false)?;
+                }
+            } else {
+                fs::create_dir_all(inside(self.root, &host)).map_err(JailError::step("make a directory"))?;
+                at = host;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A path's parts as the kernel walks them: names and `..`, the root and `.` dropped.
+fn parts(path: &Path) -> VecDeque<OsString> {
+    path.components()
+        .filter_map(|c| match c {
+            Component::Normal(name) => Some(name.to_os_string()),
+            Component::ParentDir => Some(OsString::from("..")),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => None,
+        })
+        .collect()
 }
 
 /// Makes the prepared `root` this process's root, read-only.

@@ -183,11 +183,7 @@ fn enter(args: &ShareJailerArgs, source: (u64, u64)) -> Result<(), JailError> {
     let root = &args.root;
     root::prepare(root)?;
     let program = args.exec.first().map(PathBuf::from).ok_or(JailError::NoProgram)?;
-    let in_jail = root::inside(root, &program);
-    // Debian's is under /usr/lib, already bound with the system directories.
-    if !in_jail.is_file() {
-        root::bind_read_only(&program, &in_jail, false)?;
-    }
+    root::JailFiles::new(root).program(&program)?;
     // The server reopens files through /proc/self/fd: a /proc of its own PID namespace, not the host's.
     let proc = root.join("proc");
     std::fs::create_dir_all(&proc).map_err(JailError::step("make a mount point"))?;

@@ -34,7 +34,10 @@ use self::vmm_process::VmmProcess;
 use crate::inbox::{Senders, StopRequests};
 use crate::safeguards::Safeguards;
 
-pub mod accel;
+/// The accelerator choice, shared with `vm-driver doctor`.
+pub mod accel {
+    pub use vm_contract::accel::{AccelChoice, Accelerator, Host, KvmUnusable};
+}
 pub(crate) mod disks;
 mod error;
 pub mod guest_link;

@@ -2,15 +2,15 @@
 //! VMM's uid, gid, namespaces and root. Each attempt prints `NAME ok` or `NAME denied: ERROR`.
 //!
 //! Usage: escape-probe API_SOCKET OTHER_ATTACH_SOCKET DRIVER_PID SUPERVISOR_PID OTHER_VMM_PID OUTSIDE_FILE
-//! LOOPBACK_TCP_ADDR
+//! LOOPBACK_TCP_ADDR HOST_LIBRARY_FILE
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::os::unix::net::UnixStream;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [api, attach, driver, supervisor, vmm, outside, tcp] = args.as_slice() else {
-        eprintln!("usage: escape-probe API ATTACH DRIVER_PID SUPERVISOR_PID VMM_PID OUTSIDE_FILE TCP_ADDR");
+    let [api, attach, driver, supervisor, vmm, outside, tcp, library] = args.as_slice() else {
+        eprintln!("usage: escape-probe API ATTACH DRIVER_PID SUPERVISOR_PID VMM_PID OUTSIDE_FILE TCP_ADDR LIBRARY");
         std::process::exit(2);
     };
     let report = |name: &str, result: Result<(), String>| match result {
@@ -25,6 +25,7 @@ fn main() {
     let pid = nix::unistd::Pid::from_raw(vmm.parse().expect("a pid"));
     // SIGCONT: a real signal that does no harm to a running VMM.
     report("signal-other-vmm", nix::sys::signal::kill(pid, nix::sys::signal::SIGCONT).map_err(|e| e.to_string()));
+    report("read-host-library", std::fs::read(library).map(drop).map_err(|e| e.to_string()));
     report("write-outside", std::fs::write(outside, b"escaped").map_err(|e| e.to_string()));
     let timeout = std::time::Duration::from_secs(2);
     let addr: std::net::SocketAddr = tcp.parse().expect("an address");

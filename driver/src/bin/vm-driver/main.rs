@@ -225,6 +225,16 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
         Command::PortForward(args) => port_forward::run(args).await.map(|()| 0),
         Command::Reap { state_dir, retention } => reap(state_dir, &retention, controls).map(|()| 0),
         // Registry I/O and disk builds block: off the runtime's thread.
+        Command::Doctor { state_dir, image } => {
+            let places = vm_driver::doctor::Places {
+                state: state_dir.unwrap_or_else(vm_driver::state::default_root),
+                image: image.map_or_else(|| vm_driver::image::default_dir().map_err(|e| e.to_string()), Ok),
+                supervisor: vm_driver::sandbox::supervisor::locate().map_err(|e| e.to_string()),
+            };
+            let checks = tokio::task::spawn_blocking(move || vm_driver::doctor::run(&places)).await?;
+            print!("{}", vm_driver::doctor::render(&checks));
+            Ok(vm_driver::doctor::exit_code(&checks))
+        }
         Command::Image(args) => tokio::task::spawn_blocking(move || image::run(args)).await?,
     }
 }

@@ -1,4 +1,4 @@
-//! Choosing the accelerator honestly.
+//! Choosing the accelerator honestly: the supervisor's choice, and `vm-driver doctor`'s report of it.
 //!
 //! `auto` uses KVM only where KVM can boot a stock guest kernel. A host whose `/dev/kvm` comes from the
 //! `kvm_pvm` module (pagetable-based nested virtualization) runs only PVM-built guest kernels: a stock
@@ -9,7 +9,7 @@ use std::fs::OpenOptions;
 use std::io;
 use std::path::PathBuf;
 
-pub use vm_contract::accel::{AccelChoice, Accelerator};
+use super::{AccelChoice, Accelerator};
 
 /// Why KVM cannot be used here.
 #[derive(Debug, thiserror::Error)]

@@ -1,5 +1,9 @@
 //! The accelerator: what a caller asks for ([`AccelChoice`]) and what a VM runs on ([`Accelerator`]).
 
+mod probe;
+
+pub use probe::{Host, KvmUnusable};
+
 use std::fmt;
 use std::str::FromStr;
 
