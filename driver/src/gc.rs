@@ -43,6 +43,7 @@ pub fn collect(sandboxes_dir: &Path, retention: Retention) -> usize {
     for (i, (at, dir)) in ended.iter().enumerate() {
         let too_old = now.saturating_sub(*at) > retention.max_age.as_secs();
         if (i >= retention.keep || too_old) && std::fs::remove_dir_all(dir).is_ok() {
+            crate::audit::forget(dir);
             removed += 1;
         }
     }

@@ -25,6 +25,7 @@ compile_error!("test controls switch safety mechanisms off: they are for debug t
 
 pub mod attach_client;
 pub mod attach_mux;
+pub mod audit;
 mod cgroup;
 pub mod controls;
 pub mod doctor;

@@ -75,6 +75,7 @@ impl Safeguards {
             telemetry: TelemetryControls {
                 jsonl_fails: !on(TestControl::JsonlSinkFails),
                 no_limits: !on(TestControl::NoTelemetryLimits),
+                no_audit_chain: !on(TestControl::NoAuditChain),
                 verbose_failures: !on(TestControl::VerboseFailureLogs),
             },
             child_env: if names.is_empty() { Vec::new() } else { vec![(VAR, names.join(","))] },

@@ -3,7 +3,10 @@
 //!
 //! - supervisor CPU per 1,000 events, with OCSF JSON + JSONL + OTLP on, and with only console shorthand;
 //! - stop time with 10,000 records queued for a collector that was refusing and now accepts, against the stop
-//!   time with nothing to flush; the difference is the flush, and 10,000 / flush is the sustained export rate.
+//!   time with nothing to flush; the difference is the flush, and 10,000 / flush is the sustained export rate;
+//! - the audit chain: events per second and supervisor CPU per 1,000 events with the chain, against the same
+//!   build with `no-audit-chain` (both on the controls build, both without the rate limit, which would
+//!   otherwise cap the rate measured).
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a benchmark fails loudly")]
 
@@ -16,7 +19,7 @@ use common::Report;
 use vm_e2e::attach::AttachClient;
 use vm_e2e::otlp_receiver::{Behavior, Receiver};
 use vm_e2e::procs::signal;
-use vm_e2e::{Launch, Running, Scratch};
+use vm_e2e::{Launch, Running, Scratch, TestControl};
 
 const PROCESSES: usize = 5_000;
 
@@ -50,6 +53,26 @@ fn run(n: usize, telemetry: bool) -> (f64, Duration, usize) {
     (cpu_ms_per_1000, start.elapsed(), receiver.records().len())
 }
 
+/// (events per second, supervisor CPU ms per 1,000 events) over 2,000 processes, with or without the chain.
+fn run_chain(n: usize, chain: bool) -> (f64, f64) {
+    const DRIVEN: usize = 2_000;
+    let s = Scratch::new(&format!("bench-chain-{n}-{chain}"));
+    let mut launch =
+        Launch::new(&s, &["/bin/sh", "-c", "echo up; exec sleep 1000"]).control(TestControl::NoTelemetryLimits);
+    if !chain {
+        launch = launch.control(TestControl::NoAuditChain);
+    }
+    let run = Running::start(launch, &[], "up");
+    let sup = run.procs().supervisor;
+    let before = cpu_ticks(sup.pid);
+    let start = Instant::now();
+    AttachClient::connect(&run.sandbox_dir).run_many(&["true"], DRIVEN, 32);
+    let elapsed = start.elapsed().as_secs_f64();
+    let ticks = cpu_ticks(sup.pid) - before;
+    let events = 2.0 * DRIVEN as f64;
+    (events / elapsed, ticks as f64 * 10.0 / (events / 1000.0))
+}
+
 fn main() {
     let runs: usize = std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3).min(5);
     let mut report = Report::new("telemetry");
@@ -63,6 +86,28 @@ fn main() {
         report.sample("cpu shorthand only", cpu);
         report.sample("stop with nothing queued (s)", stop.as_secs_f64());
     }
+    for i in 0..runs {
+        let (rate, cpu) = run_chain(i, true);
+        report.sample("events/s with the chain", rate);
+        report.sample("cpu with the chain", cpu);
+        let (rate, cpu) = run_chain(i, false);
+        report.sample("events/s without the chain", rate);
+        report.sample("cpu without the chain", cpu);
+    }
+    report.compare(
+        "events per second driving 2,000 processes: audit chain vs no-audit-chain (controls build)",
+        "events/s with the chain",
+        "events/s without the chain",
+        0,
+        ">= 0.90",
+    );
+    report.compare(
+        "supervisor CPU per 1,000 events (ms): audit chain vs no-audit-chain (controls build)",
+        "cpu with the chain",
+        "cpu without the chain",
+        1,
+        "-",
+    );
     report.compare(
         "supervisor CPU per 1,000 events (ms): OCSF JSON + JSONL + OTLP vs console shorthand only",
         "cpu with sinks",

@@ -62,6 +62,17 @@ fn delivers_events(protocol: &str) {
         assert_eq!(r.resource.get("service.name").map(String::as_str), Some("vm-supervisor"));
         assert!(r.attributes.contains_key("ocsf.class_uid"));
     }
+    // Every record carries the audit chain's head after its event; the newest is the head the driver keeps.
+    let seq = |head: &str| head.split(':').next().unwrap().parse::<u64>().unwrap();
+    let heads: Vec<&str> = records.iter().map(|r| r.attributes["vm_driver.audit.head"].as_str()).collect();
+    let newest = heads.iter().copied().max_by_key(|h| seq(h)).unwrap();
+    let anchor = std::fs::read(s.state().join("audit").join(format!("{id}.json"))).unwrap();
+    let anchor: Value = serde_json::from_slice(&anchor).unwrap();
+    assert_eq!(
+        newest,
+        format!("{}:{}", anchor["seq"], anchor["hash"].as_str().unwrap()),
+        "the last record anchors the chain"
+    );
     let schema = Schema::load(&schema_dir());
     for e in &events {
         let problems = schema.validate(e);

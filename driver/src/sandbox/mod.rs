@@ -452,6 +452,9 @@ impl Stopping {
     /// Ends the generation: reaps what the supervisor left, sweeps the cgroup, takes back an unread bundle
     /// and writes the tombstone. The waits on pidfds and the cgroup run off the async workers.
     pub async fn end(self, reason: EndReason) -> Leftovers {
+        if let Some(SupervisorStatus::Stopped { audit: Some(head), .. }) = &self.report {
+            crate::audit::keep_anchor(self.layout.dir(), head);
+        }
         let (layout, cgroup, controls) = (self.layout, self.cgroup, self.controls.reaper);
         tokio::task::spawn_blocking(move || reap::end_generation(&layout, cgroup.as_deref(), reason, controls))
             .await

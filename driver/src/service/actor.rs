@@ -226,6 +226,7 @@ impl Actor {
             Command::Delete(reply) => {
                 self.finish(EndReason::Deleted, self.hub.ctx.stop_timeout).await;
                 let _ = std::fs::remove_dir_all(self.layout.dir());
+                crate::audit::forget(self.layout.dir());
                 let id = &self.record.id;
                 drop(self.share.take());
                 self.hub.registry.remove(id);

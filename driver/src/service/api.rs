@@ -9,12 +9,13 @@ use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 use vm_contract::ids::SandboxId;
+use vm_contract::layout::SandboxFile;
 use vm_contract::shape::{SandboxShape, MAX_CPUS, MAX_MEMORY_MIB};
 use vm_protocol::attach::{SupervisorReply, SupervisorRequest, ToClient};
 use vm_protocol::credentials::RotationOutcome;
 use vm_protocol::driver_api::driver_server::Driver;
 use vm_protocol::driver_api::{
-    watch_event, AdmissionLimits, AdmissionUsage, Capabilities, CreateSandboxRequest, DeleteSandboxResponse,
+    watch_event, AdmissionLimits, AdmissionUsage, AuditHead, Capabilities, CreateSandboxRequest, DeleteSandboxResponse,
     ExecRequest, ForwardPortRequest, GetCapabilitiesRequest, ListImagesRequest, ListImagesResponse, ListPoolRequest,
     ListPoolResponse, ListProcessesResponse, ListSandboxesRequest, ListSandboxesResponse, ProcessInfo,
     PullImageRequest, ReadinessKind, RemoveImageRequest, RemoveImageResponse, RotateCredentialsRequest,
@@ -245,6 +246,27 @@ impl Driver for Api {
         let id = sandbox_id(&req.get_ref().sandbox_id)?;
         self.reg.ask(&id, Command::Delete).await?;
         Ok(Response::new(DeleteSandboxResponse {}))
+    }
+
+    async fn get_audit_head(&self, req: Request<SandboxRef>) -> Result<Response<AuditHead>, Status> {
+        let id = sandbox_id(&req.get_ref().sandbox_id)?;
+        self.reg.registry.get(&id).ok_or_else(|| Status::not_found(format!("no sandbox {id}")))?;
+        let layout = self.reg.ctx.state.layout(&id);
+        let dir = layout.dir().to_owned();
+        let read = tokio::task::spawn_blocking(move || {
+            let head = vm_audit::verify::head(&dir.join(SandboxFile::Audit.name()));
+            (head, crate::audit::anchor(&dir))
+        });
+        let (head, anchor) = read.await.map_err(|_| Status::internal("the audit chain could not be read"))?;
+        let (head, sealed) =
+            head.map_err(|_| Status::failed_precondition("the sandbox has no readable audit chain"))?;
+        Ok(Response::new(AuditHead {
+            seq: head.seq,
+            hash: vm_audit::hex(&head.hash),
+            sealed_seq: sealed.unwrap_or(0),
+            anchor_seq: anchor.map(|a| a.seq),
+            anchor_hash: anchor.map(|a| vm_audit::hex(&a.hash)),
+        }))
     }
 
     async fn list_processes(&self, req: Request<SandboxRef>) -> Result<Response<ListProcessesResponse>, Status> {

@@ -42,6 +42,8 @@ pub enum SandboxFile {
     AuthBundle,
     /// OCSF events, one per line (0600).
     Events,
+    /// The audit chain of every event (SQLite, 0600; `vm-audit`), with its `-wal` and `-shm` beside it.
+    Audit,
     /// The policy approved at create (JSON, written by the driver at every start, read by the supervisor).
     Policy,
     /// The launch descriptor (0600, written by the driver at every start, admitted by the supervisor first).
@@ -110,6 +112,7 @@ impl SandboxFile {
             Self::Tombstone => "terminated.json",
             Self::AuthBundle => "auth.json",
             Self::Events => "events.jsonl",
+            Self::Audit => "audit.db",
             Self::Policy => "policy.json",
             Self::Descriptor => "descriptor.json",
             Self::Spec => "spec.json",

@@ -29,6 +29,7 @@
 pub mod accel;
 pub mod args;
 pub mod attach;
+pub mod audit;
 pub mod auth;
 pub mod claim;
 pub mod descriptor;

@@ -63,6 +63,10 @@ pub enum SupervisorStatus {
         jsonl_dropped: u64,
         /// Console lines dropped: stderr not keeping up, or its cap reached.
         console_dropped: u64,
+        /// The audit chain's head, sealed: the driver keeps it outside the sandbox directory. `None`
+        /// without a chain, or when it failed.
+        #[serde(default)]
+        audit: Option<crate::audit::Head>,
     },
 }
 

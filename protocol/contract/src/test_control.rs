@@ -52,6 +52,7 @@ controls! {
     DescriptorUnchecked = "descriptor-unchecked": "supervisor: the launch descriptor is not admitted (any sandbox, session or generation starts).",
     NoGuestInvariants = "no-guest-invariants": "supervisor: the guest's messages are routed but not checked (one Started, no empty data, plausible statuses).",
     JsonlSinkFails = "jsonl-sink-fails": "supervisor: fault injection, every write to events.jsonl fails (ENOSPC).",
+    NoAuditChain = "no-audit-chain": "supervisor: events reach the sinks without the audit chain (none is written).",
     NoTelemetryLimits = "no-telemetry-limits": "supervisor: no rate limit on events and no cap on events.jsonl.",
     NoLogCaps = "no-log-caps": "supervisor: console.log and vmm.log grow without a cap.",
     VerboseFailureLogs = "verbose-failure-logs": "supervisor: failures are logged with their error text and library logs are not silenced.",

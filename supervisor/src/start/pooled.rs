@@ -159,6 +159,7 @@ fn end_unclaimed(reason: StopReason, console: Console) -> StopReason {
         limited: 0,
         jsonl_dropped: 0,
         console_dropped: 0,
+        audit: None,
     });
     console.shutdown(Instant::now() + Duration::from_secs(1));
     reason

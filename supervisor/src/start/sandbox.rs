@@ -99,6 +99,7 @@ impl Sandbox {
             limited: report.limited,
             jsonl_dropped: report.jsonl.dropped,
             console_dropped: report.console_dropped,
+            audit: report.audit,
         });
     }
 }

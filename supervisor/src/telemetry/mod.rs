@@ -1,6 +1,7 @@
 //! Where OCSF events go: the console (shorthand and, when enabled, timestamped JSON lines), the per-sandbox
 //! JSONL file (when JSON is enabled), and an OTLP collector (when an endpoint is set).
 //!
+//! - [`audit`]: every event appended to the sandbox's audit chain (`audit.db`) before any sink is given it.
 //! - [`console`]: the one bounded, non-blocking stderr writer, shared with the diagnostics.
 //! - [`jsonl`]: `events.jsonl` in the sandbox directory.
 //! - [`otlp`]: OTLP log export over gRPC or HTTP/protobuf; [`exporter`] builds the exporters (TLS with a CA
@@ -16,6 +17,7 @@
 //! JSON and the JSONL file. On an orderly stop the final events are emitted and everything queued is flushed
 //! within a bound; see [`Telemetry::shutdown`].
 
+pub mod audit;
 pub(crate) mod batch;
 pub mod console;
 pub mod credentials;
@@ -33,7 +35,9 @@ use vm_contract::layout::SandboxFile;
 use vm_ocsf::{Event, Finding, Source};
 use vm_protocol::credentials::{CredentialRotation, RotationOutcome};
 
+use self::audit::{Audited, Sinks};
 use self::console::{Console, ConsoleHandle, CONSOLE_DRAIN};
+use self::credentials::LiveCredentials;
 use self::exporter::ExporterSpec;
 use self::jsonl::{Jsonl, JsonlReport};
 use self::limit::Limiter;
@@ -60,6 +64,8 @@ pub struct TelemetryReport {
     pub jsonl: JsonlReport,
     /// Console lines dropped (queue full, over the cap, or still queued at exit).
     pub console_dropped: u64,
+    /// The audit chain's sealed head; `None` without a chain or when it failed.
+    pub audit: Option<vm_audit::Head>,
 }
 
 /// The test controls the sinks obey: plain values, read once where the binary starts (`crate::safeguards`).
@@ -72,6 +78,8 @@ pub struct TelemetryControls {
     pub no_limits: bool,
     /// `verbose-failure-logs`: the sinks log failures with their error text and records.
     pub verbose_failures: bool,
+    /// `no-audit-chain`: events reach the sinks with no audit chain written.
+    pub no_audit_chain: bool,
 }
 
 /// Why telemetry could not start.
@@ -83,17 +91,22 @@ pub enum TelemetryError {
     /// The OTLP exporter cannot be built.
     #[error("cannot set up OTLP export")]
     Otlp(#[source] OtlpError),
+    /// The audit chain cannot be opened, or it was edited while the sandbox was stopped.
+    #[error("cannot open the audit chain ({})", SandboxFile::Audit.name())]
+    Audit(#[source] vm_audit::chain::ChainError),
+    /// The audit thread cannot be started.
+    #[error("cannot start the audit thread")]
+    Thread(#[source] std::io::Error),
 }
 
 /// The sinks of one supervisor. Its guards (writer threads, export task) live until [`Telemetry::shutdown`].
 #[derive(Debug)]
 pub struct Telemetry {
     source: Source,
-    console: ConsoleHandle,
-    jsonl: Option<Jsonl>,
-    otlp: Option<Otlp>,
+    audited: Audited,
+    /// The collector's credentials, rotated live (with a collector).
+    live: Option<LiveCredentials>,
     spans: Spans,
-    json: bool,
     events: u64,
     limiter: Limiter,
     /// Events over [`MAX_EVENT_BYTES`].
@@ -128,7 +141,15 @@ impl Telemetry {
             None => (None, Spans::default()),
         };
         let limiter = Limiter::new(limits, Instant::now());
-        Ok(Self { source, console, jsonl, otlp, spans, json: settings.json, events: 0, limiter, oversized: 0 })
+        let chain = if controls.no_audit_chain {
+            None
+        } else {
+            Some(vm_audit::chain::Chain::open(SandboxFile::Audit.as_ref(), sandbox_id).map_err(TelemetryError::Audit)?)
+        };
+        let live = otlp.as_ref().map(|o| o.live().clone());
+        let sinks = Sinks { console, json: settings.json, jsonl, otlp };
+        let audited = Audited::start(chain, sinks).map_err(TelemetryError::Thread)?;
+        Ok(Self { source, audited, live, spans, events: 0, limiter, oversized: 0 })
     }
 
     /// Builds events with the right product, schema and sandbox.
@@ -141,8 +162,8 @@ impl Telemetry {
         &mut self.spans
     }
 
-    /// Sends one event to every sink, unless it is over the sandbox's limits (then it is counted). Never
-    /// blocks.
+    /// Sends one event to the audit chain, then every sink, unless it is over the sandbox's limits (then
+    /// it is counted). Never blocks but for an essential event when the chain's queue is full.
     pub fn emit(&mut self, event: Event) {
         if !event.essential && !self.limiter.admit(Instant::now()) {
             return;
@@ -152,29 +173,22 @@ impl Telemetry {
             self.oversized += 1;
             return;
         }
-        self.events += 1;
-        let stamp = humantime::format_rfc3339_millis(std::time::SystemTime::now());
-        self.console.line(format!("{stamp} {}", event.shorthand()).into_bytes());
-        if self.json {
-            self.console.line(format!("{stamp} OCSF_JSON {json}").into_bytes());
-        }
-        if let Some(otlp) = &self.otlp {
-            otlp.emit(&event, &json);
-        }
-        if let Some(jsonl) = &self.jsonl {
-            jsonl.write(json, event.essential);
+        if self.audited.send(event, json) {
+            self.events += 1;
+        } else {
+            self.oversized += 1;
         }
     }
 
     /// Swaps the OTLP credentials for `rotation`'s, validated first, and says so in a configuration event
     /// (never a value). The next export uses them.
     pub fn rotate(&mut self, rotation: &CredentialRotation) -> RotationOutcome {
-        let Some(otlp) = &self.otlp else {
+        let Some(live) = &self.live else {
             let outcome = RotationOutcome::NoCollector;
             self.emit_rotation(outcome, 0, rotation);
             return outcome;
         };
-        let (outcome, version) = otlp.live().rotate(rotation);
+        let (outcome, version) = live.rotate(rotation);
         self.emit_rotation(outcome, version, rotation);
         outcome
     }
@@ -214,8 +228,15 @@ impl Telemetry {
     pub async fn shutdown(mut self, budget: Duration, console: Console) -> TelemetryReport {
         self.report_drops(true);
         let deadline = Instant::now() + budget;
-        let jsonl = self.jsonl.take().map(|j| tokio::task::spawn_blocking(move || j.shutdown(deadline)));
-        let (otlp, spans) = (self.otlp.take(), std::mem::take(&mut self.spans));
+        // The chain first: it appends and delivers what is queued, then seals.
+        let audited = self.audited;
+        let finished = tokio::task::spawn_blocking(move || audited.finish()).await.ok().flatten();
+        let (jsonl, otlp, audit) = match finished {
+            Some(f) => (f.sinks.jsonl, f.sinks.otlp, f.head),
+            None => (None, None, None),
+        };
+        let jsonl = jsonl.map(|j| tokio::task::spawn_blocking(move || j.shutdown(deadline)));
+        let spans = std::mem::take(&mut self.spans);
         let otlp = async move {
             match otlp {
                 Some(otlp) => otlp.shutdown(budget).await,
@@ -234,6 +255,7 @@ impl Telemetry {
             spans,
             jsonl,
             console_dropped: console.dropped(),
+            audit,
         };
         tracing::info!(
             events = report.events,
@@ -245,6 +267,7 @@ impl Telemetry {
             jsonl_dropped = report.jsonl.dropped,
             jsonl_failures = report.jsonl.failures,
             console_dropped = report.console_dropped,
+            audit_seq = report.audit.map_or(0, |h| h.seq),
             "telemetry flushed"
         );
         let console_by = deadline.max(Instant::now() + CONSOLE_DRAIN);

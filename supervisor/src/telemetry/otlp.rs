@@ -23,6 +23,7 @@ use opentelemetry_otlp::LogExporter;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::logs::{LogBatch, LogProcessor, SdkLogRecord, SdkLogger, SdkLoggerProvider};
 use opentelemetry_sdk::Resource;
+use vm_contract::audit::Head;
 
 use super::batch::{BatchConfig, BatchExport, Bounds, Export, Queue};
 use super::credentials::{CaBundle, CaError, Credentials, LiveCredentials};
@@ -200,9 +201,9 @@ impl Otlp {
         &self.live
     }
 
-    /// Queues one event for export.
-    pub fn emit(&self, event: &vm_ocsf::Event, json: &str) {
-        emit(&self.logger, event, json);
+    /// Queues one event for export, with the audit chain's head once the chain holds it.
+    pub fn emit(&self, event: &vm_ocsf::Event, json: &str, audit: Option<Head>) {
+        emit(&self.logger, event, json, audit);
     }
 
     /// Flushes until `budget` has passed, then stops. Everything not delivered by then is counted as dropped.
@@ -224,8 +225,11 @@ fn logger(resource: Resource) -> (SdkLoggerProvider, SdkLogger, Arc<Queue<LogIte
     (provider, logger, queue)
 }
 
+/// The log record attribute holding the audit chain's head after the record's event (`SEQ:HEX`).
+pub const AUDIT_HEAD_ATTRIBUTE: &str = "vm_driver.audit.head";
+
 /// `event` as a log record, emitted through `logger`.
-fn emit(logger: &SdkLogger, event: &vm_ocsf::Event, json: &str) {
+fn emit(logger: &SdkLogger, event: &vm_ocsf::Event, json: &str, audit: Option<Head>) {
     let mut record = logger.create_log_record();
     let millis = u64::try_from(event.time).unwrap_or(0);
     record.set_timestamp(UNIX_EPOCH + Duration::from_millis(millis));
@@ -240,6 +244,10 @@ fn emit(logger: &SdkLogger, event: &vm_ocsf::Event, json: &str) {
     record.add_attribute("ocsf.type_uid", i64::try_from(event.type_uid).unwrap_or(i64::MAX));
     record.add_attribute("ocsf.severity_id", i64::from(event.severity_id));
     record.add_attribute("ocsf.schema_version", event.metadata.version.clone());
+    if let Some(head) = audit {
+        // Every record anchors the chain outside the host; the last one, its final head.
+        record.add_attribute(AUDIT_HEAD_ATTRIBUTE, head.to_attribute());
+    }
     logger.emit(record);
 }
 
@@ -299,7 +307,7 @@ mod tests {
             source.config_change("policy"),
         ];
         for event in &events {
-            emit(&logger, event, &event.to_json());
+            emit(&logger, event, &event.to_json(), None);
         }
         let names: Vec<_> = queue.snapshot().iter().map(|(record, _)| record.event_name()).collect();
         assert_eq!(names, [Some("ocsf.api_activity"), Some("ocsf.device_config_state_change")]);

@@ -93,6 +93,10 @@ pub enum Command {
         #[command(flatten)]
         retention: RetentionArgs,
     },
+    /// Verify or show a sandbox's audit chain (every event, hash-chained, sealed at each orderly stop).
+    ///
+    /// Example: vm-driver audit verify box-1
+    Audit(crate::audit::AuditArgs),
     /// Check this host: the accelerator and confinement a sandbox would get and why, QEMU, cgroups, mounts,
     /// the state directory, the boot image, the fd limit and each optional feature's tools.
     ///

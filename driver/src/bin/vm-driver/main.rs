@@ -6,6 +6,7 @@
 //! or hung up; 125 when the driver failed before the workload produced a status (bad input, missing image,
 //! unusable accelerator, boot failure); 2 for a bad command line. Other commands: 0 or 125.
 
+mod audit;
 mod cli;
 mod client;
 mod copy;
@@ -225,6 +226,7 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
         Command::PortForward(args) => port_forward::run(args).await.map(|()| 0),
         Command::Reap { state_dir, retention } => reap(state_dir, &retention, controls).map(|()| 0),
         // Registry I/O and disk builds block: off the runtime's thread.
+        Command::Audit(args) => tokio::task::spawn_blocking(move || audit::run(args)).await?,
         Command::Doctor { state_dir, image } => {
             let places = vm_driver::doctor::Places {
                 state: state_dir.unwrap_or_else(vm_driver::state::default_root),
