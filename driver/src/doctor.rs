@@ -65,16 +65,11 @@ pub fn run(places: &Places) -> Vec<Check> {
     let mut checks = vec![accelerator(&Host::default())];
     checks.extend(qemu());
     checks.push(binaries(&places.supervisor));
-    let mut mounts = root_mount(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default());
     if let Ok(supervisor) = &places.supervisor {
-        let (check, mode) = confinement(supervisor);
-        checks.push(check);
-        if mode == Some(Confinement::None) && mounts.level == Level::Fail {
-            mounts.level = Level::Warn;
-        }
+        checks.push(confinement(supervisor));
     }
     checks.push(cgroups());
-    checks.push(mounts);
+    checks.push(root_mount(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default()));
     checks.push(directory("state directory", &places.state));
     checks.push(boot_image(&places.image));
     checks.push(fd_limit());
@@ -164,9 +159,8 @@ fn dir_of(path: &Path) -> String {
 }
 
 /// The confinement a sandbox gets without `--confinement`.
-fn confinement(supervisor: &Path) -> (Check, Option<Confinement>) {
-    let mode = crate::jail::choose(None, &supervisor.with_file_name("vm-jailer"));
-    let check = match &mode {
+fn confinement(supervisor: &Path) -> Check {
+    match crate::jail::choose(None, &supervisor.with_file_name("vm-jailer")) {
         Ok(Confinement::Jail) => {
             Check::new("confinement", Level::Ok, "jail: root, a uid and namespaces of its own per VMM", None)
         }
@@ -183,8 +177,7 @@ fn confinement(supervisor: &Path) -> (Check, Option<Confinement>) {
             Some("run as root, or allow unprivileged user namespaces (sysctl user.max_user_namespaces)"),
         ),
         Err(e) => Check::new("confinement", Level::Fail, e.to_string(), None),
-    };
-    (check, mode.ok())
+    }
 }
 
 /// The cgroup mode of the VMM's limits, and the sweep's cgroup v2.
@@ -206,9 +199,11 @@ fn cgroups() -> Check {
     }
 }
 
-/// Whether `/` is a mount point, and its propagation: the jail makes every mount private from `/`.
+/// Whether `/` is a mount point, and its propagation: a jail makes its mounts private from `/`, or, in a
+/// plain chroot, from the namespace's real root first (`vm-jailer`'s `chroot.rs`).
 pub fn root_mount(mountinfo: &str) -> Check {
-    match crate::jail::root_mount(mountinfo) {
+    // id parent major:minor root mount-point options [optional fields] - type source super-options
+    match mountinfo.lines().find(|line| line.split(' ').nth(4) == Some("/")) {
         Some(line) => {
             let tagged = line.split(" - ").next().unwrap_or_default().split(' ').skip(6);
             let propagation: Vec<&str> = tagged.filter(|t| !t.is_empty()).collect();
@@ -217,9 +212,9 @@ pub fn root_mount(mountinfo: &str) -> Check {
         }
         None => Check::new(
             "mounts",
-            Level::Fail,
-            "/ is not a mount point (a chroot?): the VMM's jail cannot make its mounts private",
-            Some(crate::jail::ROOT_MOUNT_FIX),
+            Level::Ok,
+            "/ is not a mount point (a chroot): each jail first gives its namespace a root that is one",
+            None,
         ),
     }
 }
@@ -328,16 +323,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_root_that_is_not_a_mount_point_fails_with_its_fix() {
+    fn a_root_that_is_not_a_mount_point_is_named() {
         let host = "22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/vda rw\n23 22 0:5 / /proc rw - proc proc rw\n";
         let check = root_mount(host);
-        assert_eq!(check.level, Level::Ok);
-        assert!(check.found.contains("shared:1"), "{}", check.found);
+        assert!(check.found.contains("/ is a mount point (shared:1)"), "{}", check.found);
         // Inside a chroot the host's root is out of view: no line has "/" as its mount point.
-        let chroot = "23 22 0:5 / /proc rw - proc proc rw\n";
-        let check = root_mount(chroot);
-        assert_eq!(check.level, Level::Fail);
-        assert!(check.fix.unwrap().contains("mount --bind"));
+        let check = root_mount("23 22 0:5 / /proc rw - proc proc rw\n");
+        assert!(check.found.contains("not a mount point (a chroot)"), "{}", check.found);
     }
 
     #[test]

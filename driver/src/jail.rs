@@ -62,12 +62,6 @@ impl JailRequest {
     /// A mode was asked that the host cannot give.
     pub fn resolve(&self, supervisor: &Path) -> Result<JailConfig, JailSetupError> {
         let confinement = choose(self.asked, &jailer_beside(supervisor))?;
-        if confinement != Confinement::None {
-            let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-            if root_mount(&mountinfo).is_none() {
-                return Err(JailSetupError::RootNotMountPoint);
-            }
-        }
         if let Some(line) = startup_line(confinement) {
             eprintln!("{line}");
         }
@@ -102,22 +96,9 @@ pub enum JailSetupError {
     /// Every id of the range is reserved.
     #[error("every uid of the jail range {0} is in use (--jail-ids)")]
     RangeFull(IdRange),
-    /// `/` is a directory, not a mount point (a plain `chroot`): the jail cannot make its mounts private.
-    #[error("/ is not a mount point (a chroot?), so the VMM's jail cannot make its mounts private: {ROOT_MOUNT_FIX}")]
-    RootNotMountPoint,
     /// A reservation could not be made.
     #[error("cannot reserve a uid for the VMM in {RESERVATIONS_DIR}")]
     Reserve(#[source] io::Error),
-}
-
-/// What to do when `/` is not a mount point.
-pub const ROOT_MOUNT_FIX: &str =
-    "bind-mount the root directory onto itself before entering it (mount --bind DIR DIR), or use --confinement none";
-
-/// The line of `mountinfo` (`/proc/self/mountinfo`'s text) whose mount point is `/`, if `/` is one.
-pub fn root_mount(mountinfo: &str) -> Option<&str> {
-    // id parent major:minor root mount-point options [optional fields] - type source super-options
-    mountinfo.lines().find(|line| line.split(' ').nth(4) == Some("/"))
 }
 
 /// `vm-jailer`, installed beside `vm-supervisor`.

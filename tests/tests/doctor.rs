@@ -1,6 +1,6 @@
 //! `vm-driver doctor` on this host, against what a real launch gets here; its failures where no sandbox
-//! could start; and a launch in a plain chroot (whose `/` is a directory, not a mount point), refused fast
-//! with its fix, where the same chroot runs a sandbox without the jail.
+//! could start; and a jailed launch in a plain chroot (whose `/` is a directory, not a mount point), where
+//! no mount of the jail may reach the chroot's host (control: `jail-chroot-shared-mounts`).
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 #![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
@@ -8,7 +8,7 @@
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use vm_e2e::{harness, Launch, Scratch};
+use vm_e2e::{harness, Launch, Scratch, TestControl};
 
 fn doctor(s: &Scratch, args: &[&str], env: &[(&str, &str)]) -> (Output, String) {
     let h = harness();
@@ -69,10 +69,13 @@ fn the_doctor_fails_where_no_sandbox_could_start() {
     assert!(line(&report, "qemu").starts_with("FAIL"), "no QEMU on PATH");
 }
 
-/// A chroot of the host's whole tree in a private mount namespace: every top-level directory bound in,
-/// every top-level symlink copied, the chroot's directory itself not a mount point.
+/// A chroot of the host's whole tree in a mount namespace of its own: every top-level directory bound in,
+/// every top-level symlink copied, the chroot's directory itself not a mount point. The namespace's mounts
+/// are shared among themselves (and slaves of the host's, so nothing reaches the host): a mount the jail
+/// let propagate would appear here. Prints `mounts: BEFORE AFTER` on stderr around the command.
 const CHROOT: &str = r#"set -e
 dir=$1; shift
+mount --make-rshared /
 mkdir -p "$dir"
 for entry in /*; do
     name=${entry#/}
@@ -80,44 +83,68 @@ for entry in /*; do
     elif [ -d "$entry" ]; then mkdir -p "$dir/$name"; mount --rbind "$entry" "$dir/$name"
     fi
 done
-exec chroot "$dir" "$@""#;
+before=$(wc -l < /proc/self/mountinfo)
+status=0
+chroot "$dir" "$@" || status=$?
+echo "mounts: $before $(wc -l < /proc/self/mountinfo)" >&2
+exit $status"#;
 
-fn in_chroot(s: &Scratch, launch: &Command) -> (Output, Duration) {
+/// Runs `command` in the chroot: its output, how long it took, and the mount counts around it.
+fn in_chroot(s: &Scratch, command: &Command) -> (Output, Duration, (usize, usize)) {
     let start = Instant::now();
     let out = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", CHROOT, "sh"])
+        .args(["--mount", "--propagation", "slave", "sh", "-c", CHROOT, "sh"])
         .arg(s.dir.join("chroot"))
-        .arg(launch.get_program())
-        .args(launch.get_args())
+        .arg(command.get_program())
+        .args(command.get_args())
+        .envs(command.get_envs().filter_map(|(k, v)| Some((k, v?))))
         .output()
         .unwrap();
-    (out, start.elapsed())
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let counts = stderr.lines().find_map(|l| l.strip_prefix("mounts: ")).unwrap_or_default();
+    let counts: Vec<usize> = counts.split(' ').filter_map(|n| n.parse().ok()).collect();
+    assert_eq!(counts.len(), 2, "the script counted the mounts: {stderr}");
+    (out, start.elapsed(), (counts[0], counts[1]))
 }
 
+/// A jailed sandbox in the chroot, with a host directory (its file server's jail too): it runs, reads the
+/// directory, and no mount of either jail appears in the chroot's host.
 #[test]
-fn in_a_chroot_a_jailed_launch_is_refused_fast_with_its_fix_and_an_unjailed_one_runs() {
+fn in_a_chroot_a_jailed_sandbox_runs_and_no_mount_of_its_jail_leaks() {
     let s = Scratch::new("doctor-chroot");
-    let (out, took) = in_chroot(&s, &Launch::new(&s, &["echo", "in-chroot"]).command());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("e2e: a jailed launch in a chroot, after {took:?}: {stderr}");
-    assert_ne!(out.status.code(), Some(0));
-    assert!(stderr.contains("/ is not a mount point") && stderr.contains("mount --bind DIR DIR"), "{stderr}");
-    assert!(took < Duration::from_secs(5), "refused before a boot: {took:?}");
-    let sandboxes = std::fs::read_dir(s.state().join("sandboxes")).map(|d| d.count()).unwrap_or(0);
-    assert_eq!(sandboxes, 0, "nothing started");
-    // The same chroot runs a sandbox without the jail: the refusal is the mount check's, not a broken root.
-    let (out, took) =
-        in_chroot(&s, &Launch::new(&s, &["echo", "in-chroot"]).flag("--confinement").flag("none").command());
-    eprintln!("e2e: an unjailed launch in the chroot, after {took:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let shared = s.dir.join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::write(shared.join("hello"), "in-chroot\n").unwrap();
+    let mount = format!("type=bind,src={},dst=/data,readonly", shared.display());
+    let launch = Launch::new(&s, &["cat", "/data/hello"]).flag("--id").flag("chrooted").flag("--mount").flag(&mount);
+    let (out, took, (before, after)) = in_chroot(&s, &launch.command());
+    eprintln!(
+        "e2e: a jailed launch in a chroot, after {took:?}, mounts {before} -> {after}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stdout).contains("in-chroot"));
-    // The doctor there says so too.
+    let events = std::fs::read_to_string(s.state().join("sandboxes/chrooted/events.jsonl")).unwrap();
+    assert!(events.contains("VMM confinement: jail"), "jailed, not unconfined");
+    assert_eq!(before, after, "no mount of the jail reached the chroot's host");
+    // The doctor there says what it sees.
     let h = harness();
     let mut doctor = Command::new(&h.build(&[]).driver);
     doctor.args(["doctor", "--image"]).arg(&h.image).arg("--state-dir").arg(s.state());
-    let (out, _) = in_chroot(&s, &doctor);
+    let (out, _, _) = in_chroot(&s, &doctor);
     let report = String::from_utf8_lossy(&out.stdout);
     eprintln!("e2e: vm-driver doctor in the chroot:\n{report}");
-    assert_eq!(out.status.code(), Some(1));
-    assert!(line(&report, "mounts").starts_with("FAIL"));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(line(&report, "mounts").contains("not a mount point (a chroot)"));
+}
+
+/// Control: without making the mounts private before the chroot is bound onto itself, that bind (with
+/// everything mounted in the chroot) propagates to the chroot's host.
+#[test]
+fn control_in_a_chroot_a_bind_made_before_the_mounts_are_private_leaks() {
+    let s = Scratch::new("doctor-chroot-ctl");
+    let launch = Launch::new(&s, &["echo", "in-chroot"]).control(TestControl::JailChrootSharedMounts);
+    let (out, _, (before, after)) = in_chroot(&s, &launch.command());
+    eprintln!("e2e: control: mounts {before} -> {after}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(after > before + 10, "the jail's binds appeared in the chroot's host: {before} -> {after}");
 }

@@ -4,6 +4,7 @@
 //! - [`fds`]: every inherited fd beyond 0–2 closed at exec; a snapshot to restore from opened for QEMU.
 //! - [`root`]: new mount namespace, the jail's files bound read-only, `pivot_root` into it.
 //! - [`closure`]: the objects QEMU's loader opens, read from the ELF headers.
+//! - [`chroot`]: a host that is a chroot gets a namespace whose root is a mount point first.
 //! - [`creds`]: rlimits, the capability bounding set emptied, the jail's uid and gid, no new privileges.
 //! - [`pidns`]: QEMU becomes the first process of its own PID namespace; the jailer stays as its parent and
 //!   reports its pid on stdout (always, with or without a namespace).
@@ -15,6 +16,7 @@
 
 vm_contract::test_controls!();
 
+mod chroot;
 mod closure;
 mod creds;
 mod fds;
@@ -22,6 +24,7 @@ mod pidns;
 mod root;
 mod setid;
 mod share;
+mod userns;
 
 use std::convert::Infallible;
 use std::ffi::{CString, OsString};
@@ -84,6 +87,9 @@ pub struct Safeguards {
     pub share_death_signal: bool,
     /// A file server may not make set-id files or devices (off: `share-allows-setid`).
     pub share_setid_filter: bool,
+    /// In a chroot, every mount is made private before the chroot is made a mount point (off:
+    /// `jail-chroot-shared-mounts`).
+    pub chroot_private: bool,
 }
 
 impl Safeguards {
@@ -94,6 +100,7 @@ impl Safeguards {
             parent_death_signal: !control(TestControl::JailerNoDeathSignal),
             share_death_signal: !control(TestControl::ShareNoDeathSignal),
             share_setid_filter: !control(TestControl::ShareAllowsSetId),
+            chroot_private: !control(TestControl::JailChrootSharedMounts),
         }
     }
 }
@@ -146,6 +153,9 @@ fn confine_and_exec(args: &JailerArgs, safeguards: Safeguards) -> Result<Infalli
             let ids = args.ids().ok_or(JailError::NoIds)?;
             let kvm_group = if args.kvm { creds::kvm_group()? } else { None };
             unshare(JAIL_NAMESPACES).map_err(JailError::errno("create the namespaces"))?;
+            if chroot::in_chroot() {
+                chroot::rebase(&args.root, safeguards.chroot_private)?;
+            }
             root::enter(args)?;
             creds::limit(true, fsize)?;
             creds::drop_to(ids, kvm_group, last_cap)?;

@@ -60,7 +60,8 @@ pub fn enter(args: &JailerArgs) -> Result<(), JailError> {
     pivot(root)
 }
 
-/// Makes `root` a private mount point. Needs a fresh mount namespace.
+/// Makes `root` a private mount point. Needs a fresh mount namespace whose `/` is a mount point (in a
+/// chroot, [`crate::chroot::rebase`] first).
 pub(crate) fn prepare(root: &Path) -> Result<(), JailError> {
     // The supervisor's umask keeps its files private; the jail's directories must be searchable by the VMM.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));

@@ -15,13 +15,11 @@
 //! mapped. Its capabilities count only in its own user namespace, over files whose owner is mapped.
 
 use std::convert::Infallible;
-use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use nix::fcntl::OFlag;
 use nix::sched::{unshare, CloneFlags};
-use nix::unistd::{fork, setgroups, setresgid, setresuid, ForkResult, Gid, Uid};
+use nix::unistd::{setgroups, setresgid, setresuid, Gid, Uid};
 use rustix::mount::{mount, mount_remount, MountFlags};
 use rustix::thread::{
     configure_capability_in_ambient_set, set_capabilities, set_keep_capabilities, CapabilitySet, CapabilitySets,
@@ -29,7 +27,7 @@ use rustix::thread::{
 use vm_contract::jail::Confinement;
 use vm_contract::share::{ShareJailerArgs, JAIL_SOURCE, RLIMIT_NOFILE, SOCKET_FD};
 
-use crate::{creds, fds, pidns, root, setid, JailError, Safeguards, JAIL_NAMESPACES};
+use crate::{chroot, creds, fds, pidns, root, setid, userns, JailError, Safeguards, JAIL_NAMESPACES};
 
 /// What the server keeps, in its own namespace only: `chroot` into the shared directory, which it does
 /// itself, and `setpcap`, to empty its bounding set as it starts (without it libcap-ng takes a path that
@@ -56,12 +54,14 @@ pub fn confine_and_exec(args: &ShareJailerArgs, safeguards: Safeguards) -> Resul
         Confinement::Jail => {
             // Host groups (root's among them) would still count in every permission check.
             setgroups(&[]).map_err(JailError::errno("drop the supplementary groups"))?;
-            map_by_helper(args)?;
+            // The kernel makes no user namespace for a chrooted process: a root that is a mount point first.
+            if chroot::in_chroot() {
+                unshare(CloneFlags::CLONE_NEWNS).map_err(JailError::errno("create the namespaces"))?;
+                chroot::rebase(&args.root, safeguards.chroot_private)?;
+            }
+            userns::enter_mapped_by_helper(&maps(args))?;
         }
-        Confinement::Userns => {
-            unshare(CloneFlags::CLONE_NEWUSER).map_err(JailError::errno("create the user namespace"))?;
-            write_maps(Path::new("/proc/self"), args)?;
-        }
+        Confinement::Userns => userns::enter_self_mapped(&maps(args))?,
         Confinement::None => return Err(JailError::NoShareConfinement),
     }
     unshare(JAIL_NAMESPACES).map_err(JailError::errno("create the namespaces"))?;
@@ -77,6 +77,11 @@ pub fn confine_and_exec(args: &ShareJailerArgs, safeguards: Safeguards) -> Resul
         setid::forbid()?;
     }
     crate::exec(&args.exec)
+}
+
+/// One uid and one gid: the guest's workload ids, mapped to the directory's owner.
+fn maps(args: &ShareJailerArgs) -> userns::Maps {
+    userns::Maps::one(args.uid_map, args.gid_map)
 }
 
 /// The shared directory, opened through no symlink (the driver resolved its path: a symlink in it now was
@@ -132,49 +137,6 @@ fn take_socket() -> Result<OwnedFd, JailError> {
     let null = std::fs::File::open("/dev/null").map_err(JailError::step("open /dev/null"))?;
     nix::unistd::dup2_stdin(null).map_err(JailError::errno("point stdin at /dev/null"))?;
     Ok(target)
-}
-
-/// Root: a child still in the host's user namespace writes the maps of this process's new one (only a
-/// process privileged there may map another uid than its own).
-fn map_by_helper(args: &ShareJailerArgs) -> Result<(), JailError> {
-    let (ready_read, ready_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(JailError::errno("make a pipe"))?;
-    let (done_read, done_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(JailError::errno("make a pipe"))?;
-    let parent = std::process::id();
-    // SAFETY: single-threaded (see pidns::split); the child only reads, writes three files and exits.
-    #[allow(unsafe_code)]
-    let forked = unsafe { fork() }.map_err(JailError::errno("fork the mapper"))?;
-    match forked {
-        ForkResult::Child => {
-            drop((ready_write, done_read));
-            let mapped = std::fs::File::from(ready_read).read_exact(&mut [0]).is_ok()
-                && write_maps(&PathBuf::from(format!("/proc/{parent}")), args).is_ok();
-            let _ = std::fs::File::from(done_write).write_all(&[u8::from(mapped)]);
-            std::process::exit(i32::from(!mapped))
-        }
-        ForkResult::Parent { child } => {
-            drop((ready_read, done_write));
-            let made = unshare(CloneFlags::CLONE_NEWUSER);
-            let mut said = [0];
-            let told = std::fs::File::from(ready_write).write_all(&[1]).is_ok();
-            let mapped = told && made.is_ok() && std::fs::File::from(done_read).read_exact(&mut said).is_ok();
-            let _ = nix::sys::wait::waitpid(child, None);
-            made.map_err(JailError::errno("create the user namespace"))?;
-            if !mapped || said[0] != 1 {
-                return Err(JailError::Step("map the user namespace", std::io::ErrorKind::PermissionDenied.into()));
-            }
-            Ok(())
-        }
-    }
-}
-
-/// Writes the one-uid, one-gid maps of the user namespace of `proc` (a `/proc/PID` directory).
-fn write_maps(proc: &Path, args: &ShareJailerArgs) -> Result<(), JailError> {
-    let write = |file: &str, text: String| {
-        std::fs::write(proc.join(file), text).map_err(JailError::step("map the user namespace"))
-    };
-    write("setgroups", "deny".into())?;
-    write("uid_map", format!("{} {} 1", args.uid_map.0, args.uid_map.1))?;
-    write("gid_map", format!("{} {} 1", args.gid_map.0, args.gid_map.1))
 }
 
 /// Builds the jail in `args.root` (system libraries, the server, a /proc of this PID namespace, the shared
