@@ -58,6 +58,8 @@ pub struct Places {
     pub image: Result<PathBuf, String>,
     /// `vm-supervisor`, beside the driver.
     pub supervisor: Result<PathBuf, String>,
+    /// The cache of images (`$XDG_CACHE_HOME/vm-driver`, else `~/.cache/vm-driver`), if one can be named.
+    pub cache: Option<PathBuf>,
 }
 
 /// Runs every check.
@@ -71,6 +73,9 @@ pub fn run(places: &Places) -> Vec<Check> {
     checks.push(cgroups());
     checks.push(root_mount(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default()));
     checks.push(directory("state directory", &places.state));
+    if let Some(cache) = &places.cache {
+        checks.push(directory("cache directory", cache));
+    }
     checks.push(boot_image(&places.image));
     checks.push(fd_limit());
     checks.extend(tools());

@@ -52,6 +52,7 @@ fn the_doctor_names_what_a_launch_here_gets() {
     assert!(cgroups.contains("cgroup v1") || cgroups.contains("cgroup v2"), "the cgroup mode: {cgroups}");
     assert!(line(&report, "mounts").contains("/ is a mount point"));
     assert!(line(&report, "qemu").contains("QEMU emulator version"));
+    assert!(line(&report, "cache directory").starts_with("ok"), "the image cache is ours and not writable by others");
     for (topic, needs) in [("images", "--image"), ("disks", "--disk"), ("files", "--mount"), ("egress", "resolver")] {
         assert!(line(&report, topic).contains(needs), "{topic} says what it serves");
     }

@@ -232,6 +232,11 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
                 state: state_dir.unwrap_or_else(vm_driver::state::default_root),
                 image: image.map_or_else(|| vm_driver::image::default_dir().map_err(|e| e.to_string()), Ok),
                 supervisor: vm_driver::sandbox::supervisor::locate().map_err(|e| e.to_string()),
+                cache: std::env::var_os("XDG_CACHE_HOME")
+                    .filter(|v| !v.is_empty())
+                    .map(PathBuf::from)
+                    .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                    .map(|c| c.join("vm-driver")),
             };
             let checks = tokio::task::spawn_blocking(move || vm_driver::doctor::run(&places)).await?;
             print!("{}", vm_driver::doctor::render(&checks));
