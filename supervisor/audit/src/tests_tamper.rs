@@ -130,7 +130,7 @@ fn an_edited_reordered_or_added_events_line_is_named_and_a_dropped_one_counted()
     let dir = tempfile::tempdir().unwrap();
     let (path, _, jsonl) = chain(dir.path(), 5, true);
     let lines: Vec<&[u8]> = jsonl.split(|b| *b == b'\n').filter(|l| !l.is_empty()).collect();
-    let join = |ls: &[&[u8]]| ls.iter().flat_map(|l| l.iter().copied().chain([b'\n'])).collect::<Vec<u8>>();
+    let join = |ls: &[&[u8]]| ls.iter().flat_map(|l| l.iter().copied().chain(*b"\n")).collect::<Vec<u8>>();
     let dropped = join(&[lines[0], lines[1], lines[3], lines[4]]);
     let report = verify(&path, None, Some(&dropped)).unwrap();
     assert!(report.intact());
