@@ -162,21 +162,25 @@ fn port_forward_serves_a_guest_web_server_to_the_host_where_the_policy_allows_it
     let (mut nothing, nothing_port) = port_forward(&serve, "pf", 8001);
     assert_eq!(get(nothing_port, "/"), "");
     assert!(get(host_port, "/hello.txt").contains("forwarded-ok"));
-    let all = events(&serve, "pf");
-    let inbound: Vec<&Value> =
-        all.iter().filter(|e| e["class_uid"] == 4001 && e["connection_info"]["direction_id"] == 1).collect();
-    assert!(
-        inbound.iter().any(|e| e["activity_id"] == 1) && inbound.iter().any(|e| e["activity_id"] == 2),
-        "{inbound:?}"
-    );
+    let mut all = Vec::new();
+    let opened_and_closed = wait_until(Duration::from_secs(10), || {
+        all = events(&serve, "pf");
+        let inbound = || all.iter().filter(|e| e["class_uid"] == 4001 && e["connection_info"]["direction_id"] == 1);
+        inbound().any(|e| e["activity_id"] == 1) && inbound().any(|e| e["activity_id"] == 2)
+    });
+    assert!(opened_and_closed, "inbound open and close events: {all:?}");
 
     // Without port_forward in the policy: refused, with a finding.
     create(&s, &serve, "nopf", r#""exec""#, &[]);
     let (mut denied, denied_port) = port_forward(&serve, "nopf", 8000);
     assert_eq!(get(denied_port, "/"), "");
-    let findings: Vec<String> =
-        events(&serve, "nopf").iter().filter(|e| e["class_uid"] == 2004).map(Value::to_string).collect();
-    assert!(findings.iter().any(|f| f.contains("port_forward")), "{findings:?}");
+    // Events reach events.jsonl once the audit chain holds them: a moment after the refusal.
+    let mut findings: Vec<String> = Vec::new();
+    let found = wait_until(Duration::from_secs(10), || {
+        findings = events(&serve, "nopf").iter().filter(|e| e["class_uid"] == 2004).map(Value::to_string).collect();
+        findings.iter().any(|f| f.contains("port_forward"))
+    });
+    assert!(found, "{findings:?}");
     for child in [&mut forward, &mut nothing, &mut denied, &mut server] {
         let _ = child.kill();
         let _ = child.wait();
