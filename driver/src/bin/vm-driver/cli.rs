@@ -101,14 +101,7 @@ pub enum Command {
     /// the state directory, the boot image, the fd limit and each optional feature's tools.
     ///
     /// Each shortfall is printed with its fix. Exits 1 when no sandbox could start here.
-    Doctor {
-        /// State directory.
-        #[arg(long, value_name = "DIR")]
-        state_dir: Option<PathBuf>,
-        /// Guest image directory (default: the one `launch` boots).
-        #[arg(long, value_name = "DIR")]
-        image: Option<PathBuf>,
-    },
+    Doctor(crate::doctor::DoctorArgs),
 }
 
 /// vCPUs and memory of a sandbox (launch and create).

@@ -12,6 +12,7 @@ mod client;
 mod copy;
 mod cp;
 mod credentials;
+mod doctor;
 mod egress;
 mod exec;
 mod image;
@@ -227,21 +228,7 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
         Command::Reap { state_dir, retention } => reap(state_dir, &retention, controls).map(|()| 0),
         // Registry I/O and disk builds block: off the runtime's thread.
         Command::Audit(args) => tokio::task::spawn_blocking(move || audit::run(args)).await?,
-        Command::Doctor { state_dir, image } => {
-            let places = vm_driver::doctor::Places {
-                state: state_dir.unwrap_or_else(vm_driver::state::default_root),
-                image: image.map_or_else(|| vm_driver::image::default_dir().map_err(|e| e.to_string()), Ok),
-                supervisor: vm_driver::sandbox::supervisor::locate().map_err(|e| e.to_string()),
-                cache: std::env::var_os("XDG_CACHE_HOME")
-                    .filter(|v| !v.is_empty())
-                    .map(PathBuf::from)
-                    .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-                    .map(|c| c.join("vm-driver")),
-            };
-            let checks = tokio::task::spawn_blocking(move || vm_driver::doctor::run(&places)).await?;
-            print!("{}", vm_driver::doctor::render(&checks));
-            Ok(vm_driver::doctor::exit_code(&checks))
-        }
+        Command::Doctor(args) => Ok(tokio::task::spawn_blocking(move || doctor::run(args)).await?),
         Command::Image(args) => tokio::task::spawn_blocking(move || image::run(args)).await?,
     }
 }
