@@ -207,8 +207,7 @@ fn cgroups() -> Check {
 /// Whether `/` is a mount point, and its propagation: a jail makes its mounts private from `/`, or, in a
 /// plain chroot, from the namespace's real root first (`vm-jailer`'s `chroot.rs`).
 pub fn root_mount(mountinfo: &str) -> Check {
-    // id parent major:minor root mount-point options [optional fields] - type source super-options
-    match mountinfo.lines().find(|line| line.split(' ').nth(4) == Some("/")) {
+    match vm_contract::jail::root_mount_line(mountinfo) {
         Some(line) => {
             let tagged = line.split(" - ").next().unwrap_or_default().split(' ').skip(6);
             let propagation: Vec<&str> = tagged.filter(|t| !t.is_empty()).collect();

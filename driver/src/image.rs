@@ -43,12 +43,17 @@ const BUILD_HINT: &str = " (build the default image with scripts/build-image, or
 /// # Errors
 /// [`ImageError::NoDefault`] when none of those variables is set.
 pub fn default_dir() -> Result<PathBuf, ImageError> {
-    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
-    if let Some(dir) = var("VM_DRIVER_IMAGE") {
-        return Ok(dir);
+    match std::env::var_os("VM_DRIVER_IMAGE").filter(|v| !v.is_empty()) {
+        Some(dir) => Ok(PathBuf::from(dir)),
+        None => Ok(cache_dir().ok_or(ImageError::NoDefault)?.join("images/default")),
     }
-    let cache = var("XDG_CACHE_HOME").or_else(|| var("HOME").map(|h| h.join(".cache"))).ok_or(ImageError::NoDefault)?;
-    Ok(cache.join("vm-driver/images/default"))
+}
+
+/// The driver's cache (images, the image store): `$XDG_CACHE_HOME/vm-driver`, else
+/// `$HOME/.cache/vm-driver`; `None` when neither variable is set.
+pub fn cache_dir() -> Option<PathBuf> {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    Some(var("XDG_CACHE_HOME").or_else(|| var("HOME").map(|h| h.join(".cache")))?.join("vm-driver"))
 }
 
 /// Resolves `--image`, `--kernel` and `--initrd` (the last two win) and checks the files exist.

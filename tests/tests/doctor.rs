@@ -96,7 +96,7 @@ exit $status"#;
 /// kept from the real host's.
 fn host_is_a_chroot() -> bool {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    !info.lines().any(|l| l.split(' ').nth(4) == Some("/"))
+    vm_contract::jail::root_mount_line(&info).is_none()
 }
 
 /// On a host that is itself a chroot: runs `command` here and counts this namespace's mounts around it.

@@ -71,6 +71,13 @@ pub const JAIL_INITRD: &str = "initrd";
 pub const JAIL_IMAGE_DISK: &str = "image-disk";
 /// The sandbox's writable layer inside the jail.
 pub const JAIL_WRITABLE_DISK: &str = "writable-disk";
+/// The line of `mountinfo` (`/proc/self/mountinfo`'s text) whose mount point is `/`; `None` in a plain
+/// chroot, where `/` is a directory (the jailer's `chroot.rs`, `vm-driver doctor`).
+pub fn root_mount_line(mountinfo: &str) -> Option<&str> {
+    // id parent major:minor root mount-point options [optional fields] - type source super-options
+    mountinfo.lines().find(|line| line.split(' ').nth(4) == Some("/"))
+}
+
 /// The firmware QEMU's `microvm` machine loads from its data directory when it boots a `-kernel`: the
 /// only data files its jail holds (the supervisor's `-M microvm`).
 pub const MICROVM_FIRMWARE: [&str; 2] = ["bios-microvm.bin", "linuxboot_dma.bin"];

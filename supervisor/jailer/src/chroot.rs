@@ -23,9 +23,8 @@ fn io(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> JailError {
 
 /// Whether this process's `/` is a directory, not a mount point.
 pub(crate) fn in_chroot() -> bool {
-    // id parent major:minor root mount-point ...
     let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    !info.lines().any(|line| line.split(' ').nth(4) == Some("/"))
+    vm_contract::jail::root_mount_line(&info).is_none()
 }
 
 /// In a fresh mount namespace of a chrooted root process: leaves the chroot for the namespace's real root

@@ -19,11 +19,7 @@ pub fn run(args: DoctorArgs) -> u8 {
         state: args.state_dir.unwrap_or_else(vm_driver::state::default_root),
         image: args.image.map_or_else(|| vm_driver::image::default_dir().map_err(|e| e.to_string()), Ok),
         supervisor: vm_driver::sandbox::supervisor::locate().map_err(|e| e.to_string()),
-        cache: std::env::var_os("XDG_CACHE_HOME")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-            .map(|c| c.join("vm-driver")),
+        cache: vm_driver::image::cache_dir(),
     };
     let checks = vm_driver::doctor::run(&places);
     print!("{}", vm_driver::doctor::render(&checks));

@@ -120,13 +120,9 @@ impl StoreArgs {
     fn open(&self) -> Result<Store> {
         let dir = match &self.image_cache {
             Some(dir) => dir.clone(),
-            None => {
-                let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
-                let cache = var("XDG_CACHE_HOME")
-                    .or_else(|| var("HOME").map(|h| h.join(".cache")))
-                    .context("no image store location: neither XDG_CACHE_HOME nor HOME is set; pass --image-cache")?;
-                cache.join("vm-driver/oci")
-            }
+            None => vm_driver::image::cache_dir()
+                .context("no image store location: neither XDG_CACHE_HOME nor HOME is set; pass --image-cache")?
+                .join("oci"),
         };
         Ok(Store::open(&dir)?)
     }
