@@ -15,7 +15,7 @@ use vm_protocol::attach::ToSupervisor;
 use vm_protocol::link::ToHost;
 use vm_protocol::{FrameError, ProcessEvent, ProcessRequest};
 
-use crate::mux::ClientId;
+use crate::boundary::ClientId;
 use crate::serve::attach_server::outbox::Pressure;
 use crate::serve::attach_server::ClientHandle;
 

@@ -8,9 +8,12 @@
 //!   [`boot::vmm_process`]), start the lease with the watchdog ([`boot::lease`]), connect the guest link,
 //!   check the agent's handshake and reseed the guest ([`boot::guest_link`]); the logs QEMU fills
 //!   ([`boot::guest_logs`]), snapshots ([`boot::snapshot`]), the VMM's cgroup limits ([`boot::vmm_limits`]).
-//! - [`serve`]: the event loop; the attach socket's server ([`serve::attach_server`]) and the multiplexer
-//!   that routes between its clients and the guest ([`mux`]), with the policy gate ([`policy`]); the session
-//!   with `vm-driver serve` ([`serve::session`]).
+//! - [`boundary`]: the one I/O-free core that decides every message after boot: prepare, the policy gate
+//!   ([`policy`]), the process router, the stream router (egress and port forwards), control requests; its
+//!   notes become OCSF events in the [`report`]er, whose rate limits are [`bucket`]'s token buckets.
+//! - [`serve`]: the event loop, which only moves bytes between the boundary and the sockets: the attach
+//!   socket's server ([`serve::attach_server`]), the guest link's queue, the egress tasks ([`network`]); the
+//!   session with `vm-driver serve` ([`serve::session`]).
 //! - [`stop`]: why a sandbox stops and what asks for a stop (signals; the liveness pipe is
 //!   [`stop::liveness`], which ends the VM through [`stop::kill_switch`] before the loop hears of it).
 //! - Beside them: the loop's queues ([`inbox`]); the safety mechanisms a test build can switch off, read once
@@ -24,12 +27,14 @@
 vm_contract::test_controls!();
 
 pub mod boot;
+pub mod boundary;
+pub mod bucket;
 pub mod diagnostics;
 mod framed;
 pub mod inbox;
-pub mod mux;
 pub mod network;
 pub mod policy;
+pub mod report;
 pub mod safeguards;
 pub mod serve;
 pub mod start;

@@ -9,7 +9,7 @@
 //! - The boundary channel is a virtio-serial port whose host side connects, as a client, to the
 //!   supervisor's listening socket, so no guest byte can be written before we are attached.
 //! - QEMU is started by `vm-jailer` ([`vm_contract::jail`]), which confines itself (ids, namespaces, jail
-//!   root, rlimits, no capabilities, no new privileges) and then execs it.
+//!   root, rlimits, no capabilities, no new privileges) and then forks it, staying as its parent.
 //! - The VMM runs at a lower CPU priority (nice [`VMM_NICE`]) than the control plane (driver, supervisor,
 //!   watchdog), set by the jailer so that every QEMU thread inherits it from the first instruction: on a
 //!   busy host the leash is scheduled before the emulation it guards.

@@ -45,6 +45,48 @@ const CHUNK_BYTES: usize = 256 * 1024;
 /// Bytes buffered between an intercepted stream and its TLS server, each way.
 const INTERCEPT_BUFFER_BYTES: usize = 64 * 1024;
 
+/// How a sandbox's egress resolves, leaves and checks (from the arguments and the auth bundle).
+#[derive(Debug)]
+pub struct EgressSettings {
+    /// How names are resolved.
+    pub resolver: Resolver,
+    /// The operator's proxy, when connections must leave through one.
+    pub upstream: Option<Upstream>,
+    /// When off (the `no-address-check` control), resolved addresses are dialed unchecked.
+    pub check_addresses: bool,
+    /// The sandbox's credentials.
+    pub secrets: Secrets,
+    /// TLS interception, when some approved rule asks for it.
+    pub intercept: Option<Arc<Interceptor>>,
+}
+
+/// Reports from egress tasks waiting for the loop.
+pub const REPORT_QUEUE_ITEMS: usize = 256;
+
+impl Context {
+    /// What the egress tasks of a sandbox share: `settings`, the guest link's queue, and the rules in force
+    /// (`view`, published by the boundary). Returns the loop's end of the reports and of the rules.
+    pub fn new(
+        settings: EgressSettings,
+        guest: mpsc::Sender<ToGuest>,
+        view: NetView,
+    ) -> (Arc<Self>, mpsc::Receiver<Report>, watch::Sender<NetView>) {
+        let (reports, reports_rx) = mpsc::channel(REPORT_QUEUE_ITEMS);
+        let (view_tx, view_rx) = watch::channel(view);
+        let ctx = Self {
+            guest,
+            reports,
+            view: view_rx,
+            resolver: settings.resolver,
+            upstream: settings.upstream,
+            check_addresses: settings.check_addresses,
+            secrets: settings.secrets,
+            intercept: settings.intercept,
+        };
+        (Arc::new(ctx), reports_rx, view_tx)
+    }
+}
+
 /// What every egress task of a sandbox shares.
 #[derive(Debug)]
 pub struct Context {

@@ -21,8 +21,8 @@ use vm_protocol::codec::{self, FrameCodec};
 use vm_protocol::{Capabilities, Hello};
 
 pub use self::outbox::{Outbox, TO_CLIENT_BYTES, TO_CLIENT_ITEMS};
+use crate::boundary::ClientId;
 use crate::inbox::{Notice, Senders};
-use crate::mux::ClientId;
 
 /// How long a connecting client has to complete its handshake.
 const HANDSHAKE_TIMEOUT_MS: u64 = 5_000;

@@ -1,4 +1,6 @@
-//! The event loop of a running sandbox, and how it stops.
+//! The event loop of a running sandbox, and how it stops. It only moves bytes: every message goes to the
+//! boundary core (`crate::boundary`), which decides it; the loop carries out what it answers, and hands its
+//! notes to the reporter (`crate::report`), which alone makes events of them.
 //!
 //! ```text
 //! loop { stop requests | VMM exit | lease step | kill deadline  (in this order, always first)
@@ -18,40 +20,41 @@
 //!   and kills the VMM at once.
 
 pub mod attach_server;
-pub(crate) mod network;
+mod guest_queue;
 pub mod session;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use vm_contract::args::SupervisorArgs;
-use vm_contract::layout::SandboxFile;
-use vm_ocsf::{FileActivity, Finding, ProcessActivity, ProcessInfo, Status};
-use vm_protocol::attach::{SupervisorReply, SupervisorRequest, ToClient, ToSupervisor};
-use vm_protocol::credentials::{CredentialRotation, RotationOutcome};
-use vm_protocol::files::FileOp;
-use vm_protocol::link::{ToGuest, VmRequest};
-use vm_protocol::policy::UpdateOutcome;
+use vm_protocol::link::ToGuest;
 
 use self::attach_server::ClientHandle;
-use crate::boot::lease::{Lease, LeaseFailure};
+use self::guest_queue::GuestQueue;
+use crate::boot::lease::Lease;
+use crate::boundary::{Boundary, ClientId, ClientViolation, GuestViolation, Input, Note, Outgoing};
 use crate::inbox::{FromClient, FromGuest, Inbox, Notice};
-use crate::mux::{Action, ClientId, ClientViolation, GuestViolation, Mux};
+use crate::network::egress::{self, EgressSettings, Report};
+use crate::policy::NetView;
+use crate::report::Reporter;
 use crate::stop::StopReason;
-use crate::telemetry::spans::ExecOutcome;
 use crate::telemetry::Telemetry;
 
-/// How often the loop lets telemetry report what it had to drop.
+/// How often the loop ticks: the boundary's rate limits and the reporter's summaries follow it.
 const TICK: Duration = Duration::from_secs(1);
 
-struct Serving<'a> {
+struct Serving<'a, 'r> {
     args: &'a SupervisorArgs,
     vmm: &'a mut crate::boot::vmm_process::VmmProcess,
-    telemetry: &'a mut Telemetry,
-    mux: Mux,
-    guest: mpsc::Sender<ToGuest>,
+    reporter: Reporter<'r>,
+    boundary: Boundary,
+    guest: GuestQueue,
     clients: HashMap<ClientId, ClientHandle>,
+    /// What the egress tasks share, and the rules they follow.
+    egress: Arc<egress::Context>,
+    rules: watch::Sender<NetView>,
     /// Why we are stopping, and when QEMU gets SIGKILL if it has not exited.
     stopping: Option<(StopReason, Instant)>,
     /// The session with `vm-driver serve`, if any: ended as soon as stopping begins, which closes the
@@ -60,19 +63,16 @@ struct Serving<'a> {
     /// This loop sent QEMU its SIGKILL: the watchdog, which exits with the VMM, may now close its pipe
     /// before QEMU is reaped.
     vmm_killed: bool,
-    /// Network streams.
-    net: network::Network,
 }
 
-/// The guest's side of the boundary: where admitted operations go, and the multiplexer (with the policy
-/// approved at create) that admits them.
-pub(crate) struct Boundary {
+/// What a booted sandbox serves with: the guest link's queue, its boundary, and how its egress leaves.
+pub(crate) struct Attached {
     /// The guest link's queue.
     pub(crate) guest: mpsc::Sender<ToGuest>,
-    /// The routing state, with the policy gate.
-    pub(crate) mux: Mux,
+    /// The boundary core, with the policy approved at create.
+    pub(crate) boundary: Boundary,
     /// How egress resolves, leaves and checks.
-    pub(crate) egress: network::EgressSettings,
+    pub(crate) egress: EgressSettings,
 }
 
 /// Runs the sandbox until the VMM has exited; returns why it stopped.
@@ -80,40 +80,41 @@ pub(crate) async fn serve(
     args: &SupervisorArgs,
     vmm: &mut crate::boot::vmm_process::VmmProcess,
     lease: &mut Lease,
-    Boundary { guest, mux, egress }: Boundary,
+    Attached { guest, boundary, egress }: Attached,
     inbox: &mut Inbox,
     telemetry: &mut Telemetry,
     session: Option<tokio::task::AbortHandle>,
 ) -> StopReason {
-    let (net, mut reports) = network::Network::new(egress, guest.clone(), mux.gate().network());
-    // Waits for room in the guest's queue for the network backlog (a permit borrows its sender).
+    // The rules are published at `Attached`, before any stream can open.
+    let (egress, mut reports, rules) = egress::Context::new(egress, guest.clone(), NetView::default());
+    // Waits for room in the guest's queue for the backlog (a permit borrows its sender).
     let room = guest.clone();
     let mut state = Serving {
         args,
         vmm,
-        telemetry,
-        mux,
-        guest,
+        reporter: Reporter::new(telemetry, args.sandbox_id.as_str(), std::time::Instant::now()),
+        boundary,
+        guest: GuestQueue::new(guest),
         clients: HashMap::new(),
+        egress,
+        rules,
         stopping: None,
         session,
         vmm_killed: false,
-        net,
     };
     // The boundary is attached and confirmed: the listeners may open.
-    state.publish_network();
+    state.input(Input::Attached);
     let mut lease_ok = true;
     let mut tick = tokio::time::interval(TICK);
     let reason = loop {
         let kill_at = state.stopping.as_ref().map(|(_, at)| *at);
-        let guest_paused = state.guest_paused_until();
+        let reading_guest = state.boundary.reading_guest();
         tokio::select! {
             biased;
             Ok(()) = inbox.stop.changed() => {
                 let requests = *inbox.stop.borrow_and_update();
                 if requests.driver_gone {
-                    tracing::warn!("the driver is gone (liveness pipe closed); killing the VM");
-                    state.finding(Finding::LivenessLost, "the parent-liveness pipe closed");
+                    state.note(Note::DriverGone);
                     state.stop_now(StopReason::DriverGone);
                 } else if requests.terminate {
                     state.stop(StopReason::Terminated);
@@ -122,7 +123,7 @@ pub(crate) async fn serve(
             exit = state.vmm.wait() => {
                 let status = exit.ok();
                 for hit in crate::boot::vmm_limits::hits(&state.args.vmm_cgroups) {
-                    state.finding(Finding::VmmLimit, hit.describe());
+                    state.note(Note::VmmLimit(hit.describe()));
                 }
                 // The driver, which watches the VMM too, now gives this process the time to flush.
                 crate::status::report(&vm_contract::status::SupervisorStatus::Stopping);
@@ -131,7 +132,7 @@ pub(crate) async fn serve(
                     None | Some((StopReason::ChannelClosed, _)) => StopReason::VmmExited(status),
                     Some((reason, _)) => reason,
                 };
-                state.telemetry.spans().vmm_exited(&reason);
+                state.note(Note::VmmExited(reason.clone()));
                 break reason;
             }
             step = lease.step(), if lease_ok => {
@@ -142,9 +143,7 @@ pub(crate) async fn serve(
                     if state.vmm_killed || state.vmm.has_exited() {
                         continue;
                     }
-                    tracing::error!(error = %e, "lease lost; stopping the VM");
-                    let finding = if e == LeaseFailure::WatchdogKilling { Finding::WatchdogAction } else { Finding::LeaseLost };
-                    state.finding(finding, &e.to_string());
+                    state.note(Note::LeaseLost(e));
                     state.stop_now(StopReason::LeaseLost(e));
                 }
             }
@@ -152,12 +151,10 @@ pub(crate) async fn serve(
                 tracing::warn!("the VM did not power off in time; killing the VMM");
                 state.kill_vmm();
             }
-            traffic = next_traffic(&mut inbox.notices, (&mut inbox.guest, guest_paused.is_none()), &mut inbox.clients, &mut reports, &mut tick) => {
+            traffic = next_traffic(&mut inbox.notices, (&mut inbox.guest, reading_guest), &mut inbox.clients, &mut reports, &mut tick) => {
                 state.handle(traffic);
             }
-            // The pause ends: the next turn reads the guest again.
-            () = sleep_until_some(guest_paused) => {}
-            Ok(permit) = room.reserve(), if state.net_waiting() => state.net_flush(permit),
+            Ok(permit) = room.reserve(), if state.guest.waiting() => state.guest.flush(permit),
         }
     };
     // Closing each client's queue lets its writer deliver what is queued (the last `Exited` frames), then end.
@@ -172,24 +169,24 @@ enum Traffic {
     Notice(Notice),
     Guest(FromGuest),
     Client(FromClient),
-    Net(crate::network::egress::Report),
+    Egress(Report),
     Tick,
 }
 
-/// The next notice, guest message or client traffic, or the telemetry tick: fair between them, so a
-/// guest that floods its queue cannot starve the clients whose credit it waits for.
+/// The next notice, guest message or client traffic, or the tick: fair between them, so a guest that floods
+/// its queue cannot starve the clients whose credit it waits for.
 async fn next_traffic(
     notices: &mut mpsc::Receiver<Notice>,
     (guest, guest_open): (&mut mpsc::Receiver<FromGuest>, bool),
     clients: &mut mpsc::Receiver<FromClient>,
-    reports: &mut mpsc::Receiver<crate::network::egress::Report>,
+    reports: &mut mpsc::Receiver<Report>,
     tick: &mut tokio::time::Interval,
 ) -> Traffic {
     tokio::select! {
         Some(n) = notices.recv() => Traffic::Notice(n),
         Some(g) = guest.recv(), if guest_open => Traffic::Guest(g),
         Some(c) = clients.recv() => Traffic::Client(c),
-        Some(r) = reports.recv() => Traffic::Net(r),
+        Some(r) = reports.recv() => Traffic::Egress(r),
         _ = tick.tick() => Traffic::Tick,
     }
 }
@@ -201,78 +198,96 @@ async fn sleep_until_some(at: Option<Instant>) {
     }
 }
 
-impl Serving<'_> {
+impl Serving<'_, '_> {
     fn handle(&mut self, traffic: Traffic) {
         match traffic {
             Traffic::Notice(n) => self.notice(n),
-            Traffic::Guest(g) => self.on_guest(g),
-            Traffic::Client(c) => self.on_client(c),
-            Traffic::Net(r) => self.net_report(r),
-            Traffic::Tick => self.telemetry.tick(),
-        }
-    }
-
-    fn on_guest(&mut self, from: FromGuest) {
-        match from {
             // The permit returns its bytes to the guest's queue once the message is handled.
-            FromGuest::Message(vm_protocol::link::ToHost::Net(msg), _permit) => self.net_from_guest(msg),
-            FromGuest::Message(msg, _permit) => {
-                let answer = crate::telemetry::spans::spawn_answer(&msg);
-                match self.mux.from_guest(msg) {
-                    Ok(actions) => {
-                        if let Some((id, outcome)) = answer {
-                            self.telemetry.spans().exec_answered(id, outcome);
-                        }
-                        self.apply(actions);
-                    }
-                    Err(violation) => self.guest_violation(violation),
-                }
-            }
-            FromGuest::Closed(_) if self.stopping.is_some() => {}
-            FromGuest::Closed(Some(error)) if error.violation().is_some() => {
+            Traffic::Guest(FromGuest::Message(msg, _permit)) => self.input(Input::Guest(msg)),
+            Traffic::Guest(FromGuest::Closed(_)) if self.stopping.is_some() => {}
+            Traffic::Guest(FromGuest::Closed(Some(error))) if error.violation().is_some() => {
                 if let Some(violation) = error.violation() {
                     self.guest_violation(violation.into());
                 }
             }
-            FromGuest::Closed(_) => {
+            Traffic::Guest(FromGuest::Closed(_)) => {
                 // The agent never closes the channel first: the VM is broken or stopping on its own. If QEMU
                 // exits meanwhile, its exit is reported as the cause.
                 tracing::warn!("the guest channel closed unexpectedly; stopping the VM");
                 self.stop(StopReason::ChannelClosed);
             }
+            Traffic::Client(FromClient::Message(id, msg, _permit)) => self.input(Input::Client(id, msg)),
+            Traffic::Client(FromClient::Connected(id, handle)) => {
+                self.clients.insert(id, handle);
+                self.input(Input::Connected(id));
+            }
+            Traffic::Client(FromClient::Closed(id)) => {
+                self.close_client(id);
+                self.input(Input::ClientGone(id));
+            }
+            Traffic::Egress(report) => self.input(Input::Egress(report)),
+            Traffic::Tick => {
+                self.input(Input::Tick);
+                self.reporter.tick(std::time::Instant::now());
+            }
         }
     }
 
-    fn on_client(&mut self, from: FromClient) {
-        match from {
-            FromClient::Message(id, msg, _permit) => {
-                if matches!(msg, ToSupervisor::Supervisor(SupervisorRequest::UpdatePolicy(_))) {
-                    self.telemetry.spans().policy_update_received();
-                }
-                match self.mux.from_client(id, msg) {
-                    Ok(actions) => self.apply(actions),
-                    Err(violation) => self.client_violation(id, &violation),
+    /// Hands `first` to the boundary and carries out what it answers (which may hand it more: a client that
+    /// stopped reading, a rotation's collector part).
+    fn input(&mut self, first: Input) {
+        let mut inputs = VecDeque::from([first]);
+        while let Some(input) = inputs.pop_front() {
+            let now = std::time::Instant::now();
+            let out = self.boundary.handle(input, now);
+            self.reporter.notes(out.notes, now);
+            for send in out.sends {
+                match send {
+                    Outgoing::ToGuest(msg) => {
+                        if let Some(dropped) = self.guest.push(msg) {
+                            self.reporter.undelivered(&dropped, now);
+                        }
+                    }
+                    Outgoing::ToGuestFirst(msg) => self.guest.push_first(msg),
+                    Outgoing::ToClient(id, msg) => {
+                        let Some(client) = self.clients.get(&id) else { continue };
+                        if client.tx.push(msg).is_err() {
+                            self.note(Note::ClientViolation(id, ClientViolation::NotReading));
+                            self.close_client(id);
+                            inputs.push_back(Input::ClientGone(id));
+                        }
+                    }
+                    Outgoing::Disconnect(id) => self.close_client(id),
+                    Outgoing::StartEgress(id, listener, pipe) => {
+                        tokio::spawn(egress::run(Arc::clone(&self.egress), id, listener, pipe));
+                    }
+                    Outgoing::PublishRules(view) => {
+                        self.rules.send_replace(view);
+                    }
+                    Outgoing::RotateCollector(client, rotation) => {
+                        let outcome = self.reporter.rotate_collector(&rotation);
+                        inputs.push_back(Input::CollectorRotated { client, rotation, outcome });
+                    }
                 }
             }
-            FromClient::Connected(id, handle) => {
-                self.mux.add_client(id);
-                self.clients.insert(id, handle);
+            if let Some(violation) = out.violation {
+                self.guest_violation(violation);
             }
-            FromClient::Closed(id) => self.drop_client(id),
         }
+    }
+
+    fn note(&mut self, note: Note) {
+        self.reporter.note(note, std::time::Instant::now());
     }
 
     fn notice(&mut self, notice: Notice) {
         match notice {
-            Notice::AdmissionRefused(what) => self.finding(Finding::AdmissionRefused, what),
+            Notice::AdmissionRefused(what) => self.note(Note::AdmissionRefused(what)),
             Notice::SessionUp(readiness) => tracing::info!(readiness = %readiness, "session accepted; readiness open"),
             Notice::SessionDown => tracing::warn!("session with the driver lost; readiness closed; reconnecting"),
-            Notice::LogCapped(log) => {
-                let detail = format!("{log} reached its cap; the rest is dropped and counted");
-                self.finding(Finding::LogCapped, &detail);
-            }
+            Notice::LogCapped(log) => self.note(Note::LogCapped(log)),
             Notice::SessionRefused => {
-                self.finding(Finding::AdmissionRefused, "the driver refused this supervisor's session");
+                self.note(Note::SessionRefused);
                 self.stop(StopReason::SessionRefused);
             }
         }
@@ -283,14 +298,8 @@ impl Serving<'_> {
         if self.stopping.is_some() {
             return;
         }
-        tracing::error!(error = %violation, "protocol violation by the guest");
-        self.finding(Finding::GuestProtocolViolation, &violation.to_string());
+        self.note(Note::GuestViolation(violation.clone()));
         self.stop(StopReason::GuestViolation(violation));
-    }
-
-    fn client_violation(&mut self, id: ClientId, violation: &ClientViolation) {
-        tracing::warn!(error = %violation, "protocol violation by an attach client; disconnected");
-        self.drop_client(id);
     }
 
     /// Begins the orderly stop once; later requests only keep the first reason.
@@ -299,24 +308,19 @@ impl Serving<'_> {
             return;
         }
         tracing::info!(reason = %reason, "stopping the sandbox");
-        self.telemetry.spans().stop_decided();
+        let grace = Duration::from_millis(u64::from(self.args.stop_grace_ms));
+        self.stopping = Some((reason, Instant::now() + grace + vm_contract::stop::POWER_OFF));
+        self.note(Note::StopDecided);
         self.end_session();
-        self.mux.stop_accepting();
-        self.net_stop();
-        let grace = self.args.stop_grace_ms;
-        // A guest that does not read its channel cannot take the shutdown; the deadline covers it.
-        let signal = self.mux.stop_signal();
-        let _ = self.guest.try_send(VmRequest::Shutdown { grace_ms: grace, signal }.into());
-        let kill_at = Instant::now() + Duration::from_millis(u64::from(grace)) + vm_contract::stop::POWER_OFF;
-        self.stopping = Some((reason, kill_at));
+        self.input(Input::Stop);
     }
 
     /// Kills the VMM now. The reason wins over an orderly stop already under way.
     fn stop_now(&mut self, reason: StopReason) {
-        self.telemetry.spans().stop_decided();
-        self.end_session();
-        self.mux.stop_accepting();
         self.stopping = Some((reason, Instant::now()));
+        self.note(Note::StopDecided);
+        self.end_session();
+        self.input(Input::Stop);
         self.kill_vmm();
     }
 
@@ -336,132 +340,11 @@ impl Serving<'_> {
         }
     }
 
-    /// Reports a finding. `detail` is fixed text plus ids.
-    fn finding(&mut self, finding: Finding, detail: &str) {
-        let event = self.telemetry.source().finding(finding, detail);
-        self.telemetry.emit(event);
-    }
-
-    fn drop_client(&mut self, id: ClientId) {
+    /// Ends a client's connection: its writer ends once `tx` is gone; with the reader aborted too, the
+    /// connection closes.
+    fn close_client(&mut self, id: ClientId) {
         if let Some(client) = self.clients.remove(&id) {
-            // Its writer ends once `tx` is gone; with the reader aborted too, the connection closes.
             client.reader.abort();
         }
-        self.mux.remove_client(id);
-        self.net_drop_client(id);
-    }
-
-    fn apply(&mut self, actions: Vec<Action>) {
-        for action in actions {
-            match action {
-                Action::ToGuest(msg) => {
-                    let spawn = crate::telemetry::spans::dispatched_spawn(&msg);
-                    if let Some(id) = spawn {
-                        self.telemetry.spans().exec_dispatched(id);
-                    }
-                    if self.guest.try_send(msg).is_err() {
-                        if let Some(id) = spawn {
-                            self.telemetry.spans().exec_answered(id, ExecOutcome::NotDispatched);
-                        }
-                        // The guest is not taking what clients send it; what it does take is credit-bound, so
-                        // this is a client flooding with signals or resizes.
-                        tracing::warn!("the guest's queue is full; a client message was dropped");
-                    }
-                }
-                Action::ToClient(id, msg) => self.send_to_client(id, msg),
-                Action::Forward(client, msg) => self.net_from_client(client, msg),
-                Action::Started { guest_id, pid, argv } => {
-                    let info =
-                        ProcessInfo::new(self.args.sandbox_id.as_str(), guest_id.0, i32::try_from(pid).ok(), &argv);
-                    let event = self.telemetry.source().process(ProcessActivity::Launch, info, None);
-                    self.telemetry.emit(event);
-                }
-                Action::Denied { op, revision, denial } => {
-                    let detail = format!("{op} denied at policy revision {revision}: {}", denial.describe());
-                    self.finding(Finding::PolicyDenied, &detail);
-                }
-                Action::TarRefused { path, reason } => {
-                    let detail = format!("copy_out {path:?} refused by the host's extractor: {}", reason.describe());
-                    self.finding(Finding::TarRefused, &detail);
-                }
-                Action::PolicyUpdated { revision, outcome, allowed } => {
-                    self.publish_network();
-                    self.telemetry.spans().policy_updated(revision, outcome);
-                    let applied = outcome == UpdateOutcome::Applied;
-                    self.api_call("UpdatePolicy", applied, &format!("revision {revision} {}", outcome.describe()));
-                    let what = format!("policy revision {revision} {}; allowed: {allowed}", outcome.describe());
-                    let event = self.telemetry.source().config_change(&what);
-                    self.telemetry.emit(event);
-                }
-                Action::RotateCredentials(client, rotation) => {
-                    let outcome = self.rotate(&rotation);
-                    self.api_call("RotateCredentials", outcome == RotationOutcome::Applied, outcome.describe());
-                    self.send_to_client(client, SupervisorReply::CredentialsAck { outcome }.into());
-                }
-                Action::FileDone { op, bytes, status } => {
-                    let paths = op.paths();
-                    let done =
-                        if status == vm_protocol::ExitStatus::Code(0) { Status::Success } else { Status::Failure };
-                    let event =
-                        self.telemetry.source().file(file_activity(&op), paths[0], paths.get(1).copied(), bytes, done);
-                    self.telemetry.emit(event);
-                }
-                Action::Exited { guest_id, pid, argv, status } => {
-                    let pid = pid.and_then(|p| i32::try_from(p).ok());
-                    let info = ProcessInfo::new(self.args.sandbox_id.as_str(), guest_id.0, pid, &argv);
-                    let event =
-                        self.telemetry.source().process(ProcessActivity::Terminate, info, Some(status.shell_code()));
-                    self.telemetry.emit(event);
-                }
-            }
-        }
-    }
-
-    /// A rotation: the collector's part and the credentials, each all or nothing; the credentials' names are
-    /// checked before the collector's part is swapped, so an unknown name changes nothing.
-    fn rotate(&mut self, rotation: &CredentialRotation) -> RotationOutcome {
-        let secrets = rotation.secrets.as_deref();
-        if secrets.is_some_and(|s| !self.secrets().holds(s)) {
-            return RotationOutcome::UnknownSecret;
-        }
-        if rotation.headers.is_some() || rotation.ca_path.is_some() || secrets.is_none() {
-            let outcome = self.telemetry.rotate(rotation);
-            if outcome != RotationOutcome::Applied {
-                return outcome;
-            }
-        }
-        let Some(secrets) = secrets else { return RotationOutcome::Applied };
-        let outcome = self.secrets().rotate(secrets);
-        let names: Vec<&str> = secrets.iter().map(|c| c.name.as_str()).collect();
-        let event =
-            self.telemetry.source().config_change(&format!("credentials {}: {}", outcome.describe(), names.join(", ")));
-        self.telemetry.emit(event);
-        outcome
-    }
-
-    /// Records a control-plane call that came through the attach socket (API Activity); `outcome` is fixed text.
-    fn api_call(&mut self, operation: &str, applied: bool, outcome: &str) {
-        let status = if applied { Status::Success } else { Status::Failure };
-        let event = self.telemetry.source().api_update(operation, SandboxFile::Attach.name(), status, outcome);
-        self.telemetry.emit(event);
-    }
-
-    fn send_to_client(&mut self, id: ClientId, msg: ToClient) {
-        let Some(client) = self.clients.get(&id) else { return };
-        if client.tx.push(msg).is_err() {
-            self.client_violation(id, &ClientViolation::NotReading);
-        }
-    }
-}
-
-/// The OCSF activity of a file operation.
-fn file_activity(op: &FileOp) -> FileActivity {
-    match op {
-        FileOp::Read { .. } | FileOp::CopyOut { .. } => FileActivity::Read,
-        FileOp::Write { .. } => FileActivity::Update,
-        FileOp::List { .. } | FileOp::Stat { .. } => FileActivity::GetAttributes,
-        FileOp::MakeDir { .. } | FileOp::CopyIn { .. } => FileActivity::Create,
-        FileOp::Remove { .. } => FileActivity::Delete,
-        FileOp::Rename { .. } => FileActivity::Rename,
     }
 }

@@ -10,9 +10,10 @@ use vm_ocsf::{AppInfo, Finding, Lifecycle, Status};
 
 use super::admission::Admitted;
 use crate::boot::{BootError, Booted};
+use crate::boundary::{Boundary, BoundaryConfig, Rules};
 use crate::diagnostics::chain;
 use crate::inbox::{Inbox, Senders};
-use crate::mux::Mux;
+use crate::network::egress::EgressSettings;
 use crate::network::resolve::Resolver;
 use crate::network::upstream::Upstream;
 use crate::safeguards::Safeguards;
@@ -127,12 +128,19 @@ impl Admitted {
         status::report(&SupervisorStatus::Ready { vmm_pid: vm.vmm_record.pid.unsigned_abs(), agent });
         tracing::info!(sandbox = %args.sandbox_id, agent = %apps[0].version, "sandbox ready");
         let session = session.map(|s| tokio::spawn(crate::serve::session::run(s, senders.clone())).abort_handle());
-        let mux = Mux::new(safeguards.guest_invariants)
-            .with_serialized_policy(safeguards.serialized_policy)
-            .with_policy(policy)
-            .with_run_config(root.map(|r| r.run).unwrap_or_default())
-            .with_egress_env(crate::network::egress_env(&egress.secrets, egress.intercept.is_some()));
-        let egress = crate::serve::network::EgressSettings {
+        let config = BoundaryConfig {
+            policy,
+            run: root.map(|r| r.run).unwrap_or_default(),
+            secrets: egress.secrets.clone(),
+            trust: egress.intercept.as_ref().map(|i| i.ca.pem().to_owned()),
+            stop_grace_ms: args.stop_grace_ms,
+            rules: Rules {
+                guest_invariants: safeguards.guest_invariants,
+                serialized_policy: safeguards.serialized_policy,
+                egress_follows_updates: safeguards.egress_updates,
+            },
+        };
+        let egress = EgressSettings {
             resolver: args.egress_resolver.map_or(Resolver::System, Resolver::Dns),
             upstream: args
                 .egress_proxy
@@ -141,12 +149,12 @@ impl Admitted {
             check_addresses: safeguards.address_check,
             secrets: egress.secrets,
             intercept: egress.intercept,
-            follow_updates: safeguards.egress_updates,
         };
-        let boundary = crate::serve::Boundary { guest: link.tx, mux, egress };
+        let boundary = Boundary::new(config, std::time::Instant::now());
+        let attached = crate::serve::Attached { guest: link.tx, boundary, egress };
         let telemetry = &mut sandbox.telemetry;
         let reason =
-            crate::serve::serve(args, &mut vm.vmm, &mut vm.lease, boundary, &mut inbox, telemetry, session).await;
+            crate::serve::serve(args, &mut vm.vmm, &mut vm.lease, attached, &mut inbox, telemetry, session).await;
         let logs = vm.logs.clone();
         if vm.shut_down().await.is_none() {
             tracing::warn!("the lease watchdog did not exit after the VM stopped; killed it");

@@ -11,8 +11,8 @@ use signal_hook::iterator::Signals;
 use vm_contract::exit::SupervisorExit;
 
 use crate::boot::lease::LeaseFailure;
+use crate::boundary::GuestViolation;
 use crate::inbox::Senders;
-use crate::mux::GuestViolation;
 
 /// How a supervised VM ended.
 #[derive(Debug, Clone, PartialEq, Eq)]

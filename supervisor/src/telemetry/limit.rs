@@ -4,6 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::bucket::TokenBucket;
+
 /// Events per second, sustained: a busy workload starting a thousand processes a second stays under it.
 pub const RATE_PER_SEC: u32 = 2_000;
 /// Events allowed in a burst.
@@ -14,48 +16,40 @@ pub const REPORT_INTERVAL: Duration = Duration::from_secs(10);
 /// The bucket, and what it dropped.
 #[derive(Debug)]
 pub struct Limiter {
-    tokens: f64,
-    last: Instant,
+    bucket: TokenBucket,
     last_report: Instant,
-    /// Dropped since the last report.
-    unreported: u64,
     /// Dropped in all.
     pub dropped: u64,
-    enabled: bool,
 }
 
 impl Limiter {
     /// A full bucket; `enabled` off only in the `no-telemetry-limits` control.
     pub fn new(enabled: bool, now: Instant) -> Self {
-        Self { tokens: f64::from(BURST), last: now, last_report: now, unreported: 0, dropped: 0, enabled }
+        let bucket = if enabled { TokenBucket::new(BURST, RATE_PER_SEC, now) } else { TokenBucket::unlimited(now) };
+        Self { bucket, last_report: now, dropped: 0 }
     }
 
     /// Whether one more event may go out at `now`; counts it when not.
     pub fn admit(&mut self, now: Instant) -> bool {
-        if !self.enabled {
-            return true;
-        }
-        let refill = now.saturating_duration_since(self.last).as_secs_f64() * f64::from(RATE_PER_SEC);
-        self.tokens = (self.tokens + refill).min(f64::from(BURST));
-        self.last = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            self.unreported += 1;
+        let admitted = self.bucket.take(now);
+        if !admitted {
             self.dropped += 1;
-            false
         }
+        admitted
     }
 
-    /// The count to report now, if any: at most once per [`REPORT_INTERVAL`], or whatever is left when `final`.
+    /// The count to report now, if any: at most once per [`REPORT_INTERVAL`], or whatever is left when `last`.
     pub fn report(&mut self, now: Instant, last: bool) -> Option<u64> {
         let due = last || now.saturating_duration_since(self.last_report) >= REPORT_INTERVAL;
-        if !due || self.unreported == 0 {
+        if !due {
+            return None;
+        }
+        let unreported = self.bucket.take_held();
+        if unreported == 0 {
             return None;
         }
         self.last_report = now;
-        Some(std::mem::take(&mut self.unreported))
+        Some(unreported)
     }
 }
 

@@ -1,11 +1,12 @@
 use vm_protocol::net::{ForwardEvent, ForwardRequest, Listener, NetToGuest, NetToHost, StreamFrame, StreamId};
 
-use super::{ForwardNote, Out, Streams, HOST_OPENED};
-use crate::mux::{ClientId, ClientViolation, GuestViolation};
+use super::{ForwardNote, Out, StreamRouter, HOST_OPENED};
+use crate::boundary::violation::{ClientViolation, GuestViolation};
+use crate::boundary::ClientId;
 
 const C: ClientId = ClientId(1);
 
-fn open(streams: &mut Streams, id: u32) -> Vec<Out> {
+fn open(streams: &mut StreamRouter, id: u32) -> Vec<Out> {
     streams.from_guest(NetToHost::Opened { id: StreamId(id), listener: Listener::Http, window: 8 }, 2, true).unwrap()
 }
 
@@ -15,7 +16,7 @@ fn data(id: u32, n: usize) -> StreamFrame {
 
 #[test]
 fn egress_streams_are_accepted_within_the_cap_and_bounded_by_their_windows() {
-    let mut s = Streams::default();
+    let mut s = StreamRouter::default();
     assert!(matches!(open(&mut s, 1).as_slice(), [Out::Guest(NetToGuest::Accept { .. }), Out::Egress(..)]));
     assert!(matches!(open(&mut s, 2).as_slice(), [Out::Guest(_), Out::Egress(..)]));
     // The cap: the third is refused, and closed at once.
@@ -37,7 +38,7 @@ fn egress_streams_are_accepted_within_the_cap_and_bounded_by_their_windows() {
 
 #[test]
 fn a_closed_stream_takes_only_what_was_in_flight() {
-    let mut s = Streams::default();
+    let mut s = StreamRouter::default();
     open(&mut s, 1);
     s.egress_ended(StreamId(1));
     // The guest could still have had its whole window (256 KiB) in flight.
@@ -48,7 +49,7 @@ fn a_closed_stream_takes_only_what_was_in_flight() {
 
 #[test]
 fn port_forwards_route_both_ways_under_link_ids_within_both_windows() {
-    let mut s = Streams::default();
+    let mut s = StreamRouter::default();
     let connect = ForwardRequest::Connect { id: StreamId(5), port: 8080, window: 16 };
     let out = s.from_client(C, connect, 4).unwrap();
     let [Out::Guest(NetToGuest::Connect { id: link, port: 8080, window: 16 })] = out.as_slice() else {
@@ -78,7 +79,7 @@ fn port_forwards_route_both_ways_under_link_ids_within_both_windows() {
 
 #[test]
 fn a_client_that_goes_away_closes_its_forwards() {
-    let mut s = Streams::default();
+    let mut s = StreamRouter::default();
     s.from_client(C, ForwardRequest::Connect { id: StreamId(1), port: 22, window: 16 }, 4).unwrap();
     let out = s.remove_client(C);
     assert!(matches!(out.as_slice(), [Out::Guest(NetToGuest::Stream(StreamFrame::Close { .. }))]));
@@ -87,7 +88,7 @@ fn a_client_that_goes_away_closes_its_forwards() {
 
 #[test]
 fn the_guests_connected_for_a_forward_its_client_closed_is_a_late_race() {
-    let mut s = Streams::default();
+    let mut s = StreamRouter::default();
     let out = s.from_client(C, ForwardRequest::Connect { id: StreamId(1), port: 22, window: 16 }, 4).unwrap();
     let [Out::Guest(NetToGuest::Connect { id: link, .. })] = out.as_slice() else { panic!("{out:?}") };
     let link = *link;
@@ -100,7 +101,7 @@ fn the_guests_connected_for_a_forward_its_client_closed_is_a_late_race() {
 
 #[test]
 fn a_window_larger_than_the_hosts_own_is_refused() {
-    let mut s = Streams::default();
+    let mut s = StreamRouter::default();
     let big = vm_protocol::net::NET_WINDOW_BYTES + 1;
     let opened = s.from_guest(NetToHost::Opened { id: StreamId(1), listener: Listener::Http, window: big }, 4, true);
     assert!(matches!(opened, Err(GuestViolation::Stream(_, "a window out of range"))));

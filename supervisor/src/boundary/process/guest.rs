@@ -7,9 +7,10 @@ use vm_protocol::message::{Refusal, MAX_FAILURE_MESSAGE_BYTES};
 use vm_protocol::{ExitStatus, ProcId, ProcessEvent, Stream};
 
 use super::route::{Phase, Route};
-use super::{Action, GuestViolation, Mux};
+use super::{Action, ProcessRouter};
+use crate::boundary::violation::GuestViolation;
 
-impl Mux {
+impl ProcessRouter {
     /// Handles one message from the guest.
     ///
     /// # Errors

@@ -7,9 +7,9 @@ use vm_protocol::message::Refusal;
 use vm_protocol::{ProcId, ProcessEvent, ProcessRequest};
 
 use super::route::Route;
-use super::{Action, ClientId, Mux, MAX_PROCESSES, MIN_WINDOW_BYTES, OUTPUT_BUDGET_BYTES};
+use super::{Action, ClientId, ProcessRouter, MAX_PROCESSES, MIN_WINDOW_BYTES, OUTPUT_BUDGET_BYTES};
 
-impl Mux {
+impl ProcessRouter {
     pub(super) fn spawn(&mut self, client: ClientId, mut spawn: vm_protocol::Spawn) -> Vec<Action> {
         let valid = !spawn.argv.is_empty();
         let (argv, tty) = (spawn.argv.clone(), spawn.pty.is_some());

@@ -1,6 +1,7 @@
-//! The link's network streams: the one place their rules are enforced on the supervisor's side.
+//! The stream router: the link's network streams, egress and port forwards alike, and the one place their
+//! rules are enforced on the supervisor's side.
 //!
-//! Egress streams (opened by the guest) each get a [`Pipe`] and a task ([`super::egress`]); port forwards
+//! Egress streams (opened by the guest) each get a [`Pipe`] and a task ([`crate::network::egress`]); port forwards
 //! (opened by a client) are routed between the client and the guest under ids of the link's own, the way the
 //! multiplexer routes processes. Rules: ids increase per opener; no data before a stream is open, after its
 //! sender's `Eof`, or past the receiver's window; no zero credit or credit past a window. A message for a
@@ -18,8 +19,9 @@ use vm_protocol::net::{
 };
 use vm_protocol::Window;
 
-use super::pipe::{End, Pipe};
-use crate::mux::{ClientId, ClientViolation, GuestViolation};
+use super::violation::{ClientViolation, GuestViolation};
+use super::ClientId;
+use crate::network::pipe::{End, Pipe};
 
 /// Ended streams remembered, so late messages for them are told from forged ones.
 pub const MAX_TOMBSTONES: usize = 1024;
@@ -99,7 +101,7 @@ struct Forward {
 
 /// All network streams of one link.
 #[derive(Debug, Default)]
-pub struct Streams {
+pub struct StreamRouter {
     live: HashMap<StreamId, Stream>,
     highest_guest: Option<StreamId>,
     next_host: u32,
@@ -129,9 +131,8 @@ fn window_ok(window: u32) -> bool {
     window > 0 && window <= NET_WINDOW_BYTES
 }
 
-impl Streams {
+impl StreamRouter {
     /// Streams open now (egress and forwards).
-    #[cfg(test)]
     pub fn open(&self) -> usize {
         self.live.len()
     }

@@ -1,9 +1,9 @@
-//! The process-access multiplexer: many attach clients, one guest link.
+//! The process router: many attach clients' processes, one guest link.
 //!
-//! Each client numbers its own processes; the multiplexer gives each one a guest-wide id and routes every
-//! message both ways. It is the one place that enforces the protocol's rules on both sides
-//! (`docs/protocol.md`), so neither a client nor the guest can make the supervisor hold more than the windows
-//! that were granted:
+//! Each client numbers its own processes; the router gives each one a guest-wide id and routes every
+//! process message both ways, after the boundary ([`super::Boundary`]) prepared and admitted it. It is the one
+//! place that enforces the protocol's process rules on both sides (`docs/protocol.md`), so neither a client
+//! nor the guest can make the supervisor hold more than the windows that were granted:
 //!
 //! - output: the client grants a window at `Spawn` and credits what it received; guest output beyond it is a
 //!   guest violation, and what was sent stays retained here until credited ([`route`]);
@@ -20,29 +20,22 @@
 //! The clients' half is here, the guest's in `guest.rs`. This is pure state: it returns [`Action`]s and never
 //! does I/O, so it is tested without a VM.
 
-mod admit;
 mod guest;
 mod open;
 mod route;
-mod violation;
 
 use std::collections::HashMap;
 
 use vm_protocol::attach::{ProcessSummary, SupervisorReply, SupervisorRequest, ToClient, ToSupervisor};
 use vm_protocol::files::{FileOp, TarRefusal};
 use vm_protocol::link::ToGuest;
-use vm_protocol::message::{EnvVar, Refusal};
-use vm_protocol::net::ForwardRequest;
+use vm_protocol::message::Refusal;
 use vm_protocol::{ExitStatus, ProcId, ProcessEvent, ProcessRequest, SignalName};
-
-mod image;
 
 pub use self::route::MAX_KEPT_ARGV_BYTES;
 use self::route::{Phase, Route};
-pub use self::violation::{ClientViolation, GuestViolation};
-use crate::policy::{Denial, Gate};
-use vm_contract::root::RunConfig;
-use vm_protocol::policy::{Operation, SandboxPolicy, UpdateOutcome};
+use super::violation::ClientViolation;
+use super::ClientId;
 
 /// Processes that ended while detached and still wait for someone to collect their output and status.
 pub const MAX_FINISHED_DETACHED: usize = 64;
@@ -57,10 +50,6 @@ pub const OUTPUT_BUDGET_BYTES: u64 = 64 * 1024 * 1024;
 
 /// The smallest output window a process is given when the budget is spent.
 pub const MIN_WINDOW_BYTES: u32 = 64 * 1024;
-
-/// One attach connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ClientId(pub u64);
 
 /// What the caller must do next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,29 +94,6 @@ pub enum Action {
         /// Why.
         reason: TarRefusal,
     },
-    /// The policy denied a client's operation (for a finding).
-    Denied {
-        /// What was asked.
-        op: Operation,
-        /// The revision in force.
-        revision: u64,
-        /// Why.
-        denial: Denial,
-    },
-    /// A policy update was applied or refused (for a configuration event).
-    PolicyUpdated {
-        /// Its revision.
-        revision: u64,
-        /// What became of it.
-        outcome: UpdateOutcome,
-        /// The operations allowed now.
-        allowed: String,
-    },
-    /// A port forward's message, admitted: for the network streams (`crate::network`).
-    Forward(ClientId, ForwardRequest),
-    /// A client asked to rotate the OTLP credentials: the telemetry swaps them and the client gets a
-    /// `CredentialsAck`.
-    RotateCredentials(ClientId, vm_protocol::credentials::CredentialRotation),
 }
 
 #[derive(Debug, Default)]
@@ -136,92 +102,42 @@ struct Client {
     procs: HashMap<ProcId, ProcId>,
 }
 
-/// Routing state for one VM.
+/// Routing state for one VM's processes.
 #[derive(Debug)]
-pub struct Mux {
+pub struct ProcessRouter {
     next_guest_id: u32,
     routes: HashMap<ProcId, Route>,
     clients: HashMap<ClientId, Client>,
     accepting: bool,
     /// When off (the `no-guest-invariants` control), the guest's messages are only routed, not checked.
     enforce: bool,
-    /// When off (the `unserialized-policy` control), a policy update is acknowledged on receipt.
-    serialized_policy: bool,
-    /// What clients may do.
-    gate: Gate,
-    /// `unserialized-policy` control only: an update acknowledged but not yet applied.
-    late_update: Option<vm_protocol::policy::PolicyUpdate>,
-    /// How the image root asks processes be run (nothing for the built-in root).
-    run: RunConfig,
-    /// Variables every process gets over its own: credential placeholders and the sandbox CA's trust.
-    egress_env: Vec<EnvVar>,
 }
 
-impl Default for Mux {
+impl Default for ProcessRouter {
     fn default() -> Self {
         Self::new(true)
     }
 }
 
-impl Mux {
-    /// A multiplexer that enforces the guest's rules, or (`enforce` off, controls only) merely routes.
+impl ProcessRouter {
+    /// A router that enforces the guest's rules, or (`enforce` off, controls only) merely routes.
     pub fn new(enforce: bool) -> Self {
-        Self {
-            next_guest_id: 1,
-            routes: HashMap::new(),
-            clients: HashMap::new(),
-            accepting: true,
-            enforce,
-            serialized_policy: true,
-            gate: Gate::default(),
-            late_update: None,
-            run: RunConfig::default(),
-            egress_env: Vec::new(),
-        }
-    }
-
-    /// The same, giving every process `env` over what it asks for ([`crate::network::egress_env`]).
-    pub fn with_egress_env(mut self, env: Vec<EnvVar>) -> Self {
-        self.egress_env = env;
-        self
-    }
-
-    /// The same, applying policy updates in order with dispatch or (`serialized` off, controls only) late.
-    pub fn with_serialized_policy(mut self, serialized: bool) -> Self {
-        self.serialized_policy = serialized;
-        self
-    }
-
-    /// The same, running processes as the image root asks ([`image::defaults`]).
-    pub fn with_run_config(mut self, run: RunConfig) -> Self {
-        self.run = run;
-        self
-    }
-
-    /// What asks the workload to stop ([`image::stop_signal`]).
-    pub fn stop_signal(&self) -> SignalName {
-        image::stop_signal(&self.run)
-    }
-
-    /// The policy gate.
-    pub fn gate(&self) -> &Gate {
-        &self.gate
-    }
-
-    /// The same, under `policy` (approved at create) instead of the allow-everything default.
-    pub fn with_policy(mut self, policy: SandboxPolicy) -> Self {
-        self.gate = Gate::new(policy, vm_protocol::identity::WORKLOAD);
-        self
+        Self { next_guest_id: 1, routes: HashMap::new(), clients: HashMap::new(), accepting: true, enforce }
     }
 
     /// The sandbox's processes that are asked for or running (not those that exited).
-    fn running(&self) -> usize {
+    pub fn running(&self) -> usize {
         self.routes.values().filter(|r| !matches!(r.phase, Phase::Exited(_))).count()
     }
 
     /// Registers a new client.
     pub fn add_client(&mut self, client: ClientId) {
         self.clients.insert(client, Client::default());
+    }
+
+    /// Whether `client` is connected (its late messages after it was removed go nowhere).
+    pub fn has_client(&self, client: ClientId) -> bool {
+        self.clients.contains_key(&client)
     }
 
     /// From now on every spawn is refused (the sandbox is stopping).
@@ -279,39 +195,20 @@ impl Mux {
         }
     }
 
-    /// Handles one message from a client.
+    /// Handles one process message from a client, already prepared and admitted: a [`ToSupervisor::Process`]
+    /// or one of the requests about processes (`Reattach`, `ListProcesses`, `Detach`, `TarRefused`).
     ///
     /// # Errors
-    /// A [`ClientViolation`]; the caller disconnects the client (and calls [`Mux::remove_client`]).
+    /// A [`ClientViolation`]; the caller disconnects the client (and calls [`ProcessRouter::remove_client`]).
     pub fn from_client(&mut self, client: ClientId, msg: ToSupervisor) -> Result<Vec<Action>, ClientViolation> {
-        // The control's broken design: an update applied only once the message queued behind it was handled.
-        let late = self.late_update.take();
-        let handled = self.handle_client(client, msg);
-        if let Some(update) = late {
-            self.gate.update(&update);
-        }
-        handled
-    }
-
-    fn handle_client(&mut self, client: ClientId, mut msg: ToSupervisor) -> Result<Vec<Action>, ClientViolation> {
         // A removed (or never added) client's late messages go nowhere.
         if !self.clients.contains_key(&client) {
             return Ok(Vec::new());
         }
-        // Before the gate: the policy judges the program that will run, the image's entrypoint included.
-        if let ToSupervisor::Process(ProcessRequest::Spawn(spawn)) = &mut msg {
-            image::defaults(&self.run, spawn);
-            crate::network::workload_env(spawn, self.gate.has_network(), &self.egress_env);
-        }
-        if let Some(denied) = self.admit(client, &msg) {
-            return Ok(denied);
-        }
         match msg {
             ToSupervisor::Process(req) => self.process_request(client, req),
             ToSupervisor::Supervisor(req) => self.session(client, req),
-            ToSupervisor::Ping { nonce } => Ok(vec![Action::ToClient(client, ToClient::Pong { nonce })]),
-            ToSupervisor::Hello(_) => Err(ClientViolation::Unexpected("a second Hello")),
-            ToSupervisor::Forward(req) => Ok(vec![Action::Forward(client, req)]),
+            _ => Err(ClientViolation::Unexpected("a message for no process")),
         }
     }
 
@@ -367,25 +264,9 @@ impl Mux {
                     .collect();
                 reply(SupervisorReply::Processes { list })
             }
-            // Every operation handled before this one is already dispatched: the acknowledgment is sent after it.
-            SupervisorRequest::UpdatePolicy(update) if !self.serialized_policy => {
-                let (revision, outcome) = (update.revision, UpdateOutcome::Applied);
-                self.late_update = Some(update);
-                Ok(vec![
-                    Action::PolicyUpdated { revision, outcome, allowed: self.gate.allowed() },
-                    Action::ToClient(client, SupervisorReply::PolicyAck { revision, outcome }.into()),
-                ])
+            SupervisorRequest::UpdatePolicy(_) | SupervisorRequest::RotateCredentials(_) => {
+                Err(ClientViolation::Unexpected("a control request as a process request"))
             }
-            SupervisorRequest::UpdatePolicy(update) => {
-                let outcome = self.gate.update(&update);
-                let revision = update.revision;
-                Ok(vec![
-                    Action::PolicyUpdated { revision, outcome, allowed: self.gate.allowed() },
-                    Action::ToClient(client, SupervisorReply::PolicyAck { revision, outcome }.into()),
-                ])
-            }
-            // Kept by the supervisor: credentials never reach the guest.
-            SupervisorRequest::RotateCredentials(rotation) => Ok(vec![Action::RotateCredentials(client, rotation)]),
             SupervisorRequest::Detach { id } => self.detach(client, id),
             SupervisorRequest::TarRefused { id, path, reason } => self.tar_refused(client, id, path, reason),
         }

@@ -1,8 +1,9 @@
-//! The multiplexer's rules, checked without a VM.
+//! The process router's rules, checked without a VM.
 use super::*;
+use crate::boundary::violation::GuestViolation;
 use vm_protocol::flow::MAX_WINDOW_BYTES;
 use vm_protocol::link::{ToGuest, ToHost};
-use vm_protocol::message::{EnvVar, MAX_FAILURE_MESSAGE_BYTES};
+use vm_protocol::message::MAX_FAILURE_MESSAGE_BYTES;
 use vm_protocol::{PtySize, Spawn, Stream};
 
 const A: ClientId = ClientId(1);
@@ -19,8 +20,8 @@ fn spawn(id: u32, window: u32) -> ToSupervisor {
     }))
 }
 
-fn mux_with(clients: &[ClientId]) -> Mux {
-    let mut mux = Mux::default();
+fn mux_with(clients: &[ClientId]) -> ProcessRouter {
+    let mut mux = ProcessRouter::default();
     for c in clients {
         mux.add_client(*c);
     }
@@ -40,7 +41,7 @@ fn started_with(id: u32, pid: u32, stdin_window: u32, output_window: u32) -> ToH
 }
 
 /// A mux with one process of client A, guest id 1, running as pid 77 with an 8-byte output window.
-fn running() -> Mux {
+fn running() -> ProcessRouter {
     let mut mux = mux_with(&[A, B]);
     mux.from_client(A, spawn(1, 8)).unwrap();
     mux.from_guest(started(1, 77, 4)).unwrap();
@@ -112,7 +113,7 @@ fn every_guest_rule_is_enforced() {
 #[test]
 fn the_control_without_the_rules_lets_empty_output_pile_up() {
     // The `no-guest-invariants` control: every empty frame is routed and, detached, retained.
-    let mut mux = Mux::new(false);
+    let mut mux = ProcessRouter::new(false);
     mux.add_client(A);
     mux.from_client(A, spawn(1, 8)).unwrap();
     mux.from_guest(started(1, 7, 4)).unwrap();
@@ -377,58 +378,6 @@ fn a_removed_client_is_not_brought_back_by_its_late_messages() {
 }
 
 #[test]
-fn a_revocation_is_acknowledged_after_the_exec_before_it_and_before_the_exec_behind_it() {
-    use vm_protocol::policy::PolicyUpdate;
-    let mut mux = mux_with(&[A]);
-    let in_flight = mux.from_client(A, spawn(1, 8)).unwrap();
-    assert!(
-        matches!(&in_flight[..], [Action::ToGuest(ToGuest::Process(ProcessRequest::Spawn(_)))]),
-        "admitted and dispatched"
-    );
-    let revoke = PolicyUpdate { revision: 1, allow: vec![Operation::Stdin], run_as: None, network: None };
-    let ack = mux.from_client(A, ToSupervisor::Supervisor(SupervisorRequest::UpdatePolicy(revoke))).unwrap();
-    assert!(matches!(
-        &ack[..],
-        [
-            Action::PolicyUpdated { revision: 1, .. },
-            Action::ToClient(
-                _,
-                ToClient::Supervisor(SupervisorReply::PolicyAck { outcome: UpdateOutcome::Applied, .. })
-            )
-        ]
-    ));
-    let queued = mux.from_client(A, spawn(2, 8)).unwrap();
-    assert!(
-        matches!(
-            &queued[..],
-            [
-                Action::Denied { op: Operation::Exec, revision: 1, .. },
-                Action::ToClient(_, ToClient::Process(ProcessEvent::Refused { .. }))
-            ]
-        ),
-        "{queued:?}"
-    );
-    // The process admitted before the revocation keeps running and is still served.
-    mux.from_guest(started(1, 77, 4)).unwrap();
-    let output = mux.from_guest(out(1, b"hi")).unwrap();
-    assert!(matches!(&output[..], [Action::ToClient(_, ToClient::Process(ProcessEvent::Output { .. }))]), "{output:?}");
-}
-
-#[test]
-fn the_process_cap_counts_what_has_not_exited() {
-    let mut policy = SandboxPolicy::default();
-    policy.caps.max_processes = Some(1);
-    let mut mux = Mux::default().with_policy(policy);
-    mux.add_client(A);
-    assert!(matches!(&mux.from_client(A, spawn(1, 8)).unwrap()[..], [Action::ToGuest(_)]));
-    let second = mux.from_client(A, spawn(2, 8)).unwrap();
-    assert!(matches!(&second[..], [Action::Denied { denial: Denial::ProcessCap, .. }, _]), "{second:?}");
-    mux.from_guest(started(1, 77, 4)).unwrap();
-    mux.from_guest(ToHost::Process(ProcessEvent::Exited { id: ProcId(1), status: ExitStatus::Code(0) })).unwrap();
-    assert!(matches!(&mux.from_client(A, spawn(3, 8)).unwrap()[..], [Action::ToGuest(_)]), "room again");
-}
-
-#[test]
 fn a_detached_process_leaves_its_connection_and_the_others_stay() {
     let mut mux = running();
     mux.from_client(A, spawn(2, 8)).unwrap();
@@ -487,57 +436,7 @@ fn a_detached_process_whose_output_was_all_delivered_is_forgotten() {
 }
 
 #[test]
-fn an_images_defaults_reach_the_guest_under_the_requests_own_and_the_gate_judges_the_entrypoint() {
-    let run = RunConfig {
-        env: vec!["PATH=/usr/local/bin:/usr/bin".into(), "LANG=C.UTF-8".into()],
-        working_dir: Some("/srv".into()),
-        entrypoint: vec!["/entry".into()],
-        cmd: vec!["serve".into()],
-        ..RunConfig::default()
-    };
-    let mut mux = mux_with(&[A]).with_run_config(run.clone());
-    let mut request = Spawn {
-        id: ProcId(1),
-        argv: vec![],
-        env: vec![EnvVar { key: "LANG".into(), value: "fr_FR".into() }],
-        cwd: None,
-        pty: None,
-        output_window: 8,
-    };
-    let actions = mux.from_client(A, ToSupervisor::Process(ProcessRequest::Spawn(request.clone()))).unwrap();
-    let [Action::ToGuest(ToGuest::Process(ProcessRequest::Spawn(sent)))] = actions.as_slice() else {
-        panic!("{actions:?}")
-    };
-    assert_eq!(sent.argv, ["/entry", "serve"]);
-    let keys: Vec<(&str, &str)> = sent.env.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
-    assert_eq!(keys, [("PATH", "/usr/local/bin:/usr/bin"), ("LANG", "C.UTF-8"), ("LANG", "fr_FR")]);
-    assert_eq!(sent.cwd.as_deref(), Some("/srv"));
-
-    // A request's own directory wins; only programs the policy names run, the entrypoint included.
-    let policy = SandboxPolicy { exec_programs: Some(vec!["sh".into()]), ..SandboxPolicy::default() };
-    let mut gated = mux_with(&[A]).with_policy(policy).with_run_config(run);
-    request.argv = vec!["sh".into()];
-    request.cwd = Some("/tmp".into());
-    let actions = gated.from_client(A, ToSupervisor::Process(ProcessRequest::Spawn(request))).unwrap();
-    assert!(
-        actions.iter().any(|a| matches!(a, Action::Denied { .. })),
-        "the program is the entrypoint, which the policy does not name: {actions:?}"
-    );
-}
-
-#[test]
-fn the_stop_signal_is_the_images_when_it_names_one_this_product_sends() {
-    let with = |signal: Option<&str>| {
-        Mux::default().with_run_config(RunConfig { stop_signal: signal.map(String::from), ..RunConfig::default() })
-    };
-    assert_eq!(Mux::default().stop_signal(), SignalName::Term);
-    assert_eq!(with(Some("SIGINT")).stop_signal(), SignalName::Int);
-    assert_eq!(with(Some("3")).stop_signal(), SignalName::Quit);
-    assert_eq!(with(Some("SIGRTMIN+3")).stop_signal(), SignalName::Term, "outside the set: SIGTERM");
-}
-
-#[test]
-fn a_file_operation_is_a_process_of_its_own_gated_as_files_and_reported_at_its_end() {
+fn a_file_operation_is_a_process_of_its_own_reported_at_its_end() {
     use vm_protocol::files::{FileOp, FileSpawn};
     let op = FileOp::Write { path: "/home/sandbox/f".into(), mode: 0o644 };
     let files = |id| {
@@ -556,12 +455,6 @@ fn a_file_operation_is_a_process_of_its_own_gated_as_files_and_reported_at_its_e
         "one File System Activity with the bytes moved: {actions:?}"
     );
 
-    // Without `files_write` in the policy: a finding and a refusal, nothing reaches the guest.
-    let policy = SandboxPolicy { allow: [Operation::Exec, Operation::FilesRead].into(), ..SandboxPolicy::default() };
-    let mut gated = mux_with(&[A]).with_policy(policy);
-    let actions = gated.from_client(A, files(1)).unwrap();
-    assert!(matches!(&actions[0], Action::Denied { op: Operation::FilesWrite, .. }), "{actions:?}");
-    assert!(actions.iter().all(|a| !matches!(a, Action::ToGuest(_))), "{actions:?}");
     // A malformed op is refused by the supervisor before the guest sees it.
     let bad = FileSpawn { id: ProcId(2), op: FileOp::Read { path: String::new() }, output_window: 8 };
     let actions = mux.from_client(A, ToSupervisor::Process(ProcessRequest::Files(bad))).unwrap();
