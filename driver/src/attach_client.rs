@@ -1,5 +1,5 @@
 //! The driver's connection to a supervisor's attach socket: connect (with a deadline), handshake, then
-//! frames both ways. What runs over it is [`crate::relay`]'s business. `vm-driver launch` and the control
+//! frames both ways. A process over it is an [`AttachedProcess`], run by [`crate::process`]. `vm-driver launch` and the control
 //! requests (policy updates, credential rotations) use a connection of their own; the service's `Exec`
 //! streams share one per sandbox ([`crate::attach_mux`]).
 
@@ -15,7 +15,9 @@ use vm_protocol::codec::{self, FrameCodec};
 use vm_protocol::credentials::{CredentialRotation, RotationOutcome};
 use vm_protocol::handshake::FirstFrameError;
 use vm_protocol::policy::{PolicyUpdate, UpdateOutcome};
-use vm_protocol::{Capabilities, FrameError, Hello};
+use vm_protocol::{Capabilities, FrameError, Hello, ProcId, ProcessEvent, ProcessRequest};
+
+use crate::process::{Lost, SandboxEnd, ToSandbox};
 
 /// Longest wait for the connection and the handshake: a supervisor that accepts but never answers (frozen,
 /// or its loop hung) must not hold a caller forever.
@@ -91,6 +93,56 @@ impl Attached {
     /// The next message from the supervisor; `None` when it closed the connection.
     pub async fn recv(&mut self) -> Option<Result<ToClient, FrameError>> {
         self.frames.next().await
+    }
+
+    /// Sends a process's first message (`Spawn`, `Files`) and hands back the process, for one session.
+    ///
+    /// # Errors
+    /// [`AttachError::Frame`].
+    pub async fn open(&mut self, opening: ProcessRequest) -> Result<AttachedProcess<'_>, AttachError> {
+        let id = opening.id();
+        self.send(opening).await?;
+        Ok(AttachedProcess { attached: self, id, why: None })
+    }
+}
+
+/// One process on a connection of its own ([`Attached::open`]): `launch` runs its processes one at a time,
+/// so every process message on the connection is this one's.
+#[derive(Debug)]
+pub struct AttachedProcess<'a> {
+    attached: &'a mut Attached,
+    id: ProcId,
+    why: Option<String>,
+}
+
+impl AttachedProcess<'_> {
+    /// Why the connection ended under the process, when the supervisor said so.
+    pub fn why(&self) -> Option<String> {
+        self.why.clone()
+    }
+}
+
+impl SandboxEnd for AttachedProcess<'_> {
+    async fn send(&mut self, msg: ToSandbox) -> Result<(), Lost> {
+        self.attached.send(msg).await.map_err(|_| Lost::Connection)
+    }
+
+    async fn recv(&mut self) -> Result<ProcessEvent, Lost> {
+        loop {
+            match self.attached.recv().await {
+                Some(Ok(ToClient::Process(event))) if event.id() == self.id => return Ok(event),
+                Some(Ok(ToClient::Supervisor(SupervisorReply::Disconnected { reason }))) => {
+                    self.why = Some(format!("the sandbox cut the attach connection: {}", reason.describe()));
+                    return Err(Lost::Connection);
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) => {
+                    self.why = Some("the attach connection failed".to_owned());
+                    return Err(Lost::Connection);
+                }
+                None => return Err(Lost::Connection),
+            }
+        }
     }
 }
 

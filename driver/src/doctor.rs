@@ -7,6 +7,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use vm_contract::accel::{AccelChoice, Accelerator, Host, KvmUnusable};
+use vm_contract::chroot::{Root, Unknown};
 use vm_contract::jail::Confinement;
 
 /// How a check came out.
@@ -71,7 +72,8 @@ pub fn run(places: &Places) -> Vec<Check> {
         checks.push(confinement(supervisor));
     }
     checks.push(cgroups());
-    checks.push(root_mount(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default()));
+    let own = std::fs::read_to_string("/proc/self/mountinfo").ok();
+    checks.push(root_mount(&Root::of_this_process(), own.as_deref().unwrap_or_default()));
     checks.push(directory("state directory", &places.state));
     if let Some(cache) = &places.cache {
         checks.push(directory("cache directory", cache));
@@ -204,20 +206,40 @@ fn cgroups() -> Check {
     }
 }
 
-/// Whether `/` is a mount point, and its propagation: a jail makes its mounts private from `/`, or, in a
-/// plain chroot, from the namespace's real root first (`vm-jailer`'s `chroot.rs`).
-pub fn root_mount(mountinfo: &str) -> Check {
-    match vm_contract::jail::root_mount_line(mountinfo) {
-        Some(line) => {
-            let tagged = line.split(" - ").next().unwrap_or_default().split(' ').skip(6);
-            let propagation: Vec<&str> = tagged.filter(|t| !t.is_empty()).collect();
-            let propagation = if propagation.is_empty() { "private".to_owned() } else { propagation.join(" ") };
-            Check::new("mounts", Level::Ok, format!("/ is a mount point ({propagation})"), None)
+/// Whether this process is chrooted, as the kernel counts it (`root`: [`Root::of_this_process`]), and the
+/// propagation of `/` (from `mountinfo`, this process's): a jail makes its mounts private from `/`, or, in
+/// a chroot, gives its namespace the chroot's root first (`vm-jailer`'s `chroot.rs`).
+pub fn root_mount(root: &Root, mountinfo: &str) -> Check {
+    const JAIL: &str = "each jail first gives its namespace a root that is one";
+    let propagation = vm_contract::jail::root_mount_line(mountinfo).map(|line| {
+        let tagged = line.split(" - ").next().unwrap_or_default().split(' ').skip(6);
+        let propagation: Vec<&str> = tagged.filter(|t| !t.is_empty()).collect();
+        if propagation.is_empty() {
+            "private".to_owned()
+        } else {
+            propagation.join(" ")
         }
-        None => Check::new(
+    });
+    let point = format!("/ is a mount point ({})", propagation.as_deref().unwrap_or("no mountinfo"));
+    match root {
+        Root::Namespace => Check::new("mounts", Level::Ok, format!("{point}, the mount namespace's root"), None),
+        Root::Directory => Check::new("mounts", Level::Ok, format!("/ is not a mount point (a chroot): {JAIL}"), None),
+        Root::Mount { at } => Check::new(
             "mounts",
             Level::Ok,
-            "/ is not a mount point (a chroot): each jail first gives its namespace a root that is one",
+            format!("{point} but not the mount namespace's root (a chroot of PID 1's {at}): each jail first makes it its namespace's"),
+            None,
+        ),
+        Root::Unknown(Unknown::NoMountinfo) => Check::new(
+            "mounts",
+            Level::Warn,
+            format!("{}: no jail can read its mounts", Unknown::NoMountinfo),
+            Some("mount /proc"),
+        ),
+        Root::Unknown(why) => Check::new(
+            "mounts",
+            Level::Ok,
+            format!("{point}; whether it is the mount namespace's root cannot be told ({why}): each jail checks"),
             None,
         ),
     }
@@ -327,13 +349,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_root_that_is_not_a_mount_point_is_named() {
+    fn a_chroot_is_named_in_both_shapes() {
         let host = "22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/vda rw\n23 22 0:5 / /proc rw - proc proc rw\n";
-        let check = root_mount(host);
-        assert!(check.found.contains("/ is a mount point (shared:1)"), "{}", check.found);
-        // Inside a chroot the host's root is out of view: no line has "/" as its mount point.
-        let check = root_mount("23 22 0:5 / /proc rw - proc proc rw\n");
+        let check = root_mount(&Root::Namespace, host);
+        assert!(check.found.contains("/ is a mount point (shared:1), the mount namespace's root"), "{}", check.found);
+        // Inside a chroot of a directory the host's root is out of view: no line has "/" as its mount point.
+        let check = root_mount(&Root::Directory, "23 22 0:5 / /proc rw - proc proc rw\n");
         assert!(check.found.contains("not a mount point (a chroot)"), "{}", check.found);
+        // A directory bound onto itself, then entered: "/" is a mount point, and it is a chroot all the same.
+        let bound = "60 22 0:21 /srv/root / rw shared:1 - ext4 /dev/vda rw\n";
+        let check = root_mount(&Root::Mount { at: "/srv/root".into() }, bound);
+        assert_eq!(check.level, Level::Ok);
+        assert!(
+            check.found.contains("not the mount namespace's root (a chroot of PID 1's /srv/root)"),
+            "{}",
+            check.found
+        );
+        let check = root_mount(&Root::Unknown(Unknown::InitElsewhere), bound);
+        assert!(check.found.contains("cannot be told (PID 1 is in another mount namespace)"), "{}", check.found);
+        assert_eq!(root_mount(&Root::Unknown(Unknown::NoMountinfo), "").level, Level::Warn);
     }
 
     #[test]

@@ -2,9 +2,10 @@
 //!
 //! - [`sandbox`]: the one sandbox lifecycle (start, ready, stop, end of a generation), and the supervisor
 //!   process with its liveness pipe and stop ordering ([`sandbox::supervisor`]).
-//! - [`attach_client`] and [`relay`]: running a process through the supervisor's attach socket;
-//!   [`attach_mux`]: one such connection per sandbox, shared by the service's `Exec` streams; [`forward`]: a
-//!   port forward over one.
+//! - [`process`]: the process session, the one loop that runs a process for a client (this terminal, or a
+//!   gRPC `Exec` stream) over whatever carries it; [`attach_client`]: a connection to the supervisor's
+//!   attach socket; [`attach_mux`]: one such connection per sandbox, shared by the service's `Exec` streams;
+//!   [`forward`]: a port forward over one.
 //! - [`reap`] (with `cgroup` and `procs`): nothing a supervisor leaves behind survives it.
 //! - [`jail`]: how QEMU is confined on this host, and each jailed VMM's uid.
 //! - [`state`], [`image`], [`oci`], [`telemetry`]: where sandboxes live, what they boot (the kernel and
@@ -36,9 +37,9 @@ pub mod image;
 pub mod jail;
 pub mod mounts;
 pub mod oci;
+pub mod process;
 mod procs;
 pub mod reap;
-pub mod relay;
 pub mod sandbox;
 pub mod secrets;
 pub mod service;

@@ -2,27 +2,11 @@
 //! sandbox's auth bundle (`vm_contract::auth`). Header values never appear in an argv, an environment, the
 //! guest or a log line; every error here is fixed text.
 
-use std::ffi::OsString;
 use std::path::PathBuf;
 
-use vm_contract::env::{self, HEADER_VARS};
+use vm_contract::env::HEADER_VARS;
 
-/// What the driver was told about telemetry (flags or their environment equivalents).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TelemetryConfig {
-    /// OTLP endpoint for OCSF events.
-    pub otlp_endpoint: Option<String>,
-    /// `grpc` or `http/protobuf`.
-    pub otlp_protocol: Option<String>,
-    /// OCSF schema version.
-    pub schema_version: Option<String>,
-    /// Gateway name for the resource.
-    pub gateway_name: Option<String>,
-    /// `on` or `off`.
-    pub ocsf_json: Option<String>,
-    /// CA bundle for an `https://` collector (absolute; see [`ca_path`]).
-    pub otlp_ca: Option<PathBuf>,
-}
+pub use vm_contract::telemetry::TelemetryConfig;
 
 /// The CA bundle path cannot be used. Fixed text.
 #[derive(Debug, thiserror::Error)]
@@ -43,23 +27,6 @@ pub fn ca_path(path: &std::path::Path) -> Result<PathBuf, CaPathError> {
 #[error("{var} is not a comma-separated list of key=value pairs")]
 pub struct HeaderError {
     var: &'static str,
-}
-
-impl TelemetryConfig {
-    /// The supervisor's environment for these settings.
-    pub fn supervisor_env(&self) -> Vec<(&'static str, OsString)> {
-        [
-            (env::OTLP_ENDPOINT, &self.otlp_endpoint),
-            (env::OTLP_PROTOCOL, &self.otlp_protocol),
-            (env::SCHEMA_VERSION, &self.schema_version),
-            (env::GATEWAY_NAME, &self.gateway_name),
-            (env::OCSF_JSON, &self.ocsf_json),
-        ]
-        .into_iter()
-        .filter_map(|(k, v)| v.as_ref().map(|v| (k, OsString::from(v))))
-        .chain(self.otlp_ca.as_ref().map(|p| (env::OTLP_CA, p.clone().into_os_string())))
-        .collect()
-    }
 }
 
 /// Parses `k1=v1,k2=v2` (values percent-decoded) from the first header variable that is set.

@@ -54,6 +54,11 @@ impl ExitStatus {
             Self::Signaled(signal) => signal.saturating_add(128),
         }
     }
+
+    /// The status as a process's 8-bit exit code, as a shell reports it: the code, or 128 + signal, modulo 256.
+    pub fn exit_code(self) -> u8 {
+        u8::try_from(self.shell_code().rem_euclid(256)).unwrap_or(u8::MAX)
+    }
 }
 
 /// The signals a host may send to a workload. A named set, never raw numbers, so a peer cannot ask for a
@@ -170,9 +175,28 @@ pub struct PtySize {
     pub cols: u16,
 }
 
+impl PtySize {
+    /// A terminal's size as a client reports it: a zero (no size known) is the classic 24x80's, a size past
+    /// what a terminal can have is the largest one.
+    pub fn from_client(rows: u32, cols: u32) -> Self {
+        let clamp = |n: u32, unknown: u16| if n == 0 { unknown } else { u16::try_from(n).unwrap_or(u16::MAX) };
+        Self { rows: clamp(rows, 24), cols: clamp(cols, 80) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exit_codes_follow_the_shell_and_terminal_sizes_are_clamped() {
+        assert_eq!(ExitStatus::Code(7).exit_code(), 7);
+        assert_eq!(ExitStatus::Signaled(9).exit_code(), 137);
+        assert_eq!(ExitStatus::Code(256 + 3).exit_code(), 3);
+        assert_eq!(ExitStatus::Code(-1).exit_code(), 255);
+        assert_eq!(PtySize::from_client(0, 0), PtySize { rows: 24, cols: 80 });
+        assert_eq!(PtySize::from_client(40, 1 << 20), PtySize { rows: 40, cols: u16::MAX });
+    }
 
     #[test]
     fn shell_code_adds_128_to_signals() {

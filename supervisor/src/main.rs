@@ -53,7 +53,7 @@ fn main() -> ExitCode {
         }
     };
     let run = async {
-        if args.pooled {
+        if args.vm.pooled {
             start::pooled::run(args, &safeguards, console).await
         } else {
             start::cold::run(args, &safeguards, console).await

@@ -12,7 +12,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::{BareVm, Report, CHANNEL_UP};
-use vm_e2e::{procs, Launch, Scratch};
+use vm_test_support::{procs, Launch, Scratch};
 
 const STREAM_BYTES: usize = 64 << 20;
 
@@ -34,7 +34,7 @@ fn launch(scratch: &Scratch, cmd: &[&str]) -> (Duration, usize, Option<Duration>
                 break;
             }
             for p in sups {
-                peak = peak.max(vm_hwm_kib(p.pid));
+                peak = peak.max(procs::status_kib(p.pid, "VmHWM").unwrap_or(0));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -54,14 +54,6 @@ fn launch(scratch: &Scratch, cmd: &[&str]) -> (Duration, usize, Option<Duration>
     assert!(status.success(), "vm-driver launch {cmd:?} failed: {status}");
     let elapsed = start.elapsed();
     (elapsed, total, first.zip(last).map(|(f, l)| l - f), poller.join().unwrap())
-}
-
-fn vm_hwm_kib(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(str::to_owned))
-        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        .unwrap_or(0)
 }
 
 fn mb_per_s(bytes: usize, span: Option<Duration>) -> f64 {

@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 
 use common::{Report, CHANNEL_UP};
 use vm_contract::pids::SandboxPids;
-use vm_e2e::procs::status_kib;
-use vm_e2e::serve::Serve;
-use vm_e2e::Scratch;
+use vm_test_support::procs::{cpu_ticks, status_kib};
+use vm_test_support::serve::Serve;
+use vm_test_support::Scratch;
 
 const BURST: usize = 8;
 const MEMORY_MIB: &str = "128";
@@ -33,30 +33,18 @@ fn env(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// User plus system CPU time of `pid`, in clock ticks.
-fn cpu_ticks(pid: i32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit_once(") ").map(|(_, r)| r.split(' ').collect()).unwrap_or_default();
-    let field = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    field(11) + field(12)
-}
-
 /// Percent of one core `pids` used together over [`CPU_SPAN`].
 fn idle_cpu_percent(pids: &[i32]) -> f64 {
     let ticks = rustix::param::clock_ticks_per_second() as f64;
-    let before: u64 = pids.iter().map(|p| cpu_ticks(*p)).sum();
+    let used = || pids.iter().map(|p| cpu_ticks(*p).unwrap_or(0)).sum::<u64>();
+    let before = used();
     std::thread::sleep(CPU_SPAN);
-    let after: u64 = pids.iter().map(|p| cpu_ticks(*p)).sum();
+    let after = used();
     after.saturating_sub(before) as f64 / ticks / CPU_SPAN.as_secs_f64() * 100.0
 }
 
 fn rss_mib(pids: &[i32]) -> f64 {
     pids.iter().map(|p| status_kib(*p, "VmRSS").unwrap_or(0)).sum::<u64>() as f64 / 1024.0
-}
-
-fn ready(serve: &Serve) -> usize {
-    let out = serve.cli("list", &[]);
-    String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains(" ready ")).count()
 }
 
 fn percentile(mut xs: Vec<f64>, p: f64) -> f64 {
@@ -115,12 +103,12 @@ fn main() {
     let mut lowest = count;
     while start.elapsed() < hold {
         std::thread::sleep(Duration::from_secs(10));
-        lowest = lowest.min(ready(&serve));
+        lowest = lowest.min(serve.ready_count());
     }
     report.sample("ready throughout the hold", lowest as f64);
     let mut all = Vec::new();
     for i in 0..count {
-        let p = SandboxPids::read(&serve.state.join(format!("sandboxes/d-{i}"))).unwrap();
+        let p = SandboxPids::read(&serve.sandbox(&format!("d-{i}"))).unwrap();
         let pids: Vec<i32> = [Some(p.supervisor), p.vmm, p.watchdog].into_iter().flatten().map(|r| r.pid).collect();
         report.sample("host memory per sandbox (MiB)", rss_mib(&pids));
         all.extend(pids);

@@ -11,21 +11,13 @@
 mod common;
 
 use std::fs::File;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Report;
-use vm_e2e::serve::Serve;
-use vm_e2e::Scratch;
+use common::{timed_ms as timed, Report};
+use vm_test_support::serve::Serve;
+use vm_test_support::Scratch;
 
 const BYTES: usize = 256 << 20;
-
-fn timed(cmd: &mut Command) -> f64 {
-    let started = Instant::now();
-    let out = cmd.stdout(Stdio::null()).output().unwrap();
-    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
-    started.elapsed().as_secs_f64() * 1e3
-}
 
 fn main() {
     let runs = common::runs();

@@ -9,20 +9,13 @@
 mod common;
 
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
-use common::Report;
-use vm_e2e::registry::{run, Registry};
-use vm_e2e::{harness, Scratch};
-
-fn timed(cmd: &mut Command) -> f64 {
-    let started = Instant::now();
-    let out = cmd.stdin(Stdio::null()).output().unwrap();
-    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
-    started.elapsed().as_secs_f64() * 1e3
-}
+use common::{timed_ms as timed, Report};
+use vm_test_support::registry::Registry;
+use vm_test_support::{harness, test_image, Scratch};
 
 fn launch(state: &Path, image: Option<(&str, &Path)>) -> Command {
     let mut cmd = Command::new(&harness().shipped.driver);
@@ -37,12 +30,10 @@ fn main() {
     let runs = common::runs();
     // About 25 s a run on 2 cores under TCG, and the setup: past the default deadline at 10 runs.
     let s = Scratch::with_deadline("bench-images", Duration::from_secs(120 + 60 * runs as u64));
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/test-image");
-    let layout = PathBuf::from(run(&mut Command::new(script)).trim().lines().last().unwrap());
+    let layout_ref = test_image::layout_ref();
     let registry = Registry::start(&s.dir.join("registry"), None);
-    let reference = registry.push(&format!("oci:{}:py", layout.display()), "bench/py:1");
+    let reference = registry.push(&layout_ref, "bench/py:1");
     let cached = s.dir.join("cached");
-    let layout_ref = format!("oci:{}:py", layout.display());
     timed(
         Command::new(&harness().shipped.driver)
             .args(["image", "import", "--image-cache"])

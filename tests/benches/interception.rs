@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use common::served::{mb_per_s, write_file, Removed};
 use common::{median, Report};
-use vm_e2e::net::{server_dir, throwaway_ca, WebServer, HOST_GATEWAY};
-use vm_e2e::test_image::{import_into, layout_ref};
-use vm_e2e::{Launch, Scratch};
+use vm_test_support::net::{self, server_dir, throwaway_ca, WebServer, HOST_GATEWAY};
+use vm_test_support::test_image::{import_into, layout_ref};
+use vm_test_support::{Launch, Scratch};
 
 const BIG: usize = 256 << 20;
 const SMALL_REQUESTS: usize = 10;
@@ -38,10 +38,11 @@ fn main() {
     }
     let (g, i, p) = (HOST_GATEWAY, intercepted.port, passed.port);
     let policy = s.dir.join("policy.json");
-    let rules = format!(
-        r#"{{"host":"{g}","ports":[{i}],"tls":"intercept"}},{{"host":"{g}","ports":[{p}],"tls":"passthrough"}}"#
-    );
-    std::fs::write(&policy, format!(r#"{{"allow":["exec","stdin"],"network":{{"allow":[{rules}]}}}}"#)).unwrap();
+    let rules = [
+        format!(r#"{{"host":"{g}","ports":[{i}],"tls":"intercept"}}"#),
+        format!(r#"{{"host":"{g}","ports":[{p}],"tls":"passthrough"}}"#),
+    ];
+    std::fs::write(&policy, net::policy(&["exec", "stdin"], &rules)).unwrap();
     // Each measured curl trusts one certificate: the sandbox's CA alone, or the server's. A last series uses
     // the environment's bundle (the system's roots and the sandbox's CA), to show what loading it costs.
     let sandbox_ca = vm_protocol::net::TRUST_CA_FILE;
@@ -61,12 +62,8 @@ fn main() {
         eprintln!("bench: interception run {}/{runs}", run + 1);
         s.waiting_for("the intercepted and passed-through requests");
         let out = Launch::new(&s, &["/bin/sh", "-c", &script])
-            .flag("--policy")
-            .flag(policy.to_str().unwrap())
-            .flag("--image")
-            .flag(&layout_ref())
-            .flag("--image-cache")
-            .flag(store.to_str().unwrap())
+            .policy(&policy)
+            .root_image(&layout_ref(), &store)
             .flag("--egress-ca")
             .flag(ca.to_str().unwrap())
             .stdin(std::fs::read(&ca).unwrap())

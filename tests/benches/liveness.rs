@@ -12,8 +12,8 @@ use common::Report;
 use nix::sys::signal::Signal::{SIGCONT, SIGKILL, SIGSTOP};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::process::{pidfd_open, Pid, PidfdFlags};
-use vm_e2e::procs::signal;
-use vm_e2e::{Launch, Running, Scratch};
+use vm_test_support::procs::signal;
+use vm_test_support::{Launch, Running, Scratch};
 
 #[derive(Clone, Copy)]
 enum Fault {

@@ -13,30 +13,25 @@ mod common;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::served::{mb_per_s, write_file, Removed};
 use common::{median, Report};
-use vm_e2e::net::{server_dir, throwaway_ca, WebServer, HOST_GATEWAY};
-use vm_e2e::serve::Serve;
-use vm_e2e::test_image::{import_into, layout_ref};
-use vm_e2e::{procs, Launch, Scratch};
+use vm_test_support::net::{self, rule, server_dir, throwaway_ca, WebServer, HOST_GATEWAY};
+use vm_test_support::procs::{self, Killed};
+use vm_test_support::serve::Serve;
+use vm_test_support::test_image::{import_into, layout_ref};
+use vm_test_support::{Launch, Scratch};
 
 const BIG: usize = 256 << 20;
 const FORWARDED: usize = 64 << 20;
 const TTFB_REQUESTS: usize = 10;
 const GUEST_PORT: u16 = 8000;
 
-/// A child killed when dropped, with its stdout kept open (a guest server writing to it must not see EPIPE).
-struct Killed(Child, Option<ChildStdout>);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+/// A child killed when dropped, and its stdout, kept open until then (a guest server writing to it must not
+/// see EPIPE).
+type KeptOpen = (Killed, ChildStdout);
 
 /// The host's `curl` with `args` (never through a proxy of the host's environment): its `-w` output.
 fn curl(args: &[&str]) -> String {
@@ -49,29 +44,22 @@ fn curl(args: &[&str]) -> String {
 fn supervisor_cpu(dir: &Path) -> f64 {
     let sups: Vec<_> = procs::inside(dir).into_iter().filter(|p| p.comm == "vm-supervisor").collect();
     assert_eq!(sups.len(), 1, "one supervisor: {sups:?}");
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", sups[0].pid)).unwrap();
-    let fields: Vec<u64> =
-        stat.rsplit_once(") ").unwrap().1.split(' ').skip(11).take(2).map(|f| f.parse().unwrap()).collect();
-    (fields[0] + fields[1]) as f64 / rustix::param::clock_ticks_per_second() as f64
+    procs::cpu_ticks(sups[0].pid).unwrap() as f64 / rustix::param::clock_ticks_per_second() as f64
 }
 
 /// A `launch` of the Debian test image from `store`.
 fn launch<'a>(s: &'a Scratch, store: &Path, script: &str) -> Launch<'a> {
-    Launch::new(s, &["/bin/sh", "-c", script])
-        .flag("--image")
-        .flag(&layout_ref())
-        .flag("--image-cache")
-        .flag(store.to_str().unwrap())
+    Launch::new(s, &["/bin/sh", "-c", script]).root_image(&layout_ref(), store)
 }
 
 /// What one launch through the proxy gave: download MB/s, supervisor CPU seconds over the download, and the
 /// median time to first byte of the HTTPS requests (ms).
 fn through_proxy(s: &Scratch, store: &Path, policy: &Path, ca: &Path, script: &str, run: usize) -> (f64, f64, f64) {
     let err = s.dir.join(format!("launch-{run}.stderr"));
-    let mut cmd = launch(s, store, script).flag("--policy").flag(policy.to_str().unwrap()).command();
+    let mut cmd = launch(s, store, script).policy(policy).command();
     cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(std::fs::File::create(&err).unwrap());
     s.waiting_for("the download through the proxy");
-    let mut child = Killed(cmd.spawn().unwrap(), None);
+    let mut child = Killed(cmd.spawn().unwrap());
     let mut stdin = child.0.stdin.take().unwrap();
     stdin.write_all(&std::fs::read(ca).unwrap()).unwrap();
     drop(stdin);
@@ -92,7 +80,7 @@ fn stdout_stream(s: &Scratch, store: &Path, script: &str) -> f64 {
     let mut cmd = launch(s, store, script).command();
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null());
     s.waiting_for("the baseline launch's stdout");
-    let mut child = Killed(cmd.spawn().unwrap(), None);
+    let mut child = Killed(cmd.spawn().unwrap());
     let mut stdout = child.0.stdout.take().unwrap();
     let mut buf = vec![0u8; 1 << 16];
     let (mut total, mut first, mut last) = (0usize, None, Instant::now());
@@ -133,8 +121,7 @@ fn main() {
     std::fs::write(tls.root.join("small"), "a small answer\n").unwrap();
     let (h, t) = (web.port, tls.port);
     let policy = s.dir.join("policy.json");
-    let rules = format!(r#"{{"host":"{HOST_GATEWAY}","ports":[{h}]}},{{"host":"{HOST_GATEWAY}","ports":[{t}]}}"#);
-    std::fs::write(&policy, format!(r#"{{"allow":["exec","stdin"],"network":{{"allow":[{rules}]}}}}"#)).unwrap();
+    std::fs::write(&policy, net::policy(&["exec", "stdin"], &[rule(HOST_GATEWAY, h), rule(HOST_GATEWAY, t)])).unwrap();
     let g = HOST_GATEWAY;
     // The CA first (stdin), then `go`, a pause (so the host samples the supervisor before the curl starts),
     // the download, and the small HTTPS requests one curl each.
@@ -179,20 +166,19 @@ fn main() {
     let httpd =
         format!("mkdir -p /tmp/w && cd /tmp/w && {make} && echo ready && exec python3 -m http.server {GUEST_PORT} --bind 127.0.0.1");
     let mut server = serve.cli_command("exec", &["pf", "--", "sh", "-c", &httpd]);
-    let mut server =
-        Killed(server.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap(), None);
+    let mut server = Killed(server.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap());
     let mut said = BufReader::new(server.0.stdout.take().unwrap());
     let mut line = String::new();
     said.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "ready", "the guest's server made its file");
-    server.1 = Some(said.into_inner());
+    let server: KeptOpen = (server, said.into_inner());
     let mut forward = serve.cli_command("port-forward", &["pf", &format!("0:{GUEST_PORT}")]);
     let mut forward =
-        Killed(forward.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap(), None);
+        Killed(forward.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap());
     let mut said = BufReader::new(forward.0.stdout.take().unwrap());
     line.clear();
     said.read_line(&mut line).unwrap();
-    forward.1 = Some(said.into_inner());
+    let forward: KeptOpen = (forward, said.into_inner());
     // "Forwarding from 127.0.0.1:NNNN -> PORT"
     let port: u16 = line
         .split_whitespace()

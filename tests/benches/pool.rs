@@ -14,19 +14,15 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::api::{create_ready, Client};
-use common::Report;
-use vm_e2e::serve::Serve;
-use vm_e2e::Scratch;
+use common::{ms, Report};
 use vm_protocol::driver_api::{ListPoolRequest, SandboxRef};
+use vm_test_support::api::{create_ready, Client};
+use vm_test_support::serve::Serve;
+use vm_test_support::Scratch;
 
 const POOL: usize = 2;
 const BURST: usize = 6;
 const BURST_GAP: Duration = Duration::from_millis(500);
-
-fn ms(d: &Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
 
 /// Waits until the pool holds `POOL` ready VMs (polled every 20 ms: refills are timed by it).
 async fn pool_full(client: &mut Client) {
@@ -77,7 +73,7 @@ impl Pooled {
         self.rt.block_on(async {
             pool_full(client).await;
             let id = format!("claim-{i}");
-            let (took, created) = create_ready(client, &id).await;
+            let (took, created) = create_ready(client, &id, None).await;
             assert_eq!(created.origin, "pool", "a full pool serves the create");
             report.sample(&format!("{kind}: pooled create -> ready (ms)"), ms(&took));
             let claimed = Instant::now();
@@ -88,7 +84,7 @@ impl Pooled {
             let mut burst = Vec::with_capacity(BURST);
             for b in 0..BURST {
                 let id = format!("burst-{i}-{b}");
-                let (took, created) = create_ready(client, &id).await;
+                let (took, created) = create_ready(client, &id, None).await;
                 if created.origin == "pool" {
                     origins.0 += 1;
                 } else {
@@ -118,7 +114,7 @@ fn main() {
         eprintln!("bench: run {}/{runs}", i + 1);
         let id = format!("cold-{i}");
         cold_rt.block_on(async {
-            report.sample("cold create -> ready (ms)", ms(&create_ready(&mut cold_client, &id).await.0));
+            report.sample("cold create -> ready (ms)", ms(&create_ready(&mut cold_client, &id, None).await.0));
             cold_client.delete_sandbox(SandboxRef { sandbox_id: id }).await.unwrap();
         });
         for pool in &mut pools {

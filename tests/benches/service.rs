@@ -12,12 +12,12 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use common::api::{create_ready, Client};
-use common::{channel_up_then_one_byte, median, BareVm, Report, CHANNEL_UP};
+use common::{channel_up_then_one_byte, median, ms, BareVm, Report, CHANNEL_UP};
 use tokio_stream::StreamExt;
-use vm_e2e::serve::Serve;
-use vm_e2e::Scratch;
 use vm_protocol::driver_api::{exec_request, exec_response, ExecRequest, ExecStart, SandboxRef, StdinEof};
+use vm_test_support::api::{create_ready, Client};
+use vm_test_support::serve::Serve;
+use vm_test_support::Scratch;
 
 const EXECS: usize = 100;
 
@@ -68,10 +68,6 @@ fn trip(conn: &mut UnixStream, byte: u8) -> Duration {
     t.elapsed()
 }
 
-fn ms(d: &Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
 fn main() {
     let runs = common::runs();
     let scratch = Scratch::new("bench-svc");
@@ -93,11 +89,14 @@ fn main() {
         report.sample("raw ping-pong (ms)", median(&ping_trips.iter().map(ms).collect::<Vec<_>>()));
         let id = format!("bench-{i}");
         open_rt.block_on(async {
-            report.sample("create -> ready, --confinement none (ms)", ms(&create_ready(&mut open_client, &id).await.0));
+            report.sample(
+                "create -> ready, --confinement none (ms)",
+                ms(&create_ready(&mut open_client, &id, None).await.0),
+            );
             open_client.delete_sandbox(SandboxRef { sandbox_id: id.clone() }).await.unwrap();
         });
         rt.block_on(async {
-            report.sample("create -> ready (ms)", ms(&create_ready(&mut client, &id).await.0));
+            report.sample("create -> ready (ms)", ms(&create_ready(&mut client, &id, None).await.0));
             let mut execs = Vec::with_capacity(EXECS);
             for _ in 0..EXECS {
                 execs.push(ms(&exec_true(&mut client, &id).await));

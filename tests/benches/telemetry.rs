@@ -16,31 +16,29 @@ use std::time::{Duration, Instant};
 
 use common::Report;
 
-use vm_e2e::attach::AttachClient;
-use vm_e2e::otlp_receiver::{Behavior, Receiver};
-use vm_e2e::procs::signal;
-use vm_e2e::{Launch, Running, Scratch, TestControl};
+use vm_test_support::attach::AttachClient;
+use vm_test_support::otlp_receiver::{Behavior, Receiver};
+use vm_test_support::procs::{self, signal};
+use vm_test_support::{Launch, Running, Scratch, TestControl, CANARY};
 
 const PROCESSES: usize = 5_000;
 
 /// utime + stime of `pid`, in clock ticks.
 fn cpu_ticks(pid: i32) -> u64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = text.rsplit_once(") ").unwrap().1.split(' ').collect();
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    procs::cpu_ticks(pid).expect("a live process")
 }
 
 /// (supervisor CPU ms per 1,000 events, stop time, events the collector got)
 fn run(n: usize, telemetry: bool) -> (f64, Duration, usize) {
     let receiver = Receiver::start(Behavior::Reject("unavailable".into()));
     let s = Scratch::new(&format!("bench-tel-{n}-{telemetry}"));
-    let mut launch = Launch::new(&s, &["/bin/sh", "-c", "echo up; exec sleep 1000"]);
+    let mut launch = Launch::sleeper(&s);
     launch = if telemetry {
         launch.flag("--otlp-ocsf-endpoint").flag(&receiver.grpc_endpoint())
     } else {
         launch.flag("--ocsf-json").flag("off")
     };
-    let mut run = Running::start(launch, &[], "up");
+    let mut run = Running::start(launch, &[], CANARY);
     let sup = run.procs().supervisor;
     let before = cpu_ticks(sup.pid);
     AttachClient::connect(&run.sandbox_dir).run_many(&["true"], PROCESSES, 32);
@@ -48,7 +46,7 @@ fn run(n: usize, telemetry: bool) -> (f64, Duration, usize) {
     let cpu_ms_per_1000 = ticks as f64 * 10.0 / (2.0 * PROCESSES as f64 / 1000.0);
     receiver.set_behavior(Behavior::Accept);
     let start = Instant::now();
-    signal(i32::try_from(run.driver.id()).unwrap(), nix::sys::signal::Signal::SIGTERM);
+    signal(run.driver_pid(), nix::sys::signal::Signal::SIGTERM);
     run.driver.wait().unwrap();
     (cpu_ms_per_1000, start.elapsed(), receiver.records().len())
 }
@@ -57,12 +55,11 @@ fn run(n: usize, telemetry: bool) -> (f64, Duration, usize) {
 fn run_chain(n: usize, chain: bool) -> (f64, f64) {
     const DRIVEN: usize = 2_000;
     let s = Scratch::new(&format!("bench-chain-{n}-{chain}"));
-    let mut launch =
-        Launch::new(&s, &["/bin/sh", "-c", "echo up; exec sleep 1000"]).control(TestControl::NoTelemetryLimits);
+    let mut launch = Launch::sleeper(&s).control(TestControl::NoTelemetryLimits);
     if !chain {
         launch = launch.control(TestControl::NoAuditChain);
     }
-    let run = Running::start(launch, &[], "up");
+    let run = Running::start(launch, &[], CANARY);
     let sup = run.procs().supervisor;
     let before = cpu_ticks(sup.pid);
     let start = Instant::now();
@@ -74,7 +71,7 @@ fn run_chain(n: usize, chain: bool) -> (f64, f64) {
 }
 
 fn main() {
-    let runs: usize = std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3).min(5);
+    let runs = common::runs_or(3).min(5);
     let mut report = Report::new("telemetry");
     for i in 0..runs {
         eprintln!("bench: run {}/{runs}", i + 1);

@@ -16,17 +16,7 @@ use vm_protocol::{Capabilities, ProcId, ProcessEvent};
 
 use super::{STREAM_FRAMES, WRITE_QUEUE};
 
-/// Why a process's stream ended before the process did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Lost {
-    /// The connection broke (or the supervisor went away).
-    #[error("the attach connection closed")]
-    Connection,
-    /// Its queue would have passed its bound: the stream's client is not reading output that arrives in
-    /// very many small frames. The process keeps running, detached, with its output held by the supervisor.
-    #[error("the process's output queue is full")]
-    Overflow,
-}
+pub use crate::process::Lost;
 
 const OPEN: u8 = 0;
 const CONNECTION_LOST: u8 = 1;

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use vm_contract::accel::AccelChoice;
-use vm_contract::args::SupervisorArgs;
+use vm_contract::args::{IdentityArgs, SupervisorArgs, VmArgs};
 use vm_contract::auth::{AuthBundle, BundleError};
 use vm_contract::descriptor::Backend;
 use vm_contract::ids::SandboxId;
@@ -62,13 +62,13 @@ pub enum Ended {
     Hung,
 }
 
-/// Everything one start of a sandbox needs. All of it is trusted input.
+/// What a VM is: what it boots, how it is confined and leashed, how its egress leaves. The same for a pooled
+/// VM and a sandbox's own; it has no identity, credential or policy, so a pooled VM, started from this alone
+/// ([`start_pooled`]), cannot be given one. All of it is trusted input.
 #[derive(Debug, Clone)]
-pub struct StartSpec {
+pub struct VmSpec {
     /// The `vm-supervisor` binary.
     pub supervisor: PathBuf,
-    /// The sandbox.
-    pub id: SandboxId,
     /// Its directory.
     pub layout: SandboxLayout,
     /// What to boot.
@@ -81,24 +81,62 @@ pub struct StartSpec {
     pub accel: AccelChoice,
     /// How long the guest may take to boot.
     pub boot_timeout: Duration,
-    /// Telemetry settings, passed as environment variables.
-    pub telemetry: TelemetryConfig,
-    /// Collector headers, for the auth bundle only.
-    pub otlp_headers: Vec<(String, String)>,
-    /// `serve` only: the session this start opens.
-    pub session: Option<SessionSpec>,
     /// How QEMU is confined.
     pub jail: JailConfig,
-    /// The approved policy; none: every operation.
-    pub policy: Option<SandboxPolicy>,
-    /// How egress connections resolve and leave.
-    pub egress: Egress,
+    /// Where egress connections resolve and leave (none of it secret).
+    pub egress: EgressRoute,
     /// Host directories, resolved ([`crate::mounts::resolve`]).
     pub mounts: Vec<vm_contract::share::HostMount>,
-    /// Secret credentials, for the auth bundle only (their `Debug` shows names).
-    pub secrets: Vec<vm_protocol::credentials::SecretCredential>,
     /// The test controls (all off but in the causal tests).
     pub controls: Controls,
+}
+
+/// Who a sandbox is and what it may hold: bound at its start, or at a pooled VM's claim ([`Running::claim`]),
+/// never at a pooled VM's boot.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// The sandbox.
+    pub id: SandboxId,
+    /// `serve` only: the session this start opens.
+    pub session: Option<SessionSpec>,
+    /// Telemetry settings (the supervisor's environment at a cold start, the claim line at a claim).
+    pub telemetry: TelemetryConfig,
+    /// The approved policy; none: every operation.
+    pub policy: Option<SandboxPolicy>,
+    /// What goes into the auth bundle (0600) and nowhere else.
+    pub secrets: StartSecrets,
+}
+
+/// A start's secrets, for the auth bundle only. Its `Debug` shows names, never values.
+#[derive(Clone, Default)]
+pub struct StartSecrets {
+    /// Collector headers.
+    pub otlp_headers: Vec<(String, String)>,
+    /// The operator's upstream proxy's `Proxy-Authorization` value.
+    pub egress_proxy_authorization: Option<String>,
+    /// The sandbox's credentials.
+    pub credentials: Vec<vm_protocol::credentials::SecretCredential>,
+}
+
+impl std::fmt::Debug for StartSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StartSecrets")
+            .field("otlp_headers", &self.otlp_headers.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>())
+            .field("egress_proxy_authorization", &self.egress_proxy_authorization.is_some())
+            .field("credentials", &self.credentials)
+            .finish()
+    }
+}
+
+/// Where a VM's egress resolves and leaves: the operator's settings without their credential.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EgressRoute {
+    /// A DNS server for egress names instead of the system resolver.
+    pub resolver: Option<std::net::SocketAddr>,
+    /// The upstream proxy, `HOST:PORT`.
+    pub proxy: Option<String>,
+    /// Certificates trusted for intercepted destinations beside the system's (`--egress-ca`), absolute.
+    pub ca: Option<PathBuf>,
 }
 
 /// The operator's egress settings (`--egress-resolver`, `--egress-proxy`, `--egress-proxy-credentials`),
@@ -113,6 +151,13 @@ pub struct Egress {
     pub proxy_authorization: Option<String>,
     /// Certificates trusted for intercepted destinations beside the system's (`--egress-ca`), absolute.
     pub ca: Option<PathBuf>,
+}
+
+impl Egress {
+    /// Where egress leaves, without the credential.
+    pub fn route(&self) -> EgressRoute {
+        EgressRoute { resolver: self.resolver, proxy: self.proxy.clone(), ca: self.ca.clone() }
+    }
 }
 
 impl std::fmt::Debug for Egress {
@@ -216,13 +261,13 @@ pub struct Stopping {
 ///
 /// # Errors
 /// [`StartError`].
-pub fn start(spec: &StartSpec) -> Result<Running, StartError> {
-    clear_last_generation(&spec.layout);
-    if let Err(e) = write_start_files(spec) {
-        reap::end_generation(&spec.layout, None, EndReason::Failed, spec.controls.reaper);
+pub fn start(vm: &VmSpec, who: &Identity) -> Result<Running, StartError> {
+    clear_last_generation(&vm.layout);
+    if let Err(e) = write_start_files(vm, who) {
+        reap::end_generation(&vm.layout, None, EndReason::Failed, vm.controls.reaper);
         return Err(e);
     }
-    launch(spec, None)
+    launch(vm, Spawned::Sandbox(who))
 }
 
 /// How a pooled VM comes up.
@@ -236,17 +281,29 @@ pub enum PooledStart {
     Restore(PathBuf),
 }
 
-/// Starts a pooled VM in the pool slot `spec` names: with no identity, waiting for [`Running::claim`]
-/// (or, [`PooledStart::Save`], saved and gone). No credential, policy, descriptor, session or telemetry
-/// setting of `spec` reaches it.
+/// Starts a pooled VM in the pool slot `slot` (its directory is `vm`'s): with no identity, waiting for
+/// [`Running::claim`] (or, [`PooledStart::Save`], saved and gone). `vm` holds no credential, policy,
+/// session or telemetry setting to give it; `control_telemetry` reaches it only under the
+/// `pool-identity-at-boot` control.
 ///
 /// # Errors
 /// [`StartError`]; nothing is left, as for [`start`].
-pub fn start_pooled(spec: &StartSpec, how: &PooledStart) -> Result<Running, StartError> {
-    clear_last_generation(&spec.layout);
+pub fn start_pooled(
+    vm: &VmSpec,
+    slot: &SandboxId,
+    how: &PooledStart,
+    control_telemetry: &TelemetryConfig,
+) -> Result<Running, StartError> {
+    clear_last_generation(&vm.layout);
     // The one start file a pooled VM has: the root it boots (no identity, credentials or policy yet).
-    RootImage::write(spec.root.as_ref(), &spec.layout).map_err(StartError::Root)?;
-    launch(spec, Some(how))
+    RootImage::write(vm.root.as_ref(), &vm.layout).map_err(StartError::Root)?;
+    // A pooled VM learns its telemetry settings at its claim, never at spawn (but in the control).
+    let telemetry = if vm.controls.lifecycle.pool_identity_at_boot {
+        control_telemetry.clone()
+    } else {
+        TelemetryConfig::default()
+    };
+    launch(vm, Spawned::Pooled { slot, how, telemetry })
 }
 
 /// The last generation's pids go before its tombstone: a reaper must never see dead pids and no tombstone,
@@ -257,94 +314,112 @@ fn clear_last_generation(layout: &SandboxLayout) {
     AuthBundle::remove(layout.dir());
 }
 
-/// Reserves the jail id, makes the cgroups, and starts the supervisor (`pooled`: with no identity).
-fn launch(spec: &StartSpec, pooled_start: Option<&PooledStart>) -> Result<Running, StartError> {
-    let pooled = pooled_start.is_some();
-    let dir = spec.layout.dir();
-    let jail_id = match spec.jail.confinement {
-        Confinement::Jail => match crate::jail::reserve(spec.jail.ids, &spec.layout) {
+/// Who a spawned supervisor is: a sandbox (its identity), or a pooled VM (its slot's id only).
+enum Spawned<'a> {
+    Sandbox(&'a Identity),
+    Pooled { slot: &'a SandboxId, how: &'a PooledStart, telemetry: TelemetryConfig },
+}
+
+/// Reserves the jail id, makes the cgroups, and starts the supervisor.
+fn launch(vm: &VmSpec, who: Spawned<'_>) -> Result<Running, StartError> {
+    let dir = vm.layout.dir();
+    let (identity, telemetry, pooled) = match &who {
+        Spawned::Sandbox(who) => {
+            let session = who.session.as_ref();
+            let identity = IdentityArgs {
+                sandbox_id: who.id.clone(),
+                session_id: session.map(|s| s.id.clone()),
+                generation: session.map_or(Generation(0), |s| s.generation),
+                session_socket: session.map(|s| s.socket.clone()),
+            };
+            (identity, who.telemetry.clone(), None)
+        }
+        Spawned::Pooled { slot, how, telemetry } => {
+            let identity = IdentityArgs {
+                sandbox_id: (*slot).clone(),
+                session_id: None,
+                generation: Generation(0),
+                session_socket: None,
+            };
+            (identity, telemetry.clone(), Some(*how))
+        }
+    };
+    let jail_id = match vm.jail.confinement {
+        Confinement::Jail => match crate::jail::reserve(vm.jail.ids, &vm.layout) {
             Ok(id) => Some(id),
             Err(e) => {
-                reap::end_generation(&spec.layout, None, EndReason::Failed, spec.controls.reaper);
+                reap::end_generation(&vm.layout, None, EndReason::Failed, vm.controls.reaper);
                 return Err(e.into());
             }
         },
         _ => None,
     };
-    let cgroup = crate::cgroup::create(&spec.id, dir);
-    let vmm_cgroups = if spec.jail.confinement == Confinement::Jail {
+    let cgroup = crate::cgroup::create(&identity.sandbox_id, dir);
+    let vmm_cgroups = if vm.jail.confinement == Confinement::Jail {
         // Named like the sandbox's cgroup, always with a fresh random part (v1 keeps a stale one's counters).
-        let name = format!("{}-{}", spec.id, crate::state::random_hex::<4>().unwrap_or_default());
-        match crate::cgroup::limits::create(&name, dir, spec.jail.limits(u64::from(spec.shape.memory_mib()))) {
+        let name = format!("{}-{}", identity.sandbox_id, crate::state::random_hex::<4>().unwrap_or_default());
+        match crate::cgroup::limits::create(&name, dir, vm.jail.limits(u64::from(vm.shape.memory_mib()))) {
             Ok(made) => made,
             Err(e) => {
-                reap::end_generation(&spec.layout, cgroup.as_deref(), EndReason::Failed, spec.controls.reaper);
+                reap::end_generation(&vm.layout, cgroup.as_deref(), EndReason::Failed, vm.controls.reaper);
                 return Err(StartError::Limits(e));
             }
         }
     } else {
         Vec::new()
     };
-    let session = spec.session.as_ref().filter(|_| !pooled);
     let args = SupervisorArgs {
-        sandbox_id: spec.id.clone(),
-        sandbox_dir: dir.to_owned(),
-        kernel: spec.image.kernel.clone(),
-        initrd: spec.image.initrd.clone(),
-        shape: spec.shape,
-        accel: spec.accel,
-        boot_timeout_ms: u64::try_from(spec.boot_timeout.as_millis()).unwrap_or(u64::MAX),
-        stop_grace_ms: u32::try_from(vm_contract::stop::GRACE.as_millis()).unwrap_or(u32::MAX),
-        // Only a TCG guest needs it; `--accel kvm` never measures.
-        tsc_khz: (spec.accel != AccelChoice::Kvm).then(crate::tsc::khz).flatten(),
-        qemu: None,
-        session_id: session.map(|s| s.id.clone()),
-        generation: session.map_or(Generation(0), |s| s.generation),
-        session_socket: session.map(|s| s.socket.clone()),
-        cgroup: cgroup.clone(),
-        confinement: spec.jail.confinement,
-        jail_id,
-        vmm_cgroups,
-        parent_liveness_stdin: true,
-        pooled,
-        save_snapshot: match pooled_start {
-            Some(PooledStart::Save(dir)) => Some(dir.clone()),
-            _ => None,
+        identity,
+        vm: VmArgs {
+            sandbox_dir: dir.to_owned(),
+            kernel: vm.image.kernel.clone(),
+            initrd: vm.image.initrd.clone(),
+            shape: vm.shape,
+            accel: vm.accel,
+            boot_timeout_ms: u64::try_from(vm.boot_timeout.as_millis()).unwrap_or(u64::MAX),
+            stop_grace_ms: u32::try_from(vm_contract::stop::GRACE.as_millis()).unwrap_or(u32::MAX),
+            // Only a TCG guest needs it; `--accel kvm` never measures.
+            tsc_khz: (vm.accel != AccelChoice::Kvm).then(crate::tsc::khz).flatten(),
+            qemu: None,
+            cgroup: cgroup.clone(),
+            confinement: vm.jail.confinement,
+            jail_id,
+            vmm_cgroups,
+            parent_liveness_stdin: true,
+            pooled: pooled.is_some(),
+            save_snapshot: match pooled {
+                Some(PooledStart::Save(dir)) => Some(dir.clone()),
+                _ => None,
+            },
+            restore_snapshot: match pooled {
+                Some(PooledStart::Restore(dir)) => Some(dir.clone()),
+                _ => None,
+            },
+            backend: Backend::Microvm,
+            egress_resolver: vm.egress.resolver,
+            egress_proxy: vm.egress.proxy.clone(),
+            egress_ca: vm.egress.ca.clone(),
+            mounts: vm.mounts.clone(),
         },
-        restore_snapshot: match pooled_start {
-            Some(PooledStart::Restore(dir)) => Some(dir.clone()),
-            _ => None,
-        },
-        backend: Backend::Microvm,
-        egress_resolver: spec.egress.resolver,
-        egress_proxy: spec.egress.proxy.clone(),
-        egress_ca: spec.egress.ca.clone(),
-        mounts: spec.mounts.clone(),
-    };
-    // A pooled VM learns its telemetry settings at its claim, never at spawn (but in the control).
-    let telemetry = if pooled && !spec.controls.lifecycle.pool_identity_at_boot {
-        TelemetryConfig::default()
-    } else {
-        spec.telemetry.clone()
     };
     let liveness = Liveness {
-        leak_write_end: spec.controls.lifecycle.leak_liveness_write_end,
-        close_first: spec.controls.lifecycle.close_liveness_first,
+        leak_write_end: vm.controls.lifecycle.leak_liveness_write_end,
+        close_first: vm.controls.lifecycle.close_liveness_first,
     };
-    match SupervisorProcess::spawn(&spec.supervisor, &args, &telemetry, liveness) {
+    match SupervisorProcess::spawn(&vm.supervisor, &args, &telemetry, liveness) {
         Ok(sup) => Ok(Running {
             sup,
-            layout: spec.layout.clone(),
+            layout: vm.layout.clone(),
             cgroup,
-            controls: spec.controls,
-            boot_timeout: spec.boot_timeout,
-            ready_by: tokio::time::Instant::now() + spec.boot_timeout + READY_MARGIN,
+            controls: vm.controls,
+            boot_timeout: vm.boot_timeout,
+            ready_by: tokio::time::Instant::now() + vm.boot_timeout + READY_MARGIN,
             vmm: ExitWatch::Unwatched,
             after_vmm: None,
         }),
         Err(e) => {
             // Nothing runs: take back the credentials and the cgroup made for it.
-            reap::end_generation(&spec.layout, cgroup.as_deref(), EndReason::Failed, spec.controls.reaper);
+            reap::end_generation(&vm.layout, cgroup.as_deref(), EndReason::Failed, vm.controls.reaper);
             Err(e.into())
         }
     }
@@ -357,22 +432,15 @@ impl Running {
     ///
     /// # Errors
     /// [`StartError`].
-    pub fn claim(&mut self, spec: &StartSpec) -> Result<(), StartError> {
-        let session = spec.session.as_ref().ok_or(StartError::ClaimWithoutSession)?;
-        write_start_files(spec)?;
-        let telemetry = spec
-            .telemetry
-            .supervisor_env()
-            .into_iter()
-            .map(|(k, v)| v.into_string().map(|v| (k.to_owned(), v)))
-            .collect::<Result<_, _>>()
-            .map_err(|_| StartError::Claim(vm_contract::claim::ClaimError::Malformed))?;
+    pub fn claim(&mut self, vm: &VmSpec, who: &Identity) -> Result<(), StartError> {
+        let session = who.session.as_ref().ok_or(StartError::ClaimWithoutSession)?;
+        write_start_files(vm, who)?;
         let claim = vm_contract::claim::Claim {
-            sandbox_id: spec.id.clone(),
+            sandbox_id: who.id.clone(),
             session_id: session.id.clone(),
             generation: session.generation,
             session_socket: session.socket.clone(),
-            telemetry,
+            telemetry: who.telemetry.clone(),
         };
         let line = claim.to_line().map_err(StartError::Claim)?;
         self.sup.claim(&line).map_err(StartError::ClaimWrite)?;

@@ -8,32 +8,32 @@ use vm_contract::root::RootImage;
 use vm_contract::session::SessionId;
 use vm_protocol::policy::SandboxPolicy;
 
-use super::{StartError, StartSpec};
+use super::{Identity, StartError, VmSpec};
 
 /// What a start hands the supervisor in files: the auth bundle (0600), the approved policy and the launch
 /// descriptor. On failure the caller ends the generation, which takes the bundle back.
-pub(super) fn write_start_files(spec: &StartSpec) -> Result<(), StartError> {
-    let dir = spec.layout.dir();
+pub(super) fn write_start_files(vm: &VmSpec, who: &Identity) -> Result<(), StartError> {
+    let dir = vm.layout.dir();
     let bundle = AuthBundle {
-        otlp_headers: spec.otlp_headers.clone(),
-        session_token: spec.session.as_ref().map(|s| s.token.clone()),
-        egress_proxy_authorization: spec.egress.proxy_authorization.clone(),
-        secrets: spec.secrets.clone(),
+        otlp_headers: who.secrets.otlp_headers.clone(),
+        session_token: who.session.as_ref().map(|s| s.token.clone()),
+        egress_proxy_authorization: who.secrets.egress_proxy_authorization.clone(),
+        secrets: who.secrets.credentials.clone(),
     };
     bundle.write(dir)?;
-    write_policy(&spec.layout, spec.policy.as_ref()).map_err(StartError::Policy)?;
-    RootImage::write(spec.root.as_ref(), &spec.layout).map_err(StartError::Root)?;
-    LaunchDescriptor::microvm(&descriptor_payload(spec)).write(dir).map_err(StartError::Descriptor)
+    write_policy(&vm.layout, who.policy.as_ref()).map_err(StartError::Policy)?;
+    RootImage::write(vm.root.as_ref(), &vm.layout).map_err(StartError::Root)?;
+    LaunchDescriptor::microvm(&descriptor_payload(vm, who)).write(dir).map_err(StartError::Descriptor)
 }
 
 /// What this start's launch descriptor says (or, under fault injection, misstates).
-fn descriptor_payload(spec: &StartSpec) -> MicrovmPayload {
+fn descriptor_payload(vm: &VmSpec, who: &Identity) -> MicrovmPayload {
     let mut payload = MicrovmPayload {
-        sandbox_id: spec.id.to_string(),
-        session_id: spec.session.as_ref().map(|s| s.id.as_str().to_owned()),
-        generation: spec.session.as_ref().map_or(0, |s| s.generation.0),
+        sandbox_id: who.id.to_string(),
+        session_id: who.session.as_ref().map(|s| s.id.as_str().to_owned()),
+        generation: who.session.as_ref().map_or(0, |s| s.generation.0),
     };
-    let faults = spec.controls.lifecycle;
+    let faults = vm.controls.lifecycle;
     if faults.descriptor_wrong_sandbox {
         payload.sandbox_id.push_str("-other");
     }

@@ -168,14 +168,14 @@ impl SupervisorProcess {
             // Control: the write end leaks into the supervisor, and from there into QEMU.
             let _ = rustix::io::fcntl_setfd(&write_end, rustix::io::FdFlags::empty());
         }
-        let layout = SandboxLayout::new(&args.sandbox_dir);
+        let layout = SandboxLayout::new(&args.vm.sandbox_dir);
         let log = layout.path(SandboxFile::SupervisorLog);
         let stderr = std::fs::File::create(&log).map_err(SupervisorError::Stdio)?;
         let mut cmd = Command::new(binary);
         cmd.args(args.to_argv())
             .env_clear()
             .envs(passed_env().iter().filter_map(|k| std::env::var_os(k).map(|v| (k, v))))
-            .envs(telemetry.supervisor_env())
+            .envs(telemetry.to_env())
             .current_dir(layout.dir())
             .stdin(Stdio::from(read_end))
             .stdout(Stdio::piped())

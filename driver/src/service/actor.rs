@@ -37,7 +37,7 @@ use super::record::{Origin, SandboxRecord, State};
 use super::registry::InsertError;
 use super::store::{self, StoredSpec};
 use crate::sandbox::supervisor::{describe, Ready, SupervisorError};
-use crate::sandbox::{self, Ended, Running, SessionSpec, StartSpec, HUNG_STOP_TIMEOUT};
+use crate::sandbox::{self, Ended, Identity, Running, SessionSpec, StartSecrets, VmSpec, HUNG_STOP_TIMEOUT};
 use crate::state;
 
 /// What the API (and the session server) ask of a sandbox.
@@ -339,13 +339,8 @@ impl Actor {
             Ok(root) => root,
             Err(detail) => return self.set(State::Failed, detail),
         };
-        let started = match self.start_spec(generation) {
-            Ok(mut spec) => match tokio::task::spawn_blocking(move || {
-                spec.root = root;
-                sandbox::start(&spec)
-            })
-            .await
-            {
+        let started = match self.start_spec(generation, root) {
+            Ok((vm, who)) => match tokio::task::spawn_blocking(move || sandbox::start(&vm, &who)).await {
                 Ok(started) => started.map_err(BeginError::from),
                 Err(_) => Err(BeginError::Task),
             },
@@ -366,10 +361,7 @@ impl Actor {
         let generation = self.next_generation(Origin::Pool);
         // The root the pooled VM booted, which its slot's directory (now the sandbox's) recorded.
         let root = self.hub.ctx.oci.pinned(&self.layout);
-        let claimed = self.start_spec(generation).and_then(|mut spec| {
-            spec.root = root;
-            Ok(running.claim(&spec)?)
-        });
+        let claimed = self.start_spec(generation, root).and_then(|(vm, who)| Ok(running.claim(&vm, &who)?));
         match claimed {
             Ok(()) => {
                 self.running = Some(running);
@@ -393,8 +385,13 @@ impl Actor {
         generation
     }
 
-    /// What a start of `generation` needs: its session is expected from here on.
-    fn start_spec(&mut self, generation: Generation) -> Result<StartSpec, BeginError> {
+    /// What a start of `generation` on `root` needs: the VM, and the identity it is bound to (its session is
+    /// expected from here on).
+    fn start_spec(
+        &mut self,
+        generation: Generation,
+        root: Option<vm_contract::root::RootImage>,
+    ) -> Result<(VmSpec, Identity), BeginError> {
         let (ctx, id) = (&self.hub.ctx, &self.record.id);
         store::set_generation(&self.layout, generation).map_err(BeginError::Generation)?;
         // 256 bits: the session's only credential.
@@ -403,32 +400,27 @@ impl Actor {
         self.hub.tokens.expect(id, generation, session_id.clone(), token.clone());
         // A rotation outlives the supervisor it was sent to.
         let (mut telemetry, mut otlp_headers) = (ctx.telemetry.clone(), ctx.otlp_headers.clone());
-        let mut secrets = Vec::new();
+        let mut credentials = Vec::new();
         if let Some(rotated) = self.hub.rotations.get(id) {
             otlp_headers = rotated.headers.unwrap_or(otlp_headers);
             telemetry.otlp_ca = rotated.ca_path.map(PathBuf::from).or(telemetry.otlp_ca);
-            secrets = rotated.secrets.unwrap_or_default();
+            credentials = rotated.secrets.unwrap_or_default();
         }
-        let session = SessionSpec { socket: ctx.sessions_socket.clone(), generation, id: session_id, token };
-        Ok(StartSpec {
-            supervisor: ctx.supervisor.clone(),
+        let spec = &self.record.spec;
+        let image = ctx.images.resolve(&spec.boot_image)?;
+        let vm = ctx.vm_spec(self.layout.clone(), image, spec.shape, root, spec.mounts.clone());
+        let who = Identity {
             id: id.clone(),
-            layout: self.layout.clone(),
-            image: ctx.images.resolve(&self.record.spec.boot_image)?,
-            root: None,
-            shape: self.record.spec.shape,
-            accel: ctx.accel,
-            boot_timeout: ctx.boot_timeout,
+            session: Some(SessionSpec { socket: ctx.sessions_socket.clone(), generation, id: session_id, token }),
             telemetry,
-            otlp_headers,
-            session: Some(session),
-            jail: ctx.jail,
-            policy: self.record.spec.policy.clone(),
-            egress: ctx.egress.clone(),
-            mounts: self.record.spec.mounts.clone(),
-            secrets,
-            controls: ctx.controls,
-        })
+            policy: spec.policy.clone(),
+            secrets: StartSecrets {
+                otlp_headers,
+                egress_proxy_authorization: ctx.egress.proxy_authorization.clone(),
+                credentials,
+            },
+        };
+        Ok((vm, who))
     }
 
     /// Ends the running generation, if any: the orderly stop (up to `timeout`), then reap, sweep and

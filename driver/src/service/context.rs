@@ -44,6 +44,32 @@ pub struct Context {
     pub controls: crate::controls::Controls,
 }
 
+impl Context {
+    /// What a VM of this driver is, in `layout`: booting `image` with `shape` on `root`, sharing `mounts`.
+    pub fn vm_spec(
+        &self,
+        layout: vm_contract::layout::SandboxLayout,
+        image: crate::image::Image,
+        shape: vm_contract::shape::SandboxShape,
+        root: Option<vm_contract::root::RootImage>,
+        mounts: Vec<vm_contract::share::HostMount>,
+    ) -> crate::sandbox::VmSpec {
+        crate::sandbox::VmSpec {
+            supervisor: self.supervisor.clone(),
+            layout,
+            image,
+            root,
+            shape,
+            accel: self.accel,
+            boot_timeout: self.boot_timeout,
+            jail: self.jail,
+            egress: self.egress.route(),
+            mounts,
+            controls: self.controls,
+        }
+    }
+}
+
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Context")

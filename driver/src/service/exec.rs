@@ -27,11 +27,11 @@ use vm_protocol::driver_api::{
 use vm_protocol::files::{FileOp, FileSpawn, TarLayout, TarRefusal};
 use vm_protocol::flow::MAX_WINDOW_BYTES;
 use vm_protocol::message::{EnvVar, Refusal};
-use vm_protocol::{Capabilities, ExitStatus, ProcId, ProcessEvent, ProcessRequest, PtySize, SignalName, Spawn, Stream};
+use vm_protocol::{Capabilities, ExitStatus, ProcId, ProcessRequest, PtySize, SignalName, Spawn, Stream};
 
 use super::hub::Hub;
-use crate::attach_mux::{Conn, Lost, Process};
-use crate::relay::ProcessRelay;
+use crate::attach_mux::{Conn, Process};
+use crate::process::{self, ClientEnd, ClientGone, Ended, Failure, FromClient, Lost, ProcessSession, ToClient};
 
 /// Responses queued towards a client before output stops being credited.
 const RESPONSE_QUEUE: usize = 16;
@@ -150,9 +150,10 @@ pub async fn exec(reg: Arc<Hub>, mut inbound: Streaming<ExecRequest>) -> Result<
     let (taken, taken_rx) = watch::channel(0);
     tokio::spawn(async move {
         let mut process = process;
-        let out = Responses { tx, taken: taken_rx, accounted: 0, queued: 0 };
-        let ended = relay(&mut process, inbound, out, reattach, copy_out.as_deref()).await;
-        process.release(ended == Ended::Detach).await;
+        let session = ProcessSession::new(process.id(), reattach, copy_out);
+        let mut client = GrpcClient { inbound, inbound_open: true, tx, taken: taken_rx, accounted: 0 };
+        let outcome = process::run(session, &mut process, &mut client).await;
+        process.release(outcome.ended == Ended::Detach).await;
         drop(permit);
     });
     Ok(ExecStream { rx, taken })
@@ -187,38 +188,20 @@ impl Opened {
     }
 }
 
-/// How a stream ended, for its process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ended {
-    /// Its exit, and every byte of its output, were delivered: the supervisor already forgot it.
-    Delivered,
-    /// The process keeps running (or keeps its undelivered output) without the stream.
-    Detach,
-    /// The connection is gone; so is the supervisor's state for it.
-    Lost,
-}
-
-fn response(r: exec_response::Response) -> Result<ExecResponse, Status> {
-    Ok(ExecResponse { response: Some(r) })
-}
-
-/// The relay's side of the response stream.
-struct Responses {
+/// The gRPC stream as the process's client: its requests come in (read only while the session listens, so
+/// a client that floods stdin is held by the transport's flow control), its responses go out through the
+/// bounded queue, and what the transport took from that queue is reported as delivered.
+struct GrpcClient {
+    inbound: Streaming<ExecRequest>,
+    inbound_open: bool,
     tx: mpsc::Sender<Queued>,
     /// Output bytes the transport took.
     taken: watch::Receiver<u64>,
-    /// Of those, the bytes already handed to the relay's credit.
+    /// Of those, the bytes already reported.
     accounted: u64,
-    /// Output bytes queued in all.
-    queued: u64,
 }
 
-impl Responses {
-    async fn send(&mut self, response: Result<ExecResponse, Status>, bytes: usize) -> bool {
-        self.queued += bytes as u64;
-        self.tx.send(Queued(response, bytes)).await.is_ok()
-    }
-
+impl GrpcClient {
     /// Output the transport took since the last call.
     fn newly_taken(&mut self) -> usize {
         let taken = *self.taken.borrow_and_update();
@@ -228,209 +211,91 @@ impl Responses {
     }
 }
 
-async fn relay(
-    process: &mut Process,
-    mut inbound: Streaming<ExecRequest>,
-    mut out: Responses,
-    reattached: bool,
-    copy_out: Option<&str>,
-) -> Ended {
-    let mut relay = ProcessRelay::new(process.id());
-    let mut inbound_open = true;
-    loop {
-        tokio::select! {
-            frame = process.recv() => {
-                let msg = match frame {
-                    Ok(msg) => msg,
-                    Err(lost) => {
-                        let _ = out.send(Err(lost_status(lost)), 0).await;
-                        return if lost == Lost::Overflow { Ended::Detach } else { Ended::Lost };
+impl ClientEnd for GrpcClient {
+    async fn next(&mut self, listening: bool) -> FromClient {
+        loop {
+            let reading = listening && self.inbound_open;
+            tokio::select! {
+                Ok(()) = self.taken.changed() => {
+                    let fresh = self.newly_taken();
+                    if fresh > 0 {
+                        return FromClient::Delivered(fresh);
                     }
+                }
+                () = self.tx.closed() => {
+                    // What it took before it went counts as delivered.
+                    let fresh = self.newly_taken();
+                    return if fresh > 0 { FromClient::Delivered(fresh) } else { FromClient::Gone };
+                }
+                request = self.inbound.message(), if reading => match request {
+                    Ok(Some(ExecRequest { request: Some(r) })) => return from_client(r),
+                    Ok(Some(ExecRequest { request: None })) => {}
+                    // The client closed its side (or is gone; then the next send fails).
+                    Ok(None) | Err(_) => {
+                        self.inbound_open = false;
+                        return FromClient::Closed;
+                    }
+                },
+            }
+        }
+    }
+
+    async fn deliver(&mut self, msg: ToClient) -> Result<usize, ClientGone> {
+        let (response, bytes) = match msg {
+            ToClient::Started { pid, reattached } => {
+                (response(exec_response::Response::Started(ExecStarted { process_id: pid, reattached })), 0)
+            }
+            ToClient::Output(stream, data) => {
+                let bytes = data.len();
+                let r = match stream {
+                    Stream::Stdout => exec_response::Response::Stdout(data),
+                    Stream::Stderr => exec_response::Response::Stderr(data),
                 };
-                match from_sandbox(&mut relay, msg, reattached) {
-                    Reply::Send(response, bytes) => {
-                        if !out.send(response, bytes).await {
-                            break;
-                        }
-                    }
-                    Reply::End(responses) => {
-                        for response in responses {
-                            let _ = out.send(response, 0).await;
-                        }
-                        // The client's verdict on a copy's tar comes after everything was sent, and before
-                        // the last credit, so the operation is still known when a refusal arrives.
-                        if let (Some(path), true) = (copy_out, inbound_open) {
-                            verdict(process, &mut relay, &mut inbound, path).await;
-                        }
-                        return finish(process, &mut relay, &mut out).await;
-                    }
-                    Reply::Nothing => {}
-                }
+                (response(r), bytes)
             }
-            Ok(()) = out.taken.changed() => {
-                if let Some(credit) = relay.output_handed_on(out.newly_taken()) {
-                    if process.send(credit).await.is_err() {
-                        return Ended::Lost;
-                    }
-                }
-            }
-            // A copy_out takes no stdin, but its client may refuse the tar at any time.
-            request = inbound.message(), if inbound_open && (relay.wants_stdin() || copy_out.is_some()) => match request {
-                Ok(Some(ExecRequest { request: Some(r) })) => {
-                    if let Err(status) = from_client(process, &mut relay, r, copy_out).await {
-                        let _ = out.send(Err(status), 0).await;
-                        return Ended::Detach;
-                    }
-                }
-                Ok(Some(ExecRequest { request: None })) => {}
-                // The client closed its side (or is gone; then the next send fails): stdin is done.
-                Ok(None) | Err(_) => inbound_open = false,
-            },
-            () = out.tx.closed() => break,
-        }
-        while let Some(msg) = relay.next_stdin() {
-            if process.send(msg).await.is_err() {
-                return Ended::Lost;
-            }
-        }
+            ToClient::Exited(status) => (response(exec_response::Response::Exited(exited(status))), 0),
+            ToClient::Failed(failure) => (Err(failure_status(&failure)), 0),
+        };
+        self.tx.send(Queued(response, bytes)).await.map(|()| 0).map_err(|_| ClientGone)
     }
-    // The client is gone: credit what the transport took; the sandbox keeps the rest for a re-attach.
-    let _ = relay.output_handed_on(out.newly_taken());
-    if let Some(credit) = relay.finish() {
-        let _ = process.send(credit).await;
-    }
-    Ended::Detach
 }
 
-/// How long a `copy_out`'s client may take, after the exit, to say whether its extractor took the tar.
-const VERDICT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// After a `copy_out` ended: the client's extractor still holds the tail of the tar, and may refuse it. Its
-/// `tar_refused` (or its closing the stream) is awaited, within [`VERDICT_TIMEOUT`].
-async fn verdict(process: &Process, relay: &mut ProcessRelay, inbound: &mut Streaming<ExecRequest>, path: &str) {
-    let wait = async {
-        while let Ok(Some(ExecRequest { request: Some(r) })) = inbound.message().await {
-            if let exec_request::Request::TarRefused(_) = r {
-                let _ = from_client(process, relay, r, Some(path)).await;
-                return;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(VERDICT_TIMEOUT, wait).await;
+fn response(r: exec_response::Response) -> Result<ExecResponse, Status> {
+    Ok(ExecResponse { response: Some(r) })
 }
 
-/// The client's status for a stream that ended under its process.
-fn lost_status(lost: Lost) -> Status {
-    match lost {
-        Lost::Connection => Status::unavailable("the sandbox stopped before the process exited"),
-        Lost::Overflow => Status::resource_exhausted(
+/// A request on an open stream, for the session.
+fn from_client(r: exec_request::Request) -> FromClient {
+    match r {
+        exec_request::Request::Stdin(bytes) => FromClient::Stdin(bytes),
+        exec_request::Request::StdinEof(_) => FromClient::StdinEof,
+        exec_request::Request::Resize(size) => FromClient::Resize(PtySize::from_client(size.rows, size.cols)),
+        exec_request::Request::Signal(name) => match SignalName::parse(&name) {
+            Some(signal) => FromClient::Signal(signal),
+            None => FromClient::Invalid("unknown signal name (see GetCapabilities.signals)"),
+        },
+        exec_request::Request::TarRefused(refused) => match TarRefusal::parse(&refused.reason) {
+            Some(reason) => FromClient::TarRefused(reason),
+            None => FromClient::Invalid("unknown tar refusal (see TarRefused.reason)"),
+        },
+        exec_request::Request::Start(_) | exec_request::Request::Attach(_) | exec_request::Request::Files(_) => {
+            FromClient::Invalid("start, attach and files only open a stream")
+        }
+    }
+}
+
+/// Why a process did not run to its exit, as a status a client can act on.
+fn failure_status(failure: &Failure) -> Status {
+    match failure {
+        Failure::Refused(reason) => refusal(*reason),
+        Failure::Lost(Lost::Connection) => Status::unavailable("the sandbox stopped before the process exited"),
+        Failure::Lost(Lost::Overflow) => Status::resource_exhausted(
             "the process's output came in more pieces than the stream may queue while its client does not read; \
              it keeps running, detached (ExecAttach with its pid replays what was not delivered)",
         ),
+        Failure::Credit => Status::internal("the sandbox broke the stdin credit rules"),
+        Failure::BadRequest(why) => Status::invalid_argument(*why),
     }
-}
-
-/// After the last response: waits until the transport took everything (or the client is gone), then credits
-/// it, so the supervisor knows the output was delivered and forgets the process.
-async fn finish(process: &Process, relay: &mut ProcessRelay, out: &mut Responses) -> Ended {
-    let mut ended = Ended::Delivered;
-    while out.accounted < out.queued {
-        tokio::select! {
-            Ok(()) = out.taken.changed() => {
-                let _ = relay.output_handed_on(out.newly_taken());
-            }
-            () = out.tx.closed() => {
-                // Not all delivered: the supervisor keeps the rest, detached, for a re-attach.
-                ended = Ended::Detach;
-                break;
-            }
-        }
-    }
-    let _ = relay.output_handed_on(out.newly_taken());
-    if let Some(credit) = relay.finish() {
-        let _ = process.send(credit).await;
-    }
-    ended
-}
-
-/// What a message from the sandbox means for the stream.
-enum Reply {
-    /// A response for the client, and the output bytes in it.
-    Send(Result<ExecResponse, Status>, usize),
-    /// The last responses.
-    End(Vec<Result<ExecResponse, Status>>),
-    Nothing,
-}
-
-fn from_sandbox(relay: &mut ProcessRelay, msg: ProcessEvent, reattached: bool) -> Reply {
-    match msg {
-        ProcessEvent::Started { pid, stdin_window, output_window, .. } => {
-            relay.started(stdin_window, output_window);
-            Reply::Send(response(exec_response::Response::Started(ExecStarted { process_id: pid, reattached })), 0)
-        }
-        ProcessEvent::Output { stream, data, .. } => {
-            let bytes = data.len();
-            let r = match stream {
-                Stream::Stdout => exec_response::Response::Stdout(data.into_vec()),
-                Stream::Stderr => exec_response::Response::Stderr(data.into_vec()),
-            };
-            Reply::Send(response(r), bytes)
-        }
-        ProcessEvent::StdinCredit { bytes, .. } => match relay.stdin_credit(bytes) {
-            Ok(()) => Reply::Nothing,
-            Err(_) => Reply::End(vec![Err(Status::internal("the sandbox broke the stdin credit rules"))]),
-        },
-        ProcessEvent::Exited { status, .. } => {
-            Reply::End(vec![response(exec_response::Response::Exited(exited(status)))])
-        }
-        // As a shell shows it: the message on stderr, then the status.
-        ProcessEvent::SpawnFailed { status, message, .. } => Reply::End(vec![
-            response(exec_response::Response::Stderr(format!("{message}\n").into_bytes())),
-            response(exec_response::Response::Exited(exited(status))),
-        ]),
-        ProcessEvent::Refused { reason, .. } => Reply::End(vec![Err(refusal(reason))]),
-    }
-}
-
-async fn from_client(
-    process: &Process,
-    relay: &mut ProcessRelay,
-    r: exec_request::Request,
-    copy_out: Option<&str>,
-) -> Result<(), Status> {
-    let id = relay.id();
-    let sent = match r {
-        exec_request::Request::Stdin(bytes) => {
-            return relay.push_stdin(&bytes).map_err(|e| Status::invalid_argument(e.to_string()));
-        }
-        exec_request::Request::StdinEof(_) => {
-            relay.stdin_eof();
-            return Ok(());
-        }
-        exec_request::Request::Resize(size) => {
-            let size = PtySize {
-                rows: u16::try_from(size.rows).unwrap_or(u16::MAX),
-                cols: u16::try_from(size.cols).unwrap_or(u16::MAX),
-            };
-            process.send(ProcessRequest::Resize { id, size }).await
-        }
-        exec_request::Request::Signal(name) => {
-            let signal = SignalName::parse(&name)
-                .ok_or_else(|| Status::invalid_argument("unknown signal name (see GetCapabilities.signals)"))?;
-            process.send(ProcessRequest::Signal { id, signal }).await
-        }
-        exec_request::Request::TarRefused(refused) => {
-            let path =
-                copy_out.ok_or_else(|| Status::invalid_argument("tar_refused on a stream that is no copy_out"))?;
-            let reason = TarRefusal::parse(&refused.reason)
-                .ok_or_else(|| Status::invalid_argument("unknown tar refusal (see TarRefused.reason)"))?;
-            process.send(SupervisorRequest::TarRefused { id, path: path.to_owned(), reason }).await
-        }
-        exec_request::Request::Start(_) | exec_request::Request::Attach(_) | exec_request::Request::Files(_) => {
-            return Err(Status::invalid_argument("start, attach and files only open a stream"));
-        }
-    };
-    sent.map_err(|_| Status::unavailable("the sandbox's supervisor is not reachable"))
 }
 
 fn exited(status: ExitStatus) -> ExecExited {

@@ -22,7 +22,9 @@ pub const DEFAULT_BOOT_TIMEOUT_MS: u64 = 60_000;
 pub const DEFAULT_STOP_GRACE_MS: u32 = 3_000;
 
 /// `vm-supervisor`'s arguments. Every one is a trusted input from the driver; nothing here comes from a
-/// sandbox descriptor or from the guest.
+/// sandbox descriptor or from the guest. Two parts: who the sandbox is ([`IdentityArgs`]) and what its VM is
+/// ([`VmArgs`]). A pooled VM's identity is its slot's until its claim brings the sandbox's
+/// ([`crate::claim::Claim::identity`]); booting sees only the VM's part.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "clap", derive(clap::Parser))]
 #[cfg_attr(
@@ -34,9 +36,38 @@ pub const DEFAULT_STOP_GRACE_MS: u32 = 3_000;
     )
 )]
 pub struct SupervisorArgs {
+    /// Who the sandbox is.
+    #[cfg_attr(feature = "clap", command(flatten))]
+    pub identity: IdentityArgs,
+    /// What its VM is.
+    #[cfg_attr(feature = "clap", command(flatten))]
+    pub vm: VmArgs,
+}
+
+/// Who a sandbox is: its id, and the session this start opens with `vm-driver serve` (none for `launch`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+pub struct IdentityArgs {
     /// The sandbox this VM belongs to.
     #[cfg_attr(feature = "clap", arg(long))]
     pub sandbox_id: SandboxId,
+    /// This start's session id.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub session_id: Option<SessionId>,
+    /// This start's generation, presented in the session.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = Generation(0)))]
+    pub generation: Generation,
+    /// The driver's session socket (`vm-driver serve`); without it there is no session and no readiness
+    /// listener (`vm-driver launch`).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub session_socket: Option<PathBuf>,
+}
+
+/// What a VM is: what it boots, how it is confined and leashed, how its egress leaves. A pooled VM is booted
+/// from these alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+pub struct VmArgs {
     /// The sandbox's private directory (0700); the supervisor works inside it.
     #[cfg_attr(feature = "clap", arg(long))]
     pub sandbox_dir: PathBuf,
@@ -65,16 +96,6 @@ pub struct SupervisorArgs {
     /// The QEMU binary (default: qemu-system-x86_64 on PATH).
     #[cfg_attr(feature = "clap", arg(long))]
     pub qemu: Option<PathBuf>,
-    /// This start's session id.
-    #[cfg_attr(feature = "clap", arg(long))]
-    pub session_id: Option<SessionId>,
-    /// This start's generation, presented in the session.
-    #[cfg_attr(feature = "clap", arg(long, default_value_t = Generation(0)))]
-    pub generation: Generation,
-    /// The driver's session socket (`vm-driver serve`); without it there is no session and no readiness
-    /// listener (`vm-driver launch`).
-    #[cfg_attr(feature = "clap", arg(long))]
-    pub session_socket: Option<PathBuf>,
     /// A cgroup v2 directory to join before starting anything (the driver's final sweep kills it).
     #[cfg_attr(feature = "clap", arg(long))]
     pub cgroup: Option<PathBuf>,
@@ -122,12 +143,35 @@ pub struct SupervisorArgs {
 impl SupervisorArgs {
     /// The argv (without the program name) that parses back into `self`.
     pub fn to_argv(&self) -> Vec<OsString> {
+        let mut argv = self.identity.to_argv();
+        argv.extend(self.vm.to_argv());
+        argv
+    }
+}
+
+impl IdentityArgs {
+    /// The identity's flags.
+    pub fn to_argv(&self) -> Vec<OsString> {
+        let mut argv: Vec<OsString> = vec!["--sandbox-id".into(), self.sandbox_id.as_str().into()];
+        if let Some(session) = &self.session_id {
+            argv.extend(["--session-id".into(), session.as_str().into()]);
+        }
+        argv.extend(["--generation".into(), self.generation.to_string().into()]);
+        if let Some(socket) = &self.session_socket {
+            argv.extend(["--session-socket".into(), socket.clone().into()]);
+        }
+        argv
+    }
+}
+
+impl VmArgs {
+    /// The VM's flags.
+    pub fn to_argv(&self) -> Vec<OsString> {
         let mut argv: Vec<OsString> = Vec::new();
         let mut flag = |name: &str, value: OsString| {
             argv.push(name.into());
             argv.push(value);
         };
-        flag("--sandbox-id", self.sandbox_id.as_str().into());
         flag("--sandbox-dir", self.sandbox_dir.clone().into());
         flag("--kernel", self.kernel.clone().into());
         flag("--initrd", self.initrd.clone().into());
@@ -140,13 +184,6 @@ impl SupervisorArgs {
         }
         if let Some(qemu) = &self.qemu {
             flag("--qemu", qemu.clone().into());
-        }
-        if let Some(session) = &self.session_id {
-            flag("--session-id", session.as_str().into());
-        }
-        flag("--generation", self.generation.to_string().into());
-        if let Some(socket) = &self.session_socket {
-            flag("--session-socket", socket.clone().into());
         }
         if let Some(cgroup) = &self.cgroup {
             flag("--cgroup", cgroup.clone().into());
@@ -231,8 +268,13 @@ mod tests {
     #[test]
     fn supervisor_args_round_trip_through_argv() {
         use clap::Parser;
-        let full = SupervisorArgs {
+        let identity = IdentityArgs {
             sandbox_id: SandboxId::parse("box-1").unwrap(),
+            session_id: Some(SessionId::from_bytes([7; 16])),
+            generation: Generation(9),
+            session_socket: Some("/run/vm-driver/sessions.sock".into()),
+        };
+        let full = VmArgs {
             sandbox_dir: "/run/vm-driver/sandboxes/box-1".into(),
             kernel: "/img/vmlinuz".into(),
             initrd: "/img/initramfs.cpio".into(),
@@ -242,9 +284,6 @@ mod tests {
             stop_grace_ms: 1_000,
             tsc_khz: Some(2_600_000),
             qemu: Some("/opt/qemu".into()),
-            session_id: Some(SessionId::from_bytes([7; 16])),
-            generation: Generation(9),
-            session_socket: Some("/run/vm-driver/sessions.sock".into()),
             cgroup: Some("/sys/fs/cgroup/vm-driver/box-1-abcd".into()),
             confinement: Confinement::Jail,
             jail_id: Some(2_000_000_007),
@@ -259,16 +298,14 @@ mod tests {
             egress_ca: Some("/etc/corp-ca.pem".into()),
             mounts: vec!["src=/home/me/p,dst=/work,readonly".parse().unwrap(), "src=/d,dst=/data".parse().unwrap()],
         };
-        let saving = SupervisorArgs {
+        let saving = VmArgs {
             save_snapshot: Some("/run/vm-driver/snapshots/pool-2".into()),
             restore_snapshot: None,
             ..full.clone()
         };
-        let minimal = SupervisorArgs {
+        let minimal = VmArgs {
             tsc_khz: None,
             qemu: None,
-            session_id: None,
-            session_socket: None,
             cgroup: None,
             confinement: Confinement::None,
             jail_id: None,
@@ -283,7 +320,12 @@ mod tests {
             mounts: Vec::new(),
             ..full.clone()
         };
-        for args in [full, saving, minimal] {
+        let launch =
+            IdentityArgs { session_id: None, session_socket: None, generation: Generation(0), ..identity.clone() };
+        let cases =
+            [(identity.clone(), full), (launch.clone(), saving), (identity, minimal.clone()), (launch, minimal)];
+        for (identity, vm) in cases {
+            let args = SupervisorArgs { identity, vm };
             let argv = std::iter::once(OsString::from("vm-supervisor")).chain(args.to_argv());
             assert_eq!(SupervisorArgs::try_parse_from(argv).unwrap(), args);
         }

@@ -11,16 +11,12 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::env;
 use crate::ids::SandboxId;
 use crate::session::{Generation, SessionId};
+use crate::telemetry::TelemetryConfig;
 
 /// The longest claim line the supervisor reads, newline included.
 pub const MAX_LINE: usize = 16 * 1024;
-
-/// The telemetry settings a claim may carry: the [`env`] variables a cold start gets in its environment.
-pub const SETTINGS: [&str; 6] =
-    [env::OTLP_ENDPOINT, env::OTLP_PROTOCOL, env::SCHEMA_VERSION, env::GATEWAY_NAME, env::OCSF_JSON, env::OTLP_CA];
 
 /// A pooled VM's new identity.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,8 +30,8 @@ pub struct Claim {
     pub generation: Generation,
     /// `serve`'s session socket.
     pub session_socket: PathBuf,
-    /// Telemetry settings, as `(variable, value)` pairs of [`SETTINGS`].
-    pub telemetry: Vec<(String, String)>,
+    /// Telemetry settings: the same type a cold start gets in its environment.
+    pub telemetry: TelemetryConfig,
 }
 
 /// A claim line that cannot be used. Fixed text: the line is not echoed.
@@ -44,15 +40,22 @@ pub enum ClaimError {
     /// Longer than [`MAX_LINE`].
     #[error("the claim line is longer than {MAX_LINE} bytes")]
     TooLong,
-    /// Not a claim.
+    /// Not a claim (or one with a field a claim may not carry).
     #[error("the claim line is not a claim")]
     Malformed,
-    /// A telemetry setting the claim may not carry.
-    #[error("the claim carries a setting that is not a telemetry setting")]
-    UnknownSetting,
 }
 
 impl Claim {
+    /// The identity the claimed supervisor takes on: the sandbox's, in place of its slot's.
+    pub fn identity(&self) -> crate::args::IdentityArgs {
+        crate::args::IdentityArgs {
+            sandbox_id: self.sandbox_id.clone(),
+            session_id: Some(self.session_id.clone()),
+            generation: self.generation,
+            session_socket: Some(self.session_socket.clone()),
+        }
+    }
+
     /// One line of JSON, newline included.
     ///
     /// # Errors
@@ -74,16 +77,7 @@ impl Claim {
         if line.len() > MAX_LINE {
             return Err(ClaimError::TooLong);
         }
-        let claim: Self = serde_json::from_slice(line.trim_ascii_end()).map_err(|_| ClaimError::Malformed)?;
-        if claim.telemetry.iter().any(|(k, _)| !SETTINGS.contains(&k.as_str())) {
-            return Err(ClaimError::UnknownSetting);
-        }
-        Ok(claim)
-    }
-
-    /// The value of telemetry setting `var`, when set and not blank.
-    pub fn setting(&self, var: &str) -> Option<String> {
-        self.telemetry.iter().find(|(k, v)| k == var && !v.trim().is_empty()).map(|(_, v)| v.clone())
+        serde_json::from_slice(line.trim_ascii_end()).map_err(|_| ClaimError::Malformed)
     }
 }
 
@@ -97,7 +91,7 @@ mod tests {
             session_id: SessionId::from_bytes([3; 16]),
             generation: Generation(1),
             session_socket: "/run/vm-driver/sessions.sock".into(),
-            telemetry: vec![(env::GATEWAY_NAME.into(), "gw".into())],
+            telemetry: TelemetryConfig { gateway_name: Some("gw".into()), ..TelemetryConfig::default() },
         }
     }
 
@@ -106,14 +100,12 @@ mod tests {
         let line = claim().to_line().unwrap();
         assert!(line.ends_with('\n') && !line[..line.len() - 1].contains('\n'));
         assert_eq!(Claim::from_line(line.as_bytes()).unwrap(), claim());
-        assert_eq!(claim().setting(env::GATEWAY_NAME).as_deref(), Some("gw"));
         assert_eq!(Claim::from_line(b"{}"), Err(ClaimError::Malformed));
         assert_eq!(Claim::from_line(&[0xff; 40]), Err(ClaimError::Malformed));
         assert_eq!(Claim::from_line(&vec![b' '; MAX_LINE + 1]), Err(ClaimError::TooLong));
-        let mut other = claim();
-        other.telemetry.push(("LD_PRELOAD".into(), "/x".into()));
-        let line = other.to_line().unwrap();
-        assert_eq!(Claim::from_line(line.as_bytes()), Err(ClaimError::UnknownSetting));
+        let line = claim().to_line().unwrap();
+        let other = line.replace(r#""gateway_name""#, r#""LD_PRELOAD""#);
+        assert_eq!(Claim::from_line(other.as_bytes()), Err(ClaimError::Malformed), "only telemetry settings");
         let bad_id = line.replace("box-1", "../x");
         assert_eq!(Claim::from_line(bad_id.as_bytes()), Err(ClaimError::Malformed));
     }

@@ -1,7 +1,8 @@
 //! QEMU's confinement: the modes a host gives, the ids a jailed VMM runs as, and `vm-jailer`'s argv.
 //!
-//! The supervisor starts QEMU through `vm-jailer`, which confines itself and then execs QEMU, so everything
-//! the jail sets up holds from QEMU's first instruction. See `docs/operations.md` ("Confinement").
+//! The supervisor starts QEMU through `vm-jailer`, which confines itself and then forks QEMU into a PID
+//! namespace of its own, staying as its parent (with [`Confinement::None`] it execs QEMU instead), so
+//! everything the jail sets up holds from QEMU's first instruction. See `docs/operations.md` ("Confinement").
 
 use std::ffi::OsString;
 use std::fmt;
@@ -72,7 +73,8 @@ pub const JAIL_IMAGE_DISK: &str = "image-disk";
 /// The sandbox's writable layer inside the jail.
 pub const JAIL_WRITABLE_DISK: &str = "writable-disk";
 /// The line of `mountinfo` (`/proc/self/mountinfo`'s text) whose mount point is `/`; `None` in a plain
-/// chroot, where `/` is a directory (the jailer's `chroot.rs`, `vm-driver doctor`).
+/// chroot, where `/` is a directory. Whether `/` is a mount point is not whether the process is chrooted:
+/// [`crate::chroot::Root`] says that.
 pub fn root_mount_line(mountinfo: &str) -> Option<&str> {
     // id parent major:minor root mount-point options [optional fields] - type source super-options
     mountinfo.lines().find(|line| line.split(' ').nth(4) == Some("/"))
@@ -159,7 +161,11 @@ impl FromStr for IdRange {
 #[cfg_attr(feature = "clap", derive(clap::Parser))]
 #[cfg_attr(
     feature = "clap",
-    command(name = "vm-jailer", version, about = "Confines itself, then execs QEMU; started by vm-supervisor")
+    command(
+        name = "vm-jailer",
+        version,
+        about = "Confines itself, then starts QEMU and stays as its parent; started by vm-supervisor"
+    )
 )]
 pub struct JailerArgs {
     /// How to confine.

@@ -15,12 +15,13 @@
 //! | processes for the reaper | [`pids::SandboxPids`], [`pids::ProcessRecord`] | supervisor -> driver |
 //! | how a generation ended | [`tombstone::Tombstone`], [`tombstone::EndReason`] | driver -> later drivers |
 //! | the session with `serve` | [`session::SessionHello`], [`session::Generation`], [`session::SessionId`] | supervisor <-> driver |
-//! | telemetry settings | [`env`] | driver -> supervisor |
+//! | telemetry settings, in the environment or a claim | [`telemetry::TelemetryConfig`], [`env`] | driver -> supervisor |
 //! | the stop budget and the driver's stop deadline | [`stop`] | driver -> supervisor |
 //! | sandbox ids and shapes | [`ids::SandboxId`], [`shape::SandboxShape`] | user -> driver -> supervisor |
 //! | the accelerator | [`accel::AccelChoice`], [`accel::Accelerator`] | user -> driver -> supervisor |
 //! | QEMU's confinement and `vm-jailer`'s argv | [`jail::Confinement`], [`jail::JailerArgs`] | driver -> supervisor -> jailer |
 //! | QEMU's pid, on the jailer's stdout | [`jail::vmm_pid_line`] | jailer -> supervisor |
+//! | whether a process is chrooted, as the kernel counts it | [`chroot::Root`] | jailer, doctor |
 //! | what may be logged | [`logs`] | all |
 //! | test-build switches | [`test_control::TestControl`] | tests -> all |
 #![forbid(unsafe_code)]
@@ -31,6 +32,7 @@ pub mod args;
 pub mod attach;
 pub mod audit;
 pub mod auth;
+pub mod chroot;
 pub mod claim;
 pub mod descriptor;
 pub mod env;
@@ -47,6 +49,7 @@ pub mod share;
 pub mod snapshot;
 pub mod status;
 pub mod stop;
+pub mod telemetry;
 pub mod test_control;
 pub mod tombstone;
 

@@ -134,7 +134,9 @@ pub enum PolicyError {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxPolicy {
-    /// The approved operations: the most any later revision may allow.
+    /// The approved operations: the most any later revision may allow. Absent, the default policy's:
+    /// every operation (a policy of only `network` rules, say, restricts nothing else).
+    #[serde(default = "every_operation")]
     pub allow: BTreeSet<Operation>,
     /// When given, `exec` only of these programs: `argv[0]` exactly as the client sends it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -165,16 +167,15 @@ impl Caps {
     }
 }
 
+/// What an absent `allow` approves: every operation, as no policy at all does.
+fn every_operation() -> BTreeSet<Operation> {
+    Operation::ALL.into_iter().collect()
+}
+
 impl Default for SandboxPolicy {
     /// Every operation, any program, no caps, no network: what a sandbox without a policy gets.
     fn default() -> Self {
-        Self {
-            allow: Operation::ALL.into_iter().collect(),
-            exec_programs: None,
-            run_as: None,
-            caps: Caps::default(),
-            network: None,
-        }
+        Self { allow: every_operation(), exec_programs: None, run_as: None, caps: Caps::default(), network: None }
     }
 }
 
@@ -305,6 +306,22 @@ mod tests {
         assert_eq!(parse(r#"{"allow":["exec"],"caps":{"max_processes":257}}"#), Err(PolicyError::BadCap));
         assert!(matches!(parse(r#"{"allow":[],"caps":{"cpu":1}}"#), Err(PolicyError::Malformed(_))));
         assert!(matches!(parse(r#"{"allow":[],"run_as":{"uid":0}}"#), Err(PolicyError::Malformed(_))));
+    }
+
+    #[test]
+    fn an_absent_allow_approves_every_operation_as_no_policy_does() {
+        // docs/network.md's example: rules alone.
+        let p = parse(r#"{"network":{"allow":[{"host":"pypi.org","ports":[443]}]}}"#).unwrap();
+        assert_eq!(p.allow, SandboxPolicy::default().allow);
+        assert!(p.network.is_some());
+        assert_eq!(parse(&p.to_json()).unwrap(), p);
+        assert_eq!(parse("{}").unwrap(), SandboxPolicy::default());
+        // An allow-list of programs needs exec, which the default set has.
+        assert!(parse(r#"{"exec_programs":["/bin/echo"]}"#).unwrap().allow.contains(&Operation::Exec));
+        // Given, even empty, it is what is approved.
+        assert!(parse(r#"{"allow":[],"network":{"allow":[]}}"#).unwrap().allow.is_empty());
+        // Unknown fields are still refused.
+        assert!(matches!(parse(r#"{"network":{"allow":[]},"alow":["exec"]}"#), Err(PolicyError::Malformed(_))));
     }
 
     #[test]

@@ -1,10 +1,12 @@
-//! A host that is itself a chroot (sbuild, pbuilder, a debootstrap'd directory entered with `chroot`):
-//! there `/` is a directory, not a mount point, so no mount can be made private from it and `pivot_root`
-//! refuses it (`EINVAL`), and the kernel refuses a user namespace to a chrooted process (`EPERM`).
+//! A host that is itself a chroot (sbuild, pbuilder, schroot, a debootstrap'd directory entered with
+//! `chroot`, bound onto itself first or not): the kernel refuses a user namespace to a chrooted process
+//! (`EPERM`), and where `/` is a directory, not a mount point, no mount can be made private from it and
+//! `pivot_root` refuses it (`EINVAL`).
 //!
 //! [`rebase`] gives a fresh mount namespace a root that is a mount point, the chroot's own directory, and
-//! puts this process at that root, so the jail is then built as on any host. Nothing of it reaches the
-//! host: every mount of the namespace is made private before the first one is made.
+//! the root of that namespace, and puts this process at it, so the jail is then built as on any host and
+//! the kernel no longer counts it chrooted. Nothing of it reaches the host: every mount of the namespace is
+//! made private before the first one is made.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -21,17 +23,23 @@ fn io(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> JailError {
     move |e| JailError::Step(what, e.into())
 }
 
-/// Whether this process's `/` is a directory, not a mount point.
-pub(crate) fn in_chroot() -> bool {
-    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    vm_contract::jail::root_mount_line(&info).is_none()
+/// Whether to [`rebase`]: unless this process is at its mount namespace's root
+/// ([`vm_contract::chroot::Root`]). Where that cannot be told (PID 1 in another mount namespace), the climb
+/// in [`rebase`] finds out. Asked before this process leaves PID 1's mount namespace, which it compares with.
+pub(crate) fn may_be_chrooted() -> bool {
+    vm_contract::chroot::Root::of_this_process().chrooted() != Some(false)
 }
 
 /// In a fresh mount namespace of a chrooted root process: leaves the chroot for the namespace's real root
 /// (the classic climb: a `chroot` into a directory below, which leaves the working directory outside the
 /// root, then `..` until `..` is `.`, naming each directory on the way), makes every mount private there
 /// (unless `private` is off: the `jail-chroot-shared-mounts` control), binds the chroot's directory onto
-/// itself with what is mounted in it, and `pivot_root`s into it, the old root detached.
+/// itself with what is mounted in it, and `pivot_root`s into it, the old root detached. A chroot whose
+/// directory is already a mount point (bound onto itself) gets a bind of that mount onto itself, with what
+/// is mounted in it, the same way.
+///
+/// Where the climb names no directory, `..` of this root is itself: the root was already the namespace's,
+/// as the kernel counts it, and it is left as it was (the shared check could not tell).
 ///
 /// The climb needs CAP_SYS_CHROOT, which the jailer has as root and drops, with every capability, before
 /// the exec; the namespace is this process's alone.
@@ -52,6 +60,9 @@ pub(crate) fn rebase(below: &Path, private: bool) -> Result<(), JailError> {
         rustix::process::chdir("..").map_err(io("leave the chroot"))?;
     }
     rustix::process::chroot(".").map_err(io("leave the chroot"))?;
+    if names.is_empty() {
+        return Ok(());
+    }
     if private {
         mount_change("/", MountPropagationFlags::PRIVATE | MountPropagationFlags::REC)
             .map_err(io("make the mounts private"))?;

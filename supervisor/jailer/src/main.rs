@@ -1,10 +1,11 @@
-//! `vm-jailer`: started by the supervisor in place of QEMU; confines itself, then execs QEMU, so the
+//! `vm-jailer`: started by the supervisor in place of QEMU; confines itself, then forks QEMU into its own
+//! PID namespace and stays as its parent (with `none` confinement it execs QEMU instead), so the
 //! confinement holds from QEMU's first instruction and nothing of it depends on QEMU's cooperation.
 //!
 //! - [`fds`]: every inherited fd beyond 0–2 closed at exec; a snapshot to restore from opened for QEMU.
 //! - [`root`]: new mount namespace, the jail's files bound read-only, `pivot_root` into it.
 //! - [`closure`]: the objects QEMU's loader opens, read from the ELF headers.
-//! - [`chroot`]: a host that is a chroot gets a namespace whose root is a mount point first.
+//! - [`chroot`]: a host that is a chroot gets a namespace whose root is the chroot's, and a mount point, first.
 //! - [`creds`]: rlimits, the capability bounding set emptied, the jail's uid and gid, no new privileges.
 //! - [`pidns`]: QEMU becomes the first process of its own PID namespace; the jailer stays as its parent and
 //!   reports its pid on stdout (always, with or without a namespace).
@@ -152,8 +153,9 @@ fn confine_and_exec(args: &JailerArgs, safeguards: Safeguards) -> Result<Infalli
         Confinement::Jail => {
             let ids = args.ids().ok_or(JailError::NoIds)?;
             let kvm_group = if args.kvm { creds::kvm_group()? } else { None };
+            let chrooted = chroot::may_be_chrooted();
             unshare(JAIL_NAMESPACES).map_err(JailError::errno("create the namespaces"))?;
-            if chroot::in_chroot() {
+            if chrooted {
                 chroot::rebase(&args.root, safeguards.chroot_private)?;
             }
             root::enter(args)?;

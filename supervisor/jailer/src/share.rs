@@ -54,8 +54,8 @@ pub fn confine_and_exec(args: &ShareJailerArgs, safeguards: Safeguards) -> Resul
         Confinement::Jail => {
             // Host groups (root's among them) would still count in every permission check.
             setgroups(&[]).map_err(JailError::errno("drop the supplementary groups"))?;
-            // The kernel makes no user namespace for a chrooted process: a root that is a mount point first.
-            if chroot::in_chroot() {
+            // The kernel makes no user namespace for a chrooted process: the namespace's own root first.
+            if chroot::may_be_chrooted() {
                 unshare(CloneFlags::CLONE_NEWNS).map_err(JailError::errno("create the namespaces"))?;
                 chroot::rebase(&args.root, safeguards.chroot_private)?;
             }

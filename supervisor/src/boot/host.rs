@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use tokio::net::UnixListener;
-use vm_contract::args::SupervisorArgs;
+use vm_contract::args::VmArgs;
 use vm_contract::jail::{Confinement, JailIds};
 use vm_contract::layout::SandboxFile;
 use vm_contract::root::RootImage;
@@ -36,61 +36,61 @@ pub(super) struct Prepared {
 
 /// Joins the cgroup, checks the image, the binaries and the accelerator (reporting it), makes an image
 /// root's writable layer, and binds the sockets QEMU connects to.
-pub(super) fn prepare(args: &SupervisorArgs, root: Option<&RootImage>) -> Result<Prepared, BootError> {
-    if let Some(cgroup) = &args.cgroup {
+pub(super) fn prepare(vm: &VmArgs, root: Option<&RootImage>) -> Result<Prepared, BootError> {
+    if let Some(cgroup) = &vm.cgroup {
         // Before anything is started, so QEMU and the watchdog inherit it. Not fatal: it is the last sweep,
         // not the first line of defence.
         if std::fs::write(cgroup.join("cgroup.procs"), std::process::id().to_string()).is_err() {
             tracing::warn!(cgroup = %cgroup.display(), "cannot join the sandbox's cgroup");
         }
     }
-    for (what, path) in [("kernel", &args.kernel), ("initramfs", &args.initrd)] {
+    for (what, path) in [("kernel", &vm.kernel), ("initramfs", &vm.initrd)] {
         if !path.is_file() {
             return Err(BootError::MissingImage { what, path: path.clone() });
         }
     }
     let watchdog = sibling_binary("vm-watchdog")?;
-    let (accel, fallback) = accel::Host::default().choose(args.accel).map_err(BootError::Kvm)?;
+    let (accel, fallback) = accel::Host::default().choose(vm.accel).map_err(BootError::Kvm)?;
     if let Some(why) = &fallback {
         tracing::warn!(reason = %why, "KVM unusable; using TCG software emulation");
     }
     status::report(&SupervisorStatus::Accelerator { accel, fallback: fallback.map(|w| w.to_string()) });
-    let qemu = match &args.qemu {
+    let qemu = match &vm.qemu {
         Some(q) => std::path::absolute(q).map_err(|_| BootError::NoQemu)?,
         None => vmm::find_on_path("qemu-system-x86_64").ok_or(BootError::NoQemu)?,
     };
-    let ids = args.jail_id.map(|id| JailIds { uid: id, gid: id });
-    if args.confinement == Confinement::Jail && ids.is_none() {
+    let ids = vm.jail_id.map(|id| JailIds { uid: id, gid: id });
+    if vm.confinement == Confinement::Jail && ids.is_none() {
         return Err(BootError::NoJailId);
     }
-    let restored = args.restore_snapshot.as_deref();
+    let restored = vm.restore_snapshot.as_deref();
     let disks = root.map(|r| super::disks::prepare(r, ids, restored)).transpose().map_err(BootError::Disks)?;
-    let root = vmm_root(&args.sandbox_dir)?;
+    let root = vmm_root(&vm.sandbox_dir)?;
     let channel = bind(SandboxFile::Channel, ids)?;
     let console = bind(SandboxFile::ConsoleSocket, ids)?;
-    let saving = args.save_snapshot.is_some();
+    let saving = vm.save_snapshot.is_some();
     let monitor = if saving { Some(bind(SandboxFile::Monitor, ids)?) } else { None };
     let migration = if saving { Some(bind(SandboxFile::Migration, ids)?) } else { None };
-    let restored = match &args.restore_snapshot {
+    let restored = match &vm.restore_snapshot {
         Some(dir) => Some(super::snapshot::saved_hello(dir).map_err(BootError::Snapshot)?),
         None => None,
     };
     let config = VmmConfig {
         qemu,
         jailer: sibling_binary("vm-jailer")?,
-        confinement: args.confinement,
+        confinement: vm.confinement,
         ids,
         root,
-        cgroups: args.vmm_cgroups.clone(),
-        kernel: args.kernel.clone(),
-        initrd: args.initrd.clone(),
-        shape: args.shape,
+        cgroups: vm.vmm_cgroups.clone(),
+        kernel: vm.kernel.clone(),
+        initrd: vm.initrd.clone(),
+        shape: vm.shape,
         accel,
         monitor: saving,
-        incoming: args.restore_snapshot.as_deref().map(|dir| SnapshotFile::State.path(dir)),
-        tsc_khz: args.tsc_khz,
+        incoming: vm.restore_snapshot.as_deref().map(|dir| SnapshotFile::State.path(dir)),
+        tsc_khz: vm.tsc_khz,
         disks,
-        mounts: super::shares::guest_view(&args.mounts),
+        mounts: super::shares::guest_view(&vm.mounts),
     };
     Ok(Prepared { config, watchdog, channel, console, monitor, migration, restored })
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tokio::net::UnixListener;
 use tokio::sync::watch;
-use vm_contract::args::SupervisorArgs;
+use vm_contract::args::VmArgs;
 use vm_contract::jail::parse_vmm_pid_line;
 use vm_contract::layout::SandboxFile;
 use vm_contract::pids::{ProcessRecord, SandboxPids};
@@ -109,31 +109,24 @@ pub(crate) struct GuestLogs {
 /// How long QEMU has to connect its console after it starts (it does so before anything else).
 const CONSOLE_CONNECT_MS: u64 = 5_000;
 
-/// Boots the VM described by `args`, with the safeguards `safeguards` leaves on. A stop request arriving
+/// Boots the VM described by `vm` (which has no identity), with the safeguards `safeguards` leaves on. A stop request arriving
 /// meanwhile ends the boot.
 ///
 /// # Errors
 /// A [`BootError`]; nothing it started is left running.
 pub(crate) async fn boot(
-    args: &SupervisorArgs,
+    vm: &VmArgs,
     root: Option<&RootImage>,
     safeguards: &Safeguards,
     senders: &Senders,
     stop: &mut watch::Receiver<StopRequests>,
 ) -> Result<Booted, BootError> {
-    let Prepared { config, watchdog, channel, console, monitor, migration, restored } = host::prepare(args, root)?;
+    let Prepared { config, watchdog, channel, console, monitor, migration, restored } = host::prepare(vm, root)?;
     let saving = monitor.is_some();
-    let mut shares = shares::start(
-        &config.jailer,
-        &args.mounts,
-        config.confinement,
-        config.ids,
-        &config.cgroups,
-        safeguards,
-        senders,
-    )
-    .await
-    .map_err(BootError::Shares)?;
+    let mut shares =
+        shares::start(&config.jailer, &vm.mounts, config.confinement, config.ids, &config.cgroups, safeguards, senders)
+            .await
+            .map_err(BootError::Shares)?;
     // Until QEMU's pid is known, the switch kills the jailer, and QEMU with it (its parent-death signal).
     let jailer = match config.spawn(&safeguards.child_env) {
         Ok(jailer) => jailer,
@@ -159,7 +152,7 @@ pub(crate) async fn boot(
             settle: saving || restored.is_some(),
             reseed_restored: safeguards.reseed_restored,
         };
-        let link = Link { channel: &channel, how, timeout: Duration::from_millis(args.boot_timeout_ms) };
+        let link = Link { channel: &channel, how, timeout: Duration::from_millis(vm.boot_timeout_ms) };
         let (lease, link, attach) =
             lease_and_link(safeguards, &mut vmm, vmm_record, link, &watchdog, senders, stop).await?;
         Ok::<_, BootError>((vmm_record, lease, link, attach, logs, save))

@@ -92,7 +92,7 @@ pub(crate) async fn serve(
     let mut state = Serving {
         args,
         vmm,
-        reporter: Reporter::new(telemetry, args.sandbox_id.as_str(), std::time::Instant::now()),
+        reporter: Reporter::new(telemetry, args.identity.sandbox_id.as_str(), std::time::Instant::now()),
         boundary,
         guest: GuestQueue::new(guest),
         clients: HashMap::new(),
@@ -122,7 +122,7 @@ pub(crate) async fn serve(
             }
             exit = state.vmm.wait() => {
                 let status = exit.ok();
-                for hit in crate::boot::vmm_limits::hits(&state.args.vmm_cgroups) {
+                for hit in crate::boot::vmm_limits::hits(&state.args.vm.vmm_cgroups) {
                     state.note(Note::VmmLimit(hit.describe()));
                 }
                 // The driver, which watches the VMM too, now gives this process the time to flush.
@@ -308,7 +308,7 @@ impl Serving<'_, '_> {
             return;
         }
         tracing::info!(reason = %reason, "stopping the sandbox");
-        let grace = Duration::from_millis(u64::from(self.args.stop_grace_ms));
+        let grace = Duration::from_millis(u64::from(self.args.vm.stop_grace_ms));
         self.stopping = Some((reason, Instant::now() + grace + vm_contract::stop::POWER_OFF));
         self.note(Note::StopDecided);
         self.end_session();

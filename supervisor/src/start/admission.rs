@@ -85,7 +85,7 @@ impl SettingsFrom<'_> {
     fn settings(self, headers: Vec<(String, String)>) -> Result<TelemetrySettings, SettingsError> {
         match self {
             Self::Environment => TelemetrySettings::load(headers),
-            Self::Claim(claim) => TelemetrySettings::from_lookup(|var| claim.setting(var), headers),
+            Self::Claim(claim) => TelemetrySettings::from_config(&claim.telemetry, headers),
         }
     }
 }
@@ -125,7 +125,7 @@ pub(crate) fn admit(
     let started = SystemTime::now();
     if let Err(mismatch) = descriptor(args, safeguards) {
         let settings = Box::new(from.settings(Vec::new()));
-        let sandbox_id = args.sandbox_id.to_string();
+        let sandbox_id = args.identity.sandbox_id.to_string();
         let outlet = Outlet::Refused { console, settings, sandbox_id, controls: safeguards.telemetry };
         return Err(Failure::new(AdmitError::Descriptor(mismatch), outlet));
     }
@@ -181,14 +181,14 @@ fn egress_secrets(
 ) -> Result<EgressSecrets, AdmitError> {
     vm_protocol::credentials::SecretCredential::validate_all(&bundle.secrets).map_err(AdmitError::Secrets)?;
     let secrets = Secrets::new(bundle.secrets).map_err(AdmitError::Placeholders)?;
-    let extra = match &args.egress_ca {
+    let extra = match &args.vm.egress_ca {
         Some(path) => {
             crate::telemetry::credentials::CaBundle::load(path).map_err(|_| AdmitError::EgressCa)?.certificates()
         }
         None => Vec::new(),
     };
     let rules = policy.network.as_ref().map_or(&[][..], |n| &n.allow[..]);
-    let intercept = Interceptor::new(args.sandbox_id.as_str(), rules, &extra, safeguards.swap_placeholders)
+    let intercept = Interceptor::new(args.identity.sandbox_id.as_str(), rules, &extra, safeguards.swap_placeholders)
         .map_err(AdmitError::Intercept)?
         .map(std::sync::Arc::new);
     // Keys in memory: no process of this user may read it (ptrace, /proc/PID/mem) or find it in a core.
@@ -206,10 +206,10 @@ fn descriptor(args: &SupervisorArgs, safeguards: &Safeguards) -> Result<(), Mism
         return Ok(());
     }
     let trusted = Trusted {
-        backend: args.backend,
-        sandbox_id: args.sandbox_id.as_str(),
-        session_id: args.session_id.as_ref(),
-        generation: args.generation,
+        backend: args.vm.backend,
+        sandbox_id: args.identity.sandbox_id.as_str(),
+        session_id: args.identity.session_id.as_ref(),
+        generation: args.identity.generation,
     };
     LaunchDescriptor::read(Path::new(".")).and_then(|d| d.admit(&trusted))
 }
@@ -223,19 +223,20 @@ fn start_telemetry(
 ) -> Result<(Telemetry, AuthBundle), AdmitError> {
     let mut bundle = AuthBundle::take(Path::new(".")).map_err(AdmitError::Bundle)?;
     let settings = from.settings(std::mem::take(&mut bundle.otlp_headers)).map_err(AdmitError::Settings)?;
-    let telemetry = Telemetry::start(console.handle(), args.sandbox_id.as_str(), &settings, safeguards.telemetry)
-        .map_err(AdmitError::Telemetry)?;
+    let telemetry =
+        Telemetry::start(console.handle(), args.identity.sandbox_id.as_str(), &settings, safeguards.telemetry)
+            .map_err(AdmitError::Telemetry)?;
     Ok((telemetry, bundle))
 }
 
 /// The session with `vm-driver serve`, where the arguments name its socket.
 fn session(args: &SupervisorArgs, token: Option<String>) -> Result<Option<SessionConfig>, AdmitError> {
-    match (&args.session_socket, &args.session_id, token) {
+    match (&args.identity.session_socket, &args.identity.session_id, token) {
         (Some(socket), Some(session_id), Some(token)) => Ok(Some(SessionConfig {
             socket: socket.clone(),
             hello: SessionHello {
-                sandbox_id: args.sandbox_id.to_string(),
-                generation: args.generation,
+                sandbox_id: args.identity.sandbox_id.to_string(),
+                generation: args.identity.generation,
                 session_id: session_id.clone(),
                 token,
             },

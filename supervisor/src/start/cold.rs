@@ -20,18 +20,19 @@ use crate::telemetry::console::Console;
 /// A [`StartError`] if the VM never became ready; the failure is also reported as a status line and (from
 /// admission on) as OCSF events.
 pub async fn run(args: SupervisorArgs, safeguards: &Safeguards, console: Console) -> Result<StopReason, StartError> {
-    if let Err(e) = super::enter(&args) {
+    if let Err(e) = super::enter(&args.vm) {
         return fail(Outlet::Console(console), e).await;
     }
     let admitted = match admission::admit(&args, safeguards, console, SettingsFrom::Environment) {
         Ok(admitted) => admitted,
         Err(failure) => return failure.fail().await,
     };
-    let (senders, mut inbox) = match super::leash(args.parent_liveness_stdin, None) {
+    let (senders, mut inbox) = match super::leash(args.vm.parent_liveness_stdin, None) {
         Ok(leash) => leash,
         Err(e) => return fail(Outlet::Sandbox(Box::new(admitted.sandbox)), e).await,
     };
-    let booted = match crate::boot::boot(&args, admitted.root.as_ref(), safeguards, &senders, &mut inbox.stop).await {
+    let booted = match crate::boot::boot(&args.vm, admitted.root.as_ref(), safeguards, &senders, &mut inbox.stop).await
+    {
         Ok(booted) => booted,
         Err(e) => return fail(Outlet::Sandbox(Box::new(admitted.sandbox)), e.into()).await,
     };

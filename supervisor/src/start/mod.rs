@@ -21,7 +21,7 @@ mod sandbox;
 
 use std::path::PathBuf;
 
-use vm_contract::args::SupervisorArgs;
+use vm_contract::args::VmArgs;
 use vm_contract::claim::ClaimError;
 use vm_contract::layout::SandboxFile;
 
@@ -80,8 +80,8 @@ impl StartError {
 }
 
 /// Enters the sandbox directory: every relative path from here on is the sandbox's.
-fn enter(args: &SupervisorArgs) -> Result<(), StartError> {
-    std::env::set_current_dir(&args.sandbox_dir).map_err(|e| StartError::SandboxDir(args.sandbox_dir.clone(), e))
+fn enter(vm: &VmArgs) -> Result<(), StartError> {
+    std::env::set_current_dir(&vm.sandbox_dir).map_err(|e| StartError::SandboxDir(vm.sandbox_dir.clone(), e))
 }
 
 /// The leash before anything boots: the loop's queues, stop signals, and (with `liveness`) the liveness

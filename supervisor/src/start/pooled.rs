@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 use vm_contract::args::SupervisorArgs;
-use vm_contract::claim::Claim;
 use vm_contract::root::RootImage;
 use vm_contract::status::SupervisorStatus;
 use vm_ocsf::{AppInfo, Lifecycle, Status};
@@ -42,12 +41,8 @@ use crate::telemetry::Telemetry;
 /// # Errors
 /// A [`StartError`] if the VM never became ready, its save or its claim failed, or the claimed sandbox was
 /// not admitted.
-pub async fn run(
-    mut args: SupervisorArgs,
-    safeguards: &Safeguards,
-    console: Console,
-) -> Result<StopReason, StartError> {
-    if let Err(e) = super::enter(&args) {
+pub async fn run(args: SupervisorArgs, safeguards: &Safeguards, console: Console) -> Result<StopReason, StartError> {
+    if let Err(e) = super::enter(&args.vm) {
         return fail(Outlet::Console(console), e).await;
     }
     let (claim_tx, claim_rx) = oneshot::channel();
@@ -60,17 +55,17 @@ pub async fn run(
         Ok(root) => root,
         Err(e) => return fail(Outlet::Console(console), StartError::Root(e)).await,
     };
-    let mut booted = match crate::boot::boot(&args, root.as_ref(), safeguards, &senders, &mut inbox.stop).await {
+    let mut booted = match crate::boot::boot(&args.vm, root.as_ref(), safeguards, &senders, &mut inbox.stop).await {
         Ok(booted) => booted,
         Err(e) => return fail(Outlet::Console(console), e.into()).await,
     };
-    if let (Some(dir), Some(line)) = (args.save_snapshot.clone(), booted.save.take()) {
-        let cap = safeguards.stream_cap_bytes(args.shape);
+    if let (Some(dir), Some(line)) = (args.vm.save_snapshot.clone(), booted.save.take()) {
+        let cap = safeguards.stream_cap_bytes(args.vm.shape);
         return save_and_stop(booted, line, inbox, (&dir, root.is_some()), cap, console).await;
     }
     let agent = booted.link.hello.software_label();
     status::report(&SupervisorStatus::Pooled { vmm_pid: booted.vm.vmm_record.pid.unsigned_abs(), agent });
-    tracing::info!(slot = %args.sandbox_id, "pooled VM ready; waiting for a claim");
+    tracing::info!(slot = %args.identity.sandbox_id, "pooled VM ready; waiting for a claim");
     // Control: the naive pool, whose VM reports its boot under the slot's id before any claim.
     let _early = (!safeguards.identity_at_claim).then(|| boot_event(&args, safeguards, &console)).flatten();
     let vm = &mut booted.vm;
@@ -87,7 +82,9 @@ pub async fn run(
             };
         }
     };
-    claimed(&mut args, &claim);
+    // The sandbox's identity from now on; the VM's arguments are the slot's, unchanged.
+    let args = SupervisorArgs { identity: claim.identity(), vm: args.vm };
+    tracing::info!(sandbox = %args.identity.sandbox_id, "claimed");
     let mut admitted = match admission::admit(&args, safeguards, console, SettingsFrom::Claim(&claim)) {
         Ok(admitted) => admitted,
         Err(failure) => {
@@ -102,15 +99,6 @@ pub async fn run(
     }
     admitted.sandbox.telemetry().spans().boot_origin("pool");
     Ok(admitted.serve(&args, safeguards, booted, senders, inbox).await)
-}
-
-/// The arguments as the claim makes them: the sandbox's identity from now on.
-fn claimed(args: &mut SupervisorArgs, claim: &Claim) {
-    args.sandbox_id = claim.sandbox_id.clone();
-    args.session_id = Some(claim.session_id.clone());
-    args.generation = claim.generation;
-    args.session_socket = Some(claim.session_socket.clone());
-    tracing::info!(sandbox = %args.sandbox_id, "claimed");
 }
 
 /// `--save-snapshot`: saves the booted VM into `dir`, keeping its lease meanwhile, then stops it; with an
@@ -168,7 +156,7 @@ fn end_unclaimed(reason: StopReason, console: Console) -> StopReason {
 /// The `pool-identity-at-boot` control's telemetry: started at boot from the environment, under the slot's id.
 fn boot_event(args: &SupervisorArgs, safeguards: &Safeguards, console: &Console) -> Option<Telemetry> {
     let settings = TelemetrySettings::load(Vec::new()).ok()?;
-    let sandbox_id = args.sandbox_id.as_str();
+    let sandbox_id = args.identity.sandbox_id.as_str();
     let mut telemetry = Telemetry::start(console.handle(), sandbox_id, &settings, safeguards.telemetry).ok()?;
     let vm = AppInfo { name: "microvm".into(), version: env!("CARGO_PKG_VERSION").into() };
     let event = telemetry.source().lifecycle(Lifecycle::Start, &vm, Status::Success, None);

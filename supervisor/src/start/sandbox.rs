@@ -39,10 +39,10 @@ impl Sandbox {
     /// Takes over the sandbox's sinks and says how its VMM is confined (`none` loudly), and, in a build with
     /// test controls, that it has them.
     pub(crate) fn open(telemetry: Telemetry, console: Console, args: &SupervisorArgs) -> Self {
-        let mut sandbox = Self { telemetry, console, vmm_cgroups: args.vmm_cgroups.clone() };
+        let mut sandbox = Self { telemetry, console, vmm_cgroups: args.vm.vmm_cgroups.clone() };
         #[cfg(feature = "test-controls")]
         sandbox.config_change(&vm_contract::test_control::announcement("vm-supervisor"));
-        let confinement = match args.confinement {
+        let confinement = match args.vm.confinement {
             Confinement::None => {
                 "VMM confinement: none (UNCONFINED: no jail, no separate uid, no namespaces)".to_owned()
             }
@@ -126,14 +126,14 @@ impl Admitted {
         }
         let agent = apps[0].version.clone();
         status::report(&SupervisorStatus::Ready { vmm_pid: vm.vmm_record.pid.unsigned_abs(), agent });
-        tracing::info!(sandbox = %args.sandbox_id, agent = %apps[0].version, "sandbox ready");
+        tracing::info!(sandbox = %args.identity.sandbox_id, agent = %apps[0].version, "sandbox ready");
         let session = session.map(|s| tokio::spawn(crate::serve::session::run(s, senders.clone())).abort_handle());
         let config = BoundaryConfig {
             policy,
             run: root.map(|r| r.run).unwrap_or_default(),
             secrets: egress.secrets.clone(),
             trust: egress.intercept.as_ref().map(|i| i.ca.pem().to_owned()),
-            stop_grace_ms: args.stop_grace_ms,
+            stop_grace_ms: args.vm.stop_grace_ms,
             rules: Rules {
                 guest_invariants: safeguards.guest_invariants,
                 serialized_policy: safeguards.serialized_policy,
@@ -141,8 +141,9 @@ impl Admitted {
             },
         };
         let egress = EgressSettings {
-            resolver: args.egress_resolver.map_or(Resolver::System, Resolver::Dns),
+            resolver: args.vm.egress_resolver.map_or(Resolver::System, Resolver::Dns),
             upstream: args
+                .vm
                 .egress_proxy
                 .clone()
                 .map(|address| Upstream { address, authorization: egress.proxy_authorization }),

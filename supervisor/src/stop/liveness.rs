@@ -81,7 +81,7 @@ mod tests {
             session_id: vm_contract::session::SessionId::from_bytes([1; 16]),
             generation: vm_contract::session::Generation(1),
             session_socket: "/s".into(),
-            telemetry: Vec::new(),
+            telemetry: vm_contract::telemetry::TelemetryConfig::default(),
         };
         let line = claim.to_line().unwrap();
         assert_eq!(read_claim(&mut line.as_bytes()), Some(Ok(claim)));

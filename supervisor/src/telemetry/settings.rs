@@ -1,6 +1,8 @@
-//! Telemetry settings: from the environment the driver set; collector headers come from the auth bundle.
+//! Telemetry settings: from the [`TelemetryConfig`] the driver set (in the environment, or in a claim);
+//! collector headers come from the auth bundle.
 
 use vm_contract::env;
+use vm_contract::telemetry::TelemetryConfig;
 use vm_ocsf::{SchemaVersion, UnsupportedVersion};
 
 use super::otlp::{OtlpSettings, Protocol};
@@ -33,40 +35,37 @@ pub enum SettingsError {
 }
 
 impl TelemetrySettings {
-    /// Reads the settings from the environment; collector headers come from the auth bundle.
+    /// The settings of a cold start: its environment's ([`TelemetryConfig::from_env`]).
     ///
     /// # Errors
     /// [`SettingsError`].
     pub fn load(otlp_headers: Vec<(String, String)>) -> Result<Self, SettingsError> {
-        Self::from_lookup(|name| std::env::var(name).ok(), otlp_headers)
+        Self::from_config(&TelemetryConfig::from_env(|var| std::env::var(var).ok()), otlp_headers)
     }
 
-    /// Reads the settings through `lookup` (a variable's value by its name: the environment, or a pooled VM's
-    /// claim); blank values count as unset.
+    /// The settings `config` gives (from the environment of a cold start, or a pooled VM's claim); collector
+    /// headers come from the auth bundle.
     ///
     /// # Errors
     /// [`SettingsError`].
-    pub fn from_lookup(
-        lookup: impl Fn(&str) -> Option<String>,
-        otlp_headers: Vec<(String, String)>,
-    ) -> Result<Self, SettingsError> {
-        let var = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
-        let schema = SchemaVersion::parse(&var(env::SCHEMA_VERSION).unwrap_or_default())?;
-        let json = match var(env::OCSF_JSON).as_deref() {
+    pub fn from_config(config: &TelemetryConfig, otlp_headers: Vec<(String, String)>) -> Result<Self, SettingsError> {
+        let config = config.normalized();
+        let schema = SchemaVersion::parse(config.schema_version.as_deref().unwrap_or_default())?;
+        let json = match config.ocsf_json.as_deref() {
             None | Some("on") => true,
             Some("off") => false,
             Some(_) => return Err(SettingsError::Json),
         };
-        let otlp = match var(env::OTLP_ENDPOINT) {
+        let otlp = match config.otlp_endpoint {
             Some(endpoint) => Some(OtlpSettings {
                 endpoint,
-                protocol: Protocol::parse(&var(env::OTLP_PROTOCOL).unwrap_or_default())
+                protocol: Protocol::parse(config.otlp_protocol.as_deref().unwrap_or_default())
                     .ok_or(SettingsError::Protocol)?,
                 headers: otlp_headers,
-                ca_path: var(env::OTLP_CA).map(std::path::PathBuf::from),
+                ca_path: config.otlp_ca,
             }),
             None => None,
         };
-        Ok(Self { schema, gateway_name: var(env::GATEWAY_NAME), otlp, json })
+        Ok(Self { schema, gateway_name: config.gateway_name, otlp, json })
     }
 }

@@ -2,11 +2,12 @@
 //! starts it, but with a shell script as PID 1 instead of the agent, and no supervisor or protocol.
 #![allow(dead_code, reason = "each benchmark uses part of this module")]
 
-pub mod api;
 mod report;
 pub mod served;
 #[allow(unused_imports, reason = "each benchmark uses part of this module")]
 pub use report::{median, Report};
+#[allow(unused_imports, reason = "each benchmark uses part of this module")]
+pub use vm_test_support::image::CHANNEL_UP;
 
 use std::ffi::OsString;
 use std::io::Read;
@@ -20,17 +21,9 @@ use vm_contract::accel::Accelerator;
 use vm_contract::args::PROBE_ACCEL;
 use vm_contract::shape::SandboxShape;
 use vm_contract::status::SupervisorStatus;
-use vm_e2e::image::with_init_script;
-use vm_e2e::{harness, Scratch};
 use vm_supervisor::boot::vmm::VmmConfig;
-
-/// Brings the channel up the way the agent does.
-pub const CHANNEL_UP: &str = r#"
-/bin/busybox mount -t proc proc /proc
-/bin/busybox mount -t sysfs sys /sys
-/bin/busybox mount -t devtmpfs dev /dev
-for m in $(/bin/busybox cat /etc/vm-agent/modules); do /bin/busybox insmod $m; done
-while [ ! -e /sys/class/virtio-ports/vport0p1/name ]; do :; done"#;
+use vm_test_support::image::with_init_script;
+use vm_test_support::{harness, Scratch};
 
 /// A guest that brings the channel up, writes one byte on it and powers off: a bare boot timed to the point
 /// where our agent says hello.
@@ -160,5 +153,23 @@ fn probe_accel() -> String {
 
 /// `BENCH_RUNS`, default 10.
 pub fn runs() -> usize {
-    std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(10)
+    runs_or(10)
+}
+
+/// `BENCH_RUNS`, default `default`.
+pub fn runs_or(default: usize) -> usize {
+    std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Runs `cmd` (no stdin, stdout discarded), which must succeed: the time it took, in ms.
+pub fn timed_ms(cmd: &mut Command) -> f64 {
+    let started = Instant::now();
+    let out = cmd.stdin(Stdio::null()).stdout(Stdio::null()).output().unwrap();
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    started.elapsed().as_secs_f64() * 1e3
+}
+
+/// `d` in ms.
+pub fn ms(d: &Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }

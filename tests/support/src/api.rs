@@ -1,20 +1,26 @@
-//! The driver API as the service benchmarks drive it.
+//! The driver's gRPC API as the tests and benchmarks drive it (`docs/driver-api.md`); a client comes from
+//! [`Serve::grpc`](crate::serve::Serve::grpc).
 
 use std::time::{Duration, Instant};
 
 use tokio_stream::StreamExt;
 use vm_protocol::driver_api::driver_client::DriverClient;
-use vm_protocol::driver_api::{watch_event, CreateSandboxRequest, Sandbox, SandboxState, WatchRequest};
+use vm_protocol::driver_api::{watch_event, CreateSandboxRequest, Sandbox, SandboxSpec, SandboxState, WatchRequest};
 
+/// A connected API client.
 pub type Client = DriverClient<tonic::transport::Channel>;
 
-/// CreateSandbox until Watch reports it ready: the time, and the create's answer.
-pub async fn create_ready(client: &mut Client, id: &str) -> (Duration, Sandbox) {
+/// CreateSandbox of `id` (with `spec`, or the service's defaults) until Watch reports it ready: the time it
+/// took from the request, and the create's answer. The watch starts first, so no change is missed.
+///
+/// # Panics
+///
+/// If the sandbox fails, or the watch ends before it is ready.
+pub async fn create_ready(client: &mut Client, id: &str, spec: Option<SandboxSpec>) -> (Duration, Sandbox) {
     let mut events = client.watch(WatchRequest { sandbox_id: id.to_owned() }).await.unwrap().into_inner();
     let start = Instant::now();
-    let created = client
-        .create_sandbox(CreateSandboxRequest { sandbox_id: id.to_owned(), spec: None, credentials: Vec::new() })
-        .await;
+    let created =
+        client.create_sandbox(CreateSandboxRequest { sandbox_id: id.to_owned(), spec, credentials: Vec::new() }).await;
     let created = created.unwrap().into_inner();
     while let Some(event) = events.next().await {
         if let Some(watch_event::Event::Changed(s)) = event.unwrap().event {

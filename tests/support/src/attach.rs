@@ -123,6 +123,14 @@ impl AttachClient {
         }
     }
 
+    /// Runs one file operation that must succeed (exit status 0, not refused), as [`Self::files`]; its
+    /// stdout.
+    pub fn files_ok(&mut self, op: FileOp, input: &[u8]) -> Vec<u8> {
+        let (stdout, stderr, status) = self.files(op, input).expect("refused");
+        assert_eq!(status, ExitStatus::Code(0), "stderr: {stderr}");
+        stdout
+    }
+
     /// Sends `msgs` in one write, so that the supervisor finds them queued together, in this order.
     pub fn send_together(&mut self, msgs: &[ToSupervisor]) {
         let mut wire = Vec::new();

@@ -38,6 +38,15 @@ pub fn read_cpio(bytes: &[u8]) -> Vec<Entry> {
     }
 }
 
+/// A busybox script that brings the guest channel up the way the agent does, and waits for its port: the
+/// start of a guest that then speaks on `/dev/vport0p1` itself.
+pub const CHANNEL_UP: &str = r#"
+/bin/busybox mount -t proc proc /proc
+/bin/busybox mount -t sysfs sys /sys
+/bin/busybox mount -t devtmpfs dev /dev
+for m in $(/bin/busybox cat /etc/vm-agent/modules); do /bin/busybox insmod $m; done
+while [ ! -e /sys/class/virtio-ports/vport0p1/name ]; do :; done"#;
+
 /// Writes a copy of the harness image's initramfs with `/init` replaced by `script` (run by busybox sh),
 /// into `dir`, and returns its path. The agent stays in the archive (as `/init.agent`), so the image is as
 /// large as the real one and a boot-time baseline built from it unpacks the same bytes.
@@ -45,10 +54,16 @@ pub fn with_init_script(dir: &Path, script: &str) -> PathBuf {
     with_init(dir, "broken-initramfs.cpio", format!("#!/bin/busybox sh\n{script}\n").into_bytes(), &[])
 }
 
+/// A copy of the harness image whose PID 1 prints [`CANARY`](crate::CANARY) on the console and then loops
+/// forever, ignoring everything: a guest that never powers itself off (a compromised one would not), so that
+/// only the host's mechanisms can end it. Boot it with a long `--boot-timeout`: it never says hello.
+pub fn with_init_that_never_stops(dir: &Path) -> PathBuf {
+    with_init_script(dir, &format!("echo {} > /dev/console\nwhile :; do /bin/busybox sleep 1; done", crate::CANARY))
+}
+
 /// Where `scripts/test` builds the rogue agent (`scripts/guest-cargo -p vm-rogue-agent`).
 pub fn rogue_agent() -> PathBuf {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/guest/x86_64-unknown-linux-gnu/release/vm-rogue-agent");
+    let path = crate::repo().join("target/guest/x86_64-unknown-linux-gnu/release/vm-rogue-agent");
     assert!(
         path.is_file(),
         "{} is missing: scripts/test builds it (scripts/guest-cargo -p vm-rogue-agent)",

@@ -5,32 +5,34 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use crate::procs::Killed;
 
 /// The name that reaches the host's loopback from a sandbox.
 pub const HOST_GATEWAY: &str = vm_protocol::policy::network::HOST_GATEWAY;
 
+/// A network rule of a sandbox policy (JSON): `host` on `port`.
+pub fn rule(host: &str, port: u16) -> String {
+    format!(r#"{{"host":"{host}","ports":[{port}]}}"#)
+}
+
+/// A sandbox policy (JSON) that allows the operations `allow` (`exec`, `stdin`, ...) and, on the network,
+/// `rules` (JSON objects, such as [`rule`]'s).
+pub fn policy(allow: &[&str], rules: &[String]) -> String {
+    let allow: Vec<String> = allow.iter().map(|a| format!("\"{a}\"")).collect();
+    format!(r#"{{"allow":[{}],"network":{{"allow":[{}]}}}}"#, allow.join(","), rules.join(","))
+}
+
 /// A fresh directory for a server's files, outside every scratch directory: the scratch's watcher counts
 /// each process that names its directory as the sandbox's, and these servers outlive the sandbox on purpose.
+/// `name` is the test's own: the tests of one binary share the pid in the path.
 pub fn server_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("e2e-srv-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// A child killed when dropped.
-#[derive(Debug)]
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// `web_server.py` serving a directory.
@@ -50,7 +52,7 @@ impl WebServer {
     pub fn start(dir: &Path, tls: Option<(&Path, &Path)>) -> Self {
         let root = dir.join("www");
         std::fs::create_dir_all(&root).unwrap();
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/web_server.py");
+        let script = crate::repo().join("tests/python/web_server.py");
         let mut cmd = Command::new("/usr/bin/python3");
         cmd.arg(script).arg(&root);
         if let Some((cert, key)) = tls {
@@ -77,18 +79,11 @@ impl WebServer {
 /// A CA and a server certificate it signed for `names`, as PEM files in `dir`: (ca, cert, key).
 pub fn throwaway_ca(dir: &Path, names: &[&str]) -> (PathBuf, PathBuf, PathBuf) {
     std::fs::create_dir_all(dir).unwrap();
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "e2e network CA");
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
-    let cert = CertificateParams::new(names).unwrap().signed_by(&key, &Issuer::new(ca_params, ca_key)).unwrap();
+    let issued = crate::tls::issue("e2e network CA", names);
     let paths = (dir.join("ca.pem"), dir.join("server.pem"), dir.join("server.key"));
-    std::fs::write(&paths.0, ca_cert.pem()).unwrap();
-    std::fs::write(&paths.1, cert.pem()).unwrap();
-    std::fs::write(&paths.2, key.serialize_pem()).unwrap();
+    std::fs::write(&paths.0, issued.ca_pem).unwrap();
+    std::fs::write(&paths.1, issued.cert_pem).unwrap();
+    std::fs::write(&paths.2, issued.key_pem).unwrap();
     paths
 }
 

@@ -13,9 +13,18 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
-/// The extract this crate ships.
+/// Asserts that every one of `events` is valid OCSF 1.8.0, by the extract the tests ship.
+pub fn assert_valid(events: &[Value]) {
+    let schema = Schema::load(&schema_dir());
+    for event in events {
+        let problems = schema.validate(event);
+        assert!(problems.is_empty(), "{event}: {problems:#?}");
+    }
+}
+
+/// The extract the tests ship (`tests/ocsf-1.8.0/`).
 pub fn schema_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("ocsf-1.8.0")
+    crate::repo().join("tests/ocsf-1.8.0")
 }
 
 #[derive(Debug, Clone, Default)]

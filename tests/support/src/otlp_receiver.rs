@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -61,6 +62,19 @@ pub struct Request {
     pub protocol: &'static str,
     pub headers: HashMap<String, String>,
     pub records: usize,
+}
+
+impl Request {
+    /// Its `authorization` header.
+    pub fn authorization(&self) -> Option<&str> {
+        self.headers.get("authorization").map(String::as_str)
+    }
+}
+
+/// The value of `OTEL_EXPORTER_OTLP_HEADERS` (or `..._LOGS_HEADERS`) that sends `token` (`Bearer ...`) as
+/// the `authorization` header of every export.
+pub fn authorization_headers(token: &str) -> String {
+    format!("authorization={}", token.replace(' ', "%20"))
 }
 
 #[derive(Debug, Default)]
@@ -230,6 +244,17 @@ pub struct TlsIdentity {
     pub key_pem: String,
 }
 
+impl TlsIdentity {
+    /// An identity for 127.0.0.1, signed by a throwaway CA whose certificate is written to `dir/ca_file`
+    /// (what the supervisor is told to trust); that file and the identity.
+    pub fn issue(dir: &Path, ca_file: &str) -> (PathBuf, Self) {
+        let issued = crate::tls::issue(&format!("e2e {ca_file}"), &["127.0.0.1", "localhost"]);
+        let path = dir.join(ca_file);
+        std::fs::write(&path, issued.ca_pem).unwrap();
+        (path, Self { cert_pem: issued.cert_pem, key_pem: issued.key_pem })
+    }
+}
+
 async fn http_connection<S>(stream: S, state: Arc<Mutex<State>>) -> std::io::Result<()>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -362,6 +387,15 @@ impl Receiver {
         });
         let scheme = if tls.is_some() { "https" } else { "http" };
         Self { grpc: grpc_addr, http: http_addr, scheme, state, _runtime: runtime }
+    }
+
+    /// Its endpoint for `protocol`: `grpc`, or `http/protobuf`.
+    pub fn endpoint(&self, protocol: &str) -> String {
+        if protocol == "grpc" {
+            self.grpc_endpoint()
+        } else {
+            self.http_endpoint()
+        }
     }
 
     pub fn grpc_endpoint(&self) -> String {

@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
+use crate::wait_until;
+
 /// A process seen by the watcher. `(pid, start_time)` names it even after the pid is reused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcInfo {
@@ -59,6 +61,16 @@ impl ProcInfo {
     }
 }
 
+/// Whether `p` exits within `limit` (polled from /proc).
+pub fn gone_within(p: &ProcInfo, limit: Duration) -> bool {
+    wait_until(limit, || !p.is_alive())
+}
+
+/// Whether `p` stays alive for all of `span`.
+pub fn survives(p: &ProcInfo, span: Duration) -> bool {
+    !wait_until(span, || !p.is_alive())
+}
+
 /// `(comm, start_time)` from `/proc/<pid>/stat`.
 pub fn stat(pid: i32) -> Option<(String, u64)> {
     let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -95,8 +107,8 @@ pub fn inside(dir: &Path) -> Vec<ProcInfo> {
         .collect()
 }
 
-/// The parent pid, from `/proc/<pid>/stat`.
-fn parent(pid: i32) -> Option<i32> {
+/// The parent pid, from `/proc/<pid>/stat`; `None` once it is gone.
+pub fn parent(pid: i32) -> Option<i32> {
     let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     text.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()
 }
@@ -165,6 +177,14 @@ impl Watcher {
     }
 }
 
+/// The CPU time `pid` used, user and system, in clock ticks (`rustix::param::clock_ticks_per_second`);
+/// `None` once it is gone.
+pub fn cpu_ticks(pid: i32) -> Option<u64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = text.rsplit_once(") ")?.1.split(' ').collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
 /// A memory figure of a process from `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in KiB; `None` once it is gone.
 pub fn status_kib(pid: i32, field: &str) -> Option<u64> {
     kib_field(&format!("/proc/{pid}/status"), field)
@@ -223,6 +243,17 @@ impl PeakRss {
 impl Drop for PeakRss {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
+    }
+}
+
+/// A child process killed (and reaped) when dropped: a server or client a test starts beside its sandbox.
+#[derive(Debug)]
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 

@@ -8,8 +8,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-
 /// How a registry admits its clients.
 #[derive(Debug, Clone, Copy)]
 pub enum Auth<'a> {
@@ -61,22 +59,13 @@ impl Registry {
     /// Starts a registry under `dir` that admits clients as `auth` says.
     pub fn start_with(dir: &Path, auth: Auth<'_>) -> Self {
         std::fs::create_dir_all(dir).unwrap();
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "e2e registry CA");
-        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-        let key = KeyPair::generate().unwrap();
-        let cert = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-            .unwrap()
-            .signed_by(&key, &Issuer::new(ca_params, ca_key))
-            .unwrap();
+        let issued = crate::tls::issue("e2e registry CA", &["127.0.0.1", "localhost"]);
         let cert_dir = dir.join("certs");
         std::fs::create_dir_all(&cert_dir).unwrap();
         let ca = cert_dir.join("ca.crt");
-        std::fs::write(&ca, ca_cert.pem()).unwrap();
-        std::fs::write(dir.join("server.crt"), cert.pem()).unwrap();
-        std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
+        std::fs::write(&ca, issued.ca_pem).unwrap();
+        std::fs::write(dir.join("server.crt"), issued.cert_pem).unwrap();
+        std::fs::write(dir.join("server.key"), issued.key_pem).unwrap();
         let storage = dir.join("storage");
         let addr = format!("127.0.0.1:{}", free_port());
         let (mut auth_yaml, mut auth_file, mut grants, mut issuer) = (String::new(), None, None, None);
@@ -165,7 +154,7 @@ const TOKEN_SERVICE: &str = "e2e-registry";
 /// Starts the token issuer on `port` (its TLS is the registry's certificate, in `dir`); returns it and the
 /// certificate of its signing key, for the registry's `rootcertbundle`.
 fn start_issuer(dir: &Path, port: &str, user: &str, password: &str) -> (Child, PathBuf) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/token_server.py");
+    let script = crate::repo().join("tests/python/token_server.py");
     // Debian's interpreter, where scripts/deps installs python3-jwt and python3-cryptography.
     let mut child = Command::new("/usr/bin/python3")
         .arg(script)

@@ -7,8 +7,12 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use vm_protocol::driver_api::GetCapabilitiesRequest;
 
+use crate::output::{ok, stdout};
 use crate::procs::{self, Watcher};
 use crate::{control_env, harness, wait_until, Scratch, TestControl};
+
+/// How long a sandbox of a test's `serve` may take to become ready, or to reach another state.
+pub const STATE_WAIT: Duration = Duration::from_secs(120);
 
 /// A running service. Dropping it stops it and kills whatever it left.
 #[derive(Debug)]
@@ -18,6 +22,8 @@ pub struct Serve {
     args: Vec<String>,
     pub socket: PathBuf,
     pub state: PathBuf,
+    /// The test's scratch directory, where the policies it creates sandboxes with are written.
+    dir: PathBuf,
     env: Vec<(String, String)>,
     /// Where its stderr goes, when not inherited.
     log: Option<PathBuf>,
@@ -60,6 +66,7 @@ impl Serve {
             args,
             socket: state.join("driver.sock"),
             state,
+            dir: scratch.dir.clone(),
             env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
             log: log.map(Path::to_owned),
             watcher: Some(Watcher::start(&scratch.dir)),
@@ -115,11 +122,93 @@ impl Serve {
         self.cli_command(subcommand, args).output().expect("cannot run vm-driver")
     }
 
+    /// As [`Self::cli`], with `input` on its stdin (`--headers-file -`, `cp - ...`), written from a thread of
+    /// its own so that a command that answers before it has read everything cannot stall.
+    pub fn cli_with_stdin(&self, subcommand: &str, args: &[&str], input: &[u8]) -> Output {
+        let mut child = self
+            .cli_command(subcommand, args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot run vm-driver");
+        let mut stdin = child.stdin.take().unwrap();
+        let input = input.to_vec();
+        let writer = std::thread::spawn(move || std::io::Write::write_all(&mut stdin, &input));
+        let out = child.wait_with_output().expect("vm-driver did not finish");
+        // A command that exits without reading all of it breaks the pipe: its status says what happened.
+        let _ = writer.join();
+        out
+    }
+
     /// The command, for callers that need its stdio.
     pub fn cli_command(&self, subcommand: &str, args: &[&str]) -> Command {
         let mut cmd = Command::new(&harness().build(&self.controls).driver);
         cmd.arg(subcommand).arg("--socket").arg(&self.socket).args(args);
         cmd
+    }
+
+    /// `vm-driver create --memory 128 [--policy FILE] ID` (a small guest), which must succeed; `policy`
+    /// (JSON) is written to `ID.policy.json` in the scratch directory first.
+    pub fn create_small(&self, id: &str, policy: Option<&str>) {
+        let file = self.dir.join(format!("{id}.policy.json"));
+        let mut args = vec!["--memory", "128"];
+        if let Some(policy) = policy {
+            std::fs::write(&file, policy).unwrap();
+            args.extend(["--policy", file.to_str().unwrap()]);
+        }
+        args.push(id);
+        ok(self.cli("create", &args));
+    }
+
+    /// `vm-driver policy ID --revision REVISION --allow ALLOW [--network RULES]`: a live policy update.
+    pub fn update_policy(&self, id: &str, revision: u64, allow: &str, network: Option<&str>) -> Output {
+        let revision = revision.to_string();
+        let mut args = vec![id, "--revision", &revision, "--allow", allow];
+        if let Some(rules) = network {
+            args.extend(["--network", rules]);
+        }
+        self.cli("policy", &args)
+    }
+
+    /// The directory of sandbox `id`.
+    pub fn sandbox(&self, id: &str) -> PathBuf {
+        self.state.join("sandboxes").join(id)
+    }
+
+    /// The STATE column of `vm-driver get ID` (`ready`, `stopped`, `failed`, ...; `missing` without one).
+    pub fn sandbox_state(&self, id: &str) -> String {
+        let out = stdout(&self.cli("get", &[id]));
+        out.lines().nth(1).and_then(|l| l.split_whitespace().nth(1)).unwrap_or("missing").to_owned()
+    }
+
+    /// Waits until sandbox `id` is `wanted` (see [`Self::sandbox_state`]), for at most `limit`.
+    ///
+    /// # Panics
+    ///
+    /// If it is not by then.
+    pub fn wait_state(&self, id: &str, wanted: &str, limit: Duration) {
+        let mut last = String::new();
+        let reached = wait_until(limit, || {
+            last = self.sandbox_state(id);
+            last == wanted
+        });
+        assert!(reached, "{id} never became {wanted} within {limit:?} (it is {last})");
+    }
+
+    /// Waits until sandbox `id` is ready, for at most [`STATE_WAIT`].
+    pub fn wait_ready(&self, id: &str) {
+        self.wait_state(id, "ready", STATE_WAIT);
+    }
+
+    /// How many sandboxes `vm-driver list` shows as ready.
+    pub fn ready_count(&self) -> usize {
+        stdout(&self.cli("list", &[])).lines().filter(|l| l.contains(" ready ")).count()
+    }
+
+    /// The service's pid.
+    pub fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).unwrap()
     }
 
     /// SIGKILL, as a crash.
@@ -137,7 +226,7 @@ impl Serve {
 
     /// Sends `signal` to the service process.
     pub fn signal(&self, signal: Signal) {
-        procs::signal(i32::try_from(self.child.id()).unwrap(), signal);
+        procs::signal(self.pid(), signal);
     }
 
     /// Every QEMU seen so far under this test.
@@ -151,10 +240,7 @@ impl Serve {
     }
 
     /// A tokio runtime and a connected API client, for tests that speak gRPC themselves.
-    pub fn grpc(
-        &self,
-    ) -> (tokio::runtime::Runtime, vm_protocol::driver_api::driver_client::DriverClient<tonic::transport::Channel>)
-    {
+    pub fn grpc(&self) -> (tokio::runtime::Runtime, crate::api::Client) {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let client = rt.block_on(vm_driver::service::client::connect(&self.socket)).unwrap();
         (rt, client)

@@ -12,7 +12,7 @@ use crate::registry::run;
 pub fn layout() -> &'static Path {
     static LAYOUT: OnceLock<PathBuf> = OnceLock::new();
     LAYOUT.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/test-image");
+        let script = crate::repo().join("scripts/test-image");
         PathBuf::from(run(&mut Command::new(script)).trim().lines().last().unwrap())
     })
 }

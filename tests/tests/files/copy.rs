@@ -2,27 +2,21 @@
 //! round-trip trees byte for byte; a hostile guest's tar (the rogue agent's `tar-*` modes) is refused by the
 //! hardened extractor with a `tar_refused` finding and nothing written outside the destination, while the
 //! `unchecked-extract` control shows the write through a symlink that the checks prevent.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use serde_json::Value;
-use vm_contract::layout::SandboxFile;
 use vm_contract::test_control::TestControl;
-use vm_e2e::image::with_rogue_agent_files;
-use vm_e2e::serve::Serve;
-use vm_e2e::{wait_until, Launch, Scratch};
+use vm_test_support::events;
+use vm_test_support::image::with_rogue_agent_files;
+use vm_test_support::serve::Serve;
+use vm_test_support::{wait_until, Launch, Scratch, DRIVER_ERROR};
 
 /// The checksums of every file under `dir`, as `sha256sum` prints them, in order of path, with their modes.
 const SUMS: &str =
     "cd \"$0\" && find . -type f | LC_ALL=C sort | xargs sha256sum && find . -type f -perm -u+x | LC_ALL=C sort";
-/// The driver's exit status when the workload produced none (or a copy failed).
-const DRIVER_ERROR: i32 = 125;
 
 fn sums(dir: &Path) -> String {
     let out = Command::new("sh").args(["-c", SUMS]).arg(dir).output().unwrap();
@@ -94,7 +88,7 @@ fn cp_of_a_host_tree_into_and_out_of_a_sandbox_round_trips_byte_for_byte() {
     assert_eq!(missing.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("No such file"));
     assert!(!s.dir.join("none").exists());
-    let findings = std::fs::read_to_string(serve.state.join("sandboxes/c").join(SandboxFile::Events.name())).unwrap();
+    let findings = events::text(&serve.sandbox("c"));
     assert!(!findings.contains("tar_refused"), "a healthy sandbox's copies raise no finding");
 }
 
@@ -121,26 +115,26 @@ fn launch_copies_in_before_the_command_and_out_after_it() {
 }
 
 /// A launch whose guest is the rogue agent in `mode`, copying its `/out` to `dest` after a polite command.
-fn rogue_copy(s: &Scratch, mode: &str, target: &Path, dest: &Path, controls: &[TestControl]) -> vm_e2e::Outcome {
+fn rogue_copy(
+    s: &Scratch,
+    mode: &str,
+    target: &Path,
+    dest: &Path,
+    controls: &[TestControl],
+) -> vm_test_support::Outcome {
     let initrd = with_rogue_agent_files(&s.dir, mode, &[("etc/rogue-target", target.to_str().unwrap().into())]);
     let copy_out = format!("/out:{}", dest.display());
-    let mut launch = Launch::new(s, &["true"]).flag("--initrd").flag(initrd.to_str().unwrap());
-    launch = launch.flag("--id").flag(mode).flag("--copy-out").flag(&copy_out).flag("--timeout").flag("120");
-    for control in controls {
-        launch = launch.control(*control);
-    }
-    launch.run()
+    let launch = Launch::new(s, &["true"]).initrd(&initrd).controls(controls);
+    launch.flag("--id").flag(mode).flag("--copy-out").flag(&copy_out).flag("--timeout").flag("120").run()
 }
 
 fn tar_refused(s: &Scratch, id: &str) -> Vec<String> {
-    let events = s.state().join("sandboxes").join(id).join(SandboxFile::Events.name());
+    let dir = s.sandbox(id);
     let mut found = Vec::new();
     wait_until(Duration::from_secs(20), || {
-        let text = std::fs::read_to_string(&events).unwrap_or_default();
-        found = text
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|e| e["class_uid"] == 2004 && e["finding_info"]["types"][0] == "tar_refused")
+        found = events::of_class(&events::read(&dir), 2004)
+            .into_iter()
+            .filter(|e| e["finding_info"]["types"][0] == "tar_refused")
             .map(|e| {
                 e["message"].as_str().unwrap_or_default().to_owned()
                     + " "
@@ -191,7 +185,7 @@ fn every_malicious_tar_is_refused_with_a_finding_and_nothing_written_outside() {
 #[test]
 fn a_served_cp_out_of_a_10_gib_tar_entry_is_refused_fast_with_nothing_landed() {
     let s = Scratch::new("copy-rogue-serve");
-    let images = vm_e2e::image::images_with_rogues(&s.dir, &["tar-huge"]);
+    let images = vm_test_support::image::images_with_rogues(&s.dir, &["tar-huge"]);
     let serve = Serve::with(&s, &[], &["--boot-images", images.to_str().unwrap()]);
     let created = serve.cli("create", &["--boot-image", "rogue-tar-huge", "huge"]);
     assert!(created.status.success(), "create: {}", String::from_utf8_lossy(&created.stderr));

@@ -1,43 +1,22 @@
 //! The files API on real VMs: each operation through the supervisor's attach socket (what the driver's
 //! `cp` will use), run by the agent as the workload identity; denied by policy; reported as File System
 //! Activity without the contents.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use vm_contract::layout::SandboxFile;
-use vm_e2e::attach::AttachClient;
-use vm_e2e::serve::Serve;
-use vm_e2e::{wait_until, Scratch};
 use vm_protocol::files::FileOp;
 use vm_protocol::message::Refusal;
 use vm_protocol::ExitStatus;
+use vm_test_support::attach::AttachClient;
+use vm_test_support::serve::Serve;
+use vm_test_support::{events, ocsf_schema, wait_until, Scratch};
 
-fn create(s: &Scratch, serve: &Serve, id: &str, policy: Option<&str>) -> AttachClient {
-    let mut args = vec!["--memory", "128"];
-    let file = s.dir.join(format!("{id}.policy.json"));
-    if let Some(policy) = policy {
-        std::fs::write(&file, policy).unwrap();
-        args.extend(["--policy", file.to_str().unwrap()]);
-    }
-    args.push(id);
-    let out = serve.cli("create", &args);
-    assert!(out.status.success(), "create: {}", String::from_utf8_lossy(&out.stderr));
-    AttachClient::connect(&serve.state.join("sandboxes").join(id))
-}
-
-fn ok(result: Result<(Vec<u8>, String, ExitStatus), Refusal>) -> Vec<u8> {
-    let (stdout, stderr, status) = result.expect("refused");
-    assert_eq!(status, ExitStatus::Code(0), "stderr: {stderr}");
-    stdout
-}
-
-fn events_file(serve: &Serve, id: &str) -> std::path::PathBuf {
-    serve.state.join("sandboxes").join(id).join(SandboxFile::Events.name())
+/// A small sandbox of `serve` under `policy`, and an attach connection to it.
+fn create(serve: &Serve, id: &str, policy: Option<&str>) -> AttachClient {
+    serve.create_small(id, policy);
+    AttachClient::connect(&serve.sandbox(id))
 }
 
 fn path(p: &str) -> String {
@@ -48,19 +27,19 @@ fn path(p: &str) -> String {
 fn every_file_operation_works_as_the_workload_and_is_recorded_without_contents() {
     let s = Scratch::new("files-ops");
     let serve = Serve::start(&s);
-    let mut client = create(&s, &serve, "f", None);
+    let mut client = create(&serve, "f", None);
     let canary = b"files-canary-7f3a\n".repeat(1000);
-    ok(client.files(FileOp::MakeDir { path: path("/tmp/w/sub"), parents: true }, b""));
-    ok(client.files(FileOp::Write { path: path("/tmp/w/sub/a"), mode: 0o4640 }, &canary));
-    assert_eq!(ok(client.files(FileOp::Read { path: path("/tmp/w/sub/a") }, b"")), canary, "read back whole");
+    client.files_ok(FileOp::MakeDir { path: path("/tmp/w/sub"), parents: true }, b"");
+    client.files_ok(FileOp::Write { path: path("/tmp/w/sub/a"), mode: 0o4640 }, &canary);
+    assert_eq!(client.files_ok(FileOp::Read { path: path("/tmp/w/sub/a") }, b""), canary, "read back whole");
 
-    let stat = ok(client.files(FileOp::Stat { path: path("/tmp/w/sub/a") }, b""));
+    let stat = client.files_ok(FileOp::Stat { path: path("/tmp/w/sub/a") }, b"");
     let stat: serde_json::Value = serde_json::from_slice(&stat).unwrap();
     assert_eq!((stat["type"].as_str(), stat["size"].as_u64()), (Some("file"), Some(canary.len() as u64)));
     assert_eq!(stat["mode"], "640", "the mode as asked, without the set-uid bit");
 
-    ok(client.files(FileOp::Rename { from: path("/tmp/w/sub/a"), to: path("/tmp/w/b") }, b""));
-    let listing = String::from_utf8(ok(client.files(FileOp::List { path: path("/tmp/w") }, b""))).unwrap();
+    client.files_ok(FileOp::Rename { from: path("/tmp/w/sub/a"), to: path("/tmp/w/b") }, b"");
+    let listing = String::from_utf8(client.files_ok(FileOp::List { path: path("/tmp/w") }, b"")).unwrap();
     let names: Vec<String> = listing
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["name"].as_str().unwrap().to_owned())
@@ -72,9 +51,9 @@ fn every_file_operation_works_as_the_workload_and_is_recorded_without_contents()
     let owner = String::from_utf8_lossy(&owner.stdout).into_owned();
     assert_eq!(owner.split_whitespace().skip(2).take(2).collect::<Vec<_>>(), ["1000", "1000"], "{owner}");
 
-    let tar = ok(client.files(FileOp::CopyOut { path: path("/tmp/w") }, b""));
+    let tar = client.files_ok(FileOp::CopyOut { path: path("/tmp/w") }, b"");
     assert!(tar.len() > canary.len() && tar.windows(4).any(|w| w == b"w/b\0"), "a tar named from the source");
-    ok(client.files(FileOp::Remove { path: path("/tmp/w"), recursive: true }, b""));
+    client.files_ok(FileOp::Remove { path: path("/tmp/w"), recursive: true }, b"");
     let (_, stderr, status) = client.files(FileOp::Read { path: path("/tmp/w/b") }, b"").unwrap();
     assert_eq!(status, ExitStatus::Code(1));
     assert!(stderr.contains("No such file or directory"), "{stderr}");
@@ -84,27 +63,16 @@ fn every_file_operation_works_as_the_workload_and_is_recorded_without_contents()
     assert_eq!(status, ExitStatus::Code(1), "{stderr}");
 
     // Ten operations, each one event, written out by the supervisor's sinks shortly after.
-    let read = || std::fs::read_to_string(events_file(&serve, "f")).unwrap_or_default();
-    let of_files = |events: &str| -> Vec<serde_json::Value> {
-        events
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|e| e["class_uid"] == 1001)
-            .collect()
-    };
-    assert!(wait_until(Duration::from_secs(20), || of_files(&read()).len() >= 10), "one event per operation");
-    let events = read();
-    let files = of_files(&events);
+    let dir = serve.sandbox("f");
+    let of_files = || events::of_class(&events::read(&dir), 1001).into_iter().cloned().collect::<Vec<_>>();
+    assert!(wait_until(Duration::from_secs(20), || of_files().len() >= 10), "one event per operation");
+    let files = of_files();
     assert!(
         files.iter().any(|e| e["file"]["path"] == "/tmp/w/sub/a" && e["file"]["size"] == canary.len() as u64),
         "the write with its size"
     );
-    assert!(!events.contains("files-canary"), "never the contents");
-    let schema = vm_e2e::ocsf_schema::Schema::load(&vm_e2e::ocsf_schema::schema_dir());
-    for event in &files {
-        let problems = schema.validate(event);
-        assert!(problems.is_empty(), "{event}: {problems:#?}");
-    }
+    assert!(!events::text(&dir).contains("files-canary"), "never the contents");
+    ocsf_schema::assert_valid(&files);
 }
 
 /// The checksums of every file under `dir`, as `sha256sum` prints them, in order of path.
@@ -114,7 +82,7 @@ const SUMS: &str = "cd \"$0\" && find . -type f | LC_ALL=C sort | xargs sha256su
 fn cp_of_a_tar_into_and_out_of_a_sandbox_round_trips_byte_for_byte() {
     let s = Scratch::new("files-cp");
     let serve = Serve::start(&s);
-    let mut client = create(&s, &serve, "c", None);
+    let mut client = create(&serve, "c", None);
     let tree = s.dir.join("tree");
     for i in 0..200 {
         let dir = tree.join(format!("d{}", i % 7));
@@ -123,7 +91,7 @@ fn cp_of_a_tar_into_and_out_of_a_sandbox_round_trips_byte_for_byte() {
     }
     let tar = Command::new("tar").arg("-C").arg(&tree).args(["-cf", "-", "."]).output().unwrap();
     assert!(tar.status.success());
-    ok(client.files(FileOp::MakeDir { path: path("/tmp/in"), parents: false }, b""));
+    client.files_ok(FileOp::MakeDir { path: path("/tmp/in"), parents: false }, b"");
     let mut cp_in = serve.cli_command("cp", &["-", "c:/tmp/in"]).stdin(Stdio::piped()).spawn().unwrap();
     cp_in.stdin.take().unwrap().write_all(&tar.stdout).unwrap();
     assert!(cp_in.wait().unwrap().success(), "cp - c:/tmp/in");
@@ -146,13 +114,12 @@ fn cp_of_a_tar_into_and_out_of_a_sandbox_round_trips_byte_for_byte() {
 fn file_operations_are_denied_by_policy_with_a_finding() {
     let s = Scratch::new("files-denied");
     let serve = Serve::start(&s);
-    let mut client = create(&s, &serve, "ro", Some(r#"{"allow":["exec","stdin","files_read"]}"#));
+    let mut client = create(&serve, "ro", Some(r#"{"allow":["exec","stdin","files_read"]}"#));
     let write = client.files(FileOp::Write { path: path("/tmp/x"), mode: 0o644 }, b"x");
     assert_eq!(write.err(), Some(Refusal::Denied), "files_write is not allowed");
-    ok(client.files(FileOp::Stat { path: path("/tmp") }, b""));
+    client.files_ok(FileOp::Stat { path: path("/tmp") }, b"");
     let exists = serve.cli("exec", &["ro", "--", "test", "-e", "/tmp/x"]);
     assert!(!exists.status.success(), "the denied write wrote nothing");
-    let denied =
-        || std::fs::read_to_string(events_file(&serve, "ro")).unwrap_or_default().contains("files_write denied");
+    let denied = || events::text(&serve.sandbox("ro")).contains("files_write denied");
     assert!(wait_until(Duration::from_secs(20), denied), "a policy_denied finding names the operation");
 }

@@ -4,23 +4,20 @@
 //! (the control); the server sees only its directory, as the directory's owner, and dies with the
 //! supervisor, which the `share-no-death-signal` control shows it would not; no set-id file reaches the
 //! host (the `share-allows-setid` control shows one would); bad mounts are refused before anything starts.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use nix::sys::signal::Signal::{SIGKILL, SIGSTOP};
-use vm_contract::layout::SandboxFile;
-use vm_e2e::image::with_init_script;
-use vm_e2e::procs::{signal, ProcInfo};
-use vm_e2e::{gone_within, survives, wait_until, Launch, Running, Scratch, TestControl};
+use vm_test_support::image::with_init_that_never_stops;
+use vm_test_support::output::ok;
+use vm_test_support::procs::{signal, ProcInfo};
+use vm_test_support::serve::{Serve, STATE_WAIT};
+use vm_test_support::{events, gone_within, survives, wait_until, Launch, Running, Scratch, TestControl, CANARY};
 
 /// The host owner of the shared directories (no such user needs to exist).
 const OWNER: u32 = 4242;
-const CANARY: &str = "canary-from-the-guest";
 
 fn root() -> bool {
     rustix::process::geteuid().is_root()
@@ -135,7 +132,7 @@ fn set_id_attempt(s: &Scratch, controls: &[TestControl]) -> (u32, String) {
         chmod 4755 /work/prog 2>&1; chmod 2755 /work/prog 2>&1; chmod 6755 /work/prog 2>&1; \
         mkfifo /work/fifo && echo FIFO; stat -c %a /work/prog";
     let launch = Launch::new(s, &["sh", "-c", script]).flag(&mount_flag(&shared, "/work", false));
-    let out = controls.iter().fold(launch, |l, c| l.control(*c)).run();
+    let out = launch.controls(controls).run();
     assert_eq!(out.code, Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     out.assert_nothing_left();
     (std::fs::metadata(shared.join("prog")).unwrap().mode() & 0o7777, out.stdout_text())
@@ -162,22 +159,15 @@ fn control_without_the_set_id_filter_the_guest_plants_a_set_uid_program_on_the_h
 /// mechanisms can end it) with one read-write mount, its canary seen on the console, and its file server,
 /// connected to QEMU from QEMU's start.
 fn hostile_guest_with_a_mount(s: &Scratch, shared: &Path, controls: &[TestControl]) -> (Running, ProcInfo) {
-    let initrd =
-        with_init_script(&s.dir, &format!("echo {CANARY} > /dev/console\nwhile :; do /bin/busybox sleep 1; done"));
     let launch = Launch::new(s, &["true"])
-        .flag("--initrd")
-        .flag(initrd.to_str().unwrap())
+        .initrd(&with_init_that_never_stops(&s.dir))
         .flag("--boot-timeout")
         .flag("600")
-        .flag(&mount_flag(shared, "/work", false));
-    let launch = controls.iter().fold(launch, |l, c| l.control(*c));
+        .flag(&mount_flag(shared, "/work", false))
+        .controls(controls);
     let run = Running::start(launch, &[], "");
     let procs = run.procs();
-    let console = run.sandbox_dir.join(SandboxFile::Console.name());
-    assert!(
-        wait_until(Duration::from_secs(60), || std::fs::read_to_string(&console).is_ok_and(|c| c.contains(CANARY))),
-        "canary on the guest console"
-    );
+    run.assert_console_shows(CANARY);
     assert!(procs.vmm.is_alive());
     let server = run.watcher.as_ref().unwrap().seen().into_iter().find(|p| is_server(p) && p.is_alive());
     (run, server.expect("a running virtiofsd"))
@@ -187,7 +177,7 @@ fn hostile_guest_with_a_mount(s: &Scratch, shared: &Path, controls: &[TestContro
 /// then kills the supervisor.
 fn kill_the_supervisor_alone(run: &Running) {
     let p = run.procs();
-    signal(i32::try_from(run.driver.id()).unwrap(), SIGSTOP);
+    signal(run.driver_pid(), SIGSTOP);
     signal(p.watchdog.pid, SIGSTOP);
     signal(p.supervisor.pid, SIGKILL);
     assert!(gone_within(&p.supervisor, Duration::from_secs(2)));
@@ -277,23 +267,8 @@ fn bad_mounts_are_refused_before_anything_starts() {
 fn a_served_sandbox_keeps_its_mounts_across_stop_and_start_and_a_driver_restart() {
     let s = Scratch::with_deadline("mounts-serve", Duration::from_secs(400));
     let shared = owned_dir(&s.dir.join("shared"));
-    let mut serve = vm_e2e::serve::Serve::start(&s);
+    let mut serve = Serve::start(&s);
     let flag = mount_flag(&shared, "/work", false);
-    let ok = |out: std::process::Output| {
-        assert!(
-            out.status.success(),
-            "{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let ready = |serve: &vm_e2e::serve::Serve| {
-        let up = wait_until(Duration::from_secs(120), || {
-            String::from_utf8_lossy(&serve.cli("get", &["m"]).stdout).contains("ready")
-        });
-        assert!(up, "m is ready again");
-    };
     ok(serve.cli("create", &[&flag, "m"]));
     ok(serve.cli("exec", &["m", "--", "sh", "-c", "echo one > /work/one"]));
     assert_eq!(std::fs::read_to_string(shared.join("one")).unwrap(), "one\n");
@@ -301,12 +276,12 @@ fn a_served_sandbox_keeps_its_mounts_across_stop_and_start_and_a_driver_restart(
     ok(serve.cli("stop", &["m"]));
     std::fs::write(shared.join("two"), "two\n").unwrap();
     ok(serve.cli("start", &["m"]));
-    ready(&serve);
+    serve.wait_ready("m");
     assert_eq!(ok(serve.cli("exec", &["m", "--", "cat", "/work/one", "/work/two"])), "one\ntwo\n");
     serve.restart();
     ok(serve.cli("stop", &["m"]));
     ok(serve.cli("start", &["m"]));
-    ready(&serve);
+    serve.wait_ready("m");
     assert_eq!(ok(serve.cli("exec", &["m", "--", "cat", "/work/two"])), "two\n", "the mount outlived a driver restart");
     let refused = serve.cli("create", &[&mount_flag(&s.dir.join("missing"), "/work", false), "bad"]);
     assert!(!refused.status.success());
@@ -317,14 +292,12 @@ fn a_served_sandbox_keeps_its_mounts_across_stop_and_start_and_a_driver_restart(
     std::fs::rename(&shared, s.dir.join("shared.old")).unwrap();
     std::os::unix::fs::symlink(&elsewhere, &shared).unwrap();
     assert!(serve.cli("start", &["m"]).status.success(), "the start is accepted, then fails");
-    let failed = wait_until(Duration::from_secs(120), || {
-        String::from_utf8_lossy(&serve.cli("get", &["m"]).stdout).contains("failed")
-    });
-    assert!(failed, "a start through a swapped path fails");
-    let sandboxes = s.state().join("sandboxes").join("m");
-    let log = std::fs::read_to_string(sandboxes.join("shares/0.log")).unwrap_or_default();
+    // A start through a swapped path fails.
+    serve.wait_state("m", "failed", STATE_WAIT);
+    let sandbox = serve.sandbox("m");
+    let log = std::fs::read_to_string(sandbox.join("shares/0.log")).unwrap_or_default();
     assert!(log.contains("without following symlinks"), "the jailer's reason is kept: {log}");
-    let events = std::fs::read_to_string(sandboxes.join(SandboxFile::Events.name())).unwrap_or_default();
+    let events = events::text(&sandbox);
     assert!(events.contains("without following symlinks"), "and reported: {events}");
     std::fs::remove_file(&shared).unwrap();
     std::fs::rename(s.dir.join("shared.old"), &shared).unwrap();
@@ -344,9 +317,9 @@ fn an_unprivileged_driver_shares_a_directory_as_its_own_user() {
     std::fs::create_dir(&shared).unwrap();
     std::fs::write(shared.join("h.txt"), "from-the-host\n").unwrap();
     for path in [&shared, &shared.join("h.txt")] {
-        std::os::unix::fs::chown(path, Some(vm_e2e::NOBODY), Some(vm_e2e::NOBODY)).unwrap();
+        std::os::unix::fs::chown(path, Some(vm_test_support::NOBODY), Some(vm_test_support::NOBODY)).unwrap();
     }
-    let out = vm_e2e::launch_as_nobody(&s)
+    let out = vm_test_support::launch_as_nobody(&s)
         .arg(mount_flag(&shared, "/work", false))
         .args(["--", "sh", "-c", "cat /work/h.txt; echo from-the-guest > /work/g.txt"])
         .output()
@@ -360,6 +333,10 @@ fn an_unprivileged_driver_shares_a_directory_as_its_own_user() {
     assert!(out.status.success(), "{stderr}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "from-the-host\n");
     let meta = std::fs::metadata(shared.join("g.txt")).unwrap();
-    assert_eq!((meta.uid(), meta.gid()), (vm_e2e::NOBODY, vm_e2e::NOBODY), "the guest's file is the driver user's");
+    assert_eq!(
+        (meta.uid(), meta.gid()),
+        (vm_test_support::NOBODY, vm_test_support::NOBODY),
+        "the guest's file is the driver user's"
+    );
     eprintln!("e2e: not root: a userns file server shared the directory as the driver's own user");
 }

@@ -6,67 +6,42 @@
 //! - Under the attacks the host accepts (a console flood, a guest that ignores shutdown), the leash still
 //!   holds, the logs stay under their caps, and a healthy neighbour on the same `serve` keeps working.
 //! - Each bound has a control that switches it off and shows the growth it prevents.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal::{SIGCONT, SIGKILL, SIGSTOP, SIGTERM};
-use serde_json::Value;
 use vm_contract::layout::SandboxFile;
 use vm_contract::pids::SandboxPids;
-use vm_e2e::attach::AttachClient;
-use vm_e2e::image::{images_with_rogues, with_rogue_agent};
-use vm_e2e::otlp_receiver::{Behavior, Receiver};
-use vm_e2e::procs::{signal, PeakRss, ProcInfo};
-use vm_e2e::serve::Serve;
-use vm_e2e::{gone_within, wait_until, Launch, Running, Scratch, TestControl};
 use vm_protocol::ExitStatus;
 use vm_supervisor::boot::guest_logs::{CONSOLE_CAP_BYTES, VMM_LOG_CAP_BYTES};
 use vm_supervisor::telemetry::{jsonl, limit};
+use vm_test_support::attach::AttachClient;
+use vm_test_support::events::{self, finding_types};
+use vm_test_support::image::{images_with_rogues, with_rogue_agent};
+use vm_test_support::otlp_receiver::{Behavior, Receiver};
+use vm_test_support::output::ok;
+use vm_test_support::procs::{signal, PeakRss, ProcInfo};
+use vm_test_support::serve::Serve;
+use vm_test_support::{gone_within, sandbox, wait_until, Launch, Running, Scratch, TestControl, DRIVER_ERROR};
 
 /// The supervisor's resident memory must stay under this whatever the guest does (issue 9).
 const RSS_BOUND_KIB: u64 = 32 * 1024;
-/// The driver's exit status when the workload produced none.
-const DRIVER_ERROR: i32 = 125;
 /// The rogue agent's polite mode runs a `Spawn` of this until it is signalled.
 const HANG: &str = "hang";
 
 /// A launch of a sandbox whose PID 1 is the rogue agent in `mode`, as the issue measured it.
 fn rogue<'a>(s: &'a Scratch, mode: &str, workload: &[&str]) -> Launch<'a> {
     let initrd = with_rogue_agent(&s.dir, mode);
-    Launch::new(s, workload)
-        .flag("--initrd")
-        .flag(initrd.to_str().unwrap())
-        .flag("--id")
-        .flag("rogue")
-        .flag("--timeout")
-        .flag("60")
-}
-
-/// The events recorded so far: whole lines only, since the supervisor's writer thread may be mid-line.
-fn events(sandbox_dir: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(sandbox_dir.join(SandboxFile::Events.name())).unwrap_or_default();
-    let whole = text.rfind('\n').map_or("", |end| &text[..end]);
-    whole.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
-
-fn findings(events: &[Value]) -> Vec<&str> {
-    events.iter().filter(|e| e["class_uid"] == 2004).filter_map(|e| e["finding_info"]["types"][0].as_str()).collect()
-}
-
-fn size(sandbox_dir: &Path, file: SandboxFile) -> u64 {
-    std::fs::metadata(sandbox_dir.join(file.name())).map_or(0, |m| m.len())
+    Launch::new(s, workload).initrd(&initrd).flag("--id").flag("rogue").flag("--timeout").flag("60")
 }
 
 /// Asserts the guest-fed files are within their caps.
 fn logs_within_caps(sandbox_dir: &Path) {
     let (console, vmm, events) = (
-        size(sandbox_dir, SandboxFile::Console),
-        size(sandbox_dir, SandboxFile::VmmLog),
-        size(sandbox_dir, SandboxFile::Events),
+        sandbox::size(sandbox_dir, SandboxFile::Console),
+        sandbox::size(sandbox_dir, SandboxFile::VmmLog),
+        sandbox::size(sandbox_dir, SandboxFile::Events),
     );
     assert!(console <= CONSOLE_CAP_BYTES, "console.log is {console} bytes");
     assert!(vmm <= VMM_LOG_CAP_BYTES, "vmm.log is {vmm} bytes");
@@ -84,18 +59,19 @@ fn a_protocol_attack_is_stopped(mode: &str) {
     let mut run = Running::start(rogue(&s, mode, &["/bin/sleep", "1000"]), &[], "");
     s.waiting_for("the guest's violation to be found");
     let found = wait_until(Duration::from_secs(60), || {
-        findings(&events(&run.sandbox_dir)).contains(&"guest_protocol_violation")
+        finding_types(&events::read(&run.sandbox_dir)).contains(&"guest_protocol_violation")
     });
     std::io::Read::read_to_end(&mut run.stdout, &mut Vec::new()).unwrap();
     let status = run.driver.wait().unwrap();
     let elapsed = start.elapsed();
     let peak = peak.peak();
     let stderr = run.stderr_text();
-    assert!(found, "a Detection Finding for the violation: {:?}", findings(&events(&run.sandbox_dir)));
+    assert!(found, "a Detection Finding for the violation: {:?}", finding_types(&events::read(&run.sandbox_dir)));
     assert_eq!(status.code(), Some(DRIVER_ERROR), "{stderr}");
     assert!(stderr.contains("vm-supervisor ended with exit status: 3"), "stopped for the guest's fault: {stderr}");
-    let stopped =
-        events(&run.sandbox_dir).iter().any(|e| e["class_uid"] == 6002 && e["activity_id"] == 4 && e["status_id"] == 2);
+    let stopped = events::read(&run.sandbox_dir)
+        .iter()
+        .any(|e| e["class_uid"] == 6002 && e["activity_id"] == 4 && e["status_id"] == 2);
     assert!(stopped, "the VM's stop, recorded as a failure");
     assert!(peak <= RSS_BOUND_KIB, "the supervisor peaked at {peak} KiB");
     logs_within_caps(&run.sandbox_dir);
@@ -151,8 +127,8 @@ fn control_without_invariants_an_empty_output_flood_grows_the_supervisor() {
     let s = Scratch::with_deadline("rogue-flood-ctl", Duration::from_secs(420));
     let images = images_with_rogues(&s.dir, &["empty-output-flood"]);
     let serve = Serve::with(&s, &[TestControl::NoGuestInvariants], &["--boot-images", images.to_str().unwrap()]);
-    ok(&serve.cli("create", &["--boot-image", "rogue-empty-output-flood", "flood"]));
-    let pids = SandboxPids::read(&serve.state.join("sandboxes/flood")).expect("a pids file");
+    ok(serve.cli("create", &["--boot-image", "rogue-empty-output-flood", "flood"]));
+    let pids = SandboxPids::read(&serve.sandbox("flood")).expect("a pids file");
     let supervisor = pids.supervisor.pid;
     let vmm = ProcInfo::read(pids.vmm.expect("a VMM").pid).expect("the VMM runs");
     let peak = PeakRss::supervisors(&s.dir, "flood");
@@ -164,11 +140,11 @@ fn control_without_invariants_an_empty_output_flood_grows_the_supervisor() {
     s.waiting_for("the unchecked flood to grow the supervisor");
     // The flood's pace is the guest's CPU share: beside another flooding guest on 2 cores it is slow.
     let grew = wait_until(Duration::from_secs(240), || {
-        vm_e2e::procs::status_kib(supervisor, "VmRSS").unwrap_or(0) > RSS_BOUND_KIB
+        vm_test_support::procs::status_kib(supervisor, "VmRSS").unwrap_or(0) > RSS_BOUND_KIB
     });
     let peak = peak.peak();
     let start = Instant::now();
-    signal(i32::try_from(serve.child.id()).unwrap(), SIGKILL);
+    signal(serve.pid(), SIGKILL);
     assert!(gone_within(&vmm, Duration::from_secs(5)), "the VM outlived the service under the flood");
     let stopped = start.elapsed();
     assert!(grew, "control: unchecked, the flood grows the supervisor past {RSS_BOUND_KIB} KiB (peak {peak} KiB)");
@@ -178,7 +154,7 @@ fn control_without_invariants_an_empty_output_flood_grows_the_supervisor() {
 /// Waits until the sandbox is ready and runs its workload (the rogue agent prints no canary).
 fn workload_started(s: &Scratch, run: &Running) {
     s.waiting_for("the sandbox to start its workload");
-    let launched = || events(&run.sandbox_dir).iter().any(|e| e["class_uid"] == 1007 && e["activity_id"] == 1);
+    let launched = || events::has(&events::read(&run.sandbox_dir), 1007, 1);
     assert!(wait_until(Duration::from_secs(60), launched), "the workload was never launched");
 }
 
@@ -241,17 +217,13 @@ fn exec_times(serve: &Serve, id: &str, count: usize, gap: Duration) -> (Duration
 /// The median `exec true` time in `healthy` while another sandbox of `serve` spins its vCPU: what any busy
 /// neighbour costs, the baseline a hostile one is held to.
 fn beside_a_busy_guest(serve: &Serve, healthy: &str) -> Duration {
-    ok(&serve.cli("create", &["busy"]));
+    ok(serve.cli("create", &["busy"]));
     let mut spin = serve.cli_command("exec", &["busy", "--", "sh", "-c", "while :; do :; done"]).spawn().unwrap();
     let (usual, _) = exec_times(serve, healthy, 10, Duration::from_secs(1));
     let _ = spin.kill();
     let _ = spin.wait();
-    ok(&serve.cli("rm", &["busy"]));
+    ok(serve.cli("rm", &["busy"]));
     usual
-}
-
-fn ok(out: &std::process::Output) {
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// Floods the console for a minute beside a healthy sandbox on the same service, then until the flood has
@@ -264,27 +236,27 @@ fn ok(out: &std::process::Output) {
 fn a_minute_of_console_flood(s: &Scratch, controls: &[TestControl]) -> u64 {
     let images = images_with_rogues(&s.dir, &["console-flood"]);
     let serve = Serve::with(s, controls, &["--boot-images", images.to_str().unwrap()]);
-    ok(&serve.cli("create", &["healthy"]));
+    ok(serve.cli("create", &["healthy"]));
     let (idle, _) = exec_times(&serve, "healthy", 5, Duration::ZERO);
     let beside_busy = controls.is_empty().then(|| beside_a_busy_guest(&serve, "healthy"));
     let peak = PeakRss::supervisors(&s.dir, "flood");
-    ok(&serve.cli("create", &["--boot-image", "rogue-console-flood", "flood"]));
-    let flood_dir = serve.state.join("sandboxes/flood");
+    ok(serve.cli("create", &["--boot-image", "rogue-console-flood", "flood"]));
+    let flood_dir = serve.sandbox("flood");
     let flooding = Instant::now();
     s.waiting_for("a minute of console flood");
     let (typical, slowest) = exec_times(&serve, "healthy", 30, Duration::from_secs(2));
     s.waiting_for("the console flood to pass the cap");
     let past_cap = || {
-        let console = size(&flood_dir, SandboxFile::Console);
+        let console = sandbox::size(&flood_dir, SandboxFile::Console);
         if controls.is_empty() {
-            findings(&events(&flood_dir)).contains(&"log_capped")
+            finding_types(&events::read(&flood_dir)).contains(&"log_capped")
         } else {
             console > CONSOLE_CAP_BYTES
         }
     };
     let passed = wait_until(Duration::from_secs(240), past_cap);
     let peak = peak.peak();
-    let console = size(&flood_dir, SandboxFile::Console);
+    let console = sandbox::size(&flood_dir, SandboxFile::Console);
     eprintln!(
         "e2e: console flood: past the cap {passed} after {:?}; console.log {console} bytes; flooding supervisor peak \
          RSS {peak} KiB; neighbour exec median {typical:?} (slowest {slowest:?}); idle {idle:?}, beside a busy \
@@ -301,7 +273,7 @@ fn a_minute_of_console_flood(s: &Scratch, controls: &[TestControl]) -> u64 {
         // SIGKILL to the driver (here, the service) still ends both VMs.
         let vmms = serve.vmms();
         let start = Instant::now();
-        signal(i32::try_from(serve.child.id()).unwrap(), SIGKILL);
+        signal(serve.pid(), SIGKILL);
         for vmm in &vmms {
             assert!(gone_within(vmm, Duration::from_secs(2)), "a VM outlived the service under a console flood");
         }
@@ -345,16 +317,16 @@ fn stop_with_a_slow_collector(s: &Scratch, driver_flags: &[&str]) -> (usize, usi
     // The file is written on the supervisor's own thread, which may still be behind the last exit status.
     let mut queued = 0;
     wait_until(Duration::from_secs(30), || {
-        queued = events(&run.sandbox_dir).len();
+        queued = events::read(&run.sandbox_dir).len();
         queued >= 10_000
     });
     assert!(queued >= 10_000, "{queued} events recorded");
     assert!(receiver.records().is_empty(), "the collector accepted nothing yet");
     receiver.set_behavior(Behavior::Slow(Duration::from_secs(1)));
-    signal(i32::try_from(run.driver.id()).unwrap(), SIGTERM);
+    signal(run.driver_pid(), SIGTERM);
     s.waiting_for("the orderly stop with 10,000 events queued");
     run.driver.wait().unwrap();
-    let recorded = events(&run.sandbox_dir).len();
+    let recorded = events::read(&run.sandbox_dir).len();
     let received = receiver.records().len();
     eprintln!(
         "e2e: stop with a slow collector: {received} of {recorded} events delivered ({queued} queued at SIGTERM)"
@@ -409,13 +381,13 @@ fn repeated_started_unchecked(s: &Scratch, controls: &[TestControl], span: Durat
     let mut run = Running::start(launch, &[], "");
     workload_started(s, &run);
     std::thread::sleep(span);
-    signal(i32::try_from(run.driver.id()).unwrap(), SIGTERM);
+    signal(run.driver_pid(), SIGTERM);
     s.waiting_for("the stop after the Started flood");
     run.driver.wait().unwrap();
     let ran = start.elapsed();
-    let events = events(&run.sandbox_dir);
+    let events = events::read(&run.sandbox_dir);
     let launches = events.iter().filter(|e| e["class_uid"] == 1007 && e["activity_id"] == 1).count() as u64;
-    (launches, findings(&events).contains(&"telemetry_dropped"), ran)
+    (launches, finding_types(&events).contains(&"telemetry_dropped"), ran)
 }
 
 /// What the limiter lets through in `span`: the burst, and the rate for the rest.
@@ -456,7 +428,7 @@ fn an_endless_flood_of_network_streams_is_refused_within_bounds_and_the_neighbou
     let s = Scratch::with_deadline("rogue-stream-flood", Duration::from_secs(420));
     let images = images_with_rogues(&s.dir, &["stream-open-flood"]);
     let serve = Serve::with(&s, &[], &["--boot-images", images.to_str().unwrap()]);
-    ok(&serve.cli("create", &["healthy"]));
+    ok(serve.cli("create", &["healthy"]));
     let usual = beside_a_busy_guest(&serve, "healthy");
 
     let policy = s.dir.join("policy.json");
@@ -465,17 +437,18 @@ fn an_endless_flood_of_network_streams_is_refused_within_bounds_and_the_neighbou
     let peak = PeakRss::supervisors(&s.dir, "flood");
     let flooded = Instant::now();
     let flood = ["--boot-image", "rogue-stream-open-flood", "--policy", policy.to_str().unwrap(), "flood"];
-    ok(&serve.cli("create", &flood));
-    let flood_dir = serve.state.join("sandboxes/flood");
+    ok(serve.cli("create", &flood));
+    let flood_dir = serve.sandbox("flood");
     s.waiting_for("the flood to be refused for a while");
-    let refused = |dir: &Path| events(dir).iter().filter(|e| e["class_uid"] == 4001 && e["activity_id"] == 5).count();
+    let refused =
+        |dir: &Path| events::read(dir).iter().filter(|e| e["class_uid"] == 4001 && e["activity_id"] == 5).count();
     assert!(wait_until(Duration::from_secs(60), || refused(&flood_dir) > 100), "refusals recorded");
     let (typical, slowest) = exec_times(&serve, "healthy", 10, Duration::from_secs(1));
     let flood_for = flooded.elapsed();
-    ok(&serve.cli("stop", &["flood"]));
+    ok(serve.cli("stop", &["flood"]));
     let peak = peak.peak();
-    let all = events(&flood_dir);
-    let denied = findings(&all).iter().filter(|f| **f == "policy_denied").count();
+    let all = events::read(&flood_dir);
+    let denied = finding_types(&all).iter().filter(|f| **f == "policy_denied").count();
     let refusals = refused(&flood_dir);
     eprintln!(
         "e2e: stream flood: {refusals} refusals, {denied} findings, supervisor peak RSS {peak} KiB; neighbour exec \

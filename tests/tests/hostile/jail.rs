@@ -2,9 +2,6 @@
 //! them, and a simulated escape (a process with the VMM's uid, gid, namespaces and root, entered with
 //! `nsenter`) that is refused everything it tries, where with `--confinement none` (the control) it gets
 //! everything. QEMU dies with its jailer by its own parent-death signal (with a control that drops it).
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -14,9 +11,9 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use vm_contract::layout::SandboxFile;
 use vm_contract::pids::SandboxPids;
-use vm_e2e::procs::{exit_after, signal, ProcInfo};
-use vm_e2e::serve::Serve;
-use vm_e2e::{gone_within, Launch, Running, Scratch, TestControl};
+use vm_test_support::procs::{self, exit_after, signal, ProcInfo};
+use vm_test_support::serve::Serve;
+use vm_test_support::{events, gone_within, Launch, Running, Scratch, TestControl, CANARY};
 
 /// `/proc/<pid>/status` fields.
 fn status(pid: i32) -> Vec<(String, String)> {
@@ -142,8 +139,8 @@ fn assert_jail_holds_only_what_qemu_loads(vmm: &ProcInfo) {
 #[test]
 fn a_launched_vmm_runs_jailed() {
     let s = Scratch::new("jail-launch");
-    let launch = Launch::new(&s, &["/bin/sh", "-c", "echo up; exec sleep 1000"]).flag("--vmm-cpu-max").flag("50");
-    let running = Running::start(launch, &[], "up");
+    let launch = Launch::sleeper(&s).flag("--vmm-cpu-max").flag("50");
+    let running = Running::start(launch, &[], CANARY);
     let p = running.procs();
     let uid = assert_jailed(p.vmm.pid);
     assert_jail_holds_only_what_qemu_loads(&p.vmm);
@@ -169,11 +166,7 @@ fn a_launched_vmm_runs_jailed() {
 /// its jailer's exit): how long QEMU outlives it, within `limit`. The supervisor is let go again after.
 fn qemu_after_its_jailer(name: &str, controls: &[TestControl], limit: Duration) -> Option<Duration> {
     let s = Scratch::new(name);
-    let mut launch = Launch::new(&s, &["/bin/sh", "-c", "echo up; exec sleep 1000"]);
-    for c in controls {
-        launch = launch.control(*c);
-    }
-    let running = Running::start(launch, &[], "up");
+    let running = Running::start(Launch::sleeper(&s).controls(controls), &[], CANARY);
     let p = running.procs();
     let jailer = parent_of(p.vmm.pid);
     assert!(ProcInfo::read(jailer).unwrap().cmdline[0].ends_with("vm-jailer"));
@@ -247,8 +240,7 @@ fn cgroup_limits(pid: i32) -> CgroupLimits {
 }
 
 fn parent_of(pid: i32) -> i32 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    stat.rsplit_once(") ").unwrap().1.split(' ').nth(1).unwrap().parse().unwrap()
+    procs::parent(pid).expect("a live process")
 }
 
 /// Two sandboxes of one `serve`, and the paths and pids an escape from the first would go for.
@@ -266,7 +258,7 @@ fn two_sandboxes(s: &Scratch, args: &[&str]) -> Targets {
         let out = serve.cli("create", &["--memory", "128", id]);
         assert!(out.status.success(), "create {id}: {}", String::from_utf8_lossy(&out.stderr));
     }
-    let dir = |id: &str| serve.state.join("sandboxes").join(id);
+    let dir = |id: &str| serve.sandbox(id);
     let mine = SandboxPids::read(&dir("a")).unwrap();
     let other = SandboxPids::read(&dir("b")).unwrap();
     let vmm = ProcInfo::read(mine.vmm.unwrap().pid).unwrap();
@@ -353,10 +345,10 @@ fn an_escape_from_a_launched_vmm_reaches_nothing() {
     let s = Scratch::new("jail-escape-launch");
     let beside = Scratch::new("jail-escape-serve");
     let t = two_sandboxes(&beside, &[]);
-    let launched = Running::start(Launch::new(&s, &["/bin/sh", "-c", "echo up; exec sleep 1000"]), &[], "up");
+    let launched = Running::start(Launch::sleeper(&s), &[], CANARY);
     let vmm = launched.procs().vmm;
     let uid = assert_jailed(vmm.pid);
-    let dir = std::fs::read_dir(s.state().join("sandboxes")).unwrap().flatten().next().unwrap().path();
+    let dir = s.only_sandbox();
     let t = Targets { vmm, vmm_dir: dir.join(SandboxFile::VmmRoot.name()), ..t };
     assert_ne!(uid, assert_jailed(t.other.vmm.unwrap().pid), "a launch and a serve sandbox, two uids");
     assert_escape_fails(&t, &s.dir.join("escaped"));
@@ -373,7 +365,7 @@ fn control_an_escape_from_an_unconfined_vmm_reaches_everything() {
         assert!(line.ends_with(" ok"), "even unconfined, the VMM could not: {line}");
     }
     assert!(outside.exists());
-    let events = std::fs::read_to_string(t.vmm_dir.parent().unwrap().join(SandboxFile::Events.name())).unwrap();
+    let events = events::text(t.vmm_dir.parent().unwrap());
     assert!(events.contains("VMM confinement: none (UNCONFINED"), "the sandbox's events say it is unconfined");
 }
 
@@ -381,14 +373,14 @@ fn control_an_escape_from_an_unconfined_vmm_reaches_everything() {
 fn all_events(state: &Path) -> String {
     let mut text = String::new();
     for dir in std::fs::read_dir(state.join("sandboxes")).unwrap().flatten() {
-        text.push_str(&std::fs::read_to_string(dir.path().join(SandboxFile::Events.name())).unwrap_or_default());
+        text.push_str(&events::text(&dir.path()));
     }
     text
 }
 
 /// A launch of a 256 MiB guest that fills 140 MiB of its memory (two tmpfs, the root and /run, each up to half
 /// of it: the guest's pages become QEMU's), with no VMM memory beyond the guest's, and `flags`.
-fn fill_guest_memory(s: &Scratch, flags: &[&str]) -> vm_e2e::Outcome {
+fn fill_guest_memory(s: &Scratch, flags: &[&str]) -> vm_test_support::Outcome {
     let fill = "dd if=/dev/zero of=/tmp/big bs=1M count=120 2>/dev/null; dd if=/dev/zero of=/run/big bs=1M count=40 \
                 2>/dev/null; echo survived";
     let launch = Launch::new(s, &["/bin/sh", "-c", fill]);
@@ -444,7 +436,7 @@ fn not_root_the_vmm_runs_in_a_user_namespace_and_the_driver_says_so() {
     use std::io::BufRead;
     let s = Scratch::new("jail-nonroot");
     let state = s.state();
-    let mut driver = vm_e2e::launch_as_nobody(&s)
+    let mut driver = vm_test_support::launch_as_nobody(&s)
         .args(["--", "/bin/sh", "-c", "echo up; exec sleep 1000"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -453,12 +445,12 @@ fn not_root_the_vmm_runs_in_a_user_namespace_and_the_driver_says_so() {
     let mut line = String::new();
     std::io::BufReader::new(driver.stdout.take().unwrap()).read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "up", "the unprivileged launch ran its workload");
-    let vmm = vm_e2e::procs::inside(&s.dir).into_iter().find(ProcInfo::is_qemu).expect("a VMM");
+    let vmm = procs::inside(&s.dir).into_iter().find(ProcInfo::is_qemu).expect("a VMM");
     let st = status(vmm.pid);
     let _ = driver.kill();
     let out = driver.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(one_id(&field(&st, "Uid")), vm_e2e::NOBODY, "the VMM runs as the driver's own uid");
+    assert_eq!(one_id(&field(&st, "Uid")), vm_test_support::NOBODY, "the VMM runs as the driver's own uid");
     assert_eq!(field(&st, "CapEff"), "0000000000000000");
     assert_eq!(field(&st, "NoNewPrivs"), "1");
     assert_eq!(field(&st, "Seccomp"), "2");

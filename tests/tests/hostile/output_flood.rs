@@ -5,29 +5,24 @@
 //!
 //! The flood is the rogue agent's (`tests/rogue-agent`, modes `one-byte-output` and `one-byte-interleaved`):
 //! 1 MiB (512 KiB interleaved), byte `i` being `i % 251`, each byte its own frame, then `Exited(3)`.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::io::Read;
 use std::time::Duration;
 
 use vm_contract::layout::SandboxFile;
-use vm_e2e::image::with_rogue_agent;
-use vm_e2e::procs::PeakRss;
-use vm_e2e::{wait_until, Launch, Running, Scratch};
 use vm_supervisor::serve::attach_server::outbox::{FAREWELL_MS, STALL_MS};
+use vm_test_support::image::with_rogue_agent;
+use vm_test_support::procs::PeakRss;
+use vm_test_support::{sandbox, wait_until, Launch, Running, Scratch, DRIVER_ERROR};
 
 /// What the rogue agent sends, on one stream and on two, and how its process ends.
 const TOTAL_BYTES: usize = 1024 * 1024;
 const INTERLEAVED_BYTES: usize = 512 * 1024;
 const EXIT_CODE: i32 = 3;
-/// The driver's exit status when the workload produced none.
-const DRIVER_ERROR: i32 = 125;
 
 fn flood<'a>(s: &'a Scratch, mode: &str) -> Launch<'a> {
     let initrd = with_rogue_agent(&s.dir, mode);
-    Launch::new(s, &["flood"]).flag("--initrd").flag(initrd.to_str().unwrap()).flag("--id").flag("flood")
+    Launch::new(s, &["flood"]).initrd(&initrd).flag("--id").flag("flood")
 }
 
 /// Byte `i` of the flood, as the rogue agent numbers them.
@@ -88,10 +83,9 @@ fn r20_a_client_that_stops_reading_is_cut_and_told_why() {
         let _ = stderr.read_to_end(&mut all);
         all
     });
-    let log = run.sandbox_dir.join(SandboxFile::SupervisorLog.name());
     s.waiting_for("the supervisor to cut the client that stopped reading");
     let cut = wait_until(Duration::from_secs(60) + Duration::from_millis(STALL_MS), || {
-        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("took no frame from a full queue"))
+        sandbox::read(&run.sandbox_dir, SandboxFile::SupervisorLog).contains("took no frame from a full queue")
     });
     assert!(cut, "the client that stopped reading was cut");
     // Reading again within the farewell: what was on its way, then the reason.

@@ -1,16 +1,8 @@
 //! The default guest image build: reproducible, and refusing packages that do not match their pins.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use vm_e2e::Scratch;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
-}
+use vm_test_support::{repo, Scratch};
 
 fn build_image(args: &[&str]) -> std::process::Output {
     Command::new(repo().join("scripts/build-image")).args(args).output().expect("cannot run scripts/build-image")

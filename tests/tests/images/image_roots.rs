@@ -2,36 +2,20 @@
 //! mmdebstrap, umoci) from an OCI layout, from a real registry (`docker-registry`, pushed by skopeo) and from
 //! a `docker save` archive (made by skopeo), and runs the image's own programs in the microVM: its Python,
 //! under its `Env`, `WorkingDir` and `Cmd`, as the fixed sandbox user, on a writable layer of its own.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use vm_e2e::registry::{run, Registry};
-use vm_e2e::test_image::{layout_ref, shared_store};
-use vm_e2e::{Launch, Outcome, Scratch};
+use vm_test_support::registry::{run, Registry};
+use vm_test_support::serve::Serve;
+use vm_test_support::test_image::{layout_ref, shared_store};
+use vm_test_support::{Launch, Running, Scratch};
 
 /// `launch --image REF` with the store `store`, then `cmd`.
 fn launch_image<'a>(s: &'a Scratch, store: &Path, reference: &str, cmd: &[&str]) -> Launch<'a> {
-    Launch::new(s, cmd).flag("--image").flag(reference).flag("--image-cache").flag(&store.display().to_string())
-}
-
-fn ok(out: &Outcome) -> String {
-    assert_eq!(out.code, Some(0), "stderr: {}", out.workload_stderr());
-    out.assert_nothing_left();
-    out.stdout_text()
-}
-
-/// The one sandbox directory a launch kept.
-fn sandbox_dir(s: &Scratch) -> PathBuf {
-    let mut dirs: Vec<PathBuf> =
-        std::fs::read_dir(s.state().join("sandboxes")).unwrap().map(|e| e.unwrap().path()).collect();
-    assert_eq!(dirs.len(), 1, "{dirs:?}");
-    dirs.remove(0)
+    Launch::new(s, cmd).root_image(reference, store)
 }
 
 #[test]
@@ -39,7 +23,7 @@ fn an_oci_layout_boots_as_the_root_with_the_images_cmd_env_and_workdir() {
     let s = Scratch::with_deadline("img-root", Duration::from_secs(600));
     let store = shared_store();
     // No command: the image's own (`python3 -c 'print("hello from the image")'`).
-    let text = ok(&launch_image(&s, store, &layout_ref(), &[]).run());
+    let text = launch_image(&s, store, &layout_ref(), &[]).run().succeeded();
     assert_eq!(text, "hello from the image\n");
 
     let script = "python3 -c 'import sys; print(sys.version_info[0])'; echo \"$IMAGE_GREETING $OWN\"; pwd; \
@@ -47,7 +31,7 @@ fn an_oci_layout_boots_as_the_root_with_the_images_cmd_env_and_workdir() {
                   echo kept > \"$HOME/note\"; cat \"$HOME/note\"; grep -c ' / overlay ' /proc/mounts";
     let t = Scratch::with_deadline("img-root2", Duration::from_secs(300));
     let out = launch_image(&t, store, &layout_ref(), &["/bin/sh", "-c", script]).flag("-e").flag("OWN=mine").run();
-    let lines: Vec<String> = ok(&out).lines().map(str::to_owned).collect();
+    let lines: Vec<String> = out.succeeded().lines().map(str::to_owned).collect();
     assert_eq!(
         lines,
         ["3", "from-the-image mine", "/srv", "sandbox", "1000", "/home/sandbox", "/home/sandbox", "kept", "1"],
@@ -62,10 +46,10 @@ fn an_oci_layout_boots_as_the_root_with_the_images_cmd_env_and_workdir() {
         .flag("-w")
         .flag("/tmp")
         .run();
-    assert_eq!(ok(&out), "from-the-request\n/tmp\n");
+    assert_eq!(out.succeeded(), "from-the-request\n/tmp\n");
 
     // What stayed on the host: the sandbox's own writable layer, sparse; the image's disk untouched.
-    let disk = sandbox_dir(&t).join("disk.ext4");
+    let disk = t.only_sandbox().join("disk.ext4");
     let meta = std::fs::metadata(&disk).unwrap();
     assert_eq!(meta.len(), u64::from(vm_contract::root::DEFAULT_DISK_MIB) << 20);
     let used = meta.blocks() * 512;
@@ -85,9 +69,9 @@ fn two_sandboxes_of_one_image_do_not_see_each_others_writes() {
         let second = scope.spawn(|| launch_image(&b, store, &layout_ref(), &["/bin/sh", "-c", &sb]).run());
         (first.join().unwrap(), second.join().unwrap())
     });
-    assert_eq!(ok(&out_a), "alpha\nwho \n", "each sandbox reads back only its own write");
-    assert_eq!(ok(&out_b), "beta\nwho \n");
-    let (da, db) = (sandbox_dir(&a).join("disk.ext4"), sandbox_dir(&b).join("disk.ext4"));
+    assert_eq!(out_a.succeeded(), "alpha\nwho \n", "each sandbox reads back only its own write");
+    assert_eq!(out_b.succeeded(), "beta\nwho \n");
+    let (da, db) = (a.only_sandbox().join("disk.ext4"), b.only_sandbox().join("disk.ext4"));
     assert_ne!(std::fs::metadata(&da).unwrap().ino(), std::fs::metadata(&db).unwrap().ino());
     eprintln!("e2e: two concurrent sandboxes of one image, each with its own writable layer");
 }
@@ -115,7 +99,7 @@ fn a_registry_image_and_a_docker_archive_boot_alike() {
             .flag("--registry-ca")
             .flag(&registry.ca.display().to_string())
             .run();
-        assert_eq!(ok(&out), "42 from-the-image /srv\n", "{name}");
+        assert_eq!(out.succeeded(), "42 from-the-image /srv\n", "{name}");
         eprintln!(
             "e2e: launch --image from the {name}, first use (pull + disk): {:.1} s",
             started.elapsed().as_secs_f64()
@@ -123,7 +107,7 @@ fn a_registry_image_and_a_docker_archive_boot_alike() {
         // Cached now: the next launch asks nothing of the source.
         let u = Scratch::new(&format!("img-{name}-again"));
         let out = launch_image(&u, &store, &source, &program).run();
-        assert_eq!(ok(&out), "42 from-the-image /srv\n", "{name}, cached");
+        assert_eq!(out.succeeded(), "42 from-the-image /srv\n", "{name}, cached");
     }
 }
 
@@ -134,8 +118,12 @@ fn the_writable_layer_is_bounded_by_its_disk_size() {
                   echo alive";
     let out =
         launch_image(&s, shared_store(), &layout_ref(), &["/bin/sh", "-c", script]).flag("--disk").flag("32").run();
-    assert_eq!(ok(&out), "No space left on device\nalive\n", "a full writable layer is the workload's error only");
-    let disk = std::fs::metadata(sandbox_dir(&s).join("disk.ext4")).unwrap();
+    assert_eq!(
+        out.succeeded(),
+        "No space left on device\nalive\n",
+        "a full writable layer is the workload's error only"
+    );
+    let disk = std::fs::metadata(s.only_sandbox().join("disk.ext4")).unwrap();
     assert_eq!(disk.len(), 32 << 20, "the host file never grows past the size asked for");
     assert!(disk.blocks() * 512 <= 32 << 20);
 }
@@ -167,7 +155,7 @@ fn serve_creates_from_a_reference_with_the_pull_on_watch_and_keeps_the_image_whi
     let reference = registry.push(&layout_ref(), "e2e/py:1");
     let store = s.dir.join("store");
     let (store_arg, ca_arg) = (store.display().to_string(), registry.ca.display().to_string());
-    let mut serve = vm_e2e::serve::Serve::with(&s, &[], &["--image-cache", &store_arg, "--registry-ca", &ca_arg]);
+    let mut serve = Serve::with(&s, &[], &["--image-cache", &store_arg, "--registry-ca", &ca_arg]);
     let (rt, mut client) = serve.grpc();
     let spec = |image: &str| SandboxSpec { image: image.into(), disk_mib: 256, ..SandboxSpec::default() };
 
@@ -208,19 +196,14 @@ fn serve_creates_from_a_reference_with_the_pull_on_watch_and_keeps_the_image_whi
     assert!(serve.cli("exec", &["py", "--", "sh", "-c", "echo kept > $HOME/note"]).status.success());
     assert!(serve.cli("stop", &["py"]).status.success());
     assert!(serve.cli("start", &["py"]).status.success());
-    let ready = vm_e2e::wait_until(Duration::from_secs(120), || {
-        String::from_utf8_lossy(&serve.cli("get", &["py"]).stdout).contains("ready")
-    });
-    assert!(ready, "restarted");
+    serve.wait_ready("py");
     let note = serve.cli("exec", &["py", "--", "cat", "/home/sandbox/note"]);
     assert_eq!(String::from_utf8_lossy(&note.stdout), "kept\n", "the writable layer outlives a stop");
     // And a driver that crashed: its VMs die with it, the restarted driver boots the sandbox on the same layer.
     serve.kill();
     serve.restart();
-    let ready = vm_e2e::wait_until(Duration::from_secs(180), || {
-        String::from_utf8_lossy(&serve.cli("get", &["py"]).stdout).contains("ready")
-    });
-    assert!(ready, "restored after the driver's restart");
+    // Restored after the driver's restart.
+    serve.wait_state("py", "ready", Duration::from_secs(180));
     let note = serve.cli("exec", &["py", "--", "cat", "/home/sandbox/note"]);
     assert_eq!(String::from_utf8_lossy(&note.stdout), "kept\n", "the writable layer outlives a driver restart");
     let (rt, mut client) = serve.grpc();
@@ -231,7 +214,7 @@ fn serve_creates_from_a_reference_with_the_pull_on_watch_and_keeps_the_image_whi
     assert!(images[0].in_use && images[0].names.contains(&reference), "{images:?}");
     let refused = rt.block_on(client.remove_image(RemoveImageRequest { reference: reference.clone() })).unwrap_err();
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
-    let cli = Command::new(&vm_e2e::harness().shipped.driver)
+    let cli = Command::new(&vm_test_support::harness().shipped.driver)
         .args(["image", "--image-cache", &store_arg, "rm", &reference, "--state-dir"])
         .arg(&serve.state)
         .output()
@@ -291,7 +274,7 @@ fn the_cache_cap_evicts_the_least_recently_used_image_never_one_in_use() {
     let s = Scratch::with_deadline("img-evict", Duration::from_secs(600));
     let store = s.dir.join("store");
     let image = |args: &[&str]| {
-        let out = Command::new(&vm_e2e::harness().shipped.driver)
+        let out = Command::new(&vm_test_support::harness().shipped.driver)
             .arg("image")
             .arg("--image-cache")
             .arg(&store)
@@ -304,7 +287,7 @@ fn the_cache_cap_evicts_the_least_recently_used_image_never_one_in_use() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     image(&["import", &layout_ref()]);
-    let small = vm_e2e::registry::umoci_image(
+    let small = vm_test_support::registry::umoci_image(
         &s.dir,
         "small",
         &[&|root: &Path| {
@@ -316,14 +299,14 @@ fn the_cache_cap_evicts_the_least_recently_used_image_never_one_in_use() {
 
     // The Debian image in use by a running sandbox survives a cap of one byte.
     let launch = launch_image(&s, &store, &layout_ref(), &["/bin/sh", "-c", "echo up; exec sleep 600"]);
-    let mut running = vm_e2e::Running::start(launch, &[], "up");
+    let mut running = Running::start(launch, &[], "up");
     image(&["import", "--image-cache-max", "1", &small_ref]);
     let listed = image(&["ls"]);
     assert!(listed.contains(&layout_ref()) && listed.contains(&small_ref), "both kept: {listed}");
     assert!(listed.lines().any(|l| l.contains(&layout_ref()) && l.contains(" yes ")), "{listed}");
 
     // Once the sandbox ended, the same cap takes it: it is the least recently used.
-    vm_e2e::procs::signal(i32::try_from(running.driver.id()).unwrap(), nix::sys::signal::Signal::SIGTERM);
+    vm_test_support::procs::signal(running.driver_pid(), nix::sys::signal::Signal::SIGTERM);
     let _ = running.driver.wait();
     image(&["import", "--image-cache-max", "1", &small_ref]);
     let listed = image(&["ls"]);
@@ -337,11 +320,11 @@ fn a_stop_asks_with_the_images_stop_signal_and_its_user_is_reported_not_obeyed()
     let script = "trap 'echo stopped by INT; exit 0' INT; trap 'echo stopped by TERM; exit 0' TERM; echo up; id -u; \
                   while :; do sleep 0.1; done";
     let launch = launch_image(&s, shared_store(), &layout_ref(), &["/bin/sh", "-c", script]);
-    let mut running = vm_e2e::Running::start(launch, &[], "up");
+    let mut running = Running::start(launch, &[], "up");
     let mut line = String::new();
     std::io::BufRead::read_line(&mut running.stdout, &mut line).unwrap();
     assert_eq!(line, "1000\n", "the image's User (1234) is not obeyed");
-    vm_e2e::procs::signal(i32::try_from(running.driver.id()).unwrap(), nix::sys::signal::Signal::SIGTERM);
+    vm_test_support::procs::signal(running.driver_pid(), nix::sys::signal::Signal::SIGTERM);
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut running.stdout, &mut rest).unwrap();
     let _ = running.driver.wait();
@@ -355,15 +338,15 @@ fn a_stop_asks_with_the_images_stop_signal_and_its_user_is_reported_not_obeyed()
 /// saved writable layer, so one sandbox's writes never reach the next.
 #[test]
 fn a_pool_of_an_image_root_serves_creates_of_that_image_booted_and_restored() {
-    use tokio_stream::StreamExt as _;
-    use vm_protocol::driver_api::{CreateSandboxRequest, ListPoolRequest, SandboxSpec, SandboxState, WatchRequest};
+    use vm_protocol::driver_api::{ListPoolRequest, SandboxSpec};
+    use vm_test_support::api::create_ready;
     let store = shared_store().display().to_string();
     let target = format!("1:1:256:{}", layout_ref());
     for (kind, extra) in [("booted", None), ("restored", Some("--pool-snapshots"))] {
         let t = Scratch::with_deadline(&format!("img-pool-{kind}"), Duration::from_secs(600));
         let mut args = vec!["--image-cache", &store, "--pool", &target];
         args.extend(extra);
-        let serve = vm_e2e::serve::Serve::with(&t, &[], &args);
+        let serve = Serve::with(&t, &[], &args);
         let (rt, mut client) = serve.grpc();
         let mut create = |id: &str| {
             rt.block_on(async {
@@ -379,18 +362,7 @@ fn a_pool_of_an_image_root_serves_creates_of_that_image_booted_and_restored() {
                 let vms = tokio::time::timeout(Duration::from_secs(300), full).await.expect("the pool filled");
                 assert!(vms.iter().all(|v| v.image == layout_ref()), "{vms:?}");
                 let spec = SandboxSpec { image: layout_ref(), ..SandboxSpec::default() };
-                let request = CreateSandboxRequest { sandbox_id: id.into(), spec: Some(spec), credentials: Vec::new() };
-                let created = client.create_sandbox(request).await.unwrap().into_inner();
-                let mut watch = client.watch(WatchRequest { sandbox_id: id.into() }).await.unwrap().into_inner();
-                while let Some(event) = watch.next().await {
-                    if let Some(vm_protocol::driver_api::watch_event::Event::Changed(sb)) = event.unwrap().event {
-                        assert_ne!(sb.state, SandboxState::Failed as i32, "{}", sb.detail);
-                        if sb.state == SandboxState::Ready as i32 {
-                            break;
-                        }
-                    }
-                }
-                created.origin
+                create_ready(&mut client, id, Some(spec)).await.1.origin
             })
         };
         assert_eq!(create("first"), "pool", "{kind}: a create of the pool's image claims a pooled VM");

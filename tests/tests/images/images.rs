@@ -1,9 +1,6 @@
 //! Images from real sources into the store and onto a disk (issue 21, the library half): a real registry
 //! (`docker-registry` with TLS from a throwaway CA, and htpasswd logins), images made by `umoci` and copied
 //! by `skopeo`, disks made by `mkfs.erofs`. Booting them is not wired yet (docs/images.md).
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -11,14 +8,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use vm_e2e::registry::{run, umoci_image, Registry};
-use vm_e2e::Scratch;
 use vm_oci::fetch::{Fetch, FromArchive, FromLayout, FromRegistry};
 use vm_oci::pull::{pull, Image, Quiet};
 use vm_oci::registry::{self, Options};
 use vm_oci::store::Store;
 use vm_oci::unpack::tree::{Limits, Tree};
 use vm_oci::unpack::write::{write, DirSpool};
+use vm_test_support::registry::{run, umoci_image, Registry};
+use vm_test_support::{test_image, Scratch};
 
 /// Two layers: files, a directory, a symlink and a hardlink; then a change and a deletion (a whiteout).
 fn test_layout(dir: &Path) -> PathBuf {
@@ -216,7 +213,7 @@ fn a_registry_that_stalls_fails_within_its_bound() {
 
 #[test]
 fn a_layout_and_a_docker_archive_of_one_image_give_the_same_layers() {
-    let s = Scratch::new("img-sources");
+    let s = Scratch::new("img-layout-archive");
     let layout = test_layout(&s.dir);
     let archive = s.dir.join("image.tar");
     run(Command::new("skopeo")
@@ -244,9 +241,8 @@ fn a_layout_and_a_docker_archive_of_one_image_give_the_same_layers() {
 #[test]
 fn the_debian_test_image_merges_as_umoci_unpacks_it() {
     let s = Scratch::with_deadline("img-debian", Duration::from_secs(600));
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/test-image");
     s.waiting_for("scripts/test-image (mmdebstrap on first use)");
-    let layout = PathBuf::from(run(&mut Command::new(script)).trim().lines().last().unwrap());
+    let layout = test_image::layout().to_owned();
     let st = store(&s.dir, "store");
     let image = pull(&mut FromLayout { dir: layout.clone(), tag: Some("py".into()) }, &st, &mut Quiet).unwrap();
     assert!(image.run.env.iter().any(|e| e == "IMAGE_GREETING=from-the-image"), "{:?}", image.run.env);
@@ -286,7 +282,7 @@ fn the_debian_test_image_merges_as_umoci_unpacks_it() {
 
 /// `vm-driver image ...` on the shipped build.
 fn cli(store: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(&vm_e2e::harness().shipped.driver)
+    Command::new(&vm_test_support::harness().shipped.driver)
         .arg("image")
         .arg("--image-cache")
         .arg(store)
@@ -353,7 +349,7 @@ fn a_cached_name_needs_no_source_and_a_refresh_does() {
 fn a_registry_behind_token_auth_is_pulled_with_a_token_got_by_the_login() {
     let s = Scratch::new("img-token");
     let password = "token-login-secret";
-    let reg = Registry::start_with(&s.dir.join("registry"), vm_e2e::registry::Auth::Token("puller", password));
+    let reg = Registry::start_with(&s.dir.join("registry"), vm_test_support::registry::Auth::Token("puller", password));
     let layout = test_layout(&s.dir);
     let name = reg.push(&format!("oci:{}:v1", layout.display()), "e2e/token:v1");
     let ca = reg.ca.display().to_string();

@@ -3,36 +3,27 @@
 //! stops the start with a `descriptor_mismatch` finding, and the collector's credentials are never used (the
 //! OTLP receiver sees nothing, no VMM starts). The control, with the check off, starts the same mismatched
 //! sandbox and exports with its credentials.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use serde_json::Value;
 use vm_contract::layout::SandboxFile;
 use vm_contract::test_control::TestControl;
-use vm_e2e::otlp_receiver::{Behavior, Receiver};
-use vm_e2e::{Launch, Scratch};
+use vm_test_support::otlp_receiver::{authorization_headers, Behavior, Receiver};
+use vm_test_support::{events, ocsf_schema, Launch, Scratch};
 
 const TOKEN: &str = "Bearer admission-token-4e7a";
 
 /// A launch under `controls` that exports to `receiver` with the collector token.
 fn launch(s: &Scratch, receiver: &Receiver, controls: &[TestControl]) -> (std::process::Output, Vec<Value>) {
-    let launch = controls
-        .iter()
-        .fold(Launch::new(s, &["/bin/sh", "-c", "echo ran"]), |l, c| l.control(*c))
+    let launch = Launch::new(s, &["/bin/sh", "-c", "echo ran"])
+        .controls(controls)
         .flag("--id")
         .flag("adm")
         .flag("--otlp-ocsf-endpoint")
         .flag(&receiver.grpc_endpoint());
     let mut cmd = launch.command();
-    cmd.env("OTEL_EXPORTER_OTLP_HEADERS", format!("authorization={}", TOKEN.replace(' ', "%20")));
+    cmd.env("OTEL_EXPORTER_OTLP_HEADERS", authorization_headers(TOKEN));
     let out = cmd.output().unwrap();
-    let events = std::fs::read_to_string(s.state().join("sandboxes/adm").join(SandboxFile::Events.name()))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
-    (out, events)
+    (out, events::read(&s.sandbox("adm")))
 }
 
 fn mismatch_stops_the_start(control: TestControl, says: &str) {
@@ -48,13 +39,10 @@ fn mismatch_stops_the_start(control: TestControl, says: &str) {
         .find(|e| e["class_uid"] == 2004 && e["finding_info"]["types"][0] == "descriptor_mismatch")
         .unwrap_or_else(|| panic!("a descriptor_mismatch finding: {events:?}"));
     assert!(finding["finding_info"]["desc"].as_str().unwrap_or_default().contains(says), "{finding}");
-    let schema = vm_e2e::ocsf_schema::Schema::load(&vm_e2e::ocsf_schema::schema_dir());
-    for event in &events {
-        assert!(schema.validate(event).is_empty(), "{event}: {:#?}", schema.validate(event));
-    }
+    ocsf_schema::assert_valid(&events);
     // Stopped before any credential was installed: nothing was exported, no VM ran.
     assert!(receiver.requests().is_empty(), "the collector's credentials were used");
-    let dir = s.state().join("sandboxes/adm");
+    let dir = s.sandbox("adm");
     assert!(!dir.join(SandboxFile::Console.name()).exists(), "a VMM started");
     assert!(!dir.join(SandboxFile::AuthBundle.name()).exists(), "the credentials were taken back");
 }
@@ -87,7 +75,7 @@ fn control_without_admission_a_mismatched_descriptor_starts_and_gets_the_credent
     assert!(!events.iter().any(|e| e["finding_info"]["types"][0] == "descriptor_mismatch"));
     let requests = receiver.requests();
     assert!(
-        requests.iter().any(|r| r.headers.get("authorization").map(String::as_str) == Some(TOKEN)),
+        requests.iter().any(|r| r.authorization() == Some(TOKEN)),
         "control: the mismatched start exported with the token"
     );
 }

@@ -1,17 +1,11 @@
 //! Bad input gets a clear error, fast, and leaves nothing running: bad ids, missing images, an unusable
 //! accelerator, a guest that never answers, a guest that speaks garbage, a kernel that is not a kernel.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::path::Path;
 use std::time::Duration;
 
-use vm_e2e::image::with_init_script;
-use vm_e2e::{harness, Launch, Outcome, Scratch};
-
-/// The driver's own exit code for "failed before the workload ran".
-const DRIVER_ERROR: i32 = 125;
+use vm_test_support::image::{with_init_script, CHANNEL_UP};
+use vm_test_support::{harness, Launch, Outcome, Scratch, DRIVER_ERROR};
 
 fn assert_failed_cleanly(out: &Outcome, needle: &str, limit: Duration) {
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -83,12 +77,7 @@ fn a_kernel_that_is_not_a_kernel_fails_fast() {
 fn a_guest_that_never_answers_hits_the_boot_timeout() {
     let s = Scratch::new("silent");
     let initrd = with_init_script(&s.dir, "/bin/busybox sleep 1000");
-    let out = Launch::new(&s, &["true"])
-        .flag("--initrd")
-        .flag(initrd.to_str().unwrap())
-        .flag("--boot-timeout")
-        .flag("5")
-        .run();
+    let out = Launch::new(&s, &["true"]).initrd(&initrd).flag("--boot-timeout").flag("5").run();
     assert_eq!(out.code, Some(DRIVER_ERROR));
     assert!(out.accel().is_some(), "a VM did start");
     assert_failed_cleanly(&out, "did not answer within 5000 ms", Duration::from_secs(40));
@@ -98,16 +87,11 @@ fn a_guest_that_never_answers_hits_the_boot_timeout() {
 fn a_guest_that_speaks_garbage_is_refused() {
     let s = Scratch::new("garbage");
     // A rogue PID 1: brings the channel up like the agent, then sends a frame that is not a hello.
-    let script = r#"
-/bin/busybox mount -t proc proc /proc
-/bin/busybox mount -t sysfs sys /sys
-/bin/busybox mount -t devtmpfs dev /dev
-for m in $(/bin/busybox cat /etc/vm-agent/modules); do /bin/busybox insmod $m; done
-while [ ! -e /sys/class/virtio-ports/vport0p1/name ]; do :; done
-/bin/busybox printf '\020\000\000\000garbage-garbage!' > /dev/vport0p1
-/bin/busybox sleep 1000"#;
-    let initrd = with_init_script(&s.dir, script);
-    let out = Launch::new(&s, &["true"]).flag("--initrd").flag(initrd.to_str().unwrap()).run();
+    let script = format!(
+        "{CHANNEL_UP}\n/bin/busybox printf '\\020\\000\\000\\000garbage-garbage!' > /dev/vport0p1\n/bin/busybox sleep 1000"
+    );
+    let initrd = with_init_script(&s.dir, &script);
+    let out = Launch::new(&s, &["true"]).initrd(&initrd).run();
     assert_eq!(out.code, Some(DRIVER_ERROR));
     assert_failed_cleanly(&out, "peer does not speak the vm boundary protocol", Duration::from_secs(40));
 }
@@ -116,7 +100,7 @@ while [ ! -e /sys/class/virtio-ports/vport0p1/name ]; do :; done
 fn a_guest_without_init_fails_fast() {
     let s = Scratch::new("noinit");
     let initrd = with_init_script(&s.dir, "exit 1");
-    let out = Launch::new(&s, &["true"]).flag("--initrd").flag(initrd.to_str().unwrap()).run();
+    let out = Launch::new(&s, &["true"]).initrd(&initrd).run();
     assert_eq!(out.code, Some(DRIVER_ERROR));
     // PID 1 exits -> kernel panic -> reboot -> QEMU exits (-no-reboot): no waiting for the boot timeout.
     assert_failed_cleanly(&out, "the VMM exited during boot", Duration::from_secs(30));

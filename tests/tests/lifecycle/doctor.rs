@@ -1,14 +1,11 @@
 //! `vm-driver doctor` on this host, against what a real launch gets here; its failures where no sandbox
 //! could start; and a jailed launch in a plain chroot (whose `/` is a directory, not a mount point), where
 //! no mount of the jail may reach the chroot's host (control: `jail-chroot-shared-mounts`).
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use vm_e2e::{harness, Launch, Scratch, TestControl};
+use vm_test_support::{events, harness, Launch, Scratch, TestControl};
 
 fn doctor(s: &Scratch, args: &[&str], env: &[(&str, &str)]) -> (Output, String) {
     let h = harness();
@@ -147,7 +144,7 @@ fn in_a_chroot_a_jailed_sandbox_runs_and_no_mount_of_its_jail_leaks() {
     );
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stdout).contains("in-chroot"));
-    let events = std::fs::read_to_string(s.state().join("sandboxes/chrooted/events.jsonl")).unwrap();
+    let events = events::text(&s.sandbox("chrooted"));
     assert!(events.contains("VMM confinement: jail"), "jailed, not unconfined");
     assert_eq!(before, after, "no mount of the jail reached the chroot's host");
     // The doctor there says what it sees.

@@ -5,9 +5,6 @@
 //!
 //! Faults that need the code's help to happen (a watchdog that never answers, a supervisor that exits at
 //! once) use the controls build; so do the controls themselves. Everything else runs the shipped build.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -16,36 +13,20 @@ use vm_contract::layout::SandboxFile;
 
 use nix::sys::signal::Signal::{self, SIGCONT, SIGHUP, SIGINT, SIGKILL, SIGSTOP, SIGTERM};
 use serde_json::Value;
-use vm_e2e::image::with_rogue_agent;
-use vm_e2e::procs::signal;
-use vm_e2e::{gone_within, wait_until, Launch, Running, Scratch, TestControl};
-
-const CANARY: &str = "canary-from-the-guest";
-/// The driver's exit status when the workload produced none.
-const DRIVER_ERROR: i32 = 125;
-
-fn sleeper(s: &Scratch) -> Launch<'_> {
-    Launch::new(s, &["/bin/sh", "-c", &format!("echo {CANARY}; exec sleep 1000")])
-}
-
-fn events(sandbox_dir: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(sandbox_dir.join(SandboxFile::Events.name())).unwrap_or_default();
-    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
+use vm_test_support::events::{self, finding_types};
+use vm_test_support::image::with_rogue_agent;
+use vm_test_support::procs::signal;
+use vm_test_support::{gone_within, sandbox, wait_until, Launch, Running, Scratch, TestControl, CANARY, DRIVER_ERROR};
 
 fn tombstone(sandbox_dir: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(sandbox_dir.join(SandboxFile::Tombstone.name())).expect("a tombstone"))
         .unwrap()
 }
 
-fn driver_pid(run: &Running) -> i32 {
-    i32::try_from(run.driver.id()).unwrap()
-}
-
 #[test]
 fn qemu_killed_mid_run_ends_the_sandbox_with_the_documented_status_and_record() {
     let s = Scratch::new("qemu-crash");
-    let mut run = Running::start(sleeper(&s), &[], CANARY);
+    let mut run = Running::start(Launch::sleeper(&s), &[], CANARY);
     let p = run.procs();
     signal(p.vmm.pid, SIGKILL);
     s.waiting_for("the driver to exit after QEMU was killed");
@@ -57,7 +38,7 @@ fn qemu_killed_mid_run_ends_the_sandbox_with_the_documented_status_and_record() 
     for proc in [&p.supervisor, &p.watchdog] {
         assert!(gone_within(proc, Duration::from_secs(5)));
     }
-    let events = events(&run.sandbox_dir);
+    let events = events::read(&run.sandbox_dir);
     let stop = events
         .iter()
         .find(|e| e["class_uid"] == 6002 && e["activity_id"] == 4 && e["app"]["name"] == "microvm")
@@ -70,7 +51,7 @@ fn qemu_killed_mid_run_ends_the_sandbox_with_the_documented_status_and_record() 
 #[test]
 fn a_watchdog_that_never_becomes_ready_refuses_the_vm() {
     let s = Scratch::new("wd-not-ready");
-    let out = sleeper(&s).control(TestControl::WatchdogNeverReady).run();
+    let out = Launch::sleeper(&s).control(TestControl::WatchdogNeverReady).run();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.code, Some(DRIVER_ERROR), "{stderr}");
     assert!(stderr.contains("the lease watchdog was not ready within 5000 ms"), "{stderr}");
@@ -82,13 +63,13 @@ fn a_watchdog_that_never_becomes_ready_refuses_the_vm() {
 /// Starts a sandbox, moves a host process into its cgroup (as if it had escaped the VMM's process group),
 /// then stops the sandbox in order. Returns the escaped process and the driver's stderr.
 fn escape_into_the_cgroup(s: &Scratch, controls: &[TestControl]) -> (std::process::Child, String) {
-    let launch = controls.iter().fold(sleeper(s), |l, c| l.control(*c));
+    let launch = Launch::sleeper(s).controls(controls);
     let mut run = Running::start(launch, &[], CANARY);
     let cgroup = std::fs::read_to_string(run.sandbox_dir.join(SandboxFile::Cgroup.name()))
         .expect("this host has no writable cgroup v2, so the sweep cannot be tested (see ENVIRONMENT facts)");
     let escaped = Command::new("sleep").arg("1000").stdin(Stdio::null()).spawn().unwrap();
     std::fs::write(Path::new(cgroup.trim()).join("cgroup.procs"), escaped.id().to_string()).unwrap();
-    signal(driver_pid(&run), SIGTERM);
+    signal(run.driver_pid(), SIGTERM);
     s.waiting_for("the driver's orderly stop");
     run.driver.wait().unwrap();
     (escaped, run.stderr_text())
@@ -116,11 +97,11 @@ fn control_without_the_cgroup_sweep_the_escaped_process_survives() {
 /// A launch whose supervisor exits before it reads its auth bundle (fault injection), with collector
 /// credentials in the environment. Returns the kept sandbox directory's auth bundle, if any is left.
 fn supervisor_dies_before_reading_its_credentials(s: &Scratch, controls: &[TestControl]) -> Option<Vec<u8>> {
-    let launch = controls.iter().fold(Launch::new(s, &["true"]), |l, c| l.control(*c));
+    let launch = Launch::new(s, &["true"]).controls(controls);
     let mut cmd = launch.control(TestControl::SupervisorExitsAtStart).flag("--id").flag("creds").command();
     let out = cmd.env("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer%20cred-canary").output().unwrap();
     assert_eq!(out.status.code(), Some(DRIVER_ERROR), "{}", String::from_utf8_lossy(&out.stderr));
-    let dir = s.state().join("sandboxes/creds");
+    let dir = s.sandbox("creds");
     assert!(dir.is_dir(), "the sandbox directory is kept after a failed start");
     std::fs::read(dir.join(SandboxFile::AuthBundle.name())).ok()
 }
@@ -143,16 +124,14 @@ fn control_without_taking_them_back_the_credentials_stay_on_disk() {
 fn a_protocol_violation_after_boot_stops_the_sandbox_in_order_with_a_finding() {
     let s = Scratch::new("violation");
     let initrd = with_rogue_agent(&s.dir, "garbage-after-handshake");
-    let out =
-        Launch::new(&s, &["true"]).flag("--initrd").flag(initrd.to_str().unwrap()).flag("--id").flag("rogue").run();
+    let out = Launch::new(&s, &["true"]).initrd(&initrd).flag("--id").flag("rogue").run();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.code, Some(DRIVER_ERROR), "{stderr}");
     assert!(stderr.contains("vm-supervisor ended with exit status: 3"), "{stderr}");
     // Orderly: Shutdown, the grace, then QEMU killed because this guest ignores it; never the boot timeout.
     assert!(out.elapsed < Duration::from_secs(45), "{:?}", out.elapsed);
-    let events = events(&s.state().join("sandboxes/rogue"));
-    let finding = events.iter().find(|e| e["class_uid"] == 2004).expect("a Detection Finding");
-    assert_eq!(finding["finding_info"]["types"][0], "guest_protocol_violation", "{finding}");
+    let events = events::read(&s.sandbox("rogue"));
+    assert_eq!(finding_types(&events).first(), Some(&"guest_protocol_violation"), "{events:?}");
     assert!(events.iter().any(|e| e["class_uid"] == 6002 && e["activity_id"] == 4 && e["status_id"] == 2));
     out.assert_nothing_left();
 }
@@ -165,7 +144,7 @@ fn interrupted(name: &str, signals: &[Signal]) -> i32 {
     let mut run = Running::start(Launch::new(&s, &["/bin/sh", "-c", &script]), &[], CANARY);
     let p = run.procs();
     for sig in signals {
-        signal(driver_pid(&run), *sig);
+        signal(run.driver_pid(), *sig);
         std::thread::sleep(Duration::from_millis(200));
     }
     s.waiting_for("the interrupted driver to exit");
@@ -188,11 +167,11 @@ fn hangup_interrupt_and_terminate_give_129_130_and_143() {
 #[test]
 fn a_supervisor_that_ignores_sigterm_is_killed_at_the_stop_timeout() {
     let s = Scratch::new("stop-timeout");
-    let mut run = Running::start(sleeper(&s).flag("--stop-timeout").flag("1"), &[], CANARY);
+    let mut run = Running::start(Launch::sleeper(&s).flag("--stop-timeout").flag("1"), &[], CANARY);
     let p = run.procs();
     signal(p.supervisor.pid, SIGSTOP);
     let start = Instant::now();
-    signal(driver_pid(&run), SIGTERM);
+    signal(run.driver_pid(), SIGTERM);
     s.waiting_for("the driver to give up on the frozen supervisor");
     let status = run.driver.wait().unwrap();
     let elapsed = start.elapsed();
@@ -214,26 +193,26 @@ fn the_shipped_build_has_no_test_controls_and_the_controls_build_says_so() {
     // Even asked to, the shipped build switches nothing off and says nothing about controls.
     let out = cmd.env("VM_TEST_CONTROL", "no-reaper,watchdog-eof-only").output().unwrap();
     assert!(out.status.success());
-    let dir = s.state().join("sandboxes/shipped");
-    let log = std::fs::read_to_string(dir.join(SandboxFile::SupervisorLog.name())).unwrap();
+    let dir = s.sandbox("shipped");
+    let log = sandbox::read(&dir, SandboxFile::SupervisorLog);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("test controls"));
     assert!(!log.contains("test controls"), "{log}");
     let announces = |e: &Value| e["message"].as_str().is_some_and(|m| m.contains("test controls"));
-    assert!(!events(&dir).iter().any(announces), "the shipped build announced test controls");
+    assert!(!events::read(&dir).iter().any(announces), "the shipped build announced test controls");
 
     let out = Launch::new(&s, &["true"]).flag("--id").flag("controls").control(TestControl::NoReaper).run();
     assert_eq!(out.code, Some(0));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("vm-driver: WARNING: built with test controls"), "{stderr}");
     assert!(stderr.contains("(active: no-reaper)"), "{stderr}");
-    let dir = s.state().join("sandboxes/controls");
-    let log = std::fs::read_to_string(dir.join(SandboxFile::SupervisorLog.name())).unwrap();
+    let dir = s.sandbox("controls");
+    let log = sandbox::read(&dir, SandboxFile::SupervisorLog);
     for binary in ["vm-supervisor", "vm-watchdog"] {
         assert!(log.contains(&format!("{binary}: WARNING: built with test controls")), "{binary}: {log}");
     }
     // The jailer's stderr is QEMU's: vmm.log.
-    let vmm_log = std::fs::read_to_string(dir.join(SandboxFile::VmmLog.name())).unwrap();
+    let vmm_log = sandbox::read(&dir, SandboxFile::VmmLog);
     assert!(vmm_log.contains("vm-jailer: WARNING: built with test controls"), "vm-jailer: {vmm_log}");
-    let config = events(&dir).into_iter().find(|e| e["class_uid"] == 5019 && announces(e));
+    let config = events::read(&dir).into_iter().find(|e| e["class_uid"] == 5019 && announces(e));
     assert!(config.is_some(), "no OCSF configuration event announces the controls build");
 }

@@ -1,14 +1,11 @@
 //! `vm-driver launch` end to end: real QEMU, the real guest image, real processes in the guest.
 //!
 //! Every test checks afterwards that no process it started is left (by pid and start time, from /proc).
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::time::Duration;
 
-use vm_e2e::{harness, Launch, Scratch};
 use vm_image::debian::sha256 as sha256_hex;
+use vm_test_support::{harness, Launch, Scratch};
 
 #[test]
 fn streams_are_separate_and_the_exit_code_is_ours() {
@@ -121,7 +118,7 @@ fn ctrl_c_reaches_the_workload_as_sigint() {
     );
     let mut cmd = launch.command();
     cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
-    let watcher = vm_e2e::procs::Watcher::start(&s.dir);
+    let watcher = vm_test_support::procs::Watcher::start(&s.dir);
     let mut child = cmd.spawn().unwrap();
     let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
@@ -177,7 +174,7 @@ fn a_guest_keeps_the_hosts_time() {
     let launch = Launch::new(&s, &["/bin/sh", "-c", script]);
     let mut cmd = launch.command();
     cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
-    let watcher = vm_e2e::procs::Watcher::start(&s.dir);
+    let watcher = vm_test_support::procs::Watcher::start(&s.dir);
     let started = std::time::Instant::now();
     let mut child = cmd.spawn().unwrap();
     let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
@@ -194,14 +191,14 @@ fn a_guest_keeps_the_hosts_time() {
         .collect();
     let (_, clocksource) = line();
     let out = child.wait_with_output().unwrap();
-    let outcome = vm_e2e::Outcome {
+    let outcome = vm_test_support::Outcome {
         code: out.status.code(),
         stdout: Vec::new(),
         stderr: out.stderr,
         elapsed: started.elapsed(),
         seen: watcher.stop(),
     };
-    vm_e2e::report_accel(&outcome);
+    vm_test_support::report_accel(&outcome);
     let least_delayed = |window: &[(f64, f64)]| {
         *window.iter().min_by(|a, b| (a.0 - a.1).total_cmp(&(b.0 - b.1))).unwrap_or(&(0.0, 0.0))
     };

@@ -1,15 +1,12 @@
 //! `vm-driver launch -it -- /bin/sh` in a real terminal (a tmux pane): a prompt, the pane's size inside, a
 //! resize seen, and the terminal restored after the shell exits.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use vm_e2e::procs::{ProcInfo, Watcher};
-use vm_e2e::{wait_until, Launch, Scratch};
+use vm_test_support::procs::{ProcInfo, Watcher};
+use vm_test_support::{wait_until, Launch, Scratch};
 
 /// A tmux server of the test's own, on a socket in its scratch directory.
 struct Tmux {

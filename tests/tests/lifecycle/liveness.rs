@@ -4,29 +4,20 @@
 //! the outcome from /proc (pid and start time), never from what the code under test reports. Each control
 //! turns one mechanism off through a switch compiled only into test builds (`VM_TEST_CONTROL`) and shows
 //! the bad outcome appears; the test itself shows it does not with the mechanism on.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::io::{BufRead, Read};
 use std::time::{Duration, Instant};
 use vm_contract::layout::SandboxFile;
 
 use nix::sys::signal::Signal::{SIGCONT, SIGKILL, SIGSTOP, SIGTERM};
-use vm_e2e::image::with_init_script;
-use vm_e2e::procs::{self, signal};
-use vm_e2e::{gone_within, survives, Launch, Running, Scratch, TestControl};
-
-const CANARY: &str = "canary-from-the-guest";
-
-fn sleeper(s: &Scratch) -> Launch<'_> {
-    Launch::new(s, &["/bin/sh", "-c", &format!("echo {CANARY}; exec sleep 1000")])
-}
+use vm_test_support::image::with_init_that_never_stops;
+use vm_test_support::procs::{self, signal};
+use vm_test_support::{gone_within, sandbox, survives, Launch, Running, Scratch, TestControl, CANARY};
 
 #[test]
 fn killing_the_driver_stops_supervisor_watchdog_and_vm() {
     let s = Scratch::new("kill-driver");
-    let mut run = Running::start(sleeper(&s), &[], CANARY);
+    let mut run = Running::start(Launch::sleeper(&s), &[], CANARY);
     let p = run.procs();
     let start = Instant::now();
     run.driver.kill().unwrap();
@@ -40,7 +31,7 @@ fn killing_the_driver_stops_supervisor_watchdog_and_vm() {
 #[test]
 fn control_a_leaked_write_end_keeps_the_vm_alive_after_the_driver_dies() {
     let s = Scratch::new("kill-driver-ctl");
-    let mut run = Running::start(sleeper(&s).control(TestControl::LeakLivenessWriteEnd), &[], CANARY);
+    let mut run = Running::start(Launch::sleeper(&s).control(TestControl::LeakLivenessWriteEnd), &[], CANARY);
     let p = run.procs();
     run.driver.kill().unwrap();
     run.driver.wait().unwrap();
@@ -51,12 +42,11 @@ fn control_a_leaked_write_end_keeps_the_vm_alive_after_the_driver_dies() {
 #[test]
 fn the_write_end_stays_in_the_driver() {
     let s = Scratch::new("write-end");
-    let run = Running::start(sleeper(&s), &[], CANARY);
+    let run = Running::start(Launch::sleeper(&s), &[], CANARY);
     let p = run.procs();
     let pipe = procs::stdin_pipe(p.supervisor.pid).expect("the supervisor's stdin is a pipe");
     let write_ends = |pid: i32| procs::pipe_fds(pid).into_iter().filter(|(i, f)| *i == pipe && f & 0o3 == 0o1).count();
-    let driver_pid = i32::try_from(run.driver.id()).unwrap();
-    assert_eq!(write_ends(driver_pid), 1, "the driver holds the write end (the probe finds it)");
+    assert_eq!(write_ends(run.driver_pid()), 1, "the driver holds the write end (the probe finds it)");
     for (what, proc) in [("supervisor", &p.supervisor), ("watchdog", &p.watchdog), ("VMM", &p.vmm)] {
         assert_eq!(write_ends(proc.pid), 0, "the {what} holds the liveness pipe's write end");
     }
@@ -64,7 +54,7 @@ fn the_write_end_stays_in_the_driver() {
 
     // Control: the same probe sees the leak when the write end is not close-on-exec.
     let s = Scratch::new("write-end-ctl");
-    let run = Running::start(sleeper(&s).control(TestControl::LeakLivenessWriteEnd), &[], CANARY);
+    let run = Running::start(Launch::sleeper(&s).control(TestControl::LeakLivenessWriteEnd), &[], CANARY);
     let p = run.procs();
     let pipe = procs::stdin_pipe(p.supervisor.pid).unwrap();
     let leaked = |pid: i32| procs::pipe_fds(pid).into_iter().any(|(i, f)| i == pipe && f & 0o3 == 0o1);
@@ -76,7 +66,7 @@ fn the_write_end_stays_in_the_driver() {
 #[test]
 fn pausing_the_supervisor_lets_the_watchdog_kill_the_vm() {
     let s = Scratch::new("stop-sup");
-    let run = Running::start(sleeper(&s), &[], CANARY);
+    let run = Running::start(Launch::sleeper(&s), &[], CANARY);
     let p = run.procs();
     let start = Instant::now();
     signal(p.supervisor.pid, SIGSTOP);
@@ -88,7 +78,7 @@ fn pausing_the_supervisor_lets_the_watchdog_kill_the_vm() {
 #[test]
 fn control_a_watchdog_that_only_watches_eof_lets_a_frozen_supervisor_keep_the_vm() {
     let s = Scratch::new("stop-sup-ctl");
-    let run = Running::start(sleeper(&s).control(TestControl::WatchdogEofOnly), &[], CANARY);
+    let run = Running::start(Launch::sleeper(&s).control(TestControl::WatchdogEofOnly), &[], CANARY);
     let p = run.procs();
     signal(p.supervisor.pid, SIGSTOP);
     let survived = survives(&p.vmm, Duration::from_secs(5));
@@ -100,7 +90,7 @@ fn control_a_watchdog_that_only_watches_eof_lets_a_frozen_supervisor_keep_the_vm
 #[test]
 fn killing_the_supervisor_kills_the_vm() {
     let s = Scratch::new("kill-sup");
-    let run = Running::start(sleeper(&s), &[], CANARY);
+    let run = Running::start(Launch::sleeper(&s), &[], CANARY);
     let p = run.procs();
     let start = Instant::now();
     signal(p.supervisor.pid, SIGKILL);
@@ -111,7 +101,7 @@ fn killing_the_supervisor_kills_the_vm() {
 #[test]
 fn pausing_the_watchdog_makes_the_supervisor_stop_the_vm() {
     let s = Scratch::new("stop-wd");
-    let mut run = Running::start(sleeper(&s), &[], CANARY);
+    let mut run = Running::start(Launch::sleeper(&s), &[], CANARY);
     let p = run.procs();
     let start = Instant::now();
     signal(p.watchdog.pid, SIGSTOP);
@@ -128,7 +118,7 @@ fn pausing_the_watchdog_makes_the_supervisor_stop_the_vm() {
 #[test]
 fn control_a_supervisor_that_trusts_writes_keeps_the_vm_with_a_frozen_watchdog() {
     let s = Scratch::new("stop-wd-ctl");
-    let run = Running::start(sleeper(&s).control(TestControl::PulseWriteOnly), &[], CANARY);
+    let run = Running::start(Launch::sleeper(&s).control(TestControl::PulseWriteOnly), &[], CANARY);
     let p = run.procs();
     signal(p.watchdog.pid, SIGSTOP);
     let survived = survives(&p.vmm, Duration::from_secs(5));
@@ -140,7 +130,7 @@ fn control_a_supervisor_that_trusts_writes_keeps_the_vm_with_a_frozen_watchdog()
 #[test]
 fn killing_the_watchdog_makes_the_supervisor_stop_the_vm() {
     let s = Scratch::new("kill-wd");
-    let run = Running::start(sleeper(&s), &[], CANARY);
+    let run = Running::start(Launch::sleeper(&s), &[], CANARY);
     let p = run.procs();
     let start = Instant::now();
     signal(p.watchdog.pid, SIGKILL);
@@ -151,23 +141,15 @@ fn killing_the_watchdog_makes_the_supervisor_stop_the_vm() {
 /// A guest that ignores everything: it shows it runs on the console and never powers itself off. A
 /// compromised guest behaves like this, so the host must not rely on the guest's cooperation.
 fn hostile_guest(s: &Scratch) -> Launch<'_> {
-    let initrd =
-        with_init_script(&s.dir, &format!("echo {CANARY} > /dev/console\nwhile :; do /bin/busybox sleep 1; done"));
-    Launch::new(s, &["true"]).flag("--initrd").flag(initrd.to_str().unwrap()).flag("--boot-timeout").flag("600")
+    Launch::new(s, &["true"]).initrd(&with_init_that_never_stops(&s.dir)).flag("--boot-timeout").flag("600")
 }
 
 /// Starts the hostile guest, then kills driver, supervisor and watchdog so that none can react.
 fn orphan_a_vm(s: &Scratch) -> (Running, procs::ProcInfo) {
     let run = Running::start(hostile_guest(s), &[], "");
     let p = run.procs();
-    let console = run.sandbox_dir.join(SandboxFile::Console.name());
-    assert!(
-        vm_e2e::wait_until(Duration::from_secs(60), || std::fs::read_to_string(&console)
-            .is_ok_and(|c| c.contains(CANARY))),
-        "canary on the guest console"
-    );
-    eprintln!("e2e: canary arrived from the guest console");
-    let driver = i32::try_from(run.driver.id()).unwrap();
+    run.assert_console_shows(CANARY);
+    let driver = run.driver_pid();
     // Freeze the two that would react, kill the watchdog, then the supervisor, then the driver.
     signal(driver, SIGSTOP);
     signal(p.supervisor.pid, SIGSTOP);
@@ -182,7 +164,7 @@ fn orphan_a_vm(s: &Scratch) -> (Running, procs::ProcInfo) {
 /// Starts a driver (`vm-driver launch -- true`) on the same state directory; returns its stderr. Every
 /// starting driver reaps first.
 fn start_a_driver(s: &Scratch, controls: &[TestControl]) -> String {
-    let launch = controls.iter().fold(Launch::new(s, &["true"]), |l, c| l.control(*c));
+    let launch = Launch::new(s, &["true"]).controls(controls);
     let out = launch.command().output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -195,7 +177,7 @@ fn a_starting_driver_reaps_a_vm_whose_supervisor_and_watchdog_died() {
     let report = start_a_driver(&s, &[]);
     assert!(gone_within(&vmm, Duration::from_secs(5)), "the reaper killed the orphaned VM");
     assert!(report.contains("reaped orphaned sandbox"), "{report}");
-    let tombstone = std::fs::read_to_string(run.sandbox_dir.join(SandboxFile::Tombstone.name())).unwrap();
+    let tombstone = sandbox::read(&run.sandbox_dir, SandboxFile::Tombstone);
     assert!(tombstone.contains("orphan reaped"), "{tombstone}");
 }
 
@@ -204,7 +186,7 @@ fn vm_driver_reap_kills_an_orphaned_vm_and_marks_it_terminated() {
     let s = Scratch::new("reap-cli");
     let (run, vmm) = orphan_a_vm(&s);
     let reap = || {
-        let out = std::process::Command::new(&vm_e2e::harness().shipped.driver)
+        let out = std::process::Command::new(&vm_test_support::harness().shipped.driver)
             .args(["reap", "--state-dir"])
             .arg(s.state())
             .output()
@@ -215,7 +197,7 @@ fn vm_driver_reap_kills_an_orphaned_vm_and_marks_it_terminated() {
     let report = reap();
     assert!(report.contains("supervisor gone; killed its VM; marked terminated"), "{report}");
     assert!(gone_within(&vmm, Duration::from_secs(5)), "vm-driver reap killed the orphaned VM");
-    let tombstone = std::fs::read_to_string(run.sandbox_dir.join(SandboxFile::Tombstone.name())).unwrap();
+    let tombstone = sandbox::read(&run.sandbox_dir, SandboxFile::Tombstone);
     assert!(tombstone.contains("orphan reaped"), "{tombstone}");
     assert_eq!(reap(), "", "a second reap finds nothing to do");
 }
@@ -234,16 +216,12 @@ fn control_without_the_reaper_the_orphaned_vm_keeps_running() {
 fn stop_with_queued_records(s: &Scratch, controls: &[TestControl]) -> (usize, usize) {
     const RECORDS: usize = 700_000;
     let script = format!("echo {CANARY}; seq 1 {RECORDS}; echo emitted > /dev/console; exec sleep 1000");
-    let launch = controls.iter().fold(Launch::new(s, &["/bin/sh", "-c", &script]), |l, c| l.control(*c));
+    let launch = Launch::new(s, &["/bin/sh", "-c", &script]).controls(controls);
     let mut run = Running::start(launch, &[], CANARY);
-    let console = run.sandbox_dir.join(SandboxFile::Console.name());
-    assert!(
-        vm_e2e::wait_until(Duration::from_secs(60), || std::fs::read_to_string(&console)
-            .is_ok_and(|c| c.contains("emitted"))),
-        "the workload wrote every record"
-    );
+    // The workload wrote every record.
+    run.assert_console_shows("emitted");
     // The stop a gateway or a terminal asks for: SIGTERM to the driver, which stops the sandbox.
-    signal(i32::try_from(run.driver.id()).unwrap(), SIGTERM);
+    signal(run.driver_pid(), SIGTERM);
     let mut text = String::new();
     run.stdout.read_to_string(&mut text).unwrap();
     run.driver.wait().unwrap();

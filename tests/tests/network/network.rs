@@ -3,67 +3,34 @@
 //! names with public, private and loopback addresses, and `tinyproxy` as an operator's proxy. Real clients in the guest: busybox `wget` and `nc` in
 //! the built-in root; `curl`, `python3`, `pip` and `git` in the Debian test image. Every connection goes
 //! through the agent's loopback proxies and the supervisor's decision.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use vm_contract::layout::SandboxFile;
 use vm_contract::test_control::TestControl;
-use vm_e2e::net::{server_dir, throwaway_ca, Dns, EchoServer, UpstreamProxy, WebServer, HOST_GATEWAY};
-use vm_e2e::test_image::{layout_ref, shared_store};
-use vm_e2e::{Launch, Outcome, Scratch};
+use vm_test_support::events::{self, of_class};
+use vm_test_support::net::{
+    self, rule, server_dir, throwaway_ca, Dns, EchoServer, UpstreamProxy, WebServer, HOST_GATEWAY,
+};
+use vm_test_support::test_image::{layout_ref, shared_store};
+use vm_test_support::{leaks, ocsf_schema, Launch, Outcome, Scratch};
 
-/// A policy that allows exec and the given network rules (JSON objects).
+/// A policy that allows exec, stdin and the given network rules (JSON objects), in a file of the test's.
 fn policy(s: &Scratch, rules: &[String]) -> PathBuf {
     let file = s.dir.join("policy.json");
-    let text = format!(r#"{{"allow":["exec","stdin"],"network":{{"allow":[{}]}}}}"#, rules.join(","));
-    std::fs::write(&file, text).unwrap();
+    std::fs::write(&file, net::policy(&["exec", "stdin"], rules)).unwrap();
     file
 }
 
-fn rule(host: &str, port: u16) -> String {
-    format!(r#"{{"host":"{host}","ports":[{port}]}}"#)
-}
-
 fn launch<'a>(s: &'a Scratch, policy: &Path, script: &str) -> Launch<'a> {
-    Launch::new(s, &["/bin/sh", "-c", script]).flag("--policy").flag(policy.to_str().unwrap())
-}
-
-/// The one sandbox directory a launch kept.
-fn sandbox_dir(s: &Scratch) -> PathBuf {
-    let dirs: Vec<PathBuf> =
-        std::fs::read_dir(s.state().join("sandboxes")).unwrap().map(|e| e.unwrap().path()).collect();
-    assert_eq!(dirs.len(), 1, "{dirs:?}");
-    dirs[0].clone()
-}
-
-fn events(dir: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(dir.join(SandboxFile::Events.name())).unwrap();
-    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
-
-fn of_class(events: &[Value], class: u64) -> Vec<&Value> {
-    events.iter().filter(|e| e["class_uid"] == class).collect()
-}
-
-fn assert_valid_ocsf(events: &[Value]) {
-    let schema = vm_e2e::ocsf_schema::Schema::load(&vm_e2e::ocsf_schema::schema_dir());
-    for event in events {
-        let problems = schema.validate(event);
-        assert!(problems.is_empty(), "{event}: {problems:#?}");
-    }
+    Launch::new(s, &["/bin/sh", "-c", script]).policy(policy)
 }
 
 /// The lines the workload printed, after `rc=` markers are checked by the caller.
 fn lines(out: &Outcome) -> Vec<String> {
-    assert_eq!(out.code, Some(0), "stdout: {}\nstderr: {}", out.stdout_text(), out.workload_stderr());
-    out.assert_nothing_left();
-    out.stdout_text().lines().map(str::to_owned).collect()
+    out.succeeded().lines().map(str::to_owned).collect()
 }
 
 #[test]
@@ -79,7 +46,7 @@ fn wget_reaches_the_host_only_through_a_rule_that_names_it() {
     assert_eq!(got, ["through the boundary", "rc=0"]);
     assert!(web.requests().contains("GET /file.txt?token=q-secret-1"), "{}", web.requests());
 
-    let all = events(&sandbox_dir(&s));
+    let all = events::read(&s.only_sandbox());
     // (The workload's own argv, in its process events, is the workload's to log.)
     let network: Vec<&Value> = all.iter().filter(|e| e["class_uid"] == 4001 || e["class_uid"] == 4002).collect();
     assert!(!serde_json::to_string(&network).unwrap().contains("q-secret-1"), "a query string reached the events");
@@ -93,7 +60,7 @@ fn wget_reaches_the_host_only_through_a_rule_that_names_it() {
     let http = of_class(&all, 4002);
     assert_eq!(http.len(), 1, "{http:?}");
     assert_eq!(http[0]["http_request"]["url"]["path"], "/file.txt");
-    assert_valid_ocsf(&all);
+    ocsf_schema::assert_valid(&all);
 
     // Without a rule for it, and through a wildcard (which never matches the host gateway): refused, clearly.
     let t = Scratch::with_deadline("net-gateway-no", Duration::from_secs(300));
@@ -102,13 +69,13 @@ fn wget_reaches_the_host_only_through_a_rule_that_names_it() {
     assert_eq!(out.code, Some(0));
     assert!(out.stdout_text().contains("rc=1"), "{}", out.stdout_text());
     assert!(out.workload_stderr().contains("403"), "{}", out.workload_stderr());
-    let all = events(&sandbox_dir(&t));
+    let all = events::read(&t.only_sandbox());
     let refused = of_class(&all, 4001).into_iter().find(|e| e["activity_id"] == 5).expect("a refuse event");
     assert_eq!(refused["dst_endpoint"]["port"], web.port);
     assert!(refused["status_detail"].as_str().unwrap().contains("no network rule"), "{refused}");
     let denied = of_class(&all, 2004);
     assert!(denied.iter().any(|f| f.to_string().contains("refused")), "a policy_denied finding: {denied:?}");
-    assert_valid_ocsf(&all);
+    ocsf_schema::assert_valid(&all);
     assert_eq!(web.requests().lines().count(), 1, "the refused request never reached the server");
 }
 
@@ -128,7 +95,7 @@ fn names_resolve_on_the_host_and_every_answer_is_checked() {
     let out = launch(&s, &p, &script).flag("--egress-resolver").flag(&resolver).run();
     let got = lines(&out);
     assert_eq!(got, ["rebind.test=1", "private.test=1", "host-only", "listed.test=0"], "{}", out.workload_stderr());
-    let all = events(&sandbox_dir(&s));
+    let all = events::read(&s.only_sandbox());
     let refusals: Vec<String> = of_class(&all, 4001)
         .into_iter()
         .filter(|e| e["activity_id"] == 5)
@@ -137,7 +104,7 @@ fn names_resolve_on_the_host_and_every_answer_is_checked() {
     assert_eq!(refusals.len(), 2, "{refusals:?}");
     assert!(refusals[0].contains("127.0.0.1") && refusals[0].contains("loopback"), "{refusals:?}");
     assert!(refusals[1].contains("10.0.0.1") && refusals[1].contains("private"), "{refusals:?}");
-    assert_valid_ocsf(&all);
+    ocsf_schema::assert_valid(&all);
 
     // The control: with the address check off, the rebinding name reaches the host's loopback.
     let t = Scratch::with_deadline("net-dns-control", Duration::from_secs(300));
@@ -241,12 +208,8 @@ fn curl_https_python_pip_git_and_raw_tcp_work_through_allowed_rules() {
          curl -sS http://{g}:{h}/raw.py -o /tmp/raw.py && python3 /tmp/raw.py"
     );
     let out = Launch::new(&s, &["/bin/sh", "-c", &script])
-        .flag("--policy")
-        .flag(p.to_str().unwrap())
-        .flag("--image")
-        .flag(&layout_ref())
-        .flag("--image-cache")
-        .flag(&shared_store().display().to_string())
+        .policy(&p)
+        .root_image(&layout_ref(), shared_store())
         .stdin(std::fs::read(&ca).unwrap())
         .run();
     let mut got = lines(&out);
@@ -268,8 +231,8 @@ fn curl_https_python_pip_git_and_raw_tcp_work_through_allowed_rules() {
         "stderr: {}",
         out.workload_stderr()
     );
-    let all = events(&sandbox_dir(&s));
-    assert_valid_ocsf(&all);
+    let all = events::read(&s.only_sandbox());
+    ocsf_schema::assert_valid(&all);
     let opened = of_class(&all, 4001).into_iter().filter(|e| e["activity_id"] == 1).count();
     assert!(opened >= 8, "every connection is an event: {opened} opens");
 }
@@ -288,20 +251,6 @@ fn a_request_that_never_ends_and_one_too_large_are_answered_and_closed() {
     let took: u64 = got[1].trim_start_matches("took=").parse().unwrap();
     assert!((9..=20).contains(&took), "answered after {took} s (the bound is 10 s)");
     assert!(got[2].starts_with("HTTP/1.1 431"), "{got:?}");
-}
-
-/// Every file under `dir`, recursively, as bytes.
-fn all_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            found.extend(all_files(&path));
-        } else if path.is_file() {
-            found.push((path.clone(), std::fs::read(&path).unwrap()));
-        }
-    }
-    found
 }
 
 /// An operator's proxy (a real `tinyproxy` that wants a login): every connection leaves as a CONNECT to the
@@ -345,16 +294,15 @@ fn egress_leaves_through_the_operators_proxy_with_its_login() {
     for p in &seen {
         assert!(!p.cmdline.join(" ").contains(password), "an argv holds the login: {:?}", p.cmdline);
     }
-    for (path, bytes) in all_files(&s.dir) {
-        assert!(!String::from_utf8_lossy(&bytes).contains(password), "{} holds the login", path.display());
-    }
+    let holding = leaks::files_holding(&s.dir, password.as_bytes());
+    assert!(holding.is_empty(), "files hold the login: {holding:?}");
 
     let t = Scratch::with_deadline("net-upstream-bad", Duration::from_secs(300));
     let out = through(&t, &login("bad.login", "operator:not-the-password\n"));
     assert_eq!(out.code, Some(0));
     assert!(out.stdout_text().contains("rc=1"), "{}", out.stdout_text());
     assert!(out.workload_stderr().contains("502"), "{}", out.workload_stderr());
-    let all = events(&sandbox_dir(&t));
+    let all = events::read(&t.only_sandbox());
     assert!(of_class(&all, 4001).iter().any(|e| e["activity_id"] == 5), "a refuse event");
     assert_eq!(web.requests().lines().count(), 1, "the refused login reached nothing");
 }

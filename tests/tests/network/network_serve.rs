@@ -2,41 +2,31 @@
 //! approved network rules and close what they revoke (with a control that shows what that prevents), and
 //! `vm-driver port-forward` serves a web server in the guest (busybox `httpd`) to the host, only where the
 //! policy allows `port_forward`.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Output, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use vm_contract::layout::SandboxFile;
 use vm_contract::test_control::TestControl;
-use vm_e2e::net::{server_dir, EchoServer, WebServer, HOST_GATEWAY};
-use vm_e2e::serve::Serve;
-use vm_e2e::{wait_until, Scratch};
+use vm_test_support::net::{self, server_dir, EchoServer, WebServer, HOST_GATEWAY};
+use vm_test_support::output::{ok, text};
+use vm_test_support::serve::Serve;
+use vm_test_support::{events, wait_until, Scratch};
 
-fn text(out: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
-}
-
+/// A rule for `port` on the host's loopback.
 fn rule(port: u16) -> String {
-    format!(r#"{{"host":"{HOST_GATEWAY}","ports":[{port}]}}"#)
+    net::rule(HOST_GATEWAY, port)
 }
 
-fn create(s: &Scratch, serve: &Serve, id: &str, allow: &str, rules: &[String]) {
-    let file = s.dir.join(format!("{id}.policy.json"));
-    std::fs::write(&file, format!(r#"{{"allow":[{allow}],"network":{{"allow":[{}]}}}}"#, rules.join(","))).unwrap();
-    let out = serve.cli("create", &["--memory", "128", "--policy", file.to_str().unwrap(), id]);
-    assert!(out.status.success(), "create: {}", text(&out));
+/// A small sandbox allowed the operations `allow` and, on the network, `rules`.
+fn create(serve: &Serve, id: &str, allow: &[&str], rules: &[String]) {
+    serve.create_small(id, Some(&net::policy(allow, rules)));
 }
 
 fn events(serve: &Serve, id: &str) -> Vec<Value> {
-    let path = serve.state.join("sandboxes").join(id).join(SandboxFile::Events.name());
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+    events::read(&serve.sandbox(id))
 }
 
 /// `wget` of `url` in the sandbox: what it printed, or `None` when it failed.
@@ -46,13 +36,7 @@ fn wget(serve: &Serve, id: &str, url: &str) -> Option<String> {
 }
 
 fn update(serve: &Serve, id: &str, revision: u64, network: Option<&str>) {
-    let revision = revision.to_string();
-    let mut args = vec![id, "--revision", &revision, "--allow", "exec,stdin"];
-    if let Some(rules) = network {
-        args.extend(["--network", rules]);
-    }
-    let out = serve.cli("policy", &args);
-    assert!(out.status.success(), "policy update: {}", text(&out));
+    ok(serve.update_policy(id, revision, "exec,stdin", network));
 }
 
 #[test]
@@ -62,7 +46,7 @@ fn a_policy_update_refuses_and_closes_what_it_revokes_and_restores_it() {
     std::fs::write(web.root.join("f.txt"), "allowed\n").unwrap();
     let echo = EchoServer::start();
     let serve = Serve::start(&s);
-    create(&s, &serve, "rv", r#""exec","stdin""#, &[rule(web.port), rule(echo.port)]);
+    create(&serve, "rv", &["exec", "stdin"], &[rule(web.port), rule(echo.port)]);
     let url = format!("http://{HOST_GATEWAY}:{}/f.txt", web.port);
     assert_eq!(wget(&serve, "rv", &url).as_deref(), Some("allowed\n"));
 
@@ -99,8 +83,7 @@ fn a_policy_update_refuses_and_closes_what_it_revokes_and_restores_it() {
     update(&serve, "rv", 3, None);
     assert_eq!(wget(&serve, "rv", &url).as_deref(), Some("allowed\n"), "restored");
     // A rule never approved is refused, and closes admission.
-    let out =
-        serve.cli("policy", &["rv", "--revision", "4", "--allow", "exec", "--network", &format!("[{}]", rule(1))]);
+    let out = serve.update_policy("rv", 4, "exec", Some(&format!("[{}]", rule(1))));
     assert!(!out.status.success() && text(&out).contains("never approved"), "{}", text(&out));
 }
 
@@ -110,7 +93,7 @@ fn with_egress_ignoring_updates_a_revoked_host_still_connects() {
     let web = WebServer::start(&server_dir("revoke-ctl-web"), None);
     std::fs::write(web.root.join("f.txt"), "allowed\n").unwrap();
     let serve = Serve::with_controls(&s, &[TestControl::EgressIgnoresUpdates]);
-    create(&s, &serve, "rc", r#""exec","stdin""#, &[rule(web.port)]);
+    create(&serve, "rc", &["exec", "stdin"], &[rule(web.port)]);
     let url = format!("http://{HOST_GATEWAY}:{}/f.txt", web.port);
     update(&serve, "rc", 1, Some("[]"));
     assert_eq!(wget(&serve, "rc", &url).as_deref(), Some("allowed\n"), "the revoked rule still decides");
@@ -145,7 +128,7 @@ fn get(port: u16, path: &str) -> String {
 fn port_forward_serves_a_guest_web_server_to_the_host_where_the_policy_allows_it() {
     let s = Scratch::with_deadline("net-forward", Duration::from_secs(400));
     let serve = Serve::start(&s);
-    create(&s, &serve, "pf", r#""exec","port_forward""#, &[]);
+    create(&serve, "pf", &["exec", "port_forward"], &[]);
     let httpd = "mkdir -p /tmp/w && echo forwarded-ok > /tmp/w/hello.txt && exec httpd -f -p 127.0.0.1:8000 -h /tmp/w";
     let mut server = serve.cli_command("exec", &["pf", "--", "sh", "-c", httpd]).spawn().unwrap();
     let (mut forward, host_port) = port_forward(&serve, "pf", 8000);
@@ -171,7 +154,7 @@ fn port_forward_serves_a_guest_web_server_to_the_host_where_the_policy_allows_it
     assert!(opened_and_closed, "inbound open and close events: {all:?}");
 
     // Without port_forward in the policy: refused, with a finding.
-    create(&s, &serve, "nopf", r#""exec""#, &[]);
+    create(&serve, "nopf", &["exec"], &[]);
     let (mut denied, denied_port) = port_forward(&serve, "nopf", 8000);
     assert_eq!(get(denied_port, "/"), "");
     // Events reach events.jsonl once the audit chain holds them: a moment after the refusal.

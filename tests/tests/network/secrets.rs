@@ -6,9 +6,6 @@
 //! driver's output must not hold it. Controls show the scan can fail (the key put in the environment is
 //! found in guest memory) and what the swap prevents (with `pass-placeholders` the server gets the
 //! placeholder).
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::io::{BufRead, Read};
 use std::os::unix::fs::{FileExt, PermissionsExt};
@@ -16,13 +13,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
-use vm_contract::layout::SandboxFile;
 use vm_contract::test_control::TestControl;
-use vm_e2e::net::{server_dir, throwaway_ca, Dns, WebServer, HOST_GATEWAY};
-use vm_e2e::procs::PeakRss;
-use vm_e2e::serve::Serve;
-use vm_e2e::test_image::{layout_ref, shared_store};
-use vm_e2e::{Launch, Running, Scratch};
+use vm_test_support::events::{self, finding_descs};
+use vm_test_support::leaks::{self, files_holding};
+use vm_test_support::net::{server_dir, throwaway_ca, Dns, WebServer, HOST_GATEWAY};
+use vm_test_support::procs::PeakRss;
+use vm_test_support::serve::Serve;
+use vm_test_support::test_image::{layout_ref, shared_store};
+use vm_test_support::{ocsf_schema, Launch, Running, Scratch};
 
 const G: &str = HOST_GATEWAY;
 use vm_supervisor::network::intercept::ca::LEAF_CACHE_ITEMS as LEAF_CACHE;
@@ -79,12 +77,8 @@ fn setup(s: &Scratch, name: &str) -> Setup {
 
 fn launch<'a>(s: &'a Scratch, policy: &Path, script: &str) -> Launch<'a> {
     Launch::new(s, &["/bin/sh", "-c", script])
-        .flag("--policy")
-        .flag(policy.to_str().unwrap())
-        .flag("--image")
-        .flag(&layout_ref())
-        .flag("--image-cache")
-        .flag(&shared_store().display().to_string())
+        .policy(policy)
+        .root_image(&layout_ref(), shared_store())
         .flag("--disk")
         .flag("64")
 }
@@ -128,40 +122,6 @@ const EXPECTED: [&str; 14] = [
     "env vmdrv",
 ];
 
-fn events(dir: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(dir.join(SandboxFile::Events.name())).unwrap();
-    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
-
-fn findings(events: &[Value]) -> Vec<String> {
-    events
-        .iter()
-        .filter(|e| e["class_uid"] == 2004)
-        .map(|e| e["finding_info"]["desc"].as_str().unwrap_or_default().to_owned())
-        .collect()
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
-
-/// Every file under `dir` (disks included) that holds `needle`.
-fn files_holding(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap().flatten() {
-            let (path, kind) = (entry.path(), entry.file_type().unwrap());
-            if kind.is_dir() {
-                stack.push(path);
-            } else if kind.is_file() && std::fs::read(&path).is_ok_and(|bytes| contains(&bytes, needle)) {
-                found.push(path);
-            }
-        }
-    }
-    found
-}
-
 /// Searches the VMM's writable mappings of 16 MiB or more (the guest's RAM) for `needle`; returns whether
 /// it was found and how many bytes were read.
 fn guest_memory_holds(vmm: i32, needle: &[u8]) -> (bool, u64) {
@@ -185,7 +145,7 @@ fn guest_memory_holds(vmm: i32, needle: &[u8]) -> (bool, u64) {
                 break;
             }
             scanned += n as u64;
-            if contains(&buf[..n], needle) {
+            if leaks::contains(&buf[..n], needle) {
                 return (true, scanned);
             }
             at += chunk as u64;
@@ -245,12 +205,8 @@ fn the_key_reaches_only_its_host_and_never_the_guest() {
     let dir = running.sandbox_dir.clone();
     let holding = files_holding(&dir, setup.canary.as_bytes());
     assert!(holding.is_empty(), "files of the sandbox directory hold the key: {holding:?}");
-    let all = events(&dir);
-    let schema = vm_e2e::ocsf_schema::Schema::load(&vm_e2e::ocsf_schema::schema_dir());
-    for event in &all {
-        let problems = schema.validate(event);
-        assert!(problems.is_empty(), "{event}: {problems:#?}");
-    }
+    let all = events::read(&dir);
+    ocsf_schema::assert_valid(&all);
     let https: Vec<&Value> =
         all.iter().filter(|e| e["class_uid"] == 4002 && e["http_request"]["url"]["scheme"] == "https").collect();
     assert!(https.len() >= 6, "every intercepted request is an HTTP Activity: {}", https.len());
@@ -260,7 +216,7 @@ fn the_key_reaches_only_its_host_and_never_the_guest() {
     let with_bytes = https.iter().filter(|e| e["traffic"]["bytes_in"] == 9).count();
     assert!(with_bytes >= 3, "the answers' bytes are counted: {with_bytes}");
     assert!(!all.iter().any(|e| e.to_string().contains("vmdrv-placeholder-")), "an event holds a placeholder");
-    let found = findings(&all);
+    let found = finding_descs(&all);
     let has = |needle: &str| found.iter().any(|f| f.contains(needle));
     assert!(has("no http rule"), "the HTTP rule's refusal is a finding: {found:#?}");
     assert!(has("credential OTHER_KEY was sent to"), "the unbound placeholder is a finding: {found:#?}");
@@ -315,9 +271,7 @@ fn a_destination_the_supervisor_does_not_trust_is_a_502_and_a_finding() {
         launch(&s, &setup.policy, &script).flag("--credentials-file").flag(setup.credentials.to_str().unwrap()).run();
     assert_eq!(out.stdout_text(), "502\n", "{}", out.workload_stderr());
     assert!(setup.tls.requests().is_empty(), "no request reached the untrusted server");
-    let dirs: Vec<PathBuf> =
-        std::fs::read_dir(s.state().join("sandboxes")).unwrap().map(|e| e.unwrap().path()).collect();
-    let found = findings(&events(&dirs[0]));
+    let found = finding_descs(&events::read(&s.only_sandbox()));
     assert!(found.iter().any(|f| f.contains("certificate is not trusted")), "{found:#?}");
 }
 
@@ -401,9 +355,7 @@ fn a_hostile_workload_meets_bounds_and_findings() {
     assert_eq!(lines[0], format!("names {names}"), "every host got a leaf that verifies for it");
     assert!(lines[1].starts_with("head bounded HTTP/1.1 431"), "{lines:?}");
     assert!(lines[2].starts_with("h2 ") && lines[2].ends_with(" bounded"), "{lines:?}");
-    let dirs: Vec<PathBuf> =
-        std::fs::read_dir(s.state().join("sandboxes")).unwrap().map(|e| e.unwrap().path()).collect();
-    let found = findings(&events(&dirs[0]));
+    let found = finding_descs(&events::read(&s.only_sandbox()));
     let has = |needle: &str| found.iter().any(|f| f.contains(needle));
     assert!(has("request head passed the proxy's 64 KiB bound"), "{found:#?}");
     let broke = found.iter().filter(|f| f.contains("broke HTTP's rules or the proxy's bounds")).count();

@@ -2,23 +2,15 @@
 //! concurrent streams add no connection to the supervisor, and a stream whose client does not read stalls
 //! only its own process (with a control: the stall reaches the other streams once the per-process queues
 //! are bypassed).
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
-use std::process::{Child, Output, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use tokio_stream::StreamExt;
-use vm_e2e::serve::Serve;
-use vm_e2e::{procs, wait_until, Scratch, TestControl};
 use vm_protocol::driver_api::{exec_request, exec_response, ExecRequest, ExecStart, StdinEof};
-
-fn ok(out: Output) -> String {
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    text
-}
+use vm_test_support::output::ok;
+use vm_test_support::serve::Serve;
+use vm_test_support::{procs, wait_until, Scratch, TestControl};
 
 /// The sandbox's supervisor: the one process of the scratch directory that is one.
 fn supervisor(s: &Scratch) -> i32 {

@@ -6,26 +6,23 @@
 //! must stay pooled (none replaced). Then, under the same load, a frozen supervisor, a frozen watchdog and a killed
 //! service must still end their VMs within their bounds, and a sandbox whose VM died must stop being
 //! reported ready.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
+//!
+//! The two heavy tests bring their own load and run alone ([`exclusive::alone`]): beside another test, each
+//! would measure that test's load too (the kill bound is for the load the issue names: CPU hogs and bursts
+//! of creates, not a neighbour test's VMs), and its hogs would break that test's bounds.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The two heavy tests bring their own load and hold this alone; the others share it. Side by side, each
-/// would measure the other's load too (the kill bound is for the load the issue names: CPU hogs and bursts
-/// of creates, not a neighbour test's VMs).
-static ONE_LOAD_AT_A_TIME: std::sync::RwLock<()> = std::sync::RwLock::new(());
-
 use nix::sys::signal::Signal::{SIGCONT, SIGKILL, SIGSTOP};
 use vm_contract::layout::SandboxFile;
 use vm_contract::pids::SandboxPids;
-use vm_e2e::procs::{exit_after, signal, ProcInfo};
-use vm_e2e::serve::Serve;
-use vm_e2e::{gone_within, wait_until, Launch, Running, Scratch, TestControl};
 use vm_protocol::driver_api::{exec_request, ExecRequest, ExecStart, GetCapabilitiesRequest};
+use vm_test_support::output::ok;
+use vm_test_support::procs::{exit_after, signal, ProcInfo};
+use vm_test_support::serve::Serve;
+use vm_test_support::{exclusive, gone_within, sandbox, wait_until, Launch, Running, Scratch, TestControl, CANARY};
 
 const SANDBOXES: usize = 24;
 const BURST: usize = 8;
@@ -64,19 +61,9 @@ fn cores() -> usize {
     std::thread::available_parallelism().map_or(2, std::num::NonZero::get)
 }
 
-fn ok(out: &std::process::Output) -> String {
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The sandboxes `list` shows as ready.
-fn ready(serve: &Serve) -> usize {
-    ok(&serve.cli("list", &[])).lines().filter(|l| l.contains(" ready ")).count()
-}
-
 /// The processes of sandbox `id`, from its pids file.
 fn pids(serve: &Serve, id: &str) -> SandboxPids {
-    SandboxPids::read(&serve.state.join("sandboxes").join(id)).expect("a pids file")
+    SandboxPids::read(&serve.sandbox(id)).expect("a pids file")
 }
 
 fn info(pid: i32) -> ProcInfo {
@@ -85,7 +72,7 @@ fn info(pid: i32) -> ProcInfo {
 
 /// The warm pool's ready slots, from `vm-driver pool`.
 fn pooled_ready(serve: &Serve) -> Vec<String> {
-    let out = ok(&serve.cli("pool", &[]));
+    let out = ok(serve.cli("pool", &[]));
     out.lines()
         .filter(|l| l.contains(" ready "))
         .filter_map(|l| l.split_whitespace().next())
@@ -98,7 +85,7 @@ fn lease_losses(serve: &Serve) -> Vec<String> {
     let mut found = Vec::new();
     let sandboxes = std::fs::read_dir(serve.state.join("sandboxes")).unwrap().flatten();
     for entry in sandboxes.chain(std::fs::read_dir(serve.state.join("pool")).unwrap().flatten()) {
-        let log = std::fs::read_to_string(entry.path().join(SandboxFile::SupervisorLog.name())).unwrap_or_default();
+        let log = sandbox::read(&entry.path(), SandboxFile::SupervisorLog);
         found.extend(
             log.lines()
                 .filter(|l| l.contains("lease watchdog") || l.contains("vm-watchdog:"))
@@ -110,7 +97,7 @@ fn lease_losses(serve: &Serve) -> Vec<String> {
 
 #[test]
 fn a_busy_host_keeps_every_idle_sandbox_and_the_fault_bounds() {
-    let _alone = ONE_LOAD_AT_A_TIME.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = exclusive::alone();
     let s = Scratch::with_deadline("load", Duration::from_secs(900));
     let hogs = Hogs::start(&s.dir, 2 * cores());
     eprintln!("e2e: {} CPU hogs on {} cores", hogs.0.len(), cores());
@@ -146,7 +133,7 @@ fn a_busy_host_keeps_every_idle_sandbox_and_the_fault_bounds() {
     let idle_start = Instant::now();
     let mut lowest = SANDBOXES;
     while idle_start.elapsed() < IDLE {
-        lowest = lowest.min(ready(&serve));
+        lowest = lowest.min(serve.ready_count());
         std::thread::sleep(Duration::from_secs(5));
     }
     let losses = lease_losses(&serve);
@@ -162,7 +149,7 @@ fn a_busy_host_keeps_every_idle_sandbox_and_the_fault_bounds() {
     let start = Instant::now();
     let vmm_gone = exit_after(&vmm, Duration::from_secs(3), || signal(supervisor.pid, SIGSTOP));
     let vmm_gone = vmm_gone.expect("frozen supervisor: the VMM outlived 3 s under load");
-    let noticed = wait_until(Duration::from_secs(5), || !ok(&serve.cli("get", &["idle-0"])).contains(" ready "));
+    let noticed = wait_until(Duration::from_secs(5), || serve.sandbox_state("idle-0") != "ready");
     let left_ready = start.elapsed();
     let exec = serve.cli("exec", &["idle-0", "--", "true"]);
     // It never says it is stopping, so it is hung: killed (2 s + 0.5 s after its VM), and its readiness
@@ -192,9 +179,9 @@ fn a_busy_host_keeps_every_idle_sandbox_and_the_fault_bounds() {
 
     s.waiting_for("a launch's VM to end with its driver");
     let own = Scratch::new("load-launch");
-    let mut launched = Running::start(Launch::new(&own, &["/bin/sh", "-c", "echo up; exec sleep 1000"]), &[], "up");
+    let mut launched = Running::start(Launch::sleeper(&own), &[], CANARY);
     let vmm = launched.procs().vmm;
-    let driver = i32::try_from(launched.driver.id()).unwrap();
+    let driver = launched.driver_pid();
     let driver_kill = exit_after(&vmm, Duration::from_secs(5), || signal(driver, SIGKILL));
     launched.driver.wait().unwrap();
     let driver_kill = driver_kill.expect("a launch's VM outlived its killed driver by 5 s under load");
@@ -207,7 +194,7 @@ fn a_busy_host_keeps_every_idle_sandbox_and_the_fault_bounds() {
     s.waiting_for("every VM to end with the service");
     let vmms: Vec<ProcInfo> = serve.vmms().into_iter().filter(ProcInfo::is_alive).collect();
     let start = Instant::now();
-    signal(i32::try_from(serve.child.id()).unwrap(), SIGKILL);
+    signal(serve.pid(), SIGKILL);
     for vmm in &vmms {
         assert!(gone_within(vmm, Duration::from_secs(5)), "a VM outlived the killed service under load");
     }
@@ -219,16 +206,15 @@ fn a_busy_host_keeps_every_idle_sandbox_and_the_fault_bounds() {
 /// killed) is still reported ready long after.
 #[test]
 fn control_without_the_vmm_watch_a_dead_vm_stays_ready() {
-    let _shared = ONE_LOAD_AT_A_TIME.read().unwrap_or_else(std::sync::PoisonError::into_inner);
     let s = Scratch::new("vmm-watch-ctl");
     let serve = Serve::with_controls(&s, &[TestControl::NoVmmWatch]);
-    ok(&serve.cli("create", &["frozen"]));
+    ok(serve.cli("create", &["frozen"]));
     let p = pids(&serve, "frozen");
     let (supervisor, vmm) = (info(p.supervisor.pid), info(p.vmm.expect("a VMM").pid));
     signal(supervisor.pid, SIGSTOP);
     assert!(gone_within(&vmm, Duration::from_secs(3)), "the watchdog kills the VM of a frozen supervisor");
     std::thread::sleep(Duration::from_secs(8));
-    let still_ready = ok(&serve.cli("get", &["frozen"])).contains(" ready ");
+    let still_ready = serve.sandbox_state("frozen") == "ready";
     signal(supervisor.pid, SIGCONT);
     assert!(still_ready, "control: unwatched, the dead VM's sandbox is still reported ready 8 s later");
     eprintln!("e2e: control confirmed: the VM is gone and the sandbox still reads ready");
@@ -247,10 +233,9 @@ fn exec_start(sandbox: &str, argv: &[&str]) -> ExecRequest {
 
 #[test]
 fn serve_admits_only_what_fits_and_says_which_limit() {
-    let _shared = ONE_LOAD_AT_A_TIME.read().unwrap_or_else(std::sync::PoisonError::into_inner);
     let s = Scratch::new("admission");
     // About 1 GiB of memory to hand out, whatever this host has: room for three 128 MiB sandboxes, not for 2 GiB.
-    let host_mib = vm_e2e::procs::meminfo_kib("MemTotal").expect("MemTotal") / 1024;
+    let host_mib = vm_test_support::procs::meminfo_kib("MemTotal").expect("MemTotal") / 1024;
     let overcommit = format!("{:.6}", 1024.0 / host_mib as f64);
     let serve = Serve::with(
         &s,
@@ -266,14 +251,14 @@ fn serve_admits_only_what_fits_and_says_which_limit() {
             &overcommit,
         ],
     );
-    ok(&serve.cli("create", &["--memory", "128", "a"]));
-    ok(&serve.cli("create", &["--memory", "128", "b"]));
+    ok(serve.cli("create", &["--memory", "128", "a"]));
+    ok(serve.cli("create", &["--memory", "128", "b"]));
     let refused = serve.cli("create", &["--memory", "128", "c"]);
     let why = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success() && why.contains("--max-sandboxes"), "{why}");
     // A stopped sandbox holds nothing: c fits now, and b cannot start again beside a and c.
-    ok(&serve.cli("stop", &["b"]));
-    ok(&serve.cli("create", &["--memory", "128", "c"]));
+    ok(serve.cli("stop", &["b"]));
+    ok(serve.cli("create", &["--memory", "128", "c"]));
     let why = serve.cli("start", &["b"]);
     assert!(
         String::from_utf8_lossy(&why.stderr).contains("--max-sandboxes"),
@@ -281,7 +266,7 @@ fn serve_admits_only_what_fits_and_says_which_limit() {
         String::from_utf8_lossy(&why.stderr)
     );
     // Memory beyond the host's is refused, naming the limit.
-    ok(&serve.cli("rm", &["c"]));
+    ok(serve.cli("rm", &["c"]));
     let huge = serve.cli("create", &["--memory", "2048", "huge"]);
     assert!(
         String::from_utf8_lossy(&huge.stderr).contains("--memory-overcommit"),
@@ -318,7 +303,7 @@ fn serve_admits_only_what_fits_and_says_which_limit() {
 /// 128 MiB guest out of memory.
 #[test]
 fn two_thousand_exec_streams_that_never_read_keep_the_driver_bounded() {
-    let _alone = ONE_LOAD_AT_A_TIME.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = exclusive::alone();
     const STREAMS: usize = 2000;
     const SANDBOXES: usize = 10;
     let s = Scratch::with_deadline("exec-flood", Duration::from_secs(600));
@@ -335,8 +320,8 @@ fn two_thousand_exec_streams_that_never_read_keep_the_driver_bounded() {
     for mut c in creates {
         assert!(c.wait().unwrap().success());
     }
-    let driver = i32::try_from(serve.child.id()).unwrap();
-    let idle_rss = vm_e2e::procs::status_kib(driver, "VmRSS").unwrap_or(0);
+    let driver = serve.pid();
+    let idle_rss = vm_test_support::procs::status_kib(driver, "VmRSS").unwrap_or(0);
     let (rt, _) = serve.grpc();
     s.waiting_for("2,000 Exec streams to open");
     let (peak, slowest) = rt.block_on(async {
@@ -357,7 +342,7 @@ fn two_thousand_exec_streams_that_never_read_keep_the_driver_bounded() {
         let mut caps = vm_driver::service::client::connect(&serve.socket).await.unwrap();
         for _ in 0..10 {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            peak = peak.max(vm_e2e::procs::status_kib(driver, "VmRSS").unwrap_or(0));
+            peak = peak.max(vm_test_support::procs::status_kib(driver, "VmRSS").unwrap_or(0));
             let start = Instant::now();
             let reply = caps.get_capabilities(GetCapabilitiesRequest {}).await.unwrap().into_inner();
             slowest = slowest.max(start.elapsed());

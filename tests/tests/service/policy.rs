@@ -1,25 +1,18 @@
 //! Sandbox policy on real VMs, under `vm-driver serve`: operations approved at create, restricted and
 //! restored live by revision, every denial a finding that names the operation and the revision, every update
 //! a configuration event; stale and widening updates close admission until a newer valid one.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::process::Output;
 
-use vm_contract::layout::SandboxFile;
 use vm_contract::test_control::TestControl;
-use vm_e2e::attach::AttachClient;
-use vm_e2e::serve::Serve;
-use vm_e2e::Scratch;
 use vm_protocol::attach::{SupervisorReply, SupervisorRequest, ToClient, ToSupervisor};
 use vm_protocol::message::Refusal;
 use vm_protocol::policy::{Operation, PolicyUpdate, UpdateOutcome};
 use vm_protocol::{ExitStatus, ProcId, ProcessEvent};
-
-fn text(out: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
-}
+use vm_test_support::attach::AttachClient;
+use vm_test_support::output::text;
+use vm_test_support::serve::Serve;
+use vm_test_support::{events, ocsf_schema, Scratch};
 
 fn exec_echo(serve: &Serve, id: &str, word: &str) -> Output {
     serve.cli("exec", &[id, "--", "echo", word])
@@ -30,24 +23,13 @@ fn delivered(out: &Output, word: &str) -> bool {
 }
 
 fn policy(serve: &Serve, id: &str, revision: u64, allow: &str) -> Output {
-    serve.cli("policy", &[id, "--revision", &revision.to_string(), "--allow", allow])
+    serve.update_policy(id, revision, allow, None)
 }
 
-/// The events of sandbox `id`, one JSON object a line, once the file stopped growing for 200 ms: it is written
-/// by its own thread, a moment after the act the test just saw answered.
+/// The events of sandbox `id` once its file stopped growing: it is written by its own thread, a moment
+/// after the act the test just saw answered.
 fn events(serve: &Serve, id: &str) -> Vec<serde_json::Value> {
-    let path = serve.state.join("sandboxes").join(id).join(SandboxFile::Events.name());
-    let read = || std::fs::read_to_string(&path).unwrap_or_default();
-    let mut text = read();
-    for _ in 0..25 {
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        let again = read();
-        if again == text {
-            break;
-        }
-        text = again;
-    }
-    text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+    events::settled(&serve.sandbox(id))
 }
 
 fn messages(serve: &Serve, id: &str, class: u64) -> Vec<String> {
@@ -62,27 +44,16 @@ fn messages(serve: &Serve, id: &str, class: u64) -> Vec<String> {
 
 /// Every event the sandbox wrote (approvals, updates, denials, processes) is valid OCSF 1.8.0.
 fn assert_valid_ocsf(serve: &Serve, id: &str) {
-    let schema = vm_e2e::ocsf_schema::Schema::load(&vm_e2e::ocsf_schema::schema_dir());
     let events = events(serve, id);
     assert!(!events.is_empty());
-    for event in &events {
-        let problems = schema.validate(event);
-        assert!(problems.is_empty(), "{event}: {problems:#?}");
-    }
-}
-
-fn create_with_policy(s: &Scratch, serve: &Serve, id: &str, policy: &str) {
-    let file = s.dir.join(format!("{id}.policy.json"));
-    std::fs::write(&file, policy).unwrap();
-    let out = serve.cli("create", &["--memory", "128", "--policy", file.to_str().unwrap(), id]);
-    assert!(out.status.success(), "create: {}", text(&out));
+    ocsf_schema::assert_valid(&events);
 }
 
 #[test]
 fn an_operator_revokes_and_restores_exec_within_the_approved_policy() {
     let s = Scratch::new("policy-revoke");
     let serve = Serve::start(&s);
-    create_with_policy(&s, &serve, "p", r#"{"allow":["exec","stdin","list_processes"]}"#);
+    serve.create_small("p", Some(r#"{"allow":["exec","stdin","list_processes"]}"#));
     for word in ["one", "two"] {
         assert!(delivered(&exec_echo(&serve, "p", word), word), "an allowed exec is delivered");
     }
@@ -118,7 +89,7 @@ fn an_operator_revokes_and_restores_exec_within_the_approved_policy() {
 fn a_stale_revision_closes_admission_until_a_newer_valid_one() {
     let s = Scratch::new("policy-stale");
     let serve = Serve::start(&s);
-    create_with_policy(&s, &serve, "q", r#"{"allow":["exec","stdin"]}"#);
+    serve.create_small("q", Some(r#"{"allow":["exec","stdin"]}"#));
     assert!(policy(&serve, "q", 5, "exec,stdin").status.success());
     let out = policy(&serve, "q", 5, "exec,stdin");
     assert!(!out.status.success() && text(&out).contains("not above"), "{}", text(&out));
@@ -134,7 +105,7 @@ fn a_stale_revision_closes_admission_until_a_newer_valid_one() {
 fn an_exec_allow_list_admits_only_its_programs_and_bad_policies_are_refused_at_create() {
     let s = Scratch::new("policy-programs");
     let serve = Serve::start(&s);
-    create_with_policy(&s, &serve, "r", r#"{"allow":["exec","stdin"],"exec_programs":["echo"]}"#);
+    serve.create_small("r", Some(r#"{"allow":["exec","stdin"],"exec_programs":["echo"]}"#));
     assert!(delivered(&exec_echo(&serve, "r", "listed"), "listed"));
     let out = serve.cli("exec", &["r", "--", "sh", "-c", "echo unlisted"]);
     assert!(!out.status.success() && !text(&out).contains("unlisted\n"), "{}", text(&out));
@@ -154,14 +125,14 @@ fn an_exec_allow_list_admits_only_its_programs_and_bad_policies_are_refused_at_c
         let out = serve.cli("create", &["--policy", file.to_str().unwrap(), "bad"]);
         assert!(!out.status.success() && text(&out).contains(says), "{bad}: {}", text(&out));
     }
-    assert!(!serve.state.join("sandboxes/bad").exists(), "a refused policy creates nothing");
+    assert!(!serve.sandbox("bad").exists(), "a refused policy creates nothing");
 }
 
 /// The race, on one attach connection, in one write so the supervisor finds it queued together: an exec
 /// (which runs for a second), a revocation of exec, and an exec queued behind the revocation. Returns the
 /// two execs' ids and everything the client read until both were answered.
 fn race(serve: &Serve, id: &str) -> (ProcId, ProcId, Vec<ToClient>) {
-    let mut client = AttachClient::connect(&serve.state.join("sandboxes").join(id));
+    let mut client = AttachClient::connect(&serve.sandbox(id));
     let (in_flight, first) = client.spawn_message(&["sh", "-c", "sleep 1; echo in-flight-done"]);
     let revoke = PolicyUpdate {
         revision: 1,
@@ -201,7 +172,7 @@ fn stdout_of(seen: &[ToClient], id: ProcId) -> String {
 fn a_revocation_serializes_with_dispatch_the_exec_before_it_runs_and_the_one_behind_it_is_denied() {
     let s = Scratch::new("policy-race");
     let serve = Serve::start(&s);
-    create_with_policy(&s, &serve, "race", r#"{"allow":["exec","stdin","list_processes"]}"#);
+    serve.create_small("race", Some(r#"{"allow":["exec","stdin","list_processes"]}"#));
     let (in_flight, queued, seen) = race(&serve, "race");
     let ack = position(&seen, |m| {
         matches!(m, ToClient::Supervisor(SupervisorReply::PolicyAck { revision: 1, outcome: UpdateOutcome::Applied }))
@@ -231,7 +202,7 @@ fn a_revocation_serializes_with_dispatch_the_exec_before_it_runs_and_the_one_beh
 fn control_without_serialization_a_queued_exec_is_admitted_after_the_acknowledgment() {
     let s = Scratch::new("policy-race-ctl");
     let serve = Serve::with_controls(&s, &[TestControl::UnserializedPolicy]);
-    create_with_policy(&s, &serve, "race", r#"{"allow":["exec","stdin","list_processes"]}"#);
+    serve.create_small("race", Some(r#"{"allow":["exec","stdin","list_processes"]}"#));
     let (_, queued, seen) = race(&serve, "race");
     let ack = position(&seen, |m| matches!(m, ToClient::Supervisor(SupervisorReply::PolicyAck { revision: 1, .. })))
         .expect("acknowledged");
@@ -247,11 +218,9 @@ fn control_without_serialization_a_queued_exec_is_admitted_after_the_acknowledgm
 fn workloads_run_as_the_sandbox_user_and_conflicting_selectors_are_refused_at_create_and_on_update() {
     let s = Scratch::new("policy-identity");
     let serve = Serve::start(&s);
-    create_with_policy(
-        &s,
-        &serve,
+    serve.create_small(
         "w",
-        r#"{"allow":["exec","stdin","list_processes"],"run_as":{"user":"sandbox","group":"1000"}}"#,
+        Some(r#"{"allow":["exec","stdin","list_processes"],"run_as":{"user":"sandbox","group":"1000"}}"#),
     );
     let probe = "id -u; id -g; id -un; echo $HOME; touch $HOME/f && echo home-writable; \
                  touch /f 2>/dev/null || echo root-fs-refused";
@@ -272,7 +241,7 @@ fn workloads_run_as_the_sandbox_user_and_conflicting_selectors_are_refused_at_cr
         let says = format!("run_as.{part} conflicts with the fixed workload identity");
         assert!(!out.status.success() && text(&out).contains(&says), "{bad}: {}", text(&out));
     }
-    assert!(!serve.state.join("sandboxes/root").exists(), "a refused policy creates nothing");
+    assert!(!serve.sandbox("root").exists(), "a refused policy creates nothing");
     let out = serve.cli("policy", &["w", "--revision", "1", "--allow", "exec,stdin", "--run-as-user", "0"]);
     assert!(
         !out.status.success() && text(&out).contains("conflicts with the fixed workload identity"),
@@ -303,8 +272,8 @@ fn workloads_run_as_the_sandbox_user_and_conflicting_selectors_are_refused_at_cr
 fn the_process_cap_denies_an_exec_beyond_it() {
     let s = Scratch::new("policy-caps");
     let serve = Serve::start(&s);
-    create_with_policy(&s, &serve, "c", r#"{"allow":["exec","stdin","list_processes"],"caps":{"max_processes":1}}"#);
-    let mut client = AttachClient::connect(&serve.state.join("sandboxes/c"));
+    serve.create_small("c", Some(r#"{"allow":["exec","stdin","list_processes"],"caps":{"max_processes":1}}"#));
+    let mut client = AttachClient::connect(&serve.sandbox("c"));
     let (long, spawn) = client.spawn_message(&["sleep", "3"]);
     client.send_together(&[spawn]);
     client.read_until(|seen| {

@@ -2,27 +2,23 @@
 //! identity (with a control that reports the boot under the slot's id), a pooled VM is never reused, a
 //! pooled VM whose supervisor or VMM dies is replaced, pooled VMs count against capacity, and a create the
 //! pool cannot serve cold-boots and says so.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use vm_contract::layout::SandboxFile;
 use vm_contract::pids::SandboxPids;
-use vm_e2e::otlp_receiver::{Behavior, Receiver};
-use vm_e2e::procs::{exit_after, signal, ProcInfo};
-use vm_e2e::serve::Serve;
-use vm_e2e::{gone_within, wait_until, Scratch, TestControl};
 use vm_protocol::driver_api::{
     CreateSandboxRequest, GetCapabilitiesRequest, ListPoolRequest, PooledVm, Sandbox, SandboxRef, SandboxSpec,
 };
+use vm_test_support::api::Client;
+use vm_test_support::otlp_receiver::{authorization_headers, Behavior, Receiver};
+use vm_test_support::output::ok;
+use vm_test_support::procs::{exit_after, signal, ProcInfo};
+use vm_test_support::serve::Serve;
+use vm_test_support::{events, gone_within, wait_until, Scratch, TestControl};
 
 const GATEWAY: &str = "gateway-pool-9";
 const HEADER_SECRET: &str = "Bearer pool-hdr-41aa";
-
-type Client = vm_protocol::driver_api::driver_client::DriverClient<tonic::transport::Channel>;
 
 struct Api {
     rt: tokio::runtime::Runtime,
@@ -67,21 +63,10 @@ impl Api {
     }
 }
 
-fn ok(out: std::process::Output) -> String {
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    text
-}
-
-fn wait_ready(serve: &Serve, id: &str) {
-    let ready = || String::from_utf8_lossy(&serve.cli("get", &[id]).stdout).contains(" ready ");
-    assert!(wait_until(Duration::from_secs(120), ready), "{id} never became ready");
-}
-
 fn serve_with_collector(s: &Scratch, receiver: &Receiver, controls: &[TestControl]) -> Serve {
     let endpoint = receiver.grpc_endpoint();
     let args = ["--pool", "1", "--otlp-ocsf-endpoint", &endpoint, "--gateway-name", GATEWAY];
-    let headers = format!("authorization={}", HEADER_SECRET.replace(' ', "%20"));
+    let headers = authorization_headers(HEADER_SECRET);
     Serve::with_env(s, controls, &args, &[("OTEL_EXPORTER_OTLP_HEADERS", headers.as_str())], None)
 }
 
@@ -99,13 +84,12 @@ fn a_claimed_sandbox_reports_only_its_claimed_identity() {
 
     let created = api.create("claimed-1", 0, 0).unwrap();
     assert_eq!(created.origin, "pool", "{created:?}");
-    wait_ready(&serve, "claimed-1");
+    serve.wait_ready("claimed-1");
     assert_eq!(
         ok(serve.cli("exec", &["claimed-1", "--", "sh", "-c", "id -un; echo marker-31"])),
         "sandbox\nmarker-31\n"
     );
-    let events =
-        std::fs::read_to_string(s.state().join("sandboxes/claimed-1").join(SandboxFile::Events.name())).unwrap();
+    let events = events::text(&s.sandbox("claimed-1"));
     api.delete("claimed-1");
     assert!(
         wait_until(Duration::from_secs(30), || receiver.spans().iter().any(|sp| sp.name == "sandbox")),
@@ -129,7 +113,7 @@ fn a_claimed_sandbox_reports_only_its_claimed_identity() {
     assert_eq!(boot.attributes.get("openshell.boot.origin").map(String::as_str), Some("pool"));
     // The credentials came with the claim, never before: every export carried them.
     for req in receiver.requests().iter().chain(receiver.trace_requests().iter()) {
-        assert_eq!(req.headers.get("authorization").map(String::as_str), Some(HEADER_SECRET));
+        assert_eq!(req.authorization(), Some(HEADER_SECRET));
     }
     for line in events.lines() {
         let event: serde_json::Value = serde_json::from_str(line).unwrap();
@@ -174,7 +158,7 @@ fn a_pooled_vm_is_never_reused() {
         assert_ne!(uid, rustix::process::getuid().as_raw().to_string(), "a jailed pooled VMM runs as its own uid");
     }
     assert_eq!(api.create("a", 1, 256).unwrap().origin, "pool");
-    wait_ready(&serve, "a");
+    serve.wait_ready("a");
     let boot_a =
         ok(serve
             .cli("exec", &["a", "--", "sh", "-c", "echo left-by-a > $HOME/mark; cat /proc/sys/kernel/random/boot_id"]));
@@ -186,7 +170,7 @@ fn a_pooled_vm_is_never_reused() {
     api.delete("a");
     assert!(gone_within(&first_vmm, Duration::from_secs(30)), "a's VMM outlived its sandbox");
     assert_eq!(api.create("b", 1, 256).unwrap().origin, "pool");
-    wait_ready(&serve, "b");
+    serve.wait_ready("b");
     let boot_b =
         ok(serve
             .cli("exec", &["b", "--", "sh", "-c", "cat $HOME/mark 2>/dev/null; cat /proc/sys/kernel/random/boot_id"]));
@@ -215,7 +199,7 @@ fn a_pooled_vm_whose_supervisor_or_vmm_dies_is_replaced() {
     assert!(ProcInfo::read(i32::try_from(second.supervisor_pid).unwrap()).is_none(), "its supervisor exited");
     assert_eq!(api.pool().len(), 1, "replaced, not added: {:?}", api.pool());
     assert_eq!(api.create("after", 1, 256).unwrap().origin, "pool");
-    wait_ready(&serve, "after");
+    serve.wait_ready("after");
     assert_eq!(ok(serve.cli("exec", &["after", "--", "echo", "fine"])), "fine\n");
     assert!(api.pool().iter().all(|v| v.slot_id != third.slot_id));
     // The refill behind the claim is up (its VMM started), so the stop below has a pooled VM to take down.
@@ -231,7 +215,7 @@ fn a_pooled_vm_whose_supervisor_or_vmm_dies_is_replaced() {
 
 /// A claimed VM's processes, from the pids file that moved with it into its sandbox's directory.
 fn claimed_pids(s: &Scratch, id: &str) -> (ProcInfo, ProcInfo, ProcInfo) {
-    let pids = SandboxPids::read(&s.state().join("sandboxes").join(id)).expect("a pids file");
+    let pids = SandboxPids::read(&s.sandbox(id)).expect("a pids file");
     let read = |pid: i32| ProcInfo::read(pid).expect("a live process");
     (read(pids.supervisor.pid), read(pids.watchdog.expect("a watchdog").pid), read(pids.vmm.expect("a VMM").pid))
 }
@@ -245,16 +229,14 @@ fn a_claimed_vm_keeps_the_leash_of_a_cold_one() {
     api.ready_vm(std::slice::from_ref(&first.slot_id));
     for id in ["frozen-sup", "frozen-dog"] {
         assert_eq!(api.create(id, 1, 256).unwrap().origin, "pool");
-        wait_ready(&serve, id);
+        serve.wait_ready(id);
     }
     // The bounds of load.rs's cold sandboxes: a frozen supervisor loses its VM to the lease (3 s), the
     // sandbox leaves ready, and the hung supervisor is killed.
     let (supervisor, _, vmm) = claimed_pids(&s, "frozen-sup");
     let gone = exit_after(&vmm, Duration::from_secs(3), || signal(supervisor.pid, Signal::SIGSTOP));
     let gone = gone.expect("a claimed VM outlived its frozen supervisor by 3 s");
-    let left_ready = wait_until(Duration::from_secs(5), || {
-        !String::from_utf8_lossy(&serve.cli("get", &["frozen-sup"]).stdout).contains(" ready ")
-    });
+    let left_ready = wait_until(Duration::from_secs(5), || serve.sandbox_state("frozen-sup") != "ready");
     let killed = gone_within(&supervisor, Duration::from_secs(5));
     if !killed {
         signal(supervisor.pid, Signal::SIGCONT);
@@ -288,7 +270,7 @@ fn the_pool_counts_against_capacity() {
     std::thread::sleep(Duration::from_secs(3));
     assert!(api.pool().is_empty(), "the pool refilled past capacity: {:?}", api.pool());
     assert_eq!(api.create("c", 1, 256).unwrap_err().code(), tonic::Code::ResourceExhausted);
-    wait_ready(&serve, "b");
+    serve.wait_ready("b");
     // Capacity freed: the pool refills.
     api.delete("a");
     api.ready_vm(&[]);
@@ -304,7 +286,7 @@ fn a_create_the_pool_cannot_serve_cold_boots_and_says_so() {
     let cold = api.create("bigger", 2, 512).unwrap();
     assert_eq!(cold.origin, "cold", "{cold:?}");
     assert!(cold.detail.contains("cold boot: no free pooled VM"), "{cold:?}");
-    wait_ready(&serve, "bigger");
+    serve.wait_ready("bigger");
     assert_eq!(ok(serve.cli("exec", &["bigger", "--", "nproc"])), "2\n");
     // The pooled VM of the other shape was left alone.
     assert_eq!(api.pool().iter().filter(|v| v.slot_id == slot.slot_id && v.state == "ready").count(), 1);
@@ -314,7 +296,7 @@ fn a_create_the_pool_cannot_serve_cold_boots_and_says_so() {
     let next = api.create("second", 1, 256).unwrap();
     assert_eq!(next.origin, "cold", "{next:?}");
     assert!(next.detail.contains("cold boot: no free pooled VM"), "{next:?}");
-    wait_ready(&serve, "second");
+    serve.wait_ready("second");
     // Without a pool, creates say they boot cold without blaming one.
     let s2 = Scratch::new("pool-none");
     let plain = Serve::start(&s2);

@@ -1,8 +1,5 @@
 //! `vm-driver serve` end to end: the lifecycle through the CLI and through a generic gRPC client, load,
 //! terminals, restart recovery, refusals and readiness, on real VMs.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -11,30 +8,12 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use tokio_stream::StreamExt;
-use vm_e2e::serve::Serve;
-use vm_e2e::{gone_within, wait_until, Scratch, TestControl};
 use vm_protocol::driver_api::{
     exec_request, exec_response, CreateSandboxRequest, ExecRequest, ExecStart, SandboxRef, StdinEof, TerminalSize,
 };
-
-fn text(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn ok(out: Output) -> String {
-    assert!(out.status.success(), "{}\n{}", text(&out), String::from_utf8_lossy(&out.stderr));
-    text(&out)
-}
-
-/// The STATE column of `vm-driver get ID`.
-fn state(serve: &Serve, id: &str) -> String {
-    let out = serve.cli("get", &[id]);
-    text(&out).lines().nth(1).and_then(|l| l.split_whitespace().nth(1)).unwrap_or("missing").to_owned()
-}
-
-fn wait_state(serve: &Serve, id: &str, wanted: &str) {
-    assert!(wait_until(Duration::from_secs(120), || state(serve, id) == wanted), "{id} never became {wanted}");
-}
+use vm_test_support::output::{ok, stderr, stdout};
+use vm_test_support::serve::Serve;
+use vm_test_support::{gone_within, wait_until, Scratch, TestControl};
 
 #[test]
 fn lifecycle_through_the_cli() {
@@ -43,7 +22,7 @@ fn lifecycle_through_the_cli() {
     let created = ok(serve.cli("create", &["life"]));
     assert!(created.contains("ready"), "create waits until ready: {created}");
     // A second server on the same state directory is refused: it would boot the same sandboxes again.
-    let second = Command::new(&vm_e2e::harness().shipped.driver)
+    let second = Command::new(&vm_test_support::harness().shipped.driver)
         .args(["serve", "--state-dir"])
         .arg(s.state())
         .arg("--socket")
@@ -60,16 +39,16 @@ fn lifecycle_through_the_cli() {
     assert!(wait_until(Duration::from_secs(10), || ok(serve.cli("ps", &["life"])).contains("sleep 100")));
     ok(serve.cli("stop", &["life"]));
     assert_eq!(sleeper.wait().unwrap().code(), Some(143));
-    assert_eq!(state(&serve, "life"), "stopped");
+    assert_eq!(serve.sandbox_state("life"), "stopped");
     ok(serve.cli("start", &["life"]));
-    wait_state(&serve, "life", "ready");
+    serve.wait_ready("life");
     assert!(ok(serve.cli("get", &["life"])).contains("   2 "), "a new generation");
     assert_eq!(ok(serve.cli("exec", &["life", "--", "echo", "again"])), "again\n");
     let failing = serve.cli("exec", &["life", "--", "sh", "-c", "exit 5"]);
     assert_eq!(failing.status.code(), Some(5));
     ok(serve.cli("rm", &["life"]));
     assert!(!ok(serve.cli("list", &[])).contains("life"));
-    assert!(!s.state().join("sandboxes/life").exists());
+    assert!(!s.sandbox("life").exists());
 }
 
 #[test]
@@ -80,9 +59,9 @@ fn lifecycle_through_a_generic_grpc_client() {
     let serve = Serve::start(&s);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/grpc_lifecycle.py");
     let out = Command::new(python).arg(script).arg(&serve.socket).arg("grpc-life").output().unwrap();
-    eprintln!("{}{}", text(&out), String::from_utf8_lossy(&out.stderr));
+    eprintln!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success());
-    assert!(text(&out).contains("grpc: lifecycle complete"));
+    assert!(stdout(&out).contains("grpc: lifecycle complete"));
 }
 
 #[test]
@@ -224,22 +203,18 @@ fn a_killed_service_leaves_no_vm_and_restores_its_sandboxes() {
         ok(serve.cli("create", &[id]));
     }
     ok(serve.cli("stop", &["r3"]));
-    let running = serve.vmms().into_iter().filter(vm_e2e::procs::ProcInfo::is_alive).collect::<Vec<_>>();
+    let running = serve.vmms().into_iter().filter(vm_test_support::procs::ProcInfo::is_alive).collect::<Vec<_>>();
     assert_eq!(running.len(), 2);
     serve.kill();
     for vmm in &running {
         assert!(gone_within(vmm, Duration::from_secs(5)), "a VM outlived the killed service");
     }
     serve.restart();
-    wait_state(&serve, "r1", "ready");
-    wait_state(&serve, "r2", "ready");
-    assert_eq!(state(&serve, "r3"), "stopped", "stopped on purpose, stays stopped");
+    serve.wait_ready("r1");
+    serve.wait_ready("r2");
+    assert_eq!(serve.sandbox_state("r3"), "stopped", "stopped on purpose, stays stopped");
     assert_eq!(ok(serve.cli("exec", &["r1", "--", "echo", "back"])), "back\n");
     assert_eq!(ok(serve.cli("exec", &["r2", "--", "echo", "back"])), "back\n");
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// `vm-driver list` as uid/gid 65534, from a copy of the binary any user can run. Switching users needs
@@ -248,7 +223,7 @@ fn list_as_another_user(s: &Scratch, socket: &Path) -> Output {
     use std::os::unix::fs::PermissionsExt;
     let copy = s.dir.join("vm-driver-for-nobody");
     if !copy.exists() {
-        std::fs::copy(&vm_e2e::harness().shipped.driver, &copy).unwrap();
+        std::fs::copy(&vm_test_support::harness().shipped.driver, &copy).unwrap();
     }
     std::fs::set_permissions(&s.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let root = rustix::process::geteuid().is_root();
@@ -274,7 +249,7 @@ fn refusals_other_uid_bad_id_symlinked_socket() {
     let served = list_as_another_user(&open, &unchecked.socket);
     assert!(served.status.success(), "control: not served with the check off: {}", stderr(&served));
     let other = list_as_another_user(&s, &serve.socket);
-    assert!(!other.status.success(), "a peer of another uid was served: {}", text(&other));
+    assert!(!other.status.success(), "a peer of another uid was served: {}", stdout(&other));
 
     // A bad id is an invalid-argument error before any path is built.
     let (rt, mut client) = serve.grpc();
@@ -293,7 +268,7 @@ fn refusals_other_uid_bad_id_symlinked_socket() {
     std::fs::set_permissions(&private, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let link = private.join("link.sock");
     std::os::unix::fs::symlink("/tmp/elsewhere.sock", &link).unwrap();
-    let out = Command::new(&vm_e2e::harness().shipped.driver)
+    let out = Command::new(&vm_test_support::harness().shipped.driver)
         .args(["serve", "--state-dir"])
         .arg(s.dir.join("other-state"))
         .arg("--socket")
@@ -370,14 +345,14 @@ fn readiness_closes_with_the_session_and_reopens_with_it() {
     let mut reply = String::new();
     forged.read_to_string(&mut reply).unwrap();
     assert!(reply.contains("\"accepted\":false"), "a forged session was accepted: {reply}");
-    assert!(connects() && state(&serve, "rd") == "ready");
+    assert!(connects() && serve.sandbox_state("rd") == "ready");
     // Fault injection (session-gate-signals): SIGUSR1 drops every supervisor session and holds reconnections.
     serve.signal(Signal::SIGUSR1);
     assert!(wait_until(Duration::from_secs(10), || !connects()), "readiness still open after the session was lost");
-    assert_ne!(state(&serve, "rd"), "ready");
+    assert_ne!(serve.sandbox_state("rd"), "ready");
     serve.signal(Signal::SIGUSR2);
     assert!(wait_until(Duration::from_secs(10), connects), "readiness did not reopen after reconnection");
-    wait_state(&serve, "rd", "ready");
+    serve.wait_ready("rd");
     let again = ok(serve.cli("get", &["rd"]));
     assert!(again.contains(&endpoint), "the same endpoint: {again}");
 }

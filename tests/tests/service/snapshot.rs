@@ -3,17 +3,16 @@
 //! and none keeps the saved clock (with a control that skips the reseed at restore: the clones read the same
 //! bytes, and a late one the stale clock), and a snapshot that cannot be restored turns the pool back to
 //! booting, as does a save whose stream passes its cap. Restored VMs keep the leash of booted ones.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nix::sys::signal::Signal;
-use vm_e2e::procs::{signal, ProcInfo};
-use vm_e2e::serve::Serve;
-use vm_e2e::{gone_within, wait_until, Scratch, TestControl};
+use vm_test_support::exclusive;
+use vm_test_support::output::ok;
+use vm_test_support::procs::{signal, ProcInfo};
+use vm_test_support::serve::Serve;
+use vm_test_support::{gone_within, wait_until, Scratch, TestControl};
 
 /// What one clone said right after its claim.
 #[derive(Debug)]
@@ -32,17 +31,9 @@ struct Reading {
 /// of guest time after the save, and clones read after that differ whether or not the restore reseeded them.
 /// The delay is host time and includes the claim's and the exec's round trips (slower in the controls'
 /// debug build under a loaded 2-core host): the control, read at up to 800 ms, still saw its clones share
-/// their bytes, so 750 ms keeps the pair causal.
+/// their bytes, so 750 ms keeps the pair causal. The reseed tests and their control time their reads
+/// within it, so each runs alone ([`exclusive::alone`]): a neighbour's restores would make every read late.
 const READ_WITHIN: Duration = Duration::from_millis(750);
-/// The reseed tests and their control time their reads within [`READ_WITHIN`]: each runs alone, the other
-/// tests of this file beside each other only (a neighbour's restores would make every read late).
-static TIMED_READS: std::sync::RwLock<()> = std::sync::RwLock::new(());
-
-fn ok(out: std::process::Output) -> String {
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    text
-}
 
 /// The first ready pooled VM not in `seen`: its slot and its VMM's pid, polled as fast as the CLI answers so
 /// the claim follows the restore closely.
@@ -135,7 +126,7 @@ fn three_clones(s: &Scratch, controls: &[TestControl]) -> [Reading; 3] {
 
 #[test]
 fn restored_sandboxes_never_share_random_bytes_and_have_the_hosts_clock() {
-    let _alone = TIMED_READS.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = exclusive::alone();
     let s = Scratch::new("snapshot-reseed");
     let [a, b, late] = three_clones(&s, &[]);
     assert_eq!(a.random.len(), 36, "{a:?}");
@@ -149,7 +140,7 @@ fn restored_sandboxes_never_share_random_bytes_and_have_the_hosts_clock() {
 
 #[test]
 fn control_without_the_reseed_at_restore_clones_share_random_bytes_and_a_stale_clock() {
-    let _alone = TIMED_READS.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = exclusive::alone();
     let s = Scratch::new("snapshot-reseed-ctl");
     let [a, b, late] = three_clones(&s, &[TestControl::NoReseedAtRestore]);
     assert_eq!(a.random, b.random, "control: without a reseed the clones hand out the saved RNG's bytes");
@@ -159,7 +150,6 @@ fn control_without_the_reseed_at_restore_clones_share_random_bytes_and_a_stale_c
 
 #[test]
 fn a_snapshot_that_cannot_be_restored_turns_the_pool_back_to_booting() {
-    let _shared = TIMED_READS.read().unwrap_or_else(std::sync::PoisonError::into_inner);
     let s = Scratch::new("snapshot-broken");
     let serve = Serve::with(&s, &[], &["--pool", "1", "--pool-snapshots"]);
     let (slot, vmm) = ready_slot(&serve, &[]);
@@ -184,7 +174,6 @@ fn a_snapshot_that_cannot_be_restored_turns_the_pool_back_to_booting() {
 
 #[test]
 fn a_killed_service_takes_its_restored_vms_along() {
-    let _shared = TIMED_READS.read().unwrap_or_else(std::sync::PoisonError::into_inner);
     let s = Scratch::new("snapshot-leash");
     let mut serve = Serve::with(&s, &[], &["--pool", "2", "--pool-snapshots"]);
     let (first, vmm) = ready_slot(&serve, &[]);
@@ -203,7 +192,6 @@ fn a_killed_service_takes_its_restored_vms_along() {
 
 #[test]
 fn a_stream_past_its_cap_is_refused_and_the_pool_boots_instead() {
-    let _shared = TIMED_READS.read().unwrap_or_else(std::sync::PoisonError::into_inner);
     // Fault injection: the cap on the stream is cut to 1 MiB, as if QEMU sent more than its guest holds.
     let s = Scratch::new("snapshot-cap");
     let log = s.dir.join("serve.log");

@@ -3,9 +3,6 @@
 //! rebuilt after an edit, an older copy of the database) named by `vm-driver audit verify`, which exits 1;
 //! a SIGKILLed supervisor's chain read as unsealed, not tampered. Control: with the chain off
 //! (`no-audit-chain`), an edit of `events.jsonl` goes unnoticed: nothing holds what to check it against.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,9 +10,11 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use vm_contract::layout::SandboxFile;
-use vm_e2e::procs::signal;
-use vm_e2e::serve::Serve;
-use vm_e2e::{gone_within, harness, Launch, Running, Scratch, TestControl};
+use vm_test_support::api::Client;
+use vm_test_support::output::ok;
+use vm_test_support::procs::signal;
+use vm_test_support::serve::Serve;
+use vm_test_support::{events, gone_within, harness, Launch, Running, Scratch, TestControl, CANARY};
 
 /// `vm-driver audit ACTION --state-dir STATE TARGET`: its exit code and stdout.
 fn audit(state: &Path, action: &str, target: &str) -> (Option<i32>, String) {
@@ -85,7 +84,7 @@ fn a_launched_sandboxs_chain_is_sealed_and_every_edit_is_named() {
     assert_eq!(code, Some(0));
     assert!(shown.contains("process aud/1 launched: /bin/sh -c echo one; echo two"), "{shown}");
 
-    let events = std::fs::read_to_string(s.state().join("sandboxes/aud").join(SandboxFile::Events.name())).unwrap();
+    let events = events::text(&s.sandbox("aud"));
     let edited = events.replace("echo one", "echo uno");
     let cases: [(&str, &Edit<'_>, &str); 6] = [
         ("one byte", &|db| flip_a_byte(db, 3), "entry 3 was altered"),
@@ -144,9 +143,9 @@ fn control_without_the_chain_an_edited_event_goes_unnoticed() {
         .control(TestControl::NoAuditChain)
         .run();
     assert_eq!(out.code, Some(0));
-    let dir = s.state().join("sandboxes/off");
+    let dir = s.sandbox("off");
     assert!(!dir.join(SandboxFile::Audit.name()).exists(), "no chain written");
-    let events = dir.join(SandboxFile::Events.name());
+    let events = events::path(&dir);
     let text = std::fs::read_to_string(&events).unwrap();
     assert!(text.contains("echo one"));
     std::fs::write(&events, text.replace("echo one", "echo uno")).unwrap();
@@ -158,8 +157,8 @@ fn control_without_the_chain_an_edited_event_goes_unnoticed() {
 #[test]
 fn a_killed_supervisors_chain_reads_unsealed_not_tampered() {
     let s = Scratch::new("audit-kill");
-    let launch = Launch::new(&s, &["/bin/sh", "-c", "echo up; exec sleep 1000"]).flag("--id").flag("killed");
-    let run = Running::start(launch, &[], "up");
+    let launch = Launch::sleeper(&s).flag("--id").flag("killed");
+    let run = Running::start(launch, &[], CANARY);
     let p = run.procs();
     signal(p.supervisor.pid, Signal::SIGKILL);
     assert!(gone_within(&p.vmm, Duration::from_secs(10)));
@@ -174,12 +173,11 @@ fn a_killed_supervisors_chain_reads_unsealed_not_tampered() {
 fn a_served_sandboxs_chain_continues_across_generations_and_an_older_copy_is_caught() {
     let s = Scratch::new("audit-serve");
     let serve = Serve::with(&s, &[], &[]);
-    let ok = |out: std::process::Output| assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     ok(serve.cli("create", &["box"]));
     ok(serve.cli("exec", &["box", "--", "true"]));
     ok(serve.cli("stop", &["box"]));
     let (rt, mut client) = serve.grpc();
-    let head = |client: &mut vm_protocol::driver_api::driver_client::DriverClient<tonic::transport::Channel>| {
+    let head = |client: &mut Client| {
         let req = vm_protocol::driver_api::SandboxRef { sandbox_id: "box".into() };
         rt.block_on(client.get_audit_head(req)).unwrap().into_inner()
     };
@@ -190,14 +188,12 @@ fn a_served_sandboxs_chain_continues_across_generations_and_an_older_copy_is_cau
         (first.sealed_seq, first.anchor_seq, first.anchor_hash.as_deref()),
         (first.seq, Some(first.seq), Some(first.hash.as_str()))
     );
-    let db = serve.state.join("sandboxes/box").join(SandboxFile::Audit.name());
+    let db = serve.sandbox("box").join(SandboxFile::Audit.name());
     let older = s.dir.join("older.db");
     std::fs::copy(&db, &older).unwrap();
     ok(serve.cli("start", &["box"]));
-    let ready = vm_e2e::wait_until(Duration::from_secs(120), || {
-        String::from_utf8_lossy(&serve.cli("get", &["box"]).stdout).contains("ready")
-    });
-    assert!(ready, "started again");
+    // Started again.
+    serve.wait_ready("box");
     ok(serve.cli("exec", &["box", "--", "true"]));
     ok(serve.cli("stop", &["box"]));
     let second = head(&mut client);

@@ -1,15 +1,12 @@
 //! OCSF events as the supervisor builds them, validated against the facts extracted from the official 1.8.0
 //! definitions (`tests/ocsf-1.8.0/`); and the validator itself, shown able to fail.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use serde_json::Value;
-use vm_e2e::ocsf_schema::{schema_dir, Schema};
 use vm_ocsf::{
     AppInfo, Connection, Direction, FileActivity, Finding, Lifecycle, NetworkActivity, ProcessActivity, ProcessInfo,
     SchemaVersion, Source, Status,
 };
+use vm_test_support::ocsf_schema::{schema_dir, Schema};
 
 /// An egress stream through the HTTP proxy, allowed by a rule.
 fn egress() -> Connection {

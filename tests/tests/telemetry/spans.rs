@@ -2,35 +2,20 @@
 //! admission, exec, policy update (under `vm-driver serve`) and stop, with exactly the log records' resource,
 //! valid ids and times, parents that exist, the collector headers (rotated with the logs', over TLS), and no
 //! argv in any attribute.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::collections::{HashMap, HashSet};
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-
 use vm_contract::layout::SandboxFile;
-use vm_e2e::otlp_receiver::{Behavior, Receiver, Span, TlsIdentity};
-use vm_e2e::serve::Serve;
-use vm_e2e::{wait_until, Launch, Scratch};
+use vm_test_support::otlp_receiver::{authorization_headers, Behavior, Receiver, Request, Span, TlsIdentity};
+use vm_test_support::output::{ok, stderr};
+use vm_test_support::serve::Serve;
+use vm_test_support::{sandbox, wait_until, Launch, Scratch};
 
 const GATEWAY: &str = "gateway-spans-3";
 const HEADER_SECRET: &str = "Bearer span-hdr-7c2e";
 /// In the workload's argv only: it must never be a span attribute.
 const ARGV_CANARY: &str = "argv-canary-51d0";
-
-fn endpoint(receiver: &Receiver, protocol: &str) -> String {
-    if protocol == "grpc" {
-        receiver.grpc_endpoint()
-    } else {
-        receiver.http_endpoint()
-    }
-}
 
 fn otlp_flags<'a>(endpoint: &'a str, protocol: &'a str) -> [&'a str; 6] {
     ["--otlp-ocsf-endpoint", endpoint, "--otlp-ocsf-protocol", protocol, "--gateway-name", GATEWAY]
@@ -113,14 +98,14 @@ fn spans_of(receiver: &Receiver, id: &str, protocol: &str) -> HashMap<String, Ve
 /// `vm-driver launch`: boot, admission, the workload's exec and the stop, with the collector headers.
 fn launch_spans(protocol: &str) {
     let receiver = Receiver::start(Behavior::Accept);
-    let endpoint = endpoint(&receiver, protocol);
+    let endpoint = receiver.endpoint(protocol);
     let s = Scratch::new(&format!("spans-{}", protocol.replace('/', "-")));
     let id = format!("spans-{}", protocol.replace('/', "-"));
     let launch = otlp_flags(&endpoint, protocol)
         .into_iter()
         .fold(Launch::new(&s, &["/bin/sh", "-c", "exit 0", ARGV_CANARY]).flag("--id").flag(&id), |l, f| l.flag(f));
     let mut cmd = launch.command();
-    cmd.env("OTEL_EXPORTER_OTLP_HEADERS", format!("authorization={}", HEADER_SECRET.replace(' ', "%20")));
+    cmd.env("OTEL_EXPORTER_OTLP_HEADERS", authorization_headers(HEADER_SECRET));
     let out = cmd.output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let spans = spans_of(&receiver, &id, protocol);
@@ -128,7 +113,7 @@ fn launch_spans(protocol: &str) {
     let requests = receiver.trace_requests();
     assert!(!requests.is_empty());
     for r in &requests {
-        assert_eq!(r.headers.get("authorization").map(String::as_str), Some(HEADER_SECRET), "headers on traces");
+        assert_eq!(r.authorization(), Some(HEADER_SECRET), "headers on traces");
     }
     eprintln!(
         "e2e: {protocol}: {} spans in {} trace requests",
@@ -160,8 +145,7 @@ fn a_refusing_collector_costs_fixed_text_only() {
         });
     let out = launch.command().env("RUST_LOG", "trace").output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let log = std::fs::read_to_string(s.state().join("sandboxes/refused").join(SandboxFile::SupervisorLog.name()))
-        .unwrap_or_default();
+    let log = sandbox::read(&s.sandbox("refused"), SandboxFile::SupervisorLog);
     assert!(log.contains("span OTLP export failed; retrying"), "the failure is reported, in fixed text");
     assert!(log.contains("span OTLP export incomplete"), "and what was lost, counted");
     for text in [log.as_str(), &String::from_utf8_lossy(&out.stderr)] {
@@ -174,23 +158,18 @@ fn a_refusing_collector_costs_fixed_text_only() {
 /// `vm-driver serve`: the same, plus two execs and two policy updates (one applied, one stale).
 fn serve_spans(protocol: &str) {
     let receiver = Receiver::start(Behavior::Accept);
-    let endpoint = endpoint(&receiver, protocol);
+    let endpoint = receiver.endpoint(protocol);
     let s = Scratch::new(&format!("spans-serve-{}", protocol.replace('/', "-")));
     let serve = Serve::with(&s, &[], &otlp_flags(&endpoint, protocol));
     let id = "spans-p";
-    let policy = s.dir.join("policy.json");
-    std::fs::write(&policy, r#"{"allow":["exec","list_processes"]}"#).unwrap();
-    let out = serve.cli("create", &["--memory", "128", "--policy", policy.to_str().unwrap(), id]);
-    assert!(out.status.success(), "create: {}", String::from_utf8_lossy(&out.stderr));
+    serve.create_small(id, Some(r#"{"allow":["exec","list_processes"]}"#));
     for _ in 0..2 {
-        let out = serve.cli("exec", &[id, "--", "/bin/sh", "-c", "exit 0", ARGV_CANARY]);
-        assert!(out.status.success(), "exec: {}", String::from_utf8_lossy(&out.stderr));
+        ok(serve.cli("exec", &[id, "--", "/bin/sh", "-c", "exit 0", ARGV_CANARY]));
     }
-    let policy = |revision: &str| serve.cli("policy", &[id, "--revision", revision, "--allow", "list_processes"]);
-    assert!(policy("1").status.success(), "revision 1 applies");
-    assert!(!policy("1").status.success(), "revision 1 again is stale");
-    let out = serve.cli("stop", &[id]);
-    assert!(out.status.success(), "stop: {}", String::from_utf8_lossy(&out.stderr));
+    let policy = || serve.update_policy(id, 1, "list_processes", None);
+    assert!(policy().status.success(), "revision 1 applies");
+    assert!(!policy().status.success(), "revision 1 again is stale");
+    ok(serve.cli("stop", &[id]));
     let spans = spans_of(&receiver, id, protocol);
     assert_eq!(spans["sandbox.exec"].len(), 2);
     let updates = spans.get("sandbox.policy_update").expect("policy update spans");
@@ -213,51 +192,27 @@ fn serve_spans_with_policy_updates_reach_an_http_protobuf_collector() {
     serve_spans("http/protobuf");
 }
 
-/// A throwaway CA and a server certificate it signed for 127.0.0.1; the CA written to `dir/ca.pem`.
-fn test_ca(dir: &Path) -> (PathBuf, TlsIdentity) {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let server_key = KeyPair::generate().unwrap();
-    let server = CertificateParams::new(vec!["127.0.0.1".to_owned()])
-        .unwrap()
-        .signed_by(&server_key, &Issuer::new(ca_params, ca_key))
-        .unwrap();
-    let path = dir.join("ca.pem");
-    std::fs::write(&path, ca_cert.pem()).unwrap();
-    (path, TlsIdentity { cert_pem: server.pem(), key_pem: server_key.serialize_pem() })
-}
-
 /// Over TLS (the CA bundle of the logs), spans carry the logs' token, and after a rotation the new one.
 fn spans_follow_the_credentials(protocol: &str) {
     const OLD: &str = "Bearer span-old-61b2";
     const NEW: &str = "Bearer span-new-0c9e";
     let s = Scratch::new(&format!("spans-tls-{}", protocol.replace('/', "-")));
-    let (ca, identity) = test_ca(&s.dir);
+    let (ca, identity) = TlsIdentity::issue(&s.dir, "ca.pem");
     let receiver = Receiver::start_tls(Behavior::Accept, &identity);
-    let endpoint = endpoint(&receiver, protocol);
+    let endpoint = receiver.endpoint(protocol);
     let mut args = otlp_flags(&endpoint, protocol).to_vec();
     args.extend(["--otlp-ocsf-ca", ca.to_str().unwrap()]);
-    let headers = format!("authorization={}", OLD.replace(' ', "%20"));
+    let headers = authorization_headers(OLD);
     let serve = Serve::with_env(&s, &[], &args, &[("OTEL_EXPORTER_OTLP_HEADERS", headers.as_str())], None);
     let id = "spans-tls";
-    assert!(serve.cli("create", &["--memory", "128", id]).status.success());
-    let token = |r: &vm_e2e::otlp_receiver::Request| r.headers.get("authorization").cloned().unwrap_or_default();
+    serve.create_small(id, None);
+    let token = |r: &Request| r.authorization().unwrap_or_default().to_owned();
     assert!(
         wait_until(Duration::from_secs(30), || receiver.trace_requests().iter().any(|r| token(r) == OLD)),
         "the boot and admission spans arrive over TLS with the logs' token"
     );
-    let mut child = serve
-        .cli_command("credentials", &[id, "--headers-file", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(format!("authorization={}", NEW.replace(' ', "%20")).as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "rotation: {}", String::from_utf8_lossy(&out.stderr));
+    let out = serve.cli_with_stdin("credentials", &[id, "--headers-file", "-"], authorization_headers(NEW).as_bytes());
+    assert!(out.status.success(), "rotation: {}", stderr(&out));
     assert!(serve.cli("exec", &[id, "--", "true"]).status.success());
     assert!(serve.cli("stop", &[id]).status.success());
     let spans = spans_of(&receiver, id, protocol);

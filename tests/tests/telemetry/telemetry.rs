@@ -1,21 +1,18 @@
 //! OCSF events to a real OTLP receiver (gRPC and HTTP/protobuf), the JSONL file and the console; secrets
 //! kept out of everything; lossless orderly stop; a console that never blocks; fixed-text failures.
-#![allow(missing_docs)]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-#![allow(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
 use std::collections::HashSet;
-use std::path::Path;
 use std::time::Duration;
 use vm_contract::layout::SandboxFile;
 
 use nix::sys::signal::Signal::SIGTERM;
 use serde_json::Value;
-use vm_e2e::attach::AttachClient;
-use vm_e2e::ocsf_schema::{schema_dir, Schema};
-use vm_e2e::otlp_receiver::{Behavior, Receiver, Record};
-use vm_e2e::procs::signal;
-use vm_e2e::{DirectSupervisor, Launch, Running, Scratch, TestControl};
+use vm_test_support::attach::AttachClient;
+use vm_test_support::events::{self, has};
+use vm_test_support::ocsf_schema;
+use vm_test_support::otlp_receiver::{authorization_headers, Behavior, Receiver, Record};
+use vm_test_support::procs::signal;
+use vm_test_support::{sandbox, DirectSupervisor, Launch, Running, Scratch, TestControl};
 
 const GATEWAY: &str = "gateway-e2e-7";
 const HEADER_SECRET: &str = "Bearer hdr-secret-5b1f0c";
@@ -36,17 +33,13 @@ fn bodies(records: &[Record]) -> Vec<Value> {
     records.iter().map(|r| serde_json::from_str(&r.body).expect("the body is OCSF JSON")).collect()
 }
 
-fn has(events: &[Value], class: u64, activity: u64) -> bool {
-    events.iter().any(|e| e["class_uid"] == class && e["activity_id"] == activity)
-}
-
 fn delivers_events(protocol: &str) {
     let receiver = Receiver::start(Behavior::Accept);
-    let endpoint = if protocol == "grpc" { receiver.grpc_endpoint() } else { receiver.http_endpoint() };
+    let endpoint = receiver.endpoint(protocol);
     let s = Scratch::new(&format!("otlp-{}", protocol.replace('/', "-")));
     let id = format!("sb-{}", protocol.replace('/', "-"));
     let mut cmd = otlp_launch(&s, &id, &endpoint, protocol, &["/bin/sh", "-c", "echo ran; exit 7"]).command();
-    cmd.env("OTEL_EXPORTER_OTLP_LOGS_HEADERS", format!("authorization={}", HEADER_SECRET.replace(' ', "%20")));
+    cmd.env("OTEL_EXPORTER_OTLP_LOGS_HEADERS", authorization_headers(HEADER_SECRET));
     let out = cmd.output().unwrap();
     assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
 
@@ -73,15 +66,11 @@ fn delivers_events(protocol: &str) {
         format!("{}:{}", anchor["seq"], anchor["hash"].as_str().unwrap()),
         "the last record anchors the chain"
     );
-    let schema = Schema::load(&schema_dir());
-    for e in &events {
-        let problems = schema.validate(e);
-        assert!(problems.is_empty(), "{}: {problems:#?}", e["type_name"]);
-    }
+    ocsf_schema::assert_valid(&events);
     let requests = receiver.requests();
     assert!(!requests.is_empty());
     for r in &requests {
-        assert_eq!(r.headers.get("authorization").map(String::as_str), Some(HEADER_SECRET), "header on every request");
+        assert_eq!(r.authorization(), Some(HEADER_SECRET), "header on every request");
     }
     eprintln!("e2e: {protocol}: {} records in {} requests, all valid OCSF 1.8.0", records.len(), requests.len());
 }
@@ -101,21 +90,12 @@ fn the_jsonl_file_holds_the_same_events() {
     let s = Scratch::new("jsonl");
     let out = Launch::new(&s, &["/bin/sh", "-c", "exit 3"]).flag("--id").flag("jsonl-sb").run();
     assert_eq!(out.code, Some(3));
-    let text = std::fs::read_to_string(s.state().join("sandboxes/jsonl-sb").join(SandboxFile::Events.name())).unwrap();
-    let events: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let dir = s.sandbox("jsonl-sb");
+    let events = events::read(&dir);
     assert!(has(&events, 1007, 2) && events.iter().any(|e| e["exit_code"] == 3));
-    let schema = Schema::load(&schema_dir());
-    assert!(events.iter().all(|e| schema.validate(e).is_empty()));
-    let mode = std::os::unix::fs::PermissionsExt::mode(
-        &std::fs::metadata(s.state().join("sandboxes/jsonl-sb").join(SandboxFile::Events.name()))
-            .unwrap()
-            .permissions(),
-    );
+    ocsf_schema::assert_valid(&events);
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(events::path(&dir)).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o600);
-}
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
 }
 
 #[test]
@@ -129,7 +109,7 @@ fn header_values_go_nowhere_but_the_collector() {
         "grpc",
         &["/bin/sh", "-c", "echo canary; env; echo env-done; exec sleep 1000"],
     );
-    let secret_env = format!("authorization={}", HEADER_SECRET.replace(' ', "%20"));
+    let secret_env = authorization_headers(HEADER_SECRET);
     let mut run = Running::start(launch, &[("OTEL_EXPORTER_OTLP_HEADERS", &secret_env)], "canary");
     let mut guest_env = String::new();
     loop {
@@ -154,22 +134,19 @@ fn header_values_go_nowhere_but_the_collector() {
         assert!(!std::fs::read(format!("/proc/{}/environ", proc.pid)).unwrap().is_empty() || what != "supervisor");
     }
     assert!(!run.sandbox_dir.join(SandboxFile::AuthBundle.name()).exists(), "the bundle is removed once read");
-    signal(i32::try_from(run.driver.id()).unwrap(), SIGTERM);
+    signal(run.driver_pid(), SIGTERM);
     run.driver.wait().unwrap();
     let stderr = run.stderr_text();
     for (name, text) in [
         ("driver stderr", stderr),
-        (SandboxFile::SupervisorLog.name(), read(&run.sandbox_dir.join(SandboxFile::SupervisorLog.name()))),
-        (SandboxFile::Console.name(), read(&run.sandbox_dir.join(SandboxFile::Console.name()))),
-        (SandboxFile::Events.name(), read(&run.sandbox_dir.join(SandboxFile::Events.name()))),
+        (SandboxFile::SupervisorLog.name(), sandbox::read(&run.sandbox_dir, SandboxFile::SupervisorLog)),
+        (SandboxFile::Console.name(), sandbox::read(&run.sandbox_dir, SandboxFile::Console)),
+        (SandboxFile::Events.name(), sandbox::read(&run.sandbox_dir, SandboxFile::Events)),
     ] {
         assert!(!text.contains("hdr-secret"), "the header value is in {name}");
     }
     // Positive control: it did reach the collector.
-    assert!(receiver
-        .requests()
-        .iter()
-        .all(|r| r.headers.get("authorization").map(String::as_str) == Some(HEADER_SECRET)));
+    assert!(receiver.requests().iter().all(|r| r.authorization() == Some(HEADER_SECRET)));
     assert!(!receiver.requests().is_empty());
 }
 
@@ -181,14 +158,14 @@ fn stop_with_10k_queued(name: &str, controls: &[TestControl]) -> (usize, usize) 
     let s = Scratch::new(name);
     let launch =
         otlp_launch(&s, name, &receiver.grpc_endpoint(), "grpc", &["/bin/sh", "-c", "echo canary; exec sleep 1000"]);
-    let launch = controls.iter().fold(launch, |l, c| l.control(*c));
+    let launch = launch.controls(controls);
     let mut run = Running::start(launch, &[], "canary");
     let statuses = AttachClient::connect(&run.sandbox_dir).run_many(&["true"], 5_000, 32);
     assert!(statuses.iter().all(|s| s.shell_code() == 0));
     receiver.set_behavior(Behavior::Slow(Duration::from_millis(100)));
-    signal(i32::try_from(run.driver.id()).unwrap(), SIGTERM);
+    signal(run.driver_pid(), SIGTERM);
     run.driver.wait().unwrap();
-    let jsonl = read(&run.sandbox_dir.join(SandboxFile::Events.name())).lines().count();
+    let jsonl = events::read(&run.sandbox_dir).len();
     let unique: HashSet<u64> =
         bodies(&receiver.records()).iter().filter_map(|e| e["metadata"]["sequence"].as_u64()).collect();
     (jsonl, unique.len())
@@ -255,15 +232,15 @@ impl Logs {
 fn redaction_run(name: &str, rust_log: &str, controls: &[TestControl], collector: &Receiver) -> Logs {
     let s = Scratch::new(name);
     let launch = otlp_launch(&s, name, &collector.grpc_endpoint(), "grpc", &["echo", PAYLOAD_CANARY]);
-    let mut cmd = controls.iter().fold(launch, |l, c| l.control(*c)).command();
+    let mut cmd = launch.controls(controls).command();
     let out = cmd.env("RUST_LOG", rust_log).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let dir = s.state().join("sandboxes").join(name);
+    let dir = s.sandbox(name);
     Logs(vec![
         ("driver stderr", String::from_utf8_lossy(&out.stderr).into_owned()),
-        (SandboxFile::SupervisorLog.name(), read(&dir.join(SandboxFile::SupervisorLog.name()))),
-        (SandboxFile::Console.name(), read(&dir.join(SandboxFile::Console.name()))),
-        (SandboxFile::Events.name(), read(&dir.join(SandboxFile::Events.name()))),
+        (SandboxFile::SupervisorLog.name(), sandbox::read(&dir, SandboxFile::SupervisorLog)),
+        (SandboxFile::Console.name(), sandbox::read(&dir, SandboxFile::Console)),
+        (SandboxFile::Events.name(), sandbox::read(&dir, SandboxFile::Events)),
     ])
 }
 
@@ -334,7 +311,9 @@ fn control_without_fixed_text_and_silencing_the_canaries_reach_the_logs() {
 fn a_blocked_stderr_never_stalls_the_supervisor_and_never_tears_a_line() {
     let s = Scratch::new("console");
     // A pipe nobody reads until the end: it fills after a few dozen lines.
-    let (read_end, write_end) = nix::unistd::pipe().unwrap();
+    // Close-on-exec, as std makes every descriptor: the tests of this binary start processes of their own
+    // meanwhile, and one that inherited the write end would keep the read below from ever ending.
+    let (mut read_end, write_end) = std::io::pipe().unwrap();
     let mut sup = DirectSupervisor::start(&s, std::process::Stdio::from(write_end));
     let dir = sup.sandbox_dir.clone();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -354,7 +333,7 @@ fn a_blocked_stderr_never_stalls_the_supervisor_and_never_tears_a_line() {
     assert!(dropped > 0);
     // What did get through: whole lines only, each a timestamped diagnostic or event line.
     let mut text = Vec::new();
-    std::io::Read::read_to_end(&mut std::fs::File::from(read_end), &mut text).unwrap();
+    std::io::Read::read_to_end(&mut read_end, &mut text).unwrap();
     assert!(text.ends_with(b"\n"), "the last line is whole");
     for line in String::from_utf8(text).unwrap().lines() {
         assert!(line.starts_with("20"), "torn or interleaved line: {line:?}");
@@ -363,7 +342,7 @@ fn a_blocked_stderr_never_stalls_the_supervisor_and_never_tears_a_line() {
         }
     }
     // The JSONL file lost nothing while the console dropped.
-    let events = read(&sup.sandbox_dir.join(SandboxFile::Events.name())).lines().count();
+    let events = events::read(&sup.sandbox_dir).len();
     assert!(events >= 1_200, "{events}");
 }
 
@@ -373,8 +352,8 @@ fn tenant_argv_cannot_forge_a_log_line() {
     let forged = "x\n2026-01-01T00:00:00.000Z OCSF FORGED [Critical] fake\x1b[2J";
     let out = Launch::new(&s, &["/bin/sh", "-c", "exit 0", forged]).flag("--id").flag("forge").run();
     assert_eq!(out.code, Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let dir = s.state().join("sandboxes/forge");
-    let log = read(&dir.join(SandboxFile::SupervisorLog.name()));
+    let dir = s.sandbox("forge");
+    let log = sandbox::read(&dir, SandboxFile::SupervisorLog);
     assert!(log.contains("OCSF PROCESS:LAUNCH"), "the launch is logged");
     for text in [log.as_str(), &String::from_utf8_lossy(&out.stderr)] {
         assert!(!text.lines().any(|l| l.starts_with("2026-01-01T00:00:00.000Z")), "a forged line:\n{text}");

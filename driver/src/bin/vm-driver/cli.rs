@@ -39,14 +39,16 @@ pub enum Command {
     /// Show one sandbox.
     Get(IdArgs),
     /// List the sandboxes.
+    #[command(visible_alias = "ls")]
     List(SocketArgs),
     /// List the warm pool's VMs (`serve --pool`), apart from the sandboxes.
     Pool(SocketArgs),
     /// Stop a sandbox (it stays, stopped, until started or removed).
     Stop(IdArgs),
-    /// Start a stopped sandbox again.
-    Start(IdArgs),
+    /// Start a stopped sandbox again and wait until it is ready.
+    Start(crate::client::StartArgs),
     /// Remove a sandbox (stopping it first).
+    #[command(visible_alias = "delete")]
     Rm(IdArgs),
     /// List the processes started with exec that still run in a sandbox.
     Ps(IdArgs),
@@ -293,11 +295,11 @@ pub struct LaunchArgs {
     pub policy: Option<SandboxPolicy>,
     /// Copy a host file or tree into the sandbox before CMD, as `cp HOSTPATH SANDBOX:GUESTPATH` does
     /// (repeatable; the guest path holds no `:`).
-    #[arg(long, value_name = "HOSTPATH:GUESTPATH", value_parser = crate::copy::parse_copy_in)]
+    #[arg(long, value_name = "HOSTPATH:GUESTPATH", value_parser = crate::cp::parse_copy_in)]
     pub copy_in: Vec<(PathBuf, String)>,
     /// Copy a guest file or tree out after CMD, whatever its status, as `cp SANDBOX:GUESTPATH HOSTPATH`
     /// does, through the hardened extractor (repeatable; the guest path holds no `:`).
-    #[arg(long, value_name = "GUESTPATH:HOSTPATH", value_parser = crate::copy::parse_copy_out)]
+    #[arg(long, value_name = "GUESTPATH:HOSTPATH", value_parser = crate::cp::parse_copy_out)]
     pub copy_out: Vec<(String, PathBuf)>,
     /// Share a host directory into the sandbox through virtiofs, docker's syntax (repeatable, at most 8;
     /// docs/files.md): the guest's workload writes as the directory's owner, never as root.
@@ -406,12 +408,8 @@ pub struct CreateArgs {
     /// Environment for every process in the sandbox (repeatable).
     #[arg(long = "env", short = 'e', value_name = "KEY=VALUE", value_parser = crate::launch::parse_env)]
     pub env: Vec<(String, String)>,
-    /// Return as soon as the sandbox is accepted instead of waiting until it is ready.
-    #[arg(long)]
-    pub no_wait: bool,
-    /// How long to wait for ready, in seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 120)]
-    pub wait_timeout: u64,
+    #[command(flatten)]
+    pub wait: crate::client::WaitArgs,
     /// The boot image, by name (a directory under `serve --boot-images`); the default one when not given.
     #[arg(long, value_name = "NAME")]
     pub boot_image: Option<String>,
@@ -497,3 +495,6 @@ impl ServeArgs {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -10,7 +10,7 @@ use tonic::transport::Channel;
 use vm_protocol::driver_api::driver_client::DriverClient;
 use vm_protocol::driver_api::{
     watch_event, CreateSandboxRequest, ListPoolRequest, ListSandboxesRequest, Sandbox, SandboxRef, SandboxState,
-    UpdatePolicyRequest, WatchRequest,
+    UpdatePolicyRequest, WatchEvent, WatchRequest,
 };
 use vm_protocol::identity::{IdSelector, RunAs};
 use vm_protocol::policy::Operation;
@@ -55,34 +55,95 @@ fn line(s: &Sandbox) -> String {
     )
 }
 
-/// `vm-driver create`: creates, then (unless `wait` is off) follows Watch until ready or failed.
+/// `--no-wait` and `--wait-timeout`: whether and how long a command that boots a sandbox (`create`,
+/// `start`) waits until it is ready.
+#[derive(Debug, clap::Args)]
+pub struct WaitArgs {
+    /// Return as soon as the request is accepted instead of waiting until the sandbox is ready.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// How long to wait for ready, in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    pub wait_timeout: u64,
+}
+
+/// `vm-driver start`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct StartArgs {
+    #[command(flatten)]
+    pub sandbox: crate::cli::IdArgs,
+    #[command(flatten)]
+    pub wait: WaitArgs,
+}
+
+/// A request that boots a sandbox.
+#[derive(Debug)]
+pub enum Boot {
+    /// `vm-driver create`.
+    Create(CreateSandboxRequest),
+    /// `vm-driver start ID`.
+    Start(String),
+}
+
+/// `vm-driver create` and `vm-driver start`: the request, then (unless `--no-wait`) Watch followed until
+/// the generation it boots is ready or failed.
 ///
 /// # Errors
-/// Refused, failed, or not ready within `timeout`.
-pub async fn create(socket: &Path, request: CreateSandboxRequest, wait: bool, timeout: Duration) -> Result<()> {
-    let id = request.sandbox_id.clone();
-    let id = id.as_str();
+/// Refused, failed, or not ready within the timeout.
+pub async fn boot(socket: &Path, request: Boot, wait: &WaitArgs) -> Result<()> {
+    let id = match &request {
+        Boot::Create(r) => r.sandbox_id.clone(),
+        Boot::Start(id) => id.clone(),
+    };
     let mut client = connect(socket).await?;
-    let mut events = client.watch(WatchRequest { sandbox_id: id.to_owned() }).await?.into_inner();
-    let created = client.create_sandbox(request).await?;
-    println!("{}", line(created.get_ref()));
-    if !wait {
+    // Watched first, so that no change of the generation the request boots is missed.
+    let events = client.watch(WatchRequest { sandbox_id: id }).await?.into_inner();
+    let booted = match request {
+        Boot::Create(r) => client.create_sandbox(r).await?,
+        Boot::Start(sandbox_id) => client.start_sandbox(SandboxRef { sandbox_id }).await?,
+    }
+    .into_inner();
+    println!("{}", line(&booted));
+    if wait.no_wait {
         return Ok(());
     }
+    if let Some(ready) = until_ready(&booted, events, Duration::from_secs(wait.wait_timeout)).await? {
+        println!("{}", line(&ready));
+    }
+    Ok(())
+}
+
+/// Follows `events` (a Watch of `booted`'s sandbox, begun before the request) until the generation
+/// `booted` names is ready: that state, or `None` when `booted` was ready already.
+async fn until_ready<S>(booted: &Sandbox, mut events: S, timeout: Duration) -> Result<Option<Sandbox>>
+where
+    S: tokio_stream::Stream<Item = Result<WatchEvent, tonic::Status>> + Unpin,
+{
+    let id = &booted.sandbox_id;
+    let is = |s: &Sandbox, state: SandboxState| s.state == i32::from(state);
+    if is(booted, SandboxState::Ready) {
+        return Ok(None);
+    }
+    if is(booted, SandboxState::Failed) {
+        bail!("sandbox {id} failed: {}", booted.detail);
+    }
     let until = tokio::time::Instant::now() + timeout;
-    while let Ok(Some(event)) = tokio::time::timeout_at(until, events.next()).await {
-        match event?.event {
-            Some(watch_event::Event::Changed(s)) if s.state == i32::from(SandboxState::Ready) => {
-                println!("{}", line(&s));
-                return Ok(());
-            }
-            Some(watch_event::Event::Changed(s)) if s.state == i32::from(SandboxState::Failed) => {
+    loop {
+        let event = match tokio::time::timeout_at(until, events.next()).await {
+            Err(_) => bail!("sandbox {id} was not ready within {} s", timeout.as_secs()),
+            Ok(None) => bail!("the watch of sandbox {id} ended before it was ready"),
+            Ok(Some(event)) => event?,
+        };
+        match event.event {
+            // Watch begins with the state before the request: a start's is the last generation's.
+            Some(watch_event::Event::Changed(s)) if s.generation < booted.generation => {}
+            Some(watch_event::Event::Changed(s)) if is(&s, SandboxState::Ready) => return Ok(Some(s)),
+            Some(watch_event::Event::Changed(s)) if is(&s, SandboxState::Failed) => {
                 bail!("sandbox {id} failed: {}", s.detail);
             }
             _ => {}
         }
     }
-    bail!("sandbox {id} was not ready within {} s", timeout.as_secs())
 }
 
 /// `vm-driver get ID` / `vm-driver list`.
@@ -137,18 +198,16 @@ pub async fn show_pool(socket: &Path) -> Result<()> {
     Ok(())
 }
 
-/// What `lifecycle` asks for.
+/// What `lifecycle` asks for (`start` is a [`Boot`]).
 #[derive(Debug, Clone, Copy)]
 pub enum Lifecycle {
     /// `vm-driver stop`.
     Stop,
-    /// `vm-driver start`.
-    Start,
     /// `vm-driver rm`.
     Delete,
 }
 
-/// `vm-driver stop|start|rm ID`.
+/// `vm-driver stop|rm ID`.
 ///
 /// # Errors
 /// The request failed.
@@ -157,7 +216,6 @@ pub async fn lifecycle(socket: &Path, id: &str, what: Lifecycle) -> Result<()> {
     let r = SandboxRef { sandbox_id: id.to_owned() };
     match what {
         Lifecycle::Stop => println!("{}", line(client.stop_sandbox(r).await?.get_ref())),
-        Lifecycle::Start => println!("{}", line(client.start_sandbox(r).await?.get_ref())),
         Lifecycle::Delete => {
             client.delete_sandbox(r).await?;
             println!("{id} deleted");
@@ -213,4 +271,52 @@ pub async fn ps(socket: &Path, id: &str) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sandbox(state: SandboxState, generation: u64) -> Sandbox {
+        Sandbox { sandbox_id: "box".into(), state: i32::from(state), generation, ..Sandbox::default() }
+    }
+
+    fn changed(s: Sandbox) -> Result<WatchEvent, tonic::Status> {
+        Ok(WatchEvent { event: Some(watch_event::Event::Changed(s)) })
+    }
+
+    const LONG: Duration = Duration::from_secs(5);
+
+    #[tokio::test]
+    async fn a_start_waits_past_the_last_generations_state_until_its_own_is_ready() {
+        // Watch begins with the stopped (or failed) sandbox as it was before the start.
+        let events = tokio_stream::iter([
+            changed(sandbox(SandboxState::Failed, 1)),
+            changed(sandbox(SandboxState::Stopped, 1)),
+            changed(sandbox(SandboxState::Provisioning, 2)),
+            changed(sandbox(SandboxState::Ready, 2)),
+        ]);
+        let started = sandbox(SandboxState::Provisioning, 2);
+        let ready = until_ready(&started, events, LONG).await.unwrap().unwrap();
+        assert_eq!((ready.state, ready.generation), (i32::from(SandboxState::Ready), 2));
+    }
+
+    #[tokio::test]
+    async fn a_failed_generation_or_a_silent_watch_is_an_error() {
+        let started = sandbox(SandboxState::Provisioning, 2);
+        let events = tokio_stream::iter([changed(sandbox(SandboxState::Failed, 2))]);
+        assert!(until_ready(&started, events, LONG).await.unwrap_err().to_string().contains("failed"));
+        let events = tokio_stream::iter([changed(sandbox(SandboxState::Ready, 1))]);
+        assert!(until_ready(&started, events, LONG).await.is_err(), "a ready earlier generation is not this one");
+        let pending = tokio_stream::pending::<Result<WatchEvent, tonic::Status>>();
+        let late = until_ready(&started, pending, Duration::from_millis(10)).await.unwrap_err();
+        assert!(late.to_string().contains("not ready within"), "{late}");
+    }
+
+    #[tokio::test]
+    async fn a_sandbox_ready_or_failed_at_once_needs_no_event() {
+        let none = || tokio_stream::pending::<Result<WatchEvent, tonic::Status>>();
+        assert!(until_ready(&sandbox(SandboxState::Ready, 3), none(), LONG).await.unwrap().is_none());
+        assert!(until_ready(&sandbox(SandboxState::Failed, 3), none(), LONG).await.is_err());
+    }
 }

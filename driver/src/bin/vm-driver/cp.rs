@@ -1,15 +1,16 @@
 //! `vm-driver cp`: files into or out of a running sandbox, through the files API (docs/files.md), with
 //! docker's syntax: `cp SRC SANDBOX:DST`, `cp SANDBOX:SRC DST`, and `-` for a tar on stdin or stdout.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use clap::Args;
 use vm_contract::ids::SandboxId;
+use vm_driver::process::output::{self, Output};
+use vm_driver::process::terminal;
 use vm_protocol::driver_api::{files_start::Op, FileCopyIn, FilePath};
 
 use crate::cli::SocketArgs;
-use crate::copy::{self, Output};
 use crate::exec::{self, Target};
 
 #[derive(Debug, Args)]
@@ -58,10 +59,10 @@ pub async fn run(args: CpArgs, controls: vm_driver::controls::Files) -> Result<u
     let (id, op, input, output, packing) = match (side(&args.src)?, side(&args.dst)?) {
         (Side::Tar, Side::Guest(id, path)) => {
             let op = Op::CopyIn(FileCopyIn { path: path.to_owned(), into: true });
-            (id, op, Some(crate::stdin::chunks()), Output::stdout(), None)
+            (id, op, Some(terminal::stdin_chunks()), Output::stdout(), None)
         }
         (Side::Host(src), Side::Guest(id, path)) => {
-            let (chunks, packing) = copy::pack(src)?;
+            let (chunks, packing) = output::pack(src)?;
             let op = Op::CopyIn(FileCopyIn { path: path.to_owned(), into: false });
             (id, op, Some(chunks), Output::stdout(), Some(packing))
         }
@@ -81,6 +82,22 @@ pub async fn run(args: CpArgs, controls: vm_driver::controls::Files) -> Result<u
     Ok(status)
 }
 
+/// `--copy-in HOSTPATH:GUESTPATH`, split at the last `:`.
+pub fn parse_copy_in(text: &str) -> Result<(PathBuf, String), String> {
+    match text.rsplit_once(':') {
+        Some((host, guest)) if !host.is_empty() && !guest.is_empty() => Ok((PathBuf::from(host), guest.to_owned())),
+        _ => Err(format!("--copy-in wants HOSTPATH:GUESTPATH, got {text:?}")),
+    }
+}
+
+/// `--copy-out GUESTPATH:HOSTPATH`, split at the first `:`.
+pub fn parse_copy_out(text: &str) -> Result<(String, PathBuf), String> {
+    match text.split_once(':') {
+        Some((guest, host)) if !host.is_empty() && !guest.is_empty() => Ok((guest.to_owned(), PathBuf::from(host))),
+        _ => Err(format!("--copy-out wants GUESTPATH:HOSTPATH, got {text:?}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,5 +111,13 @@ mod tests {
         assert_eq!(side("plain").unwrap(), Side::Host(Path::new("plain")));
         assert!(side("box-1:").is_err());
         assert!(side("Not An Id:/x").is_err());
+    }
+
+    #[test]
+    fn launch_copies_split_where_each_side_cannot_hold_a_colon() {
+        assert_eq!(parse_copy_in("/h/a:b:/g").unwrap(), (PathBuf::from("/h/a:b"), "/g".to_owned()));
+        assert_eq!(parse_copy_out("/g:/h/a:b").unwrap(), ("/g".to_owned(), PathBuf::from("/h/a:b")));
+        assert!(parse_copy_in(":/g").is_err());
+        assert!(parse_copy_out("/g:").is_err());
     }
 }

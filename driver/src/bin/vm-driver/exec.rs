@@ -6,23 +6,20 @@
 //! Ctrl-C travels as a byte and the guest's terminal turns it into SIGINT) and window size changes are
 //! forwarded. Without `-t`, Ctrl-C is forwarded as SIGINT.
 
-use std::io::Write;
 use std::path::Path;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, Result};
 use clap::Args;
-use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_stream::StreamExt;
 use vm_contract::ids::SandboxId;
-use vm_protocol::driver_api::{
-    exec_request, exec_response, ExecAttach, ExecRequest, ExecStart, FilesStart, StdinEof, TarRefused,
-};
+use vm_driver::process::local::{self, LocalClient, Stdin};
+use vm_driver::process::output::{Input, Output};
+use vm_driver::process::remote::{RemoteProcess, REMOTE_ID};
+use vm_driver::process::terminal::{local_size, RawMode};
+use vm_driver::process::{self, ProcessSession};
+use vm_protocol::driver_api::files_start::Op;
+use vm_protocol::driver_api::{exec_request, ExecAttach, ExecStart, FilesStart};
 
 use crate::cli::SocketArgs;
-use crate::copy::{Input, Output, OutputError};
-use crate::terminal::{local_size, RawMode};
 
 #[derive(Debug, Args)]
 /// `vm-driver exec`'s arguments.
@@ -66,43 +63,14 @@ pub enum Target {
     /// A running process to re-attach to, by its guest pid.
     Reattach(u32),
     /// One file operation (`vm-driver cp`).
-    Files(vm_protocol::driver_api::files_start::Op),
+    Files(Op),
 }
 
-fn request(r: exec_request::Request) -> ExecRequest {
-    ExecRequest { request: Some(r) }
-}
-
-/// A refusal of the extractor's goes to the sandbox (for its finding) before the copy fails with it.
-/// The stream's end is awaited (within [`REFUSAL_DELIVERY`]), so the refusal is delivered before this process
-/// exits.
-async fn refused(
-    tx: mpsc::Sender<ExecRequest>,
-    e: OutputError,
-    responses: &mut tonic::Streaming<vm_protocol::driver_api::ExecResponse>,
-) -> anyhow::Error {
-    match e {
-        OutputError::Refused(reason, why) => {
-            let refusal = TarRefused { reason: reason.name().to_owned() };
-            if tx.send(request(exec_request::Request::TarRefused(refusal))).await.is_ok() {
-                // The request stream's end too: the service waits for it after the copy's exit.
-                drop(tx);
-                let ended = async { while let Some(Ok(_)) = responses.next().await {} };
-                let _ = tokio::time::timeout(REFUSAL_DELIVERY, ended).await;
-            }
-            why
-        }
-        OutputError::Failed(why) => why,
-    }
-}
-
-/// How long a refusal waits for the sandbox to end the copy it refused.
-const REFUSAL_DELIVERY: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Runs the exec; returns the exit status to exit with.
+/// Runs the exec through the process session: this terminal is the client, the service's stream the
+/// sandbox end. Returns the exit status to exit with.
 ///
 /// # Errors
-/// The service refused or the stream broke before an exit status.
+/// The service refused or the stream broke before an exit status, or the copy's tar was refused.
 pub async fn exec(
     socket: &Path,
     sandbox: &str,
@@ -111,12 +79,12 @@ pub async fn exec(
     tty: bool,
     output: Output,
 ) -> Result<u8> {
-    let mut output = output;
     let mut client = crate::client::connect(socket).await?;
-    let (tx, rx) = mpsc::channel::<ExecRequest>(16);
-    let starting = !matches!(target, Target::Reattach(_));
-    // Re-attaching may find a terminal; the service drops a resize for a process without one.
-    let resizable = tty || !starting;
+    let (starting, copy_out) = match &target {
+        Target::Reattach(_) => (false, None),
+        Target::Files(Op::CopyOut(p)) => (true, Some(p.path.clone())),
+        _ => (true, None),
+    };
     let opening = match target {
         Target::Start { argv, env, cwd } => exec_request::Request::Start(ExecStart {
             sandbox_id: sandbox.to_owned(),
@@ -131,63 +99,19 @@ pub async fn exec(
         }
         Target::Files(op) => exec_request::Request::Files(FilesStart { sandbox_id: sandbox.to_owned(), op: Some(op) }),
     };
-    tx.send(request(opening)).await?;
+    let stdin = match input {
+        Some(chunks) => Stdin::Stream(chunks),
+        None if starting => Stdin::Empty,
+        // Re-attaching without -i leaves the process's stdin as it was, for a later client.
+        None => Stdin::Untouched,
+    };
+    let mut signals = local::interrupts()?;
+    // Re-attaching may find a terminal; the service drops a resize for a process without one.
+    let mut local = LocalClient::new(stdin, output, &mut signals, tty || !starting)?;
+    let mut remote =
+        RemoteProcess::open(&mut client, opening).await.map_err(|status| anyhow!("{}", status.message()))?;
     let _raw = if tty && local_size().is_some() { RawMode::enter() } else { None };
-    if let Some(mut chunks) = input {
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            while let Some(bytes) = chunks.recv().await {
-                if tx.send(request(exec_request::Request::Stdin(bytes))).await.is_err() {
-                    return;
-                }
-            }
-            let _ = tx.send(request(exec_request::Request::StdinEof(StdinEof {}))).await;
-        });
-    } else if starting {
-        tx.send(request(exec_request::Request::StdinEof(StdinEof {}))).await?;
-    }
-    // Re-attaching without -i leaves the process's stdin as it was, for a later client.
-    let mut winch = signal(SignalKind::window_change())?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut responses = client.exec(ReceiverStream::new(rx)).await?.into_inner();
-    let mut stderr = std::io::stderr();
-    loop {
-        tokio::select! {
-            next = responses.next() => match next {
-                Some(Ok(r)) => match r.response {
-                    Some(exec_response::Response::Stdout(b)) => {
-                        if let Err(e) = output.write(&b).await {
-                            return Err(refused(tx, e, &mut responses).await);
-                        }
-                    }
-                    Some(exec_response::Response::Stderr(b)) => {
-                        stderr.write_all(&b)?;
-                        stderr.flush()?;
-                    }
-                    Some(exec_response::Response::Exited(e)) => {
-                        if let Err(e) = output.finish(e.status == 0).await {
-                            return Err(refused(tx, e, &mut responses).await);
-                        }
-                        return Ok(u8::try_from(e.status.rem_euclid(256)).unwrap_or(u8::MAX));
-                    }
-                    Some(exec_response::Response::Started(_)) | None => {}
-                },
-                Some(Err(status)) => bail!("{}", status.message()),
-                None => bail!("the stream ended before the process exited"),
-            },
-            () = output.ended_early() => {
-                if let Err(e) = output.write(&[]).await {
-                    return Err(refused(tx, e, &mut responses).await);
-                }
-            }
-            _ = winch.recv(), if resizable => {
-                if let Some(size) = local_size() {
-                    let _ = tx.send(request(exec_request::Request::Resize(size))).await;
-                }
-            }
-            _ = interrupt.recv() => {
-                let _ = tx.send(request(exec_request::Request::Signal("INT".into()))).await;
-            }
-        }
-    }
+    let session = ProcessSession::new(REMOTE_ID, !starting, copy_out);
+    let outcome = process::run(session, &mut remote, &mut local).await;
+    Ok(local.finish(&outcome, remote.why())?.exit_code())
 }

@@ -42,6 +42,7 @@ pub enum ImageCommand {
         source: String,
     },
     /// List the images in the store: reference, digest, size, last used.
+    #[command(visible_alias = "list")]
     Ls,
     /// Remove an image from the store (its name, its disk, the blobs no other image uses); refused while a
     /// sandbox uses it.

@@ -13,8 +13,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
-use tokio::io::AsyncWriteExt;
+use anyhow::{bail, Context, Result};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
 use vm_contract::accel::AccelChoice;
@@ -22,22 +21,21 @@ use vm_contract::exit::driver::{HANGUP, INTERRUPTED, TERMINATED, TIMEOUT};
 use vm_contract::ids::SandboxId;
 use vm_contract::shape::SandboxShape;
 use vm_contract::tombstone::EndReason;
-use vm_driver::attach_client::{self, AttachError, Attached};
+use vm_driver::attach_client::{self, Attached};
 use vm_driver::jail::JailRequest;
-use vm_driver::relay::{ProcessRelay, OUTPUT_WINDOW};
+use vm_driver::process::local::{LocalClient, Stdin, SIGNAL_QUEUE};
+use vm_driver::process::output::{self, Output};
+use vm_driver::process::relay::OUTPUT_WINDOW;
+use vm_driver::process::terminal::{self, RawMode};
+use vm_driver::process::{self, ProcessSession};
 use vm_driver::sandbox::supervisor::{describe, Stopped};
-use vm_driver::sandbox::{self, Ended, Running, StartSpec, Stopping, HUNG_STOP_TIMEOUT};
+use vm_driver::sandbox::{self, Ended, Identity, Running, StartSecrets, Stopping, VmSpec, HUNG_STOP_TIMEOUT};
 use vm_driver::state::{self, StateDir};
 use vm_driver::telemetry::{self, TelemetryConfig};
 use vm_driver::{image, reap};
-use vm_protocol::attach::{Disconnect, SupervisorReply, SupervisorRequest, ToClient};
 use vm_protocol::files::{FileOp, FileSpawn, TarLayout};
-use vm_protocol::message::{EnvVar, Refusal};
-use vm_protocol::{Capabilities, ExitStatus, ProcId, ProcessEvent, ProcessRequest, SignalName, Spawn, Stream};
-
-use crate::copy::{self, Output, OutputError};
-use crate::stdin;
-use crate::terminal::{self, RawMode};
+use vm_protocol::message::EnvVar;
+use vm_protocol::{Capabilities, ExitStatus, ProcId, ProcessRequest, SignalName, Spawn};
 
 /// Ctrl-Cs after which `launch` stops the sandbox instead of forwarding.
 const INTERRUPTS_TO_STOP: u32 = 3;
@@ -135,26 +133,31 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
         interrupt: signal(SignalKind::interrupt()).context("cannot watch SIGINT")?,
     };
     let layout = state.create_sandbox(&id)?;
-    let spec = StartSpec {
+    let vm = VmSpec {
         supervisor,
-        id: id.clone(),
         layout: layout.clone(),
         image,
         root: config.root.clone(),
         shape: config.shape,
         accel: config.accel,
         boot_timeout: config.boot_timeout,
-        telemetry: config.telemetry.clone(),
-        otlp_headers,
-        session: None,
         jail,
-        policy: config.policy.clone(),
-        egress: config.egress.clone(),
+        egress: config.egress.route(),
         mounts,
-        secrets: config.secrets.clone(),
         controls: config.controls,
     };
-    let running = match sandbox::start(&spec) {
+    let who = Identity {
+        id: id.clone(),
+        session: None,
+        telemetry: config.telemetry.clone(),
+        policy: config.policy.clone(),
+        secrets: StartSecrets {
+            otlp_headers,
+            egress_proxy_authorization: config.egress.proxy_authorization.clone(),
+            credentials: config.secrets.clone(),
+        },
+    };
+    let running = match sandbox::start(&vm, &who) {
         Ok(running) => running,
         Err(e) => {
             eprintln!("vm-driver: sandbox directory kept at {}", layout.dir().display());
@@ -206,7 +209,7 @@ async fn drive(
         Ok(a) => a,
         Err(e) => return (Err(e.into()), running.stop(config.stop_timeout).await),
     };
-    let (signal_tx, signal_rx) = mpsc::unbounded_channel();
+    let (signal_tx, signal_rx) = mpsc::channel(SIGNAL_QUEUE);
     let process = run_job(config, attached, signal_rx);
     tokio::pin!(process);
     let deadline = async {
@@ -223,7 +226,7 @@ async fn drive(
     let stop_code = loop {
         tokio::select! {
             status = &mut process => {
-                let code = status.map(exit_code).map_err(anyhow::Error::from);
+                let code = status.map(ExitStatus::exit_code);
                 return (code, running.stop(config.stop_timeout).await);
             }
             ended = running.ended(), if supervisor_alive => match ended {
@@ -245,7 +248,7 @@ async fn drive(
                     eprintln!("vm-driver: interrupted {interrupts} times; stopping the sandbox");
                     break INTERRUPTED;
                 }
-                let _ = signal_tx.send(SignalName::Int);
+                let _ = signal_tx.try_send(SignalName::Int);
             }
             _ = signals.terminate.recv() => break TERMINATED,
             _ = signals.hangup.recv() => break HANGUP,
@@ -273,57 +276,31 @@ fn report(stopping: &Stopping) {
     }
 }
 
-/// Why the process could not run to its exit.
-#[derive(Debug, thiserror::Error)]
-enum RunError {
-    /// The connection failed.
-    #[error(transparent)]
-    Attach(#[from] AttachError),
-    /// The sandbox went away before the process exited.
-    #[error("the sandbox stopped before the process exited")]
-    SandboxEnded,
-    /// The supervisor cut this client off, and said why.
-    #[error("the sandbox cut the attach connection: {}", .0.describe())]
-    Disconnected(Disconnect),
-    /// The sandbox refused to start the process.
-    #[error("the sandbox refused to start the process ({0:?})")]
-    Refused(Refusal),
-    /// Writing the process's output locally failed.
-    #[error("cannot write the process's output")]
-    Output(#[source] std::io::Error),
-    /// The sandbox broke the credit rules.
-    #[error("the sandbox broke the stdin credit rules")]
-    Credit,
-    /// A `--copy-in` or `--copy-out` failed, or the guest cannot do what the job asks (`-t`, copies).
-    #[error("{0:#}")]
-    Job(anyhow::Error),
-}
-
 /// The job: each `--copy-in`, the command, then each `--copy-out` (whatever the command's status), as
-/// processes on one attach connection. The command's status is the job's.
+/// processes on one attach connection, one after another. The command's status is the job's.
 async fn run_job(
     config: &LaunchConfig,
     mut attached: Attached,
-    mut signals: mpsc::UnboundedReceiver<SignalName>,
-) -> Result<ExitStatus, RunError> {
+    mut signals: mpsc::Receiver<SignalName>,
+) -> Result<ExitStatus> {
     let mut ids = (1..).map(ProcId);
     let mut next = || ids.next().unwrap_or(ProcId(u32::MAX));
     let confined = !config.controls.files.unchecked_extract;
     if config.tty && !attached.capabilities.contains(Capabilities::PTY) {
-        return Err(RunError::Job(anyhow::anyhow!("the sandbox's agent offers no terminals for -t")));
+        bail!("the sandbox's agent offers no terminals for -t");
     }
     let copies = !config.copy_in.is_empty() || !config.copy_out.is_empty();
     if copies && !attached.capabilities.contains(Capabilities::FILES) {
-        return Err(RunError::Job(anyhow::anyhow!("the sandbox's agent offers no files API for --copy-in/--copy-out")));
+        bail!("the sandbox's agent offers no files API for --copy-in/--copy-out");
     }
     for (host, guest) in &config.copy_in {
-        let (chunks, packing) = copy::pack(host).map_err(RunError::Job)?;
+        let (chunks, packing) = output::pack(host)?;
         let op = FileOp::CopyIn { path: guest.clone(), layout: TarLayout::Named };
         let files = ProcessRequest::Files(FileSpawn { id: next(), op, output_window: OUTPUT_WINDOW });
-        let status = run_local(&mut attached, files, Some(chunks), Output::stdout(), &mut signals).await?;
-        packing.finish().await.map_err(RunError::Job)?;
+        let status = run_local(&mut attached, files, Stdin::Stream(chunks), Output::stdout(), &mut signals).await?;
+        packing.finish().await?;
         if status != ExitStatus::Code(0) {
-            return Err(RunError::Job(anyhow::anyhow!("--copy-in {} failed in the sandbox", host.display())));
+            bail!("--copy-in {} failed in the sandbox", host.display());
         }
     }
     let spawn = Spawn {
@@ -337,131 +314,40 @@ async fn run_job(
     let status = {
         // Restored when the command ends, on every path (the guard drops with this block or the future).
         let _raw = if config.tty { RawMode::enter() } else { None };
-        run_local(&mut attached, ProcessRequest::Spawn(spawn), Some(stdin::chunks()), Output::stdout(), &mut signals)
-            .await?
+        let stdin = Stdin::Stream(terminal::stdin_chunks());
+        run_local(&mut attached, ProcessRequest::Spawn(spawn), stdin, Output::stdout(), &mut signals).await?
     };
     for (guest, host) in &config.copy_out {
-        let output = Output::unpack(guest, host, confined).map_err(RunError::Job)?;
+        let output = Output::unpack(guest, host, confined)?;
         let op = FileOp::CopyOut { path: guest.clone() };
         let files = ProcessRequest::Files(FileSpawn { id: next(), op, output_window: OUTPUT_WINDOW });
-        let copied = run_local(&mut attached, files, None, output, &mut signals).await?;
+        let copied = run_local(&mut attached, files, Stdin::Empty, output, &mut signals).await?;
         if copied != ExitStatus::Code(0) {
-            return Err(RunError::Job(anyhow::anyhow!("--copy-out {guest} failed in the sandbox")));
+            bail!("--copy-out {guest} failed in the sandbox");
         }
     }
     Ok(status)
 }
 
-/// Runs one process (a `Spawn` or a file operation), through the relay: `input` as its stdin within the
-/// guest's credit (none: EOF at once), its stdout handed to `output` and its stderr written here before
-/// their credit goes back, signals as messages.
+/// Runs one process (a `Spawn` or a file operation) through the process session, with this terminal as its
+/// client.
 async fn run_local(
     attached: &mut Attached,
     opening: ProcessRequest,
-    input: Option<copy::Input>,
-    mut output: Output,
-    signals: &mut mpsc::UnboundedReceiver<SignalName>,
-) -> Result<ExitStatus, RunError> {
-    let id = match &opening {
-        ProcessRequest::Files(files) => files.id,
-        ProcessRequest::Spawn(spawn) => spawn.id,
-        _ => ProcId(0),
+    stdin: Stdin,
+    output: Output,
+    signals: &mut mpsc::Receiver<SignalName>,
+) -> Result<ExitStatus> {
+    let (id, tty, copy_out) = match &opening {
+        ProcessRequest::Spawn(spawn) => (spawn.id, spawn.pty.is_some(), None),
+        ProcessRequest::Files(FileSpawn { id, op: FileOp::CopyOut { path }, .. }) => (*id, false, Some(path.clone())),
+        other => (other.id(), false, None),
     };
-    let tty = matches!(&opening, ProcessRequest::Spawn(Spawn { pty: Some(_), .. }));
-    let mut winch = signal(SignalKind::window_change()).map_err(RunError::Output)?;
-    let mut relay = ProcessRelay::new(id);
-    let mut stderr = tokio::io::stderr();
-    let mut stdin_open = input.is_some();
-    let mut stdin = input.unwrap_or_else(|| mpsc::channel(1).1);
-    if !stdin_open {
-        relay.stdin_eof();
-    }
-    attached.send(opening.clone()).await?;
-    loop {
-        tokio::select! {
-            frame = attached.recv() => match frame {
-                Some(Ok(ToClient::Process(ProcessEvent::Started { stdin_window, output_window, .. }))) => relay.started(stdin_window, output_window),
-                Some(Ok(ToClient::Process(ProcessEvent::Output { stream, data, .. }))) => {
-                    match stream {
-                        Stream::Stdout => {
-                            if let Err(e) = output.write(&data).await {
-                                return Err(refused(attached, &opening, e).await);
-                            }
-                        }
-                        Stream::Stderr => {
-                            stderr.write_all(&data).await.map_err(RunError::Output)?;
-                            stderr.flush().await.map_err(RunError::Output)?;
-                        }
-                    }
-                    if let Some(credit) = relay.output_handed_on(data.len()) {
-                        attached.send(credit).await?;
-                    }
-                }
-                Some(Ok(ToClient::Process(ProcessEvent::StdinCredit { bytes, .. }))) => relay.stdin_credit(bytes).map_err(|_| RunError::Credit)?,
-                Some(Ok(ToClient::Process(ProcessEvent::Exited { status, .. }))) => {
-                    stderr.flush().await.map_err(RunError::Output)?;
-                    // The extractor's verdict while the supervisor still knows the operation (for its finding).
-                    if let Err(e) = output.finish(status == ExitStatus::Code(0)).await {
-                        return Err(refused(attached, &opening, e).await);
-                    }
-                    // Everything is written: tell the supervisor, which keeps undelivered output.
-                    if let Some(credit) = relay.finish() {
-                        let _ = attached.send(credit).await;
-                    }
-                    return Ok(status);
-                }
-                // As a shell shows it: the message on stderr, then the status.
-                Some(Ok(ToClient::Process(ProcessEvent::SpawnFailed { status, message, .. }))) => {
-                    stderr.write_all(format!("{message}\n").as_bytes()).await.map_err(RunError::Output)?;
-                    stderr.flush().await.map_err(RunError::Output)?;
-                    return Ok(status);
-                }
-                Some(Ok(ToClient::Process(ProcessEvent::Refused { reason, .. }))) => return Err(RunError::Refused(reason)),
-                Some(Ok(ToClient::Supervisor(SupervisorReply::Disconnected { reason }))) => {
-                    return Err(RunError::Disconnected(reason))
-                }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(AttachError::Frame(e).into()),
-                None => return Err(RunError::SandboxEnded),
-            },
-            chunk = stdin.recv(), if stdin_open && relay.wants_stdin() => match chunk {
-                // Our own stdin is never stdin after EOF.
-                Some(bytes) => relay.push_stdin(&bytes).map_err(|_| RunError::Credit)?,
-                None => {
-                    stdin_open = false;
-                    relay.stdin_eof();
-                }
-            },
-            Some(signal) = signals.recv() => attached.send(ProcessRequest::Signal { id: relay.id(), signal }).await?,
-            _ = winch.recv(), if tty => attached.send(ProcessRequest::Resize { id, size: terminal::pty_size() }).await?,
-            () = output.ended_early() => {
-                if let Err(e) = output.write(&[]).await {
-                    return Err(refused(attached, &opening, e).await);
-                }
-            }
-        }
-        while let Some(msg) = relay.next_stdin() {
-            attached.send(msg).await?;
-        }
-    }
-}
-
-/// A copy whose tar the extractor refused: the supervisor is told (for its finding, and to end the operation).
-async fn refused(attached: &mut Attached, opening: &ProcessRequest, e: OutputError) -> RunError {
-    match e {
-        OutputError::Refused(reason, why) => {
-            if let ProcessRequest::Files(FileSpawn { id, op: FileOp::CopyOut { path }, .. }) = opening {
-                let _ = attached.send(SupervisorRequest::TarRefused { id: *id, path: path.clone(), reason }).await;
-            }
-            RunError::Job(why)
-        }
-        OutputError::Failed(why) => RunError::Job(why),
-    }
-}
-
-/// The process's status as our exit code: the code, or 128 + signal.
-fn exit_code(status: ExitStatus) -> u8 {
-    u8::try_from(status.shell_code().rem_euclid(256)).unwrap_or(u8::MAX)
+    let mut local = LocalClient::new(stdin, output, signals, tty)?;
+    let mut process = attached.open(opening).await?;
+    let outcome = process::run(ProcessSession::new(id, false, copy_out), &mut process, &mut local).await;
+    let why = process.why();
+    local.finish(&outcome, why)
 }
 
 /// Parses `KEY=VALUE`.
@@ -479,13 +365,6 @@ pub fn parse_env(text: &str) -> Result<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn exit_codes_follow_the_shell() {
-        assert_eq!(exit_code(ExitStatus::Code(7)), 7);
-        assert_eq!(exit_code(ExitStatus::Signaled(9)), 137);
-        assert_eq!(exit_code(ExitStatus::Code(256 + 3)), 3);
-    }
 
     #[test]
     fn env_pairs_parse() {

@@ -9,7 +9,6 @@
 mod audit;
 mod cli;
 mod client;
-mod copy;
 mod cp;
 mod credentials;
 mod doctor;
@@ -18,8 +17,6 @@ mod exec;
 mod image;
 mod launch;
 mod port_forward;
-mod stdin;
-mod terminal;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,7 +25,7 @@ use std::time::Duration;
 use anyhow::{bail, Context as _, Result};
 use clap::Parser;
 use cli::{Cli, Command, VmArgs};
-use client::Lifecycle;
+use client::{Boot, Lifecycle};
 use exec::Target;
 use launch::LaunchConfig;
 use vm_contract::exit::driver::DRIVER_ERROR;
@@ -174,7 +171,6 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
                     })
                     .collect(),
             };
-            let timeout = Duration::from_secs(args.wait_timeout);
             let credentials = match &args.credentials_file {
                 Some(path) => vm_driver::secrets::read_file(path).with_context(|| path.display().to_string())?,
                 None => Vec::new(),
@@ -184,7 +180,7 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
                 spec: Some(spec),
                 credentials: vm_driver::secrets::to_api(credentials),
             };
-            client::create(&args.socket.path(), request, !args.no_wait, timeout).await?;
+            client::boot(&args.socket.path(), Boot::Create(request), &args.wait).await?;
             Ok(0)
         }
         Command::Get(args) => client::show(&args.socket.path(), Some(args.id.as_str())).await.map(|()| 0),
@@ -194,7 +190,8 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
             client::lifecycle(&args.socket.path(), args.id.as_str(), Lifecycle::Stop).await.map(|()| 0)
         }
         Command::Start(args) => {
-            client::lifecycle(&args.socket.path(), args.id.as_str(), Lifecycle::Start).await.map(|()| 0)
+            let (socket, id) = (args.sandbox.socket.path(), args.sandbox.id.to_string());
+            client::boot(&socket, Boot::Start(id), &args.wait).await.map(|()| 0)
         }
         Command::Rm(args) => {
             client::lifecycle(&args.socket.path(), args.id.as_str(), Lifecycle::Delete).await.map(|()| 0)
@@ -220,8 +217,16 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
                 (None, false) => Target::Start { argv: args.cmd, env: args.env, cwd: args.workdir },
                 (None, true) => bail!("exec needs -- CMD or --attach PID"),
             };
-            let input = args.interactive.then(stdin::chunks);
-            exec::exec(&args.socket.path(), args.id.as_str(), target, input, args.tty, copy::Output::stdout()).await
+            let input = args.interactive.then(vm_driver::process::terminal::stdin_chunks);
+            exec::exec(
+                &args.socket.path(),
+                args.id.as_str(),
+                target,
+                input,
+                args.tty,
+                vm_driver::process::output::Output::stdout(),
+            )
+            .await
         }
         Command::Cp(args) => cp::run(args, controls.files).await,
         Command::PortForward(args) => port_forward::run(args).await.map(|()| 0),

@@ -12,7 +12,7 @@ use vm_contract::tombstone::EndReason;
 
 use super::{Pool, PoolKey};
 use crate::sandbox::supervisor::Ready;
-use crate::sandbox::{self, Ended, PooledStart, Running, StartSpec, HUNG_STOP_TIMEOUT};
+use crate::sandbox::{self, Ended, PooledStart, Running, HUNG_STOP_TIMEOUT};
 use crate::service::context::Context;
 use crate::service::ledger::Share;
 
@@ -41,27 +41,9 @@ pub(super) fn boot(
     root: Option<vm_contract::root::RootImage>,
 ) -> Result<Running, SlotError> {
     std::fs::DirBuilder::new().mode(0o700).create(layout.dir()).map_err(SlotError::Dir)?;
-    let spec = StartSpec {
-        supervisor: ctx.supervisor.clone(),
-        id: id.clone(),
-        layout: layout.clone(),
-        image: key.image.clone(),
-        root,
-        shape: key.shape,
-        accel: ctx.accel,
-        boot_timeout: ctx.boot_timeout,
-        // Dropped at spawn (`sandbox::start_pooled`); given only for the `pool-identity-at-boot` control.
-        telemetry: ctx.telemetry.clone(),
-        otlp_headers: Vec::new(),
-        session: None,
-        jail: ctx.jail,
-        policy: None,
-        egress: ctx.egress.clone(),
-        mounts: Vec::new(),
-        secrets: Vec::new(),
-        controls: ctx.controls,
-    };
-    Ok(sandbox::start_pooled(&spec, start)?)
+    let vm = ctx.vm_spec(layout.clone(), key.image.clone(), key.shape, root, Vec::new());
+    // The telemetry settings reach the VM only under the `pool-identity-at-boot` control.
+    Ok(sandbox::start_pooled(&vm, id, start, &ctx.telemetry)?)
 }
 
 /// Stops a pooled generation in order and ends it (reap, sweep, tombstone).

@@ -1,12 +1,12 @@
-//! The host's side of a copy, shared by `cp` (through `serve`) and `launch --copy-in/--copy-out` (on the
-//! attach socket): where a process's stdin comes from and where its stdout goes.
+//! Where a local process's stdin comes from and its stdout goes: this process's own, or the two ends of a copy
+//! (`cp`, `launch --copy-in/--copy-out`): a tar made of a host path, and the hardened extractor.
 
 use std::path::{Path, PathBuf};
 
+use crate::files::{self, CopyOutError, Destination, Limits, Unpacking};
 use anyhow::{Context, Result};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
-use vm_driver::files::{self, CopyOutError, Destination, Limits, Unpacking};
 use vm_protocol::files::TarRefusal;
 
 /// Stdin's chunks; the queue closing is EOF.
@@ -131,21 +131,5 @@ fn verdict(ended: Result<files::Unpacked, CopyOutError>) -> OutputError {
         Err(CopyOutError::Refused(reason)) => OutputError::Refused(reason, CopyOutError::Refused(reason).into()),
         Err(e) => OutputError::Failed(e.into()),
         Ok(_) => OutputError::Failed(anyhow::anyhow!("the extractor ended before the tar did")),
-    }
-}
-
-/// `--copy-in HOSTPATH:GUESTPATH`, split at the last `:`.
-pub fn parse_copy_in(text: &str) -> Result<(PathBuf, String), String> {
-    match text.rsplit_once(':') {
-        Some((host, guest)) if !host.is_empty() && !guest.is_empty() => Ok((PathBuf::from(host), guest.to_owned())),
-        _ => Err(format!("--copy-in wants HOSTPATH:GUESTPATH, got {text:?}")),
-    }
-}
-
-/// `--copy-out GUESTPATH:HOSTPATH`, split at the first `:`.
-pub fn parse_copy_out(text: &str) -> Result<(String, PathBuf), String> {
-    match text.split_once(':') {
-        Some((guest, host)) if !host.is_empty() && !guest.is_empty() => Ok((guest.to_owned(), PathBuf::from(host))),
-        _ => Err(format!("--copy-out wants GUESTPATH:HOSTPATH, got {text:?}")),
     }
 }

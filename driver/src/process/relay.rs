@@ -1,7 +1,6 @@
-//! The host end of one process on an attach connection, as plain state: stdin goes out only within the
-//! credit the guest granted, EOF is sent once the buffered stdin is out, and output credit goes back in
-//! batches once the output was handed on. `vm-driver launch` (local stdio) and the service's `Exec`
-//! streams (gRPC) are thin adapters over it; neither tracks credit itself.
+//! The flow-control state of one process, as the host sees it: stdin goes out only within the credit the
+//! guest granted, EOF is sent once the buffered stdin is out, and output credit goes back in batches once the
+//! output was handed on. The process session ([`super::ProcessSession`]) is its one user.
 
 use std::collections::VecDeque;
 
@@ -98,11 +97,6 @@ impl ProcessRelay {
         self.eof_requested = true;
     }
 
-    /// Whether more stdin may be taken from the local side now.
-    pub fn wants_stdin(&self) -> bool {
-        !self.eof_requested && self.pending.len() < STDIN_BUFFER_BYTES
-    }
-
     /// The next stdin frame the credit allows: data first, then `StdinEof` once everything is out.
     pub fn next_stdin(&mut self) -> Option<ProcessRequest> {
         if !self.started {
@@ -127,6 +121,16 @@ impl ProcessRelay {
     pub fn finish(&mut self) -> Option<ProcessRequest> {
         let bytes = u32::try_from(std::mem::take(&mut self.uncredited)).unwrap_or(u32::MAX);
         (bytes > 0).then_some(ProcessRequest::Credit { id: self.id, bytes })
+    }
+
+    /// `bytes` of output were handed on, to be credited only by [`ProcessRelay::finish`].
+    pub fn output_held(&mut self, bytes: usize) {
+        self.uncredited += bytes as u64;
+    }
+
+    /// Whether the stdin buffer is full: the local side is not read until the guest's credit drains it.
+    pub fn stdin_full(&self) -> bool {
+        self.pending.len() >= STDIN_BUFFER_BYTES
     }
 
     /// `bytes` of output were handed on; the credit to return, once a batch is complete.
@@ -188,7 +192,7 @@ mod tests {
     fn stdin_is_bounded_and_credit_capped() {
         let mut r = ProcessRelay::new(ProcId(3));
         r.push_stdin(&vec![0; STDIN_BUFFER_BYTES]).unwrap();
-        assert!(!r.wants_stdin());
+        assert!(r.stdin_full());
         r.started(4, OUTPUT_WINDOW);
         assert!(matches!(r.stdin_credit(1), Err(RelayError::Credit(_))), "credit for bytes never sent");
         assert!(r.next_stdin().is_some());

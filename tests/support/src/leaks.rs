@@ -1,0 +1,47 @@
+//! Looking for a secret where it must not be: the files under a directory (disks included) and every
+//! process of the host. Each probe is only worth something with a control that shows it finds a planted
+//! copy.
+
+use std::path::{Path, PathBuf};
+
+/// Whether `needle` occurs in `haystack`.
+pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    needle.is_empty() || haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The regular files under `dir`, recursively, that hold `needle`. What cannot be read (a directory or
+/// file that vanished under the scan) is skipped.
+pub fn files_holding(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.to_owned()];
+    while let Some(d) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for entry in entries.flatten() {
+            let (path, Ok(kind)) = (entry.path(), entry.file_type()) else { continue };
+            if kind.is_dir() {
+                dirs.push(path);
+            } else if kind.is_file() && std::fs::read(&path).is_ok_and(|bytes| contains(&bytes, needle)) {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// The processes of the host whose argv or environment holds `needle`, as `PID/cmdline` or `PID/environ`.
+pub fn processes_holding(needle: &[u8]) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        for file in ["cmdline", "environ"] {
+            if std::fs::read(entry.path().join(file)).is_ok_and(|b| contains(&b, needle)) {
+                found.push(format!("{name}/{file}"));
+            }
+        }
+    }
+    found
+}
