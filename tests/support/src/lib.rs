@@ -21,7 +21,8 @@
 //!   injection ([`Running`]); [`direct`]: a supervisor started without a driver.
 //! - [`serve`]: a `vm-driver serve` and its CLI; [`api`]: its gRPC API; [`attach`]: a sandbox's attach
 //!   socket spoken directly.
-//! - [`procs`]: processes seen through `/proc`; [`wait`]: polling against a deadline.
+//! - [`procs`]: processes seen through `/proc`; [`wait`]: polling against a deadline, or
+//!   for as long as a count keeps growing.
 //! - [`sandbox`], [`events`]: what a sandbox directory holds, `events.jsonl` above all; [`ocsf_schema`]: the
 //!   OCSF 1.8.0 validator; [`output`]: what a finished command said; [`leaks`]: looking for a secret where
 //!   it must not be.
@@ -67,4 +68,4 @@ pub use launch::{launch_as_nobody, report_accel, Launch, Outcome, CANARY, DRIVER
 pub use procs::{gone_within, survives};
 pub use running::{Running, SandboxProcs};
 pub use scratch::{Scratch, DEFAULT_DEADLINE};
-pub use wait::wait_until;
+pub use wait::{wait_for_count, wait_until};

@@ -275,8 +275,8 @@ fn a_served_sandbox_keeps_its_mounts_across_stop_and_start_and_a_driver_restart(
     assert!(ok(serve.cli("get", &["m"])).contains("/work"), "the sandbox shows its mount");
     ok(serve.cli("stop", &["m"]));
     std::fs::write(shared.join("two"), "two\n").unwrap();
+    // `start` returns once the new generation is ready, as `create` does: an exec right after it runs.
     ok(serve.cli("start", &["m"]));
-    serve.wait_ready("m");
     assert_eq!(ok(serve.cli("exec", &["m", "--", "cat", "/work/one", "/work/two"])), "one\ntwo\n");
     serve.restart();
     ok(serve.cli("stop", &["m"]));
@@ -291,8 +291,10 @@ fn a_served_sandbox_keeps_its_mounts_across_stop_and_start_and_a_driver_restart(
     let elsewhere = owned_dir(&s.dir.join("elsewhere"));
     std::fs::rename(&shared, s.dir.join("shared.old")).unwrap();
     std::os::unix::fs::symlink(&elsewhere, &shared).unwrap();
-    assert!(serve.cli("start", &["m"]).status.success(), "the start is accepted, then fails");
-    // A start through a swapped path fails.
+    // A start through a swapped path fails, and `start`, which waits for the generation, says so.
+    let started = serve.cli("start", &["m"]);
+    assert!(!started.status.success(), "start waited for a generation that failed");
+    assert!(String::from_utf8_lossy(&started.stderr).contains("sandbox m failed"), "{started:?}");
     serve.wait_state("m", "failed", STATE_WAIT);
     let sandbox = serve.sandbox("m");
     let log = std::fs::read_to_string(sandbox.join("shares/0.log")).unwrap_or_default();

@@ -23,7 +23,9 @@ use vm_test_support::otlp_receiver::{Behavior, Receiver};
 use vm_test_support::output::ok;
 use vm_test_support::procs::{signal, PeakRss, ProcInfo};
 use vm_test_support::serve::Serve;
-use vm_test_support::{gone_within, sandbox, wait_until, Launch, Running, Scratch, TestControl, DRIVER_ERROR};
+use vm_test_support::{
+    gone_within, sandbox, wait_for_count, wait_until, Launch, Running, Scratch, TestControl, DRIVER_ERROR,
+};
 
 /// The supervisor's resident memory must stay under this whatever the guest does (issue 9).
 const RSS_BOUND_KIB: u64 = 32 * 1024;
@@ -314,12 +316,9 @@ fn stop_with_a_slow_collector(s: &Scratch, driver_flags: &[&str]) -> (usize, usi
     s.waiting_for("5,000 processes (10,000 events)");
     let statuses = AttachClient::connect(&run.sandbox_dir).run_many(&["polite"], 5000, 64);
     assert!(statuses.iter().all(|st| *st == ExitStatus::Code(0)));
-    // The file is written on the supervisor's own thread, which may still be behind the last exit status.
-    let mut queued = 0;
-    wait_until(Duration::from_secs(30), || {
-        queued = events::read(&run.sandbox_dir).len();
-        queued >= 10_000
-    });
+    // The file is written on the supervisor's own thread, which may still be behind the last exit status:
+    // waited for as long as it moves (a busy host writes slowly, not never).
+    let queued = wait_for_count(10_000, Duration::from_secs(30), || events::read(&run.sandbox_dir).len());
     assert!(queued >= 10_000, "{queued} events recorded");
     assert!(receiver.records().is_empty(), "the collector accepted nothing yet");
     receiver.set_behavior(Behavior::Slow(Duration::from_secs(1)));
