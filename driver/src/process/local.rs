@@ -10,7 +10,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
 use vm_protocol::{ExitStatus, SignalName, Stream};
 
-use super::output::{Input, Output, OutputError};
+use super::output::{Input, Output, OutputError, Verdict};
 use super::{terminal, ClientEnd, ClientGone, FromClient, Outcome, ToClient};
 
 /// Signals queued for the process before more are dropped (a person pressing Ctrl-C).
@@ -28,10 +28,11 @@ pub enum Stdin {
 }
 
 /// One process's client on this terminal.
-#[derive(Debug)]
 pub struct LocalClient<'a> {
     stdin: Option<Input>,
     output: Option<Output>,
+    /// The extractor's verdict, once it ended early, until it is in.
+    verdict: Option<Verdict>,
     stderr: tokio::io::Stderr,
     signals: &'a mut mpsc::Receiver<SignalName>,
     /// Window size changes, for a process on a terminal.
@@ -65,6 +66,7 @@ impl<'a> LocalClient<'a> {
         Ok(Self {
             stdin,
             output: Some(output),
+            verdict: None,
             stderr: tokio::io::stderr(),
             signals,
             winch,
@@ -101,6 +103,15 @@ impl<'a> LocalClient<'a> {
         refusal
     }
 
+    /// Waits for an early verdict still out, and queues the refusal it brings.
+    async fn settle_verdict(&mut self) {
+        if let Some(verdict) = self.verdict.take() {
+            let error = verdict.await;
+            let refusal = self.failed(error);
+            self.pending.extend(refusal);
+        }
+    }
+
     async fn write_stderr(&mut self, data: &[u8]) -> Result<(), ClientGone> {
         let written = async {
             self.stderr.write_all(data).await?;
@@ -123,52 +134,62 @@ impl ClientEnd for LocalClient<'_> {
             // Said once; from here on only the session's end is awaited.
             return std::future::pending().await;
         }
-        let Self { stdin, output, signals, winch, .. } = self;
-        let ended_early = async {
-            match output {
-                Some(output) => output.ended_early().await,
-                None => std::future::pending().await,
+        loop {
+            let Self { stdin, output, signals, winch, verdict, .. } = self;
+            let ended_early = async {
+                match output {
+                    Some(output) => output.ended_early().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let verdict = async {
+                match verdict {
+                    Some(verdict) => verdict.as_mut().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let winch = async {
+                match winch {
+                    Some(winch) => winch.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let reading = listening && stdin.is_some();
+            let chunk = async {
+                match stdin {
+                    Some(chunks) => chunks.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            // Every branch is cancel-safe, and nothing is awaited after one fired: the pump may drop this.
+            let woke = tokio::select! {
+                chunk = chunk, if reading => Woke::Said(chunk.map_or(FromClient::StdinEof, FromClient::Stdin)),
+                Some(signal) = signals.recv() => Woke::Said(FromClient::Signal(signal)),
+                Some(()) = winch => Woke::Said(FromClient::Resize(terminal::pty_size())),
+                () = ended_early => Woke::EndedEarly,
+                error = verdict => Woke::Verdict(error),
+            };
+            match woke {
+                Woke::Said(FromClient::StdinEof) => {
+                    self.stdin = None;
+                    return FromClient::StdinEof;
+                }
+                Woke::Said(msg) => return msg,
+                // The extractor refused a bad entry: its verdict is awaited next, and the guest told at once.
+                Woke::EndedEarly => self.verdict = self.output.as_mut().and_then(Output::verdict),
+                Woke::Verdict(error) => {
+                    self.verdict = None;
+                    return self.failed(error).unwrap_or(FromClient::Gone);
+                }
             }
-        };
-        let winch = async {
-            match winch {
-                Some(winch) => winch.recv().await,
-                None => std::future::pending().await,
-            }
-        };
-        let reading = listening && stdin.is_some();
-        let chunk = async {
-            match stdin {
-                Some(chunks) => chunks.recv().await,
-                None => std::future::pending().await,
-            }
-        };
-        let msg = tokio::select! {
-            chunk = chunk, if reading => chunk.map_or(FromClient::StdinEof, FromClient::Stdin),
-            Some(signal) = signals.recv() => FromClient::Signal(signal),
-            Some(()) = winch => FromClient::Resize(terminal::pty_size()),
-            () = ended_early => FromClient::Gone,
-        };
-        match msg {
-            FromClient::StdinEof => {
-                self.stdin = None;
-                return FromClient::StdinEof;
-            }
-            FromClient::Gone => {}
-            msg => return msg,
         }
-        // The extractor refused a bad entry: the guest is told now, not after its copy ends.
-        let written = match self.output.as_mut() {
-            Some(output) => output.write(&[]).await,
-            None => Ok(()),
-        };
-        written.err().and_then(|e| self.failed(e)).unwrap_or(FromClient::Gone)
     }
 
     async fn deliver(&mut self, msg: ToClient) -> Result<usize, ClientGone> {
         match msg {
             ToClient::Started { .. } => Ok(0),
             ToClient::Output(Stream::Stderr, data) => self.write_stderr(&data).await.map(|()| data.len()),
+            ToClient::Message(line) => self.write_stderr(line.as_bytes()).await.map(|()| 0),
             ToClient::Output(Stream::Stdout, data) => {
                 let Some(output) = self.output.as_mut() else { return Ok(data.len()) };
                 match output.write(&data).await {
@@ -184,6 +205,7 @@ impl ClientEnd for LocalClient<'_> {
             }
             ToClient::Exited(status) => {
                 self.closed = true;
+                self.settle_verdict().await;
                 // The extractor's verdict while the sandbox still knows the operation (for its finding).
                 if let Some(output) = self.output.take() {
                     if let Err(e) = output.finish(status == ExitStatus::Code(0)).await {
@@ -199,6 +221,24 @@ impl ClientEnd for LocalClient<'_> {
                 Ok(0)
             }
         }
+    }
+}
+
+/// What woke [`LocalClient::next`].
+enum Woke {
+    Said(FromClient),
+    EndedEarly,
+    Verdict(OutputError),
+}
+
+impl std::fmt::Debug for LocalClient<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalClient")
+            .field("output", &self.output)
+            .field("verdict", &self.verdict.is_some())
+            .field("pending", &self.pending)
+            .field("closed", &self.closed)
+            .finish_non_exhaustive()
     }
 }
 

@@ -144,6 +144,9 @@ pub enum ToClient {
     },
     /// Output.
     Output(Stream, Vec<u8>),
+    /// A line the sandbox wrote about the process for its stderr (why its spawn failed): no output of the
+    /// process, so never credited.
+    Message(String),
     /// It exited with this status: the last message.
     Exited(ExitStatus),
     /// The process could not run: the last message.

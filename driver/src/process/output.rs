@@ -9,6 +9,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use vm_protocol::files::TarRefusal;
 
+/// The extractor's verdict on a tar it ended early.
+pub type Verdict = std::pin::Pin<Box<dyn std::future::Future<Output = OutputError>>>;
+
 /// Stdin's chunks; the queue closing is EOF.
 pub type Input = mpsc::Receiver<Vec<u8>>;
 
@@ -100,12 +103,23 @@ impl Output {
     }
 
     /// Resolves once the extractor ended before the tar did (it refused it), so a guest that stops sending
-    /// after a bad entry cannot hold the copy open; never for stdout. Then [`Output::write`] of nothing
-    /// returns the refusal.
+    /// after a bad entry cannot hold the copy open; never for stdout. Then [`Output::verdict`] says why.
     pub async fn ended_early(&self) {
         match self {
             Self::Unpack { unpacking: Some(u) } => u.chunks.closed().await,
             _ => std::future::pending().await,
+        }
+    }
+
+    /// Takes the extractor, once it ended early, and hands back its verdict to await. Kept by the caller
+    /// between polls, so a caller that is cancelled while it waits (a `select!`) loses nothing.
+    pub fn verdict(&mut self) -> Option<Verdict> {
+        match self {
+            Self::Unpack { unpacking } => {
+                let u = unpacking.take()?;
+                Some(Box::pin(async move { verdict(u.finish(false).await) }))
+            }
+            Self::Stdout(_) => None,
         }
     }
 

@@ -61,9 +61,14 @@ impl RemoteProcess {
         self.why.clone()
     }
 
-    async fn request(&mut self, r: exec_request::Request) -> Result<(), Lost> {
-        let Some(tx) = &self.tx else { return Err(Lost::Connection) };
-        tx.send(ExecRequest { request: Some(r) }).await.map_err(|_| Lost::Connection)
+    /// Sends one request. The service stops reading requests only once it ended the stream, whose responses
+    /// then say how (an exit, or why not): a request it no longer takes is dropped, not a loss.
+    async fn request(&mut self, r: exec_request::Request) {
+        if let Some(tx) = &self.tx {
+            if tx.send(ExecRequest { request: Some(r) }).await.is_err() {
+                self.tx = None;
+            }
+        }
     }
 
     fn event(&self, r: exec_response::Response) -> ProcessEvent {
@@ -99,7 +104,7 @@ impl SandboxEnd for RemoteProcess {
         let r = match msg {
             ToSandbox::Process(ProcessRequest::Stdin { data, .. }) => {
                 let bytes = u32::try_from(data.len()).unwrap_or(u32::MAX);
-                self.request(exec_request::Request::Stdin(data.into_vec())).await?;
+                self.request(exec_request::Request::Stdin(data.into_vec())).await;
                 self.credit.push_back(ProcessEvent::StdinCredit { id: self.id, bytes });
                 return Ok(());
             }
@@ -116,7 +121,8 @@ impl SandboxEnd for RemoteProcess {
             // The service credits the guest itself; openings went with the stream's first message.
             ToSandbox::Process(_) => return Ok(()),
         };
-        self.request(r).await
+        self.request(r).await;
+        Ok(())
     }
 
     async fn recv(&mut self) -> Result<ProcessEvent, Lost> {

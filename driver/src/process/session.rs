@@ -129,8 +129,7 @@ impl ProcessSession {
             ProcessEvent::Exited { status, .. } => self.exited(status, Vec::new()),
             // As a shell shows it: the message on stderr, then the status.
             ProcessEvent::SpawnFailed { status, message, .. } => {
-                let message = self.output(Stream::Stderr, format!("{message}\n").into_bytes());
-                self.exited(status, vec![message])
+                self.exited(status, vec![Act::Client(ToClient::Message(format!("{message}\n")))])
             }
             ProcessEvent::Refused { reason, .. } => return self.fail(Failure::Refused(reason), Ended::Delivered),
         };
@@ -360,6 +359,25 @@ mod tests {
         s.from_client(FromClient::Delivered(1));
         assert_eq!(s.from_client(FromClient::Gone), [credit(1)], "what it took is credited");
         assert_eq!(s.outcome().map(|o| o.ended), Some(Ended::Detach));
+    }
+
+    #[test]
+    fn a_failed_spawns_message_is_shown_and_never_credited() {
+        let mut s = ProcessSession::new(ID, false, None);
+        s.from_sandbox(Ok(started()));
+        let failed = s.from_sandbox(Ok(ProcessEvent::SpawnFailed {
+            id: ID,
+            status: ExitStatus::Code(127),
+            message: "no such command".into(),
+        }));
+        assert_eq!(
+            failed,
+            [
+                Act::Client(ToClient::Message("no such command\n".into())),
+                Act::Client(ToClient::Exited(ExitStatus::Code(127)))
+            ]
+        );
+        assert_eq!(s.outcome().map(|o| o.status), Some(Some(ExitStatus::Code(127))), "nothing to wait for");
     }
 
     #[test]

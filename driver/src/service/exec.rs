@@ -1,4 +1,6 @@
-//! `Exec`: one gRPC stream per process, relayed over the sandbox's one shared attach connection.
+//! `Exec`: one gRPC stream per process, relayed over the sandbox's one shared attach connection by the
+//! driver's one process session (`crate::process`): this file opens the process and is the stream's end of it
+//! (`GrpcClient`); the session decides every message.
 //!
 //! Every stream into a sandbox is a process on the same connection ([`crate::attach_mux`]): no connect or
 //! handshake per stream, and a stream whose client does not read holds only its own process's queue (bounded
@@ -90,10 +92,7 @@ pub async fn exec(reg: Arc<Hub>, mut inbound: Streaming<ExecRequest>) -> Result<
                 return Err(Status::invalid_argument("argv is empty"));
             }
             let size = start.size.unwrap_or_default();
-            let size = PtySize {
-                rows: u16::try_from(size.rows).ok().filter(|r| *r > 0).unwrap_or(24),
-                cols: u16::try_from(size.cols).ok().filter(|c| *c > 0).unwrap_or(80),
-            };
+            let size = PtySize::from_client(size.rows, size.cols);
             let spawn = Spawn {
                 id: ProcId(1),
                 argv: start.argv,
@@ -253,6 +252,7 @@ impl ClientEnd for GrpcClient {
                 };
                 (response(r), bytes)
             }
+            ToClient::Message(line) => (response(exec_response::Response::Stderr(line.into_bytes())), 0),
             ToClient::Exited(status) => (response(exec_response::Response::Exited(exited(status))), 0),
             ToClient::Failed(failure) => (Err(failure_status(&failure)), 0),
         };

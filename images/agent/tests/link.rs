@@ -300,6 +300,14 @@ fn spliced_output_keeps_every_byte_in_order_at_odd_windows() {
     host.finish().unwrap();
 }
 
+/// The guest pid of the process just spawned, from its `Started`.
+fn started(host: &mut Host) -> u32 {
+    match host.recv() {
+        Some(ToHost::Process(ProcessEvent::Started { pid, .. })) => pid,
+        other => panic!("expected Started, got {other:?}"),
+    }
+}
+
 /// Waits until a process named `comm` runs in process group `pgid`.
 fn wait_for_group_member(pgid: u32, comm: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -328,10 +336,7 @@ fn signals_reach_the_process_group() {
     let mut host = Host::start();
     // The shell waits on sleep; SIGINT to the group interrupts both, as Ctrl-C in a terminal would.
     host.spawn(1, &["/bin/sh", "-c", "sleep 30; echo not reached"], 4096);
-    let pid = match host.recv().unwrap() {
-        ToHost::Process(ProcessEvent::Started { pid, .. }) => pid,
-        other => panic!("{other:?}"),
-    };
+    let pid = started(&mut host);
     // Signal only once sleep has exec'd: a signal that lands between fork and exec hits the shell's
     // handler in the child and is lost, which would test dash rather than us.
     wait_for_group_member(pid, "sleep");
@@ -468,7 +473,9 @@ fn shutdown_stops_running_processes_and_reports_them() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut host = Host::start();
     host.spawn(1, &["sleep", "300"], 4096);
-    assert!(matches!(host.recv(), Some(ToHost::Process(ProcessEvent::Started { .. }))));
+    let pid = started(&mut host);
+    // As in `signals_reach_the_process_group`: a signal between fork and exec would test the fork's window.
+    wait_for_group_member(pid, "sleep");
     host.send(&ToGuest::Vm(VmRequest::Shutdown { grace_ms: 2000, signal: SignalName::Term }));
     let run = host.collect(1);
     assert_eq!(run.status, Some(ExitStatus::Signaled(15)), "SIGTERM within the grace period");
@@ -480,7 +487,8 @@ fn shutdown_asks_with_the_signal_it_is_given() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut host = Host::start();
     host.spawn(1, &["sleep", "300"], 4096);
-    assert!(matches!(host.recv(), Some(ToHost::Process(ProcessEvent::Started { .. }))));
+    let pid = started(&mut host);
+    wait_for_group_member(pid, "sleep");
     // An image's StopSignal (SIGINT here) in place of SIGTERM.
     host.send(&ToGuest::Vm(VmRequest::Shutdown { grace_ms: 2000, signal: SignalName::Int }));
     let run = host.collect(1);
