@@ -41,7 +41,8 @@ pub struct Safeguards {
     pub egress_updates: bool,
     /// Failures are logged in fixed text and library logs are silenced (off: `verbose-failure-logs`).
     pub quiet_failures: bool,
-    /// What the telemetry sinks are told (`jsonl-sink-fails`, `no-telemetry-limits`, `verbose-failure-logs`).
+    /// What the telemetry sinks are told (`jsonl-sink-fails`, `no-telemetry-limits`, `verbose-failure-logs`,
+    /// `no-audit-chain`, `audit-stall`, `no-telemetry-backpressure`).
     pub telemetry: TelemetryControls,
     /// The environment of the supervisor's children (the jailer, the watchdog): the switches that are on, so
     /// that theirs reach them too; empty in a release build.
@@ -77,6 +78,8 @@ impl Safeguards {
                 no_limits: !on(TestControl::NoTelemetryLimits),
                 no_audit_chain: !on(TestControl::NoAuditChain),
                 verbose_failures: !on(TestControl::VerboseFailureLogs),
+                audit_stall: !on(TestControl::AuditStall),
+                no_backpressure: !on(TestControl::NoTelemetryBackpressure),
             },
             child_env: if names.is_empty() { Vec::new() } else { vec![(VAR, names.join(","))] },
         }

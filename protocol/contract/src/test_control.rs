@@ -54,6 +54,8 @@ controls! {
     JsonlSinkFails = "jsonl-sink-fails": "supervisor: fault injection, every write to events.jsonl fails (ENOSPC).",
     NoAuditChain = "no-audit-chain": "supervisor: events reach the sinks without the audit chain (none is written).",
     NoTelemetryLimits = "no-telemetry-limits": "supervisor: no rate limit on events and no cap on events.jsonl.",
+    AuditStall = "audit-stall": "supervisor: fault injection, the audit chain appends nothing while a file named audit-stall is in the sandbox directory (a disk that stopped answering).",
+    NoTelemetryBackpressure = "no-telemetry-backpressure": "supervisor: the guest is read however far the audit chain is behind, so a full queue to the chain drops events.",
     NoLogCaps = "no-log-caps": "supervisor: console.log and vmm.log grow without a cap.",
     VerboseFailureLogs = "verbose-failure-logs": "supervisor: failures are logged with their error text and library logs are not silenced.",
     SupervisorExitsAtStart = "supervisor-exits-at-start": "supervisor: fault injection, exit before reading the auth bundle.",

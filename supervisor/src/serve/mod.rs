@@ -7,6 +7,10 @@
 //!        then, fairly: notices | guest | clients | telemetry tick }
 //! ```
 //!
+//! The guest is read only while the boundary allows it and the telemetry keeps up: while the queue to the
+//! audit chain is backlogged (a host whose disk is slower than the workload's events), its messages wait in
+//! their bounded queue, and the guest with them, rather than have their events dropped.
+//!
 //! Stop requests, the VMM's exit and the lease come first: no guest or client traffic, however much, can make
 //! them wait (the queues they would wait behind are bounded and separate, `crate::inbox`).
 //!
@@ -89,6 +93,7 @@ pub(crate) async fn serve(
     let (egress, mut reports, rules) = egress::Context::new(egress, guest.clone(), NetView::default());
     // Waits for room in the guest's queue for the backlog (a permit borrows its sender).
     let room = guest.clone();
+    let events = telemetry.backlog();
     let mut state = Serving {
         args,
         vmm,
@@ -108,7 +113,8 @@ pub(crate) async fn serve(
     let mut tick = tokio::time::interval(TICK);
     let reason = loop {
         let kill_at = state.stopping.as_ref().map(|(_, at)| *at);
-        let reading_guest = state.boundary.reading_guest();
+        let backlogged = events.backlogged();
+        let reading_guest = state.boundary.reading_guest() && !backlogged;
         tokio::select! {
             biased;
             Ok(()) = inbox.stop.changed() => {
@@ -155,6 +161,8 @@ pub(crate) async fn serve(
                 state.handle(traffic);
             }
             Ok(permit) = room.reserve(), if state.guest.waiting() => state.guest.flush(permit),
+            // Wakes the loop to read the guest again; `backlogged` is checked anew each time round.
+            () = events.drained(), if backlogged => {}
         }
     };
     // Closing each client's queue lets its writer deliver what is queued (the last `Exited` frames), then end.

@@ -4,14 +4,22 @@
 //! sink sees an event the chain does not hold.
 //!
 //! The emitting side never waits on the disk: the queue between them is bounded ([`QUEUE_ITEMS`] events
-//! of at most `MAX_EVENT_BYTES` each). A full queue drops an event that is not essential (counted with
-//! the rate limit's drops, and reported the same way) and waits for an essential one. An append that
+//! of at most `MAX_EVENT_BYTES` each). Past [`HIGH_WATER`] queued events the queue reads as backlogged
+//! ([`Backlog`]) and the serving loop stops reading the guest until it is back under [`LOW_WATER`]: a
+//! workload that makes events faster than this host's disk takes them is slowed, and loses none. Only a
+//! queue full all the same (events a client or egress caused while the guest was not read) drops an event
+//! that is not essential (counted with the rate limit's drops, and reported the same way), and waits for an
+//! essential one. An append that
 //! fails (the disk, SQLite) stops the chain for the rest of the generation: the events still reach the
 //! sinks, the failure is logged once in fixed text, and the stop reports no head, so the chain reads as
 //! unsealed from there.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
+
+use tokio::sync::Notify;
 
 use vm_audit::chain::{Chain, NewEntry};
 use vm_audit::Head;
@@ -20,9 +28,15 @@ use vm_ocsf::Event;
 use super::console::ConsoleHandle;
 use super::jsonl::Jsonl;
 use super::otlp::Otlp;
+use super::TelemetryControls;
 
 /// Events between `emit` and the chain.
 pub const QUEUE_ITEMS: usize = 1024;
+
+/// Queued events past which the serving loop stops reading the guest.
+pub const HIGH_WATER: usize = QUEUE_ITEMS * 3 / 4;
+/// Queued events under which it reads the guest again.
+pub const LOW_WATER: usize = QUEUE_ITEMS / 4;
 
 /// Most events appended in one transaction.
 const BATCH: usize = 256;
@@ -65,10 +79,39 @@ pub struct Finished {
     pub head: Option<Head>,
 }
 
+/// How full the queue is, shared by the emitting side and the thread: events queued and not yet delivered.
+#[derive(Debug)]
+pub struct Backlog {
+    queued: AtomicUsize,
+    drained: Notify,
+    /// `false` only under the `no-telemetry-backpressure` control.
+    applies: bool,
+}
+
+impl Backlog {
+    /// Whether the queue is past [`HIGH_WATER`]: the guest should not be read until [`Backlog::drained`].
+    pub fn backlogged(&self) -> bool {
+        self.applies && self.queued.load(Ordering::Acquire) > HIGH_WATER
+    }
+
+    /// Resolves once the queue has come back under [`LOW_WATER`] (perhaps already: check again).
+    pub async fn drained(&self) {
+        self.drained.notified().await;
+    }
+
+    fn delivered(&self, n: usize) {
+        let before = self.queued.fetch_sub(n, Ordering::AcqRel);
+        if before.saturating_sub(n) < LOW_WATER {
+            self.drained.notify_one();
+        }
+    }
+}
+
 /// The emitting side.
 #[derive(Debug)]
 pub struct Audited {
     queue: Option<SyncSender<(Event, String)>>,
+    backlog: Arc<Backlog>,
     thread: Option<JoinHandle<Finished>>,
 }
 
@@ -77,21 +120,41 @@ impl Audited {
     ///
     /// # Errors
     /// The thread cannot be started.
-    pub fn start(chain: Option<Chain>, sinks: Sinks) -> std::io::Result<Self> {
+    pub fn start(chain: Option<Chain>, sinks: Sinks, controls: TelemetryControls) -> std::io::Result<Self> {
         let (queue, events) = sync_channel(QUEUE_ITEMS);
-        let thread = std::thread::Builder::new().name("audit".into()).spawn(move || run(chain, sinks, &events))?;
-        Ok(Self { queue: Some(queue), thread: Some(thread) })
+        let backlog = Arc::new(Backlog {
+            queued: AtomicUsize::new(0),
+            drained: Notify::new(),
+            applies: !controls.no_backpressure,
+        });
+        let shared = Arc::clone(&backlog);
+        let stall = controls.audit_stall;
+        let thread = std::thread::Builder::new()
+            .name("audit".into())
+            .spawn(move || run(chain, sinks, &events, &shared, stall))?;
+        Ok(Self { queue: Some(queue), backlog, thread: Some(thread) })
+    }
+
+    /// How full the queue is.
+    pub fn backlog(&self) -> Arc<Backlog> {
+        Arc::clone(&self.backlog)
     }
 
     /// Queues one event. Returns `false` when it was dropped: the queue was full and it is not essential.
     pub fn send(&self, event: Event, json: String) -> bool {
         let Some(queue) = &self.queue else { return false };
         let essential = event.essential;
-        match queue.try_send((event, json)) {
+        // Counted before it is queued, so the thread never counts down past what it was given.
+        self.backlog.queued.fetch_add(1, Ordering::AcqRel);
+        let sent = match queue.try_send((event, json)) {
             Ok(()) => true,
             Err(TrySendError::Full(item)) if essential => queue.send(item).is_ok(),
             Err(_) => false,
+        };
+        if !sent {
+            self.backlog.queued.fetch_sub(1, Ordering::AcqRel);
         }
+        sent
     }
 
     /// Closes the queue and waits for the thread to append, deliver and seal what it holds. Blocking.
@@ -101,8 +164,20 @@ impl Audited {
     }
 }
 
-fn run(mut chain: Option<Chain>, sinks: Sinks, events: &Receiver<(Event, String)>) -> Finished {
+/// The `audit-stall` fault injection's file, in the sandbox directory (the supervisor's working directory).
+const STALL_FILE: &str = "audit-stall";
+
+fn run(
+    mut chain: Option<Chain>,
+    sinks: Sinks,
+    events: &Receiver<(Event, String)>,
+    backlog: &Backlog,
+    stall: bool,
+) -> Finished {
     while let Ok(first) = events.recv() {
+        while stall && std::path::Path::new(STALL_FILE).exists() {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
         let mut batch = vec![first];
         while batch.len() < BATCH {
             match events.try_recv() {
@@ -123,10 +198,44 @@ fn run(mut chain: Option<Chain>, sinks: Sinks, events: &Receiver<(Event, String)
             }
             None => vec![None; batch.len()],
         };
+        let n = batch.len();
         for ((event, json), head) in batch.into_iter().zip(heads) {
             sinks.deliver(&event, json, head);
         }
+        backlog.delivered(n);
     }
     let head = chain.as_mut().and_then(|c| c.seal().ok());
     Finished { sinks, head }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backlog(applies: bool) -> Backlog {
+        Backlog { queued: AtomicUsize::new(0), drained: Notify::new(), applies }
+    }
+
+    #[tokio::test]
+    async fn the_backlog_holds_the_guest_from_high_water_until_under_low_water() {
+        let b = backlog(true);
+        b.queued.store(HIGH_WATER, Ordering::Release);
+        assert!(!b.backlogged(), "at high water, still read");
+        b.queued.fetch_add(1, Ordering::AcqRel);
+        assert!(b.backlogged());
+        b.delivered(HIGH_WATER + 1 - LOW_WATER);
+        assert!(!b.backlogged());
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(200), b.drained()).await;
+        assert!(waited.is_err(), "at low water, not yet drained");
+        b.delivered(1);
+        let waited = tokio::time::timeout(std::time::Duration::from_secs(5), b.drained()).await;
+        assert!(waited.is_ok(), "under low water, the loop is woken");
+    }
+
+    #[test]
+    fn control_without_backpressure_the_queue_never_reads_as_backlogged() {
+        let b = backlog(false);
+        b.queued.store(QUEUE_ITEMS, Ordering::Release);
+        assert!(!b.backlogged());
+    }
 }

@@ -1,8 +1,9 @@
 //! The per-sandbox JSONL file: one OCSF event per line, written by a thread of its own so a slow disk never
 //! holds up the supervisor.
 //!
-//! Bounded: the queue holds [`QUEUE_LINES`] (a full queue drops the line, counted), and the file stops
-//! growing at [`CAP_BYTES`]. The last [`RESERVE_BYTES`] of the cap are kept for essential events (lifecycle,
+//! Bounded: the queue holds [`QUEUE_LINES`] (a full queue makes the audit thread, its only writer, wait: the
+//! wait backs up into the audit queue, which stops the guest being read), and the file stops growing at
+//! [`CAP_BYTES`]. The last [`RESERVE_BYTES`] of the cap are kept for essential events (lifecycle,
 //! drop reports), so the record of how the sandbox ended is never the part that is missing. Dropped lines are
 //! counted and reported at shutdown.
 
@@ -41,7 +42,7 @@ pub struct Jsonl {
 pub struct JsonlReport {
     /// Write batches that failed.
     pub failures: u64,
-    /// Lines dropped: the queue was full, or the cap was reached.
+    /// Lines dropped: the cap was reached, or the writer was gone.
     pub dropped: u64,
 }
 
@@ -102,9 +103,10 @@ impl Jsonl {
         Self { tx, failed, dropped, thread, done }
     }
 
-    /// Queues one event (JSON without newline). Never waits: a full queue drops it, counted.
+    /// Queues one event (JSON without newline), waiting for room while the writer catches up; counted as
+    /// dropped only when the writer is gone.
     pub fn write(&self, json: String, essential: bool) {
-        if self.tx.try_send((json, essential)).is_err() {
+        if self.tx.send((json, essential)).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }

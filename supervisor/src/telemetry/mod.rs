@@ -80,6 +80,10 @@ pub struct TelemetryControls {
     pub verbose_failures: bool,
     /// `no-audit-chain`: events reach the sinks with no audit chain written.
     pub no_audit_chain: bool,
+    /// `audit-stall`: fault injection, the chain appends nothing while `audit-stall` is in the sandbox directory.
+    pub audit_stall: bool,
+    /// `no-telemetry-backpressure`: the guest is read however far behind the chain is.
+    pub no_backpressure: bool,
 }
 
 /// Why telemetry could not start.
@@ -148,13 +152,19 @@ impl Telemetry {
         };
         let live = otlp.as_ref().map(|o| o.live().clone());
         let sinks = Sinks { console, json: settings.json, jsonl, otlp };
-        let audited = Audited::start(chain, sinks).map_err(TelemetryError::Thread)?;
+        let audited = Audited::start(chain, sinks, controls).map_err(TelemetryError::Thread)?;
         Ok(Self { source, audited, live, spans, events: 0, limiter, oversized: 0 })
     }
 
     /// Builds events with the right product, schema and sandbox.
     pub fn source(&self) -> &Source {
         &self.source
+    }
+
+    /// How full the queue to the audit chain is: the serving loop reads the guest only while it is not
+    /// backlogged.
+    pub fn backlog(&self) -> std::sync::Arc<audit::Backlog> {
+        self.audited.backlog()
     }
 
     /// The spans (exported only with an OTLP endpoint).

@@ -12,7 +12,7 @@ use vm_test_support::events::{self, has};
 use vm_test_support::ocsf_schema;
 use vm_test_support::otlp_receiver::{authorization_headers, Behavior, Receiver, Record};
 use vm_test_support::procs::signal;
-use vm_test_support::{sandbox, DirectSupervisor, Launch, Running, Scratch, TestControl};
+use vm_test_support::{sandbox, wait_for_count, wait_until, DirectSupervisor, Launch, Running, Scratch, TestControl};
 
 const GATEWAY: &str = "gateway-e2e-7";
 const HEADER_SECRET: &str = "Bearer hdr-secret-5b1f0c";
@@ -187,6 +187,57 @@ fn control_closing_the_pipe_first_loses_queued_events() {
         written - received
     );
     assert!(received < written);
+}
+
+/// Runs 1,000 processes (2,000 Process Activity events, twice the queue to the audit chain) while the chain's
+/// disk has stopped answering (`audit-stall`), lets the disk answer, stops the sandbox. Returns whether the
+/// processes had all ended while the disk was stalled, the Process Activity events recorded and the
+/// `telemetry_dropped` findings.
+fn a_thousand_processes_behind_a_stalled_disk(name: &str, controls: &[TestControl]) -> (bool, usize, usize) {
+    const PROCESSES: usize = 1_000;
+    let s = Scratch::with_deadline(name, Duration::from_secs(420));
+    let all: Vec<TestControl> = [TestControl::AuditStall].iter().chain(controls).copied().collect();
+    let launch = Launch::new(&s, &["/bin/sh", "-c", "echo canary; exec sleep 1000"]).controls(&all);
+    let mut run = Running::start(launch, &[], "canary");
+    let stall = run.sandbox_dir.join("audit-stall");
+    std::fs::write(&stall, b"").unwrap();
+    let dir = run.sandbox_dir.clone();
+    let many = std::thread::spawn(move || AttachClient::connect(&dir).run_many(&["true"], PROCESSES, 32));
+    s.waiting_for("1,000 processes while the audit chain's disk is stalled");
+    // Ends early only when they all end: without backpressure, as soon as the guest has run them; with it,
+    // never, since their events cannot all be queued while the chain takes none.
+    let ended = wait_until(Duration::from_secs(if controls.is_empty() { 20 } else { 300 }), || many.is_finished());
+    std::fs::remove_file(&stall).unwrap();
+    s.waiting_for("the processes once the disk answers again");
+    let statuses = many.join().unwrap();
+    assert!(statuses.iter().all(|st| st.shell_code() == 0));
+    let count = || events::of_class(&events::read(&run.sandbox_dir), 1007).len();
+    // The workload's own launch, plus two a process.
+    wait_for_count(2 * PROCESSES + 1, Duration::from_secs(30), count);
+    signal(run.driver_pid(), SIGTERM);
+    run.driver.wait().unwrap();
+    let events = events::read(&run.sandbox_dir);
+    let processes = events::of_class(&events, 1007).len();
+    let dropped = events::finding_types(&events).iter().filter(|t| **t == "telemetry_dropped").count();
+    eprintln!("e2e: {name}: processes ended while stalled: {ended}; {processes} Process Activity events; {dropped} drop findings");
+    (ended, processes, dropped)
+}
+
+#[test]
+fn a_workload_faster_than_the_audit_disk_is_held_back_and_loses_no_event() {
+    let (ended, processes, dropped) = a_thousand_processes_behind_a_stalled_disk("audit-stall", &[]);
+    assert!(!ended, "the guest was held while the chain could take no more");
+    assert!(processes >= 2_001, "every event recorded ({processes})");
+    assert_eq!(dropped, 0);
+}
+
+#[test]
+fn control_without_backpressure_a_stalled_audit_disk_drops_events() {
+    let (ended, processes, dropped) =
+        a_thousand_processes_behind_a_stalled_disk("audit-stall-ctl", &[TestControl::NoTelemetryBackpressure]);
+    assert!(ended, "control: the guest ran on while the chain was stalled");
+    assert!(processes < 2_000, "control: events dropped at the full queue ({processes} recorded)");
+    assert!(dropped > 0, "the drops are reported");
 }
 
 const COLLECTOR_CANARY: &str = "collector-canary-91ac";
