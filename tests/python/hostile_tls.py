@@ -7,6 +7,7 @@ sandbox's CA: one leaf per host); a request head that never ends; an HTTP/2 conn
 resets streams without end. Prints one line per attack.
 """
 
+import select
 import socket
 import ssl
 import sys
@@ -40,14 +41,17 @@ def endless_head():
     t = ssl.create_default_context().wrap_socket(tunnel(GATEWAY), server_hostname=GATEWAY)
     t.sendall(b"GET /file.txt HTTP/1.1\r\nHost: %s:%d\r\n" % (GATEWAY.encode(), PORT))
     sent = 0
+    answer = b"not cut"
     try:
-        while sent < 8 << 20:
+        # Looks for an answer between lines, as a client that reads while it writes does: the proxy's
+        # answer then arrives before the reset that the lines sent after it earn.
+        while sent < 8 << 20 and not select.select([t], [], [], 0)[0]:
             t.sendall(b"X-Filler: " + b"a" * 1000 + b"\r\n")
             sent += 1012
-        answer = b"not cut"
     except OSError:
         answer = b"cut"
     try:
+        t.settimeout(10)
         answer = t.recv(12) or answer
     except OSError:
         pass

@@ -38,13 +38,15 @@ impl Limiter {
         admitted
     }
 
-    /// The count to report now, if any: at most once per [`REPORT_INTERVAL`], or whatever is left when `last`.
-    pub fn report(&mut self, now: Instant, last: bool) -> Option<u64> {
+    /// The count to report now, if any: what the bucket held back plus `other` (events dropped elsewhere and
+    /// not reported yet), at most once per [`REPORT_INTERVAL`], or whatever is left when `last`. `None`
+    /// leaves `other` to the caller, to report next time.
+    pub fn report(&mut self, now: Instant, last: bool, other: u64) -> Option<u64> {
         let due = last || now.saturating_duration_since(self.last_report) >= REPORT_INTERVAL;
         if !due {
             return None;
         }
-        let unreported = self.bucket.take_held();
+        let unreported = self.bucket.take_held().saturating_add(other);
         if unreported == 0 {
             return None;
         }
@@ -63,10 +65,12 @@ mod tests {
         let mut l = Limiter::new(true, t0);
         let passed = (0..BURST + 100).filter(|_| l.admit(t0)).count();
         assert_eq!(passed, BURST as usize);
-        assert_eq!(l.report(t0, false), None, "not yet due");
+        assert_eq!(l.report(t0, false, 0), None, "not yet due");
         let later = t0 + REPORT_INTERVAL;
-        assert_eq!(l.report(later, false), Some(100));
-        assert_eq!(l.report(later, false), None, "reported once");
+        assert_eq!(l.report(later, false, 0), Some(100));
+        assert_eq!(l.report(later, false, 0), None, "reported once");
+        assert_eq!(l.report(later, false, 7), None, "drops elsewhere wait for the interval too");
+        assert_eq!(l.report(later, true, 7), Some(7), "and are reported even when the bucket dropped nothing");
         let one_second = later + Duration::from_secs(1);
         let refilled = (0..RATE_PER_SEC * 2).filter(|_| l.admit(one_second)).count();
         assert!(refilled >= RATE_PER_SEC as usize && refilled <= BURST as usize);

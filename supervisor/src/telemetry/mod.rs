@@ -113,8 +113,9 @@ pub struct Telemetry {
     spans: Spans,
     events: u64,
     limiter: Limiter,
-    /// Events over [`MAX_EVENT_BYTES`].
-    oversized: u64,
+    /// Events dropped outside the rate limit (over [`MAX_EVENT_BYTES`], or at a full queue to the audit
+    /// chain) and not reported yet.
+    unreported_drops: u64,
 }
 
 impl Telemetry {
@@ -153,7 +154,7 @@ impl Telemetry {
         let live = otlp.as_ref().map(|o| o.live().clone());
         let sinks = Sinks { console, json: settings.json, jsonl, otlp };
         let audited = Audited::start(chain, sinks, controls).map_err(TelemetryError::Thread)?;
-        Ok(Self { source, audited, live, spans, events: 0, limiter, oversized: 0 })
+        Ok(Self { source, audited, live, spans, events: 0, limiter, unreported_drops: 0 })
     }
 
     /// Builds events with the right product, schema and sandbox.
@@ -180,13 +181,13 @@ impl Telemetry {
         }
         let json = event.to_json();
         if json.len() > MAX_EVENT_BYTES {
-            self.oversized += 1;
+            self.unreported_drops += 1;
             return;
         }
         if self.audited.send(event, json) {
             self.events += 1;
         } else {
-            self.oversized += 1;
+            self.unreported_drops += 1;
         }
     }
 
@@ -222,11 +223,10 @@ impl Telemetry {
     }
 
     fn report_drops(&mut self, last: bool) {
-        let oversized = std::mem::take(&mut self.oversized);
-        self.limiter.dropped += oversized;
-        let Some(n) = self.limiter.report(Instant::now(), last).map(|n| n + oversized).filter(|n| *n > 0) else {
+        let Some(n) = self.limiter.report(Instant::now(), last, self.unreported_drops) else {
             return;
         };
+        self.limiter.dropped += std::mem::take(&mut self.unreported_drops);
         let detail = format!("{n} events over the sandbox's rate or size limits were dropped");
         let event = self.source.finding(Finding::TelemetryDropped, &detail);
         self.emit(event);
