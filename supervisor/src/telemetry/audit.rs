@@ -8,14 +8,15 @@
 //! ([`Backlog`]) and the serving loop stops reading the guest until it is back under [`LOW_WATER`]: a
 //! workload that makes events faster than this host's disk takes them is slowed, and loses none. Only a
 //! queue full all the same (events a client or egress caused while the guest was not read) drops an event
-//! that is not essential (counted with the rate limit's drops, and reported the same way), and waits for an
-//! essential one. An append that
+//! that is not essential (counted with the rate limit's drops, and reported the same way). Essential events
+//! (lifecycle, drop reports) have [`ESSENTIAL_RESERVE`] places of their own beyond that, so the loop never
+//! waits on the disk, not even for them. An append that
 //! fails (the disk, SQLite) stops the chain for the rest of the generation: the events still reach the
 //! sinks, the failure is logged once in fixed text, and the stop reports no head, so the chain reads as
 //! unsealed from there.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -32,6 +33,9 @@ use super::TelemetryControls;
 
 /// Events between `emit` and the chain.
 pub const QUEUE_ITEMS: usize = 1024;
+/// Places beyond [`QUEUE_ITEMS`] that only essential events may take: they are few (a start, a stop, a drop
+/// report every ten seconds), so a stalled disk fills these only after minutes.
+pub const ESSENTIAL_RESERVE: usize = 256;
 
 /// Queued events past which the serving loop stops reading the guest.
 pub const HIGH_WATER: usize = QUEUE_ITEMS * 3 / 4;
@@ -121,18 +125,28 @@ impl Audited {
     /// # Errors
     /// The thread cannot be started.
     pub fn start(chain: Option<Chain>, sinks: Sinks, controls: TelemetryControls) -> std::io::Result<Self> {
-        let (queue, events) = sync_channel(QUEUE_ITEMS);
+        let (queue, events) = sync_channel(QUEUE_ITEMS + ESSENTIAL_RESERVE);
         let backlog = Arc::new(Backlog {
             queued: AtomicUsize::new(0),
             drained: Notify::new(),
             applies: !controls.no_backpressure,
         });
         let shared = Arc::clone(&backlog);
-        let stall = controls.audit_stall;
+        let stall = controls.audit_stall.then(|| std::path::PathBuf::from(STALL_FILE));
         let thread = std::thread::Builder::new()
             .name("audit".into())
             .spawn(move || run(chain, sinks, &events, &shared, stall))?;
         Ok(Self { queue: Some(queue), backlog, thread: Some(thread) })
+    }
+
+    /// A queue whose thread appends nothing while `stall` exists, for the tests of a stalled disk.
+    #[cfg(test)]
+    fn stalled_by(stall: std::path::PathBuf, sinks: Sinks) -> Self {
+        let (queue, events) = sync_channel(QUEUE_ITEMS + ESSENTIAL_RESERVE);
+        let backlog = Arc::new(Backlog { queued: AtomicUsize::new(0), drained: Notify::new(), applies: true });
+        let shared = Arc::clone(&backlog);
+        let thread = std::thread::spawn(move || run(None, sinks, &events, &shared, Some(stall)));
+        Self { queue: Some(queue), backlog, thread: Some(thread) }
     }
 
     /// How full the queue is.
@@ -140,17 +154,16 @@ impl Audited {
         Arc::clone(&self.backlog)
     }
 
-    /// Queues one event. Returns `false` when it was dropped: the queue was full and it is not essential.
+    /// Queues one event, never waiting. Returns `false` when it was dropped: the queue was full (its reserve
+    /// too, for an essential one).
     pub fn send(&self, event: Event, json: String) -> bool {
         let Some(queue) = &self.queue else { return false };
-        let essential = event.essential;
+        if !event.essential && self.backlog.queued.load(Ordering::Acquire) >= QUEUE_ITEMS {
+            return false;
+        }
         // Counted before it is queued, so the thread never counts down past what it was given.
         self.backlog.queued.fetch_add(1, Ordering::AcqRel);
-        let sent = match queue.try_send((event, json)) {
-            Ok(()) => true,
-            Err(TrySendError::Full(item)) if essential => queue.send(item).is_ok(),
-            Err(_) => false,
-        };
+        let sent = queue.try_send((event, json)).is_ok();
         if !sent {
             self.backlog.queued.fetch_sub(1, Ordering::AcqRel);
         }
@@ -172,10 +185,10 @@ fn run(
     sinks: Sinks,
     events: &Receiver<(Event, String)>,
     backlog: &Backlog,
-    stall: bool,
+    stall: Option<std::path::PathBuf>,
 ) -> Finished {
     while let Ok(first) = events.recv() {
-        while stall && std::path::Path::new(STALL_FILE).exists() {
+        while stall.as_ref().is_some_and(|file| file.exists()) {
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
         let mut batch = vec![first];
@@ -230,6 +243,44 @@ mod tests {
         b.delivered(1);
         let waited = tokio::time::timeout(std::time::Duration::from_secs(5), b.drained()).await;
         assert!(waited.is_ok(), "under low water, the loop is woken");
+    }
+
+    #[test]
+    fn a_stalled_disk_never_makes_the_emitter_wait_and_essential_events_keep_a_reserve() {
+        let stall = std::env::temp_dir().join(format!("audit-stall-unit-{}", std::process::id()));
+        std::fs::write(&stall, b"").unwrap();
+        let console = super::super::console::Console::start_on(Box::new(std::io::sink()));
+        let sinks = Sinks { console: console.handle(), json: false, jsonl: None, otlp: None };
+        let audited = Audited::stalled_by(stall.clone(), sinks);
+        let source = vm_ocsf::Source::new(vm_ocsf::SchemaVersion::default(), "sb", "test", "0");
+        let event = |essential: bool| {
+            let mut e = source.config_change("x");
+            e.essential = essential;
+            let json = e.to_json();
+            (e, json)
+        };
+        let started = std::time::Instant::now();
+        // The thread may hold the first event in hand, stalled, before the queue counts as full.
+        let plain = (0..QUEUE_ITEMS + 10)
+            .filter(|_| {
+                let (e, j) = event(false);
+                audited.send(e, j)
+            })
+            .count();
+        assert!((QUEUE_ITEMS..=QUEUE_ITEMS + 1).contains(&plain), "{plain} queued");
+        assert!(audited.backlog().backlogged());
+        let essential = (0..ESSENTIAL_RESERVE + 10)
+            .filter(|_| {
+                let (e, j) = event(true);
+                audited.send(e, j)
+            })
+            .count();
+        assert!(essential >= ESSENTIAL_RESERVE - 1, "essential events use the reserve: {essential}");
+        assert!(essential < ESSENTIAL_RESERVE + 10, "and are dropped past it rather than waited for");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "the emitter never waited");
+        std::fs::remove_file(&stall).unwrap();
+        assert!(audited.finish().is_some());
+        console.shutdown(std::time::Instant::now());
     }
 
     #[test]

@@ -174,7 +174,7 @@ impl Telemetry {
     }
 
     /// Sends one event to the audit chain, then every sink, unless it is over the sandbox's limits (then
-    /// it is counted). Never blocks but for an essential event when the chain's queue is full.
+    /// it is counted). Never blocks.
     pub fn emit(&mut self, event: Event) {
         if !event.essential && !self.limiter.admit(Instant::now()) {
             return;
