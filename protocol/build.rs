@@ -1,5 +1,6 @@
-//! Generates the driver API (gRPC) from `proto/` when the `grpc` feature is on. protox compiles the proto
-//! in Rust, so no `protoc` is needed on the build machine.
+//! Generates the driver API (gRPC) from `proto/` when the `grpc` feature is on, and OpenShell's vendored
+//! contracts (`proto/openshell/`) when the `openshell` feature is. protox compiles the protos in Rust, so no
+//! `protoc` is needed on the build machine.
 
 #[cfg(not(feature = "grpc"))]
 fn main() {}
@@ -21,5 +22,27 @@ fn main() {
         .compile_fds(fds)
     {
         panic!("cannot generate the gRPC code: {e}");
+    }
+    #[cfg(feature = "openshell")]
+    openshell();
+}
+
+/// OpenShell's ComputeDriver service and the gateway's own (`openshell.v1.OpenShell`), clients and servers
+/// both: the driver serves the first and the supervisor calls the second; the tests play the other ends.
+#[cfg(feature = "openshell")]
+fn openshell() {
+    let files = ["compute_driver.proto", "openshell.proto"];
+    let fds = match protox::compile(files, ["proto/openshell"]) {
+        Ok(fds) => fds,
+        Err(e) => panic!("proto/openshell does not compile: {e}"),
+    };
+    if let Err(e) = tonic_prost_build::configure()
+        // The sandbox token is a secret: `openshell.rs` gives these a `Debug` without it.
+        .skip_debug([".openshell.compute.v1.DriverSandboxSpec"])
+        // A stand-in gateway (the tests) serves four of the gateway's 67 calls; the rest answer Unimplemented.
+        .generate_default_stubs(true)
+        .compile_fds(fds)
+    {
+        panic!("cannot generate OpenShell's gRPC code: {e}");
     }
 }

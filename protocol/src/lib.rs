@@ -18,6 +18,8 @@
 //! - [`flow`]: credit windows that bound buffering on both sides.
 //! - `arbitrary` (feature `proptest`): generators of every channel's messages, for property tests on all sides.
 //! - `driver_api` (feature `grpc`): the gRPC API of `vm-driver serve`, generated from `proto/`.
+//! - `openshell` (feature `openshell`): OpenShell's ComputeDriver and supervisor contracts, from the protos
+//!   vendored in `proto/openshell/`.
 //!
 //! The wire format is documented in `docs/protocol.md`.
 //!
@@ -57,6 +59,8 @@ pub mod link;
 pub mod message;
 pub mod mounts;
 pub mod net;
+#[cfg(feature = "openshell")]
+pub mod openshell;
 pub mod policy;
 pub mod process;
 pub mod root;

@@ -52,6 +52,8 @@ pub enum Notice {
     SessionRefused,
     /// A log the guest fills reached its cap (the file's name).
     LogCapped(&'static str),
+    /// The OpenShell gateway's session or relays.
+    Gateway(crate::gateway::GatewayEvent),
 }
 
 /// From the guest link.

@@ -14,6 +14,8 @@
 //! - [`serve`]: the event loop, which only moves bytes between the boundary and the sockets: the attach
 //!   socket's server ([`serve::attach_server`]), the guest link's queue, the egress tasks ([`network`]); the
 //!   session with `vm-driver serve` ([`serve::session`]).
+//! - [`gateway`]: OpenShell's supervisor protocol, for a sandbox an OpenShell gateway created: the session
+//!   with the gateway, its relays, the SSH server on them and the main process, all clients of the boundary.
 //! - [`stop`]: why a sandbox stops and what asks for a stop (signals; the liveness pipe is
 //!   [`stop::liveness`], which ends the VM through [`stop::kill_switch`] before the loop hears of it).
 //! - Beside them: the loop's queues ([`inbox`]); the safety mechanisms a test build can switch off, read once
@@ -31,6 +33,7 @@ pub mod boundary;
 pub mod bucket;
 pub mod diagnostics;
 mod framed;
+pub mod gateway;
 pub mod inbox;
 pub mod network;
 pub mod policy;

@@ -105,6 +105,8 @@ pub struct Identity {
     pub policy: Option<SandboxPolicy>,
     /// What goes into the auth bundle (0600) and nowhere else.
     pub secrets: StartSecrets,
+    /// `serve`: the OpenShell gateway that created the sandbox, which its supervisor speaks for it to.
+    pub gateway: Option<vm_contract::gateway::GatewayBinding>,
 }
 
 /// A start's secrets, for the auth bundle only. Its `Debug` shows names, never values.
@@ -116,6 +118,8 @@ pub struct StartSecrets {
     pub egress_proxy_authorization: Option<String>,
     /// The sandbox's credentials.
     pub credentials: Vec<vm_protocol::credentials::SecretCredential>,
+    /// The sandbox token of the gateway that created the sandbox.
+    pub gateway_token: Option<String>,
 }
 
 impl std::fmt::Debug for StartSecrets {
@@ -124,6 +128,7 @@ impl std::fmt::Debug for StartSecrets {
             .field("otlp_headers", &self.otlp_headers.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>())
             .field("egress_proxy_authorization", &self.egress_proxy_authorization.is_some())
             .field("credentials", &self.credentials)
+            .field("gateway_token", &self.gateway_token.is_some())
             .finish()
     }
 }
@@ -214,6 +219,9 @@ pub enum StartError {
     /// The launch descriptor could not be written for the supervisor.
     #[error("cannot write the launch descriptor")]
     Descriptor(#[source] std::io::Error),
+    /// The gateway binding could not be written for the supervisor.
+    #[error(transparent)]
+    Gateway(#[from] vm_contract::gateway::BindingError),
     /// No uid could be reserved for the jailed VMM.
     #[error(transparent)]
     Jail(#[from] crate::jail::JailSetupError),

@@ -1,5 +1,5 @@
-//! What a start hands the supervisor in files: the auth bundle, the approved policy, the image root and the
-//! launch descriptor.
+//! What a start hands the supervisor in files: the auth bundle, the approved policy, the image root, the
+//! gateway binding and the launch descriptor.
 
 use vm_contract::auth::AuthBundle;
 use vm_contract::descriptor::{LaunchDescriptor, MicrovmPayload};
@@ -19,9 +19,16 @@ pub(super) fn write_start_files(vm: &VmSpec, who: &Identity) -> Result<(), Start
         session_token: who.session.as_ref().map(|s| s.token.clone()),
         egress_proxy_authorization: who.secrets.egress_proxy_authorization.clone(),
         secrets: who.secrets.credentials.clone(),
+        gateway_token: who.secrets.gateway_token.clone(),
     };
     bundle.write(dir)?;
     write_policy(&vm.layout, who.policy.as_ref()).map_err(StartError::Policy)?;
+    match &who.gateway {
+        Some(binding) => binding.write(dir)?,
+        None => {
+            let _ = std::fs::remove_file(vm.layout.path(SandboxFile::Gateway));
+        }
+    }
     RootImage::write(vm.root.as_ref(), &vm.layout).map_err(StartError::Root)?;
     LaunchDescriptor::microvm(&descriptor_payload(vm, who)).write(dir).map_err(StartError::Descriptor)
 }

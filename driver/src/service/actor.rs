@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
+use vm_contract::gateway::GatewayBinding;
 use vm_contract::ids::SandboxId;
 use vm_contract::layout::{SandboxFile, SandboxLayout};
 use vm_contract::session::{Generation, SessionId};
@@ -409,6 +410,15 @@ impl Actor {
         let spec = &self.record.spec;
         let image = ctx.images.resolve(&spec.boot_image)?;
         let vm = ctx.vm_spec(self.layout.clone(), image, spec.shape, root, spec.mounts.clone());
+        let (gateway, gateway_token) = match &spec.gateway {
+            None => (None, None),
+            Some(sandbox) => {
+                let endpoint = ctx.gateway.clone().ok_or(BeginError::NoGateway)?;
+                let token = store::gateway_token(&self.layout).ok_or(BeginError::NoGatewayToken)?;
+                let env = spec.env.clone().into_iter().collect();
+                (Some(GatewayBinding { endpoint, sandbox: sandbox.clone(), env }), Some(token))
+            }
+        };
         let who = Identity {
             id: id.clone(),
             session: Some(SessionSpec { socket: ctx.sessions_socket.clone(), generation, id: session_id, token }),
@@ -418,7 +428,9 @@ impl Actor {
                 otlp_headers,
                 egress_proxy_authorization: ctx.egress.proxy_authorization.clone(),
                 credentials,
+                gateway_token,
             },
+            gateway,
         };
         Ok((vm, who))
     }

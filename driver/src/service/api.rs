@@ -173,7 +173,8 @@ impl Driver for Api {
         }
         let spec = convert::stored_spec(&req.spec.unwrap_or_default(), self.reg.ctx.jail.confinement)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let secrets = convert::credentials(req.credentials)?;
+        let credentials = convert::credentials(req.credentials)?;
+        let secrets = super::hub::CreateSecrets { credentials, gateway_token: None };
         let record = self.reg.create(id, spec, secrets).await?;
         Ok(Response::new(convert::sandbox(&record)))
     }

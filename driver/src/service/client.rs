@@ -18,15 +18,22 @@ pub fn default_socket() -> PathBuf {
 /// # Errors
 /// The socket does not answer.
 pub async fn connect(socket: &Path) -> Result<DriverClient<Channel>, tonic::transport::Error> {
+    Ok(DriverClient::new(channel(socket).await?))
+}
+
+/// A gRPC channel to a Unix socket of `serve` (the API's, or the ComputeDriver's).
+///
+/// # Errors
+/// The socket does not answer.
+pub async fn channel(socket: &Path) -> Result<Channel, tonic::transport::Error> {
     let path = socket.to_owned();
     // The URI is required by the API but unused: the connector always dials the socket.
-    let channel = Endpoint::from_static("http://localhost")
+    Endpoint::from_static("http://localhost")
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let path = path.clone();
             async move {
                 Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?))
             }
         }))
-        .await?;
-    Ok(DriverClient::new(channel))
+        .await
 }

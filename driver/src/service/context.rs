@@ -40,6 +40,8 @@ pub struct Context {
     pub egress: crate::sandbox::Egress,
     /// Whether a warm pool is configured (`serve --pool`).
     pub pool: bool,
+    /// Where the OpenShell gateway that drives this `serve` listens, for the supervisors of its sandboxes.
+    pub gateway: Option<vm_contract::gateway::GatewayEndpoint>,
     /// The test controls (all off but in the causal tests).
     pub controls: crate::controls::Controls,
 }

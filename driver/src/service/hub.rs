@@ -47,6 +47,24 @@ pub struct Hub {
     pub pool: Arc<Pool>,
 }
 
+/// A new sandbox's secrets: never in its spec, never in the guest.
+#[derive(Default)]
+pub struct CreateSecrets {
+    /// Credentials the workload sees as placeholders.
+    pub credentials: Vec<SecretCredential>,
+    /// The sandbox token of the OpenShell gateway that creates it.
+    pub gateway_token: Option<String>,
+}
+
+impl std::fmt::Debug for CreateSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreateSecrets")
+            .field("credentials", &self.credentials)
+            .field("gateway_token", &self.gateway_token.is_some())
+            .finish()
+    }
+}
+
 /// Why a create failed. Nothing of it is left: a claimed VM is stopped, a directory made for it removed.
 #[derive(Debug, thiserror::Error)]
 pub enum CreateError {
@@ -129,7 +147,8 @@ impl Hub {
     }
 
     /// Creates sandbox `id`: on a claimed pooled VM of its shape and image if one is free, else booted cold.
-    /// Its `secrets` are held in memory only, with the rotations, for every start.
+    /// Its credentials are held in memory only, with the rotations, for every start; a gateway's token is kept
+    /// in the sandbox directory (0600), for every start after a driver restart too.
     ///
     /// # Errors
     /// [`CreateError`].
@@ -137,7 +156,7 @@ impl Hub {
         self: &Arc<Self>,
         id: SandboxId,
         spec: StoredSpec,
-        secrets: Vec<SecretCredential>,
+        secrets: CreateSecrets,
     ) -> Result<SandboxRecord, CreateError> {
         if self.registry.is_closing() {
             return Err(CreateError::Closing);
@@ -147,11 +166,12 @@ impl Hub {
         }
         let image = self.ctx.images.resolve(&spec.boot_image)?;
         // A pooled VM read its auth bundle at its own start: one with credentials always boots.
-        let poolable = spec.mounts.is_empty() && secrets.is_empty();
-        if !secrets.is_empty() {
-            self.rotations.record(&id, CredentialRotation { secrets: Some(secrets), ..CredentialRotation::default() });
+        let poolable = spec.mounts.is_empty() && secrets.credentials.is_empty() && secrets.gateway_token.is_none();
+        if !secrets.credentials.is_empty() {
+            let rotation = CredentialRotation { secrets: Some(secrets.credentials), ..CredentialRotation::default() };
+            self.rotations.record(&id, rotation);
         }
-        let created = self.create_with(&id, spec, image, poolable).await;
+        let created = self.create_with(&id, spec, image, poolable, secrets.gateway_token).await;
         if created.is_err() {
             self.rotations.forget(&id);
         }
@@ -164,6 +184,7 @@ impl Hub {
         spec: StoredSpec,
         image: crate::image::Image,
         poolable: bool,
+        gateway_token: Option<String>,
     ) -> Result<SandboxRecord, CreateError> {
         let id = id.clone();
         // In a task of its own: a client that goes away mid-claim must not drop a VM in hand.
@@ -182,7 +203,7 @@ impl Hub {
         });
         let how = match attempt.await.map_err(|_| CreateError::ClaimTask)? {
             Ok(created) => created.map(|()| "accepted; claimed a pooled VM")?,
-            Err(spec) => self.create_cold(&id, spec).map(|()| "accepted; booting")?,
+            Err(spec) => self.create_cold(&id, spec, gateway_token.as_deref()).map(|()| "accepted; booting")?,
         };
         self.events.platform(&id, "provisioning", how);
         self.registry.get(&id).ok_or(CreateError::Vanished)
@@ -227,13 +248,17 @@ impl Hub {
         })
     }
 
-    /// Creates sandbox `id` in a new directory and boots it.
-    fn create_cold(self: &Arc<Self>, id: &SandboxId, spec: StoredSpec) -> Result<(), CreateError> {
+    /// Creates sandbox `id` in a new directory, with its gateway's token, and boots it.
+    fn create_cold(self: &Arc<Self>, id: &SandboxId, spec: StoredSpec, token: Option<&str>) -> Result<(), CreateError> {
         let layout = self.ctx.state.create_sandbox(id).map_err(|e| match e {
             StateError::Exists(_) => CreateError::Exists(id.clone()),
             e => CreateError::CreateDir(e),
         })?;
-        store::save_spec(&layout, &spec).map_err(CreateError::SaveSpec)?;
+        let saved = token.map_or(Ok(()), |t| store::save_gateway_token(&layout, t));
+        if let Err(e) = saved.and_then(|()| store::save_spec(&layout, &spec)) {
+            let _ = std::fs::remove_dir_all(layout.dir());
+            return Err(CreateError::SaveSpec(e));
+        }
         match actor::spawn(self, id.clone(), layout.clone(), spec, Initial::Start, true) {
             Ok(()) => Ok(()),
             Err((InsertError::Taken, _)) => Err(CreateError::Exists(id.clone())),

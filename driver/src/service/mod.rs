@@ -11,6 +11,8 @@
 //! - [`exec`]: process streams relayed to the sandboxes' attach sockets.
 //! - [`store`]: what a sandbox directory remembers across restarts.
 //! - [`client`]: how a client reaches the socket (the CLI's commands, tests).
+//! - [`openshell`]: OpenShell's ComputeDriver service, a second façade on the same sandboxes, on a socket of
+//!   its own (`--openshell-socket`).
 //!
 //! On start the driver reaps orphans, then restores its sandboxes: running-intent ones boot again (a new
 //! generation), stopped ones stay stopped, failed ones are reported failed. On SIGTERM or SIGINT every
@@ -26,6 +28,7 @@ mod events;
 mod exec;
 mod hub;
 mod ledger;
+pub mod openshell;
 pub mod pool;
 mod record;
 mod registry;
@@ -95,6 +98,19 @@ pub struct ServeConfig {
     pub pool_snapshots: bool,
     /// The test controls (all off but in the causal tests).
     pub controls: crate::controls::Controls,
+    /// OpenShell's ComputeDriver service, when a gateway is to drive this driver.
+    pub openshell: Option<OpenShellConfig>,
+}
+
+/// Where an OpenShell gateway reaches this driver, and where its supervisors reach the gateway.
+#[derive(Debug, Clone)]
+pub struct OpenShellConfig {
+    /// The ComputeDriver socket.
+    pub socket: PathBuf,
+    /// Only this pid may use it, when set (the gateway's).
+    pub gateway_pid: Option<i32>,
+    /// The gateway's endpoint, for the supervisors.
+    pub endpoint: vm_contract::gateway::GatewayEndpoint,
 }
 
 /// Why `serve` could not start.
@@ -162,6 +178,10 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
     let mut terminate = signal(SignalKind::terminate()).map_err(ServeError::Signals)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(ServeError::Signals)?;
     let api_listener = socket::bind(&config.socket).await?;
+    let openshell_listener = match &config.openshell {
+        Some(o) => Some(socket::bind(&o.socket).await?),
+        None => None,
+    };
     let sessions_listener = sessions::bind(&sessions_path).map_err(ServeError::Sessions)?;
     let ctx = Arc::new(Context {
         state: state.clone(),
@@ -179,6 +199,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         pool: !config.pool.is_empty(),
         egress: config.egress.clone(),
         controls,
+        gateway: config.openshell.as_ref().map(|o| o.endpoint.clone()),
     });
     let limits = ctx.limits;
     say_limits(&limits, fds);
@@ -205,6 +226,24 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
     }
     let server = api_server(api::Api::new(Arc::clone(&hub), accelerator), api_listener, policy)?;
     eprintln!("vm-driver: serving on {}", config.socket.display());
+    let openshell = match (&config.openshell, openshell_listener) {
+        (Some(o), Some(listener)) => {
+            let policy = PeerPolicy { pid: o.gateway_pid, ..policy };
+            let service = openshell::OpenShellDriver::new(Arc::clone(&hub));
+            let server = tonic::transport::Server::builder()
+                .add_service(vm_protocol::openshell::compute::v1::compute_driver_server::ComputeDriverServer::new(
+                    service,
+                ))
+                .serve_with_incoming(socket::incoming(listener, policy));
+            eprintln!(
+                "vm-driver: serving OpenShell's ComputeDriver on {}; supervisors dial the gateway at {}",
+                o.socket.display(),
+                o.endpoint.url
+            );
+            Some(tokio::spawn(server))
+        }
+        _ => None,
+    };
     tokio::select! {
         _ = terminate.recv() => {}
         _ = interrupt.recv() => {}
@@ -212,6 +251,12 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
     eprintln!("vm-driver: stopping every sandbox");
     shut_down(&hub, &pool).await;
     server.abort();
+    if let Some(openshell) = openshell {
+        openshell.abort();
+    }
+    if let Some(o) = &config.openshell {
+        let _ = std::fs::remove_file(&o.socket);
+    }
     drop(gate);
     let _ = std::fs::remove_file(&config.socket);
     let _ = std::fs::remove_file(&sessions_path);

@@ -36,6 +36,10 @@ pub struct StoredSpec {
     /// Host directories, resolved at create.
     #[serde(default)]
     pub mounts: Vec<vm_contract::share::HostMount>,
+    /// What the OpenShell gateway that created the sandbox asked of it (its token is kept apart, in
+    /// [`SandboxFile::GatewayToken`]); none for a sandbox of the driver's own API.
+    #[serde(default)]
+    pub gateway: Option<vm_contract::gateway::GatewaySandbox>,
 }
 
 fn default_disk_mib() -> u32 {
@@ -48,6 +52,24 @@ fn default_disk_mib() -> u32 {
 /// I/O.
 pub fn save_spec(layout: &SandboxLayout, spec: &StoredSpec) -> io::Result<()> {
     fs::write(layout.path(SandboxFile::Spec), serde_json::to_vec(spec).map_err(io::Error::other)?)
+}
+
+/// Keeps the token the gateway minted for the sandbox (0600, created exclusively: it is written once, at
+/// create).
+///
+/// # Errors
+/// I/O.
+pub fn save_gateway_token(layout: &SandboxLayout, token: &str) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = layout.path(SandboxFile::GatewayToken);
+    let mut file = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+    file.write_all(token.as_bytes())
+}
+
+/// The token the gateway minted for the sandbox, if it kept one.
+pub fn gateway_token(layout: &SandboxLayout) -> Option<String> {
+    fs::read_to_string(layout.path(SandboxFile::GatewayToken)).ok().filter(|t| !t.is_empty())
 }
 
 /// Reads the spec; `None` for a directory that is not a served sandbox (a `launch` one, say).

@@ -26,6 +26,10 @@ pub struct AuthBundle {
     /// The sandbox's secret credentials: the workload sees placeholders, the proxy swaps these in.
     #[serde(default)]
     pub secrets: Vec<vm_protocol::credentials::SecretCredential>,
+    /// The sandbox token an OpenShell gateway minted for this sandbox: the supervisor presents it on every
+    /// call to the gateway ([`crate::gateway`]).
+    #[serde(default)]
+    pub gateway_token: Option<String>,
 }
 
 impl fmt::Debug for AuthBundle {
@@ -36,6 +40,7 @@ impl fmt::Debug for AuthBundle {
             .field("session_token", &self.session_token.as_ref().map(|_| "<redacted>"))
             .field("egress_proxy_authorization", &self.egress_proxy_authorization.as_ref().map(|_| "<redacted>"))
             .field("secrets", &self.secrets)
+            .field("gateway_token", &self.gateway_token.as_ref().map(|_| "<redacted>"))
             .finish()
     }
 }
@@ -103,8 +108,10 @@ mod tests {
             session_token: Some("t0ken-value".into()),
             egress_proxy_authorization: Some("Basic cHJveHk=".into()),
             secrets: serde_json::from_str(r#"[{"name": "KEY", "value": "sk-v4lue", "hosts": ["a.example"]}]"#).unwrap(),
+            gateway_token: Some("eyJ-gw-t0k".into()),
         };
         let shown = format!("{b:?}");
+        assert!(!shown.contains("gw-t0k"), "{shown}");
         assert!(shown.contains("authorization") && !shown.contains("s3cret") && !shown.contains("t0ken"), "{shown}");
         assert!(!shown.contains("cHJveHk") && shown.contains("KEY") && !shown.contains("sk-v4lue"), "{shown}");
         b.write(&dir).unwrap();

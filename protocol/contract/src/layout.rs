@@ -62,11 +62,17 @@ pub enum SandboxFile {
     WritableDisk,
     /// The host-directory mounts' file servers: `shares/N/`, each one's jail root (empty on the host).
     Shares,
+    /// `serve`: the binding to the OpenShell gateway that created the sandbox ([`crate::gateway`], 0600,
+    /// written by the driver at every start, read by the supervisor).
+    Gateway,
+    /// `serve`: the sandbox token the gateway minted (0600), kept by the driver for every start; it reaches
+    /// the supervisor only in the auth bundle.
+    GatewayToken,
 }
 
 impl SandboxFile {
     /// Every file, for listings and tests.
-    pub const ALL: [Self; 24] = [
+    pub const ALL: [Self; 26] = [
         Self::VmmRoot,
         Self::JailId,
         Self::Channel,
@@ -91,6 +97,8 @@ impl SandboxFile {
         Self::Root,
         Self::WritableDisk,
         Self::Shares,
+        Self::Gateway,
+        Self::GatewayToken,
     ];
 
     /// The file's name inside the sandbox directory.
@@ -121,6 +129,8 @@ impl SandboxFile {
             Self::Root => "root.json",
             Self::WritableDisk => "disk.ext4",
             Self::Shares => "shares",
+            Self::Gateway => "gateway.json",
+            Self::GatewayToken => "gateway-token",
         }
     }
 

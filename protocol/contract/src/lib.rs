@@ -10,6 +10,7 @@
 //! | exit statuses | [`exit::SupervisorExit`], [`exit::WatchdogExit`], [`exit::driver`] | child -> parent, driver -> user |
 //! | status lines on the supervisor's stdout | [`status::SupervisorStatus`] | supervisor -> driver |
 //! | secrets, in a 0600 file read once | [`auth::AuthBundle`] | driver -> supervisor |
+//! | an OpenShell gateway's sandbox: endpoint, name, main process | [`gateway::GatewayBinding`] | driver -> supervisor |
 //! | a pooled VM's claim, on its liveness pipe | [`claim::Claim`] | driver -> supervisor |
 //! | the launch descriptor, admitted first | [`descriptor::LaunchDescriptor`], [`descriptor::Backend`] | driver -> supervisor |
 //! | processes for the reaper | [`pids::SandboxPids`], [`pids::ProcessRecord`] | supervisor -> driver |
@@ -37,6 +38,7 @@ pub mod claim;
 pub mod descriptor;
 pub mod env;
 pub mod exit;
+pub mod gateway;
 pub mod ids;
 pub mod jail;
 pub mod layout;

@@ -275,7 +275,8 @@ impl Source {
     }
 
     /// API Activity (6003), Update: a control-plane call that changed (or was refused a change of) the
-    /// sandbox's settings, made through the attach socket `endpoint`; `outcome` is fixed text.
+    /// sandbox's settings, made through the attach socket, or one the supervisor made to an OpenShell gateway
+    /// (`endpoint` names which); `outcome` is fixed text.
     pub fn api_update(&self, operation: &str, endpoint: &str, status: Status, outcome: &str) -> Event {
         let message = format!("{operation} {outcome}");
         let mut event = self.base(Class::API_ACTIVITY, (3, "Update"), Severity::Informational, message);

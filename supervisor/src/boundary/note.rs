@@ -105,6 +105,8 @@ pub enum Note {
     AdmissionRefused(&'static str),
     /// A log the guest fills reached its cap (the file's name).
     LogCapped(&'static str),
+    /// The OpenShell gateway's session or relays.
+    Gateway(crate::gateway::GatewayEvent),
     /// The driver refused this supervisor's session.
     SessionRefused,
     /// The parent-liveness pipe closed.

@@ -21,6 +21,7 @@ use vm_protocol::policy::UpdateOutcome;
 use crate::boot::lease::LeaseFailure;
 use crate::boundary::Note;
 use crate::bucket::TokenBucket;
+use crate::gateway::GatewayEvent;
 use crate::telemetry::spans::ExecOutcome;
 use crate::telemetry::Telemetry;
 
@@ -30,6 +31,9 @@ pub const REFUSAL_FINDINGS_PER_SEC: u32 = 1;
 /// Findings about intercepted requests and placeholders: a burst this large, then one a second. Each request
 /// also has its own HTTP Activity event; a workload that sends 403s without end must not flood the findings.
 pub const INTERCEPT_FINDINGS_BURST: u32 = 16;
+
+/// The endpoint API Activity events name for the calls this supervisor makes to an OpenShell gateway.
+const GATEWAY_ENDPOINT: &str = "openshell-gateway";
 
 /// Reports one sandbox's notes into its telemetry.
 #[derive(Debug)]
@@ -122,6 +126,7 @@ impl<'a> Reporter<'a> {
                 }
             }
             Note::AdmissionRefused(what) => self.finding(Finding::AdmissionRefused, what),
+            Note::Gateway(event) => self.gateway(event, now),
             Note::LogCapped(log) => {
                 self.finding(Finding::LogCapped, &format!("{log} reached its cap; the rest is dropped and counted"));
             }
@@ -193,6 +198,25 @@ impl<'a> Reporter<'a> {
         let what = if interception { "held back" } else { "refused" };
         let also = if held > 0 { format!(" ({held} more {what} since the last finding)") } else { String::new() };
         self.finding(Finding::PolicyDenied, &format!("{detail}{also}"));
+    }
+
+    /// The gateway's session as API Activity (`ConnectSupervisor`, `ReportMainProcessExit`); refused relays as
+    /// findings, limited as refusals are.
+    fn gateway(&mut self, event: GatewayEvent, now: Instant) {
+        let mut call = |operation: &str, status: Status, outcome: &str| {
+            let event = self.telemetry.source().api_update(operation, GATEWAY_ENDPOINT, status, outcome);
+            self.telemetry.emit(event);
+        };
+        match event {
+            GatewayEvent::SessionUp => call("ConnectSupervisor", Status::Success, "session accepted by the gateway"),
+            GatewayEvent::SessionDown(why) => call("ConnectSupervisor", Status::Failure, why),
+            GatewayEvent::MainExitReported(code) => {
+                call("ReportMainProcessExit", Status::Success, &format!("main process exit code {code} reported"));
+            }
+            GatewayEvent::RelayRefused(why) => {
+                self.limited_finding(false, now, &format!("a relay the gateway asked for was refused: {why}"));
+            }
+        }
     }
 
     fn config_change(&mut self, what: &str) {

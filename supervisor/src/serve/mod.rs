@@ -61,9 +61,10 @@ struct Serving<'a, 'r> {
     rules: watch::Sender<NetView>,
     /// Why we are stopping, and when QEMU gets SIGKILL if it has not exited.
     stopping: Option<(StopReason, Instant)>,
-    /// The session with `vm-driver serve`, if any: ended as soon as stopping begins, which closes the
-    /// readiness listener, so a stopping sandbox never looks ready.
-    session: Option<tokio::task::AbortHandle>,
+    /// The sessions with `vm-driver serve` and with an OpenShell gateway, if any: ended as soon as stopping
+    /// begins, which closes the readiness listener and the gateway's session, so a stopping sandbox never
+    /// looks ready.
+    sessions: Vec<tokio::task::AbortHandle>,
     /// This loop sent QEMU its SIGKILL: the watchdog, which exits with the VMM, may now close its pipe
     /// before QEMU is reaped.
     vmm_killed: bool,
@@ -87,7 +88,7 @@ pub(crate) async fn serve(
     Attached { guest, boundary, egress }: Attached,
     inbox: &mut Inbox,
     telemetry: &mut Telemetry,
-    session: Option<tokio::task::AbortHandle>,
+    sessions: Vec<tokio::task::AbortHandle>,
 ) -> StopReason {
     // The rules are published at `Attached`, before any stream can open.
     let (egress, mut reports, rules) = egress::Context::new(egress, guest.clone(), NetView::default());
@@ -104,7 +105,7 @@ pub(crate) async fn serve(
         egress,
         rules,
         stopping: None,
-        session,
+        sessions,
         vmm_killed: false,
     };
     // The boundary is attached and confirmed: the listeners may open.
@@ -294,6 +295,7 @@ impl Serving<'_, '_> {
             Notice::SessionUp(readiness) => tracing::info!(readiness = %readiness, "session accepted; readiness open"),
             Notice::SessionDown => tracing::warn!("session with the driver lost; readiness closed; reconnecting"),
             Notice::LogCapped(log) => self.note(Note::LogCapped(log)),
+            Notice::Gateway(event) => self.note(Note::Gateway(event)),
             Notice::SessionRefused => {
                 self.note(Note::SessionRefused);
                 self.stop(StopReason::SessionRefused);
@@ -333,7 +335,7 @@ impl Serving<'_, '_> {
     }
 
     fn end_session(&mut self) {
-        if let Some(session) = self.session.take() {
+        for session in self.sessions.drain(..) {
             session.abort();
         }
     }

@@ -4,6 +4,7 @@
 //! launch descriptor against the trusted arguments (before any credential is read)
 //!   -> auth bundle (read once, then gone) -> telemetry under the sandbox's identity
 //!   -> session settings -> the approved policy -> egress secrets (credentials, the sandbox's CA)
+//!   -> the gateway binding, with its token (a sandbox an OpenShell gateway created)
 //! ```
 
 use std::path::Path;
@@ -70,6 +71,12 @@ pub enum AdmitError {
     /// The supervisor could not make itself non-dumpable while it holds secrets.
     #[error("cannot make the supervisor non-dumpable")]
     Dumpable(#[source] std::io::Error),
+    /// The gateway binding cannot be read.
+    #[error(transparent)]
+    Gateway(#[from] vm_contract::gateway::BindingError),
+    /// A gateway binding came without the gateway's token, or a token without a binding.
+    #[error("the gateway binding and the gateway's token must come together")]
+    GatewayToken,
 }
 
 /// Where the telemetry settings come from.
@@ -98,6 +105,8 @@ pub(crate) struct Admitted {
     pub(crate) root: Option<RootImage>,
     /// What egress holds that the guest never sees.
     pub(crate) egress: EgressSecrets,
+    /// The OpenShell gateway that created the sandbox, and its token for it.
+    pub(crate) gateway: Option<crate::gateway::Gateway>,
 }
 
 /// The upstream proxy's login and the sandbox's credentials (from the auth bundle), and its CA.
@@ -140,11 +149,22 @@ pub(crate) fn admit(
     };
     let checked = policy().and_then(|policy| {
         let root = RootImage::read(Path::new(".")).map_err(AdmitError::Root)?;
+        let binding = vm_contract::gateway::GatewayBinding::read(Path::new("."))?;
+        let gateway = match (binding, bundle.gateway_token.clone()) {
+            (Some(binding), Some(token)) => Some(crate::gateway::Gateway::new(binding, token)),
+            (None, None) => None,
+            _ => return Err(AdmitError::GatewayToken),
+        };
+        if gateway.is_some() {
+            // The token in memory: as for the egress keys, no process of this user may read it.
+            rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+                .map_err(|e| AdmitError::Dumpable(e.into()))?;
+        }
         let egress = egress_secrets(args, safeguards, &policy, bundle)?;
-        Ok((policy, root, egress))
+        Ok((policy, root, egress, gateway))
     });
     sandbox.telemetry().spans().admission(started, checked.is_ok());
-    let (policy, root, egress) = match checked {
+    let (policy, root, egress, gateway) = match checked {
         Ok(checked) => checked,
         Err(e) => return Err(Failure::new(e, Outlet::Sandbox(Box::new(sandbox)))),
     };
@@ -164,7 +184,10 @@ pub(crate) fn admit(
     if !names.is_empty() {
         sandbox.config_change(&format!("credentials held as placeholders: {}", names.join(", ")));
     }
-    Ok(Admitted { sandbox, session, policy, root, egress })
+    if let Some(gateway) = &gateway {
+        sandbox.config_change(&format!("OpenShell gateway at {} drives this sandbox", gateway.endpoint_url()));
+    }
+    Ok(Admitted { sandbox, session, policy, root, egress, gateway })
 }
 
 fn ca_hosts(policy: &SandboxPolicy) -> Vec<&str> {

@@ -115,19 +115,25 @@ impl Admitted {
         senders: Senders,
         mut inbox: Inbox,
     ) -> StopReason {
-        let Self { mut sandbox, session, policy, root, egress } = self;
+        let Self { mut sandbox, session, policy, root, egress, gateway } = self;
         let Booted { mut vm, link, attach, .. } = booted;
         sandbox.telemetry.spans().boot_ended(true);
         let microvm = AppInfo { name: "microvm".into(), version: link.hello.software_label() };
         let apps = [microvm, app()];
-        crate::serve::attach_server::serve(attach, link.hello.capabilities, senders.clone());
+        let connector = crate::serve::attach_server::serve(attach, link.hello.capabilities, senders.clone());
         for app in &apps {
             sandbox.lifecycle(Lifecycle::Start, app, Status::Success, None);
         }
         let agent = apps[0].version.clone();
         status::report(&SupervisorStatus::Ready { vmm_pid: vm.vmm_record.pid.unsigned_abs(), agent });
         tracing::info!(sandbox = %args.identity.sandbox_id, agent = %apps[0].version, "sandbox ready");
-        let session = session.map(|s| tokio::spawn(crate::serve::session::run(s, senders.clone())).abort_handle());
+        let mut sessions: Vec<_> = session
+            .map(|s| tokio::spawn(crate::serve::session::run(s, senders.clone())).abort_handle())
+            .into_iter()
+            .collect();
+        if let Some(gateway) = gateway {
+            sessions.push(gateway.start(args.identity.sandbox_id.to_string(), connector, senders.clone()));
+        }
         let config = BoundaryConfig {
             policy,
             run: root.map(|r| r.run).unwrap_or_default(),
@@ -155,7 +161,7 @@ impl Admitted {
         let attached = crate::serve::Attached { guest: link.tx, boundary, egress };
         let telemetry = &mut sandbox.telemetry;
         let reason =
-            crate::serve::serve(args, &mut vm.vmm, &mut vm.lease, attached, &mut inbox, telemetry, session).await;
+            crate::serve::serve(args, &mut vm.vmm, &mut vm.lease, attached, &mut inbox, telemetry, sessions).await;
         let logs = vm.logs.clone();
         if vm.shut_down().await.is_none() {
             tracing::warn!("the lease watchdog did not exit after the VM stopped; killed it");

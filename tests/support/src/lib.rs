@@ -50,6 +50,7 @@ pub mod launch;
 pub mod leaks;
 pub mod net;
 pub mod ocsf_schema;
+pub mod openshell;
 pub mod otlp_receiver;
 pub mod output;
 pub mod procs;

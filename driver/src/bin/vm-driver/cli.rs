@@ -376,6 +376,8 @@ pub struct ServeArgs {
     pub vm: VmArgs,
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
+    #[command(flatten)]
+    pub openshell: crate::openshell::OpenShellArgs,
 }
 
 #[derive(Debug, Args)]

@@ -155,7 +155,9 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
             otlp_headers,
             egress_proxy_authorization: config.egress.proxy_authorization.clone(),
             credentials: config.secrets.clone(),
+            gateway_token: None,
         },
+        gateway: None,
     };
     let running = match sandbox::start(&vm, &who) {
         Ok(running) => running,

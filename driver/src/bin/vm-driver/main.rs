@@ -16,6 +16,7 @@ mod egress;
 mod exec;
 mod image;
 mod launch;
+mod openshell;
 mod port_forward;
 
 use std::path::PathBuf;
@@ -145,6 +146,7 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
                 pool_snapshots: args.pool_snapshots,
                 egress: args.vm.egress.egress()?,
                 controls,
+                openshell: args.openshell.config()?,
             })
             .await?;
             Ok(0)

@@ -46,4 +46,10 @@ pub(super) enum BeginError {
     /// The blocking start ended abnormally.
     #[error("the start task ended abnormally")]
     Task,
+    /// An OpenShell gateway created the sandbox, and this `serve` has no endpoint to reach one.
+    #[error("an OpenShell gateway created this sandbox, and vm-driver serve was started without --openshell-endpoint")]
+    NoGateway,
+    /// An OpenShell gateway created the sandbox, and the token it minted is gone from the sandbox directory.
+    #[error("the sandbox token its OpenShell gateway minted is missing")]
+    NoGatewayToken,
 }

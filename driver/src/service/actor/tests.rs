@@ -44,6 +44,7 @@ fn hub(root: &std::path::Path) -> Arc<Hub> {
         stop_timeout: Duration::from_secs(1),
         limits: Limits::new(&AdmissionConfig::default(), 4, 8192),
         pool: false,
+        gateway: None,
         egress: crate::sandbox::Egress::default(),
         controls: crate::controls::Controls::default(),
         state,
@@ -62,6 +63,7 @@ fn spec() -> StoredSpec {
         disk_mib: vm_contract::root::DEFAULT_DISK_MIB,
         policy: None,
         mounts: Vec::new(),
+        gateway: None,
     }
 }
 

@@ -86,6 +86,7 @@ pub fn stored_spec(spec: &SandboxSpec, confinement: Confinement) -> Result<Store
         disk_mib: if spec.disk_mib == 0 { vm_contract::root::DEFAULT_DISK_MIB } else { spec.disk_mib },
         policy,
         mounts: host_mounts(spec, confinement)?,
+        gateway: None,
     })
 }
 
