@@ -11,9 +11,12 @@
 //! files, the supervisor's fork and exec) runs off the async workers. Stopping writes the `stopped` marker
 //! first, and a stop whose marker cannot be written is refused (a restarted driver would bring the sandbox
 //! back); on driver shutdown the sandbox stops without it, so it comes back on restart. The actor holds its
-//! share of the host ([`Share`]) while the sandbox is meant to run.
+//! share of the host ([`Share`]) while the sandbox is meant to run, and a [`BootTurn`] while its VM boots: a
+//! start waits for its turn (answering commands meanwhile), so that many creates at once all boot.
 
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 use vm_contract::gateway::GatewayBinding;
 use vm_contract::ids::SandboxId;
 use vm_contract::layout::{SandboxFile, SandboxLayout};
+use vm_contract::root::RootImage;
 use vm_contract::session::{Generation, SessionId};
 use vm_contract::tombstone::EndReason;
 
@@ -32,7 +36,7 @@ mod tests;
 use self::errors::BeginError;
 pub use self::errors::{StartError, StopError};
 use super::hub::Hub;
-use super::ledger::Share;
+use super::ledger::{BootTurn, Share};
 use super::pool::ClaimedVm;
 use super::record::{Origin, SandboxRecord, State};
 use super::registry::InsertError;
@@ -86,10 +90,18 @@ struct Actor {
     ready: bool,
     /// The serial of the accepted session connection, while it is up.
     session: Option<u64>,
+    /// A start waiting for its turn to boot, with the root it boots on.
+    queued: Option<(Option<RootImage>, TurnWait)>,
+    /// Held while its VM boots: from the start until the guest answered or the boot failed.
+    turn: Option<BootTurn>,
 }
+
+/// A wait for a turn to boot, kept across loop turns so that it keeps its place.
+type TurnWait = Pin<Box<dyn Future<Output = BootTurn> + Send>>;
 
 enum Happened {
     Command(Option<Command>),
+    Turn(BootTurn),
     Ready(Result<Ready, SupervisorError>),
     Ended(Ended),
 }
@@ -139,7 +151,8 @@ pub fn spawn(
     };
     hub.events.changed(&record);
     let hub = Arc::clone(hub);
-    let mut actor = Actor { layout, hub, record, share, running: None, ready: false, session: None };
+    let mut actor =
+        Actor { layout, hub, record, share, running: None, ready: false, session: None, queued: None, turn: None };
     tokio::spawn(async move {
         match initial {
             Initial::Start => actor.start().await,
@@ -164,13 +177,25 @@ impl Actor {
                     cmd = rx.recv() => Happened::Command(cmd),
                     ended = running.ended() => Happened::Ended(ended),
                 },
-                None => Happened::Command(rx.recv().await),
+                None => match self.queued.as_mut() {
+                    Some((_, turn)) => tokio::select! {
+                        cmd = rx.recv() => Happened::Command(cmd),
+                        turn = turn => Happened::Turn(turn),
+                    },
+                    None => Happened::Command(rx.recv().await),
+                },
             };
             match happened {
                 Happened::Command(None) => return,
                 Happened::Command(Some(cmd)) => {
                     if !self.command(cmd).await {
                         return;
+                    }
+                }
+                Happened::Turn(turn) => {
+                    if let Some((root, _)) = self.queued.take() {
+                        self.turn = Some(turn);
+                        self.boot(root).await;
                     }
                 }
                 Happened::Ready(ready) => self.on_ready(ready).await,
@@ -180,6 +205,7 @@ impl Actor {
     }
 
     async fn on_ready(&mut self, ready: Result<Ready, SupervisorError>) {
+        drop(self.turn.take());
         match ready {
             Ok(ready) => {
                 self.ready = true;
@@ -270,6 +296,7 @@ impl Actor {
     async fn stop(&mut self) -> Result<SandboxRecord, StopError> {
         store::set_stopped(&self.layout, true)
             .map_err(|e| StopError::Marker(self.layout.path(SandboxFile::Stopped), e))?;
+        self.queued = None;
         if let Some(running) = &self.running {
             // A VM that had already died is recorded as the failure it was.
             let reason = if running.vmm_gone() { EndReason::Failed } else { EndReason::Stopped };
@@ -289,7 +316,7 @@ impl Actor {
         if self.running.as_ref().is_some_and(Running::vmm_gone) {
             return Err(StartError::CleaningUp);
         }
-        if self.running.is_none() {
+        if self.running.is_none() && self.queued.is_none() {
             if self.share.is_none() {
                 self.share = Some(self.hub.ledger.admit(self.record.spec.shape)?);
             }
@@ -332,15 +359,23 @@ impl Actor {
         self.hub.events.platform(&self.record.id, kind, what);
     }
 
-    /// Boots a new generation, on its image root if it has one; the lifecycle's blocking start runs on a
-    /// blocking thread.
+    /// A new generation, on its image root if it has one: the root is made ready now, the boot waits for
+    /// its turn ([`Self::boot`]).
     async fn start(&mut self) {
-        let generation = self.next_generation(Origin::Cold);
+        self.next_generation(Origin::Cold);
         let root = match self.image_root().await {
             Ok(root) => root,
             Err(detail) => return self.set(State::Failed, detail),
         };
-        let started = match self.start_spec(generation, root) {
+        let detail = format!("waiting for a turn to boot (at most {} boot at once)", self.hub.ctx.limits.boots);
+        self.set(State::Provisioning, detail);
+        self.queued = Some((root, Box::pin(self.hub.ledger.boot_turn())));
+    }
+
+    /// Boots the generation [`Self::start`] began, on its turn; the lifecycle's blocking start runs on a
+    /// blocking thread.
+    async fn boot(&mut self, root: Option<RootImage>) {
+        let started = match self.start_spec(self.record.generation, root) {
             Ok((vm, who)) => match tokio::task::spawn_blocking(move || sandbox::start(&vm, &who)).await {
                 Ok(started) => started.map_err(BeginError::from),
                 Err(_) => Err(BeginError::Task),
@@ -352,7 +387,10 @@ impl Actor {
                 self.running = Some(running);
                 self.set(State::Provisioning, cold_detail(&self.hub).into());
             }
-            Err(e) => self.set(State::Failed, format!("cannot start: {}", vm_contract::logs::chain(&e))),
+            Err(e) => {
+                drop(self.turn.take());
+                self.set(State::Failed, format!("cannot start: {}", vm_contract::logs::chain(&e)));
+            }
         }
     }
 
@@ -377,6 +415,7 @@ impl Actor {
     }
 
     fn next_generation(&mut self, origin: Origin) -> Generation {
+        (self.queued, self.turn) = (None, None);
         let generation = store::generation(&self.layout).next();
         self.record.generation = generation;
         self.record.running_intent = true;
@@ -391,7 +430,7 @@ impl Actor {
     fn start_spec(
         &mut self,
         generation: Generation,
-        root: Option<vm_contract::root::RootImage>,
+        root: Option<RootImage>,
     ) -> Result<(VmSpec, Identity), BeginError> {
         let (ctx, id) = (&self.hub.ctx, &self.record.id);
         store::set_generation(&self.layout, generation).map_err(BeginError::Generation)?;
@@ -438,6 +477,7 @@ impl Actor {
     /// Ends the running generation, if any: the orderly stop (up to `timeout`), then reap, sweep and
     /// tombstone.
     async fn finish(&mut self, reason: EndReason, timeout: Duration) {
+        (self.queued, self.turn) = (None, None);
         if let Some(running) = self.running.take() {
             running.stop(timeout).await.end(reason).await;
         }

@@ -38,6 +38,8 @@ pub struct AdmissionConfig {
     /// Most Exec streams open at once into one sandbox (at most `vm_contract::attach::MAX_CLIENTS` less a
     /// reserve).
     pub max_exec_per_sandbox: u32,
+    /// Most VMs booting at once (0: two per host core).
+    pub max_boots: u32,
 }
 
 impl Default for AdmissionConfig {
@@ -48,6 +50,7 @@ impl Default for AdmissionConfig {
             memory_overcommit: 1.0,
             max_exec_streams: 4096,
             max_exec_per_sandbox: MAX_PER_SANDBOX,
+            max_boots: 0,
         }
     }
 }
@@ -65,6 +68,8 @@ pub struct Limits {
     pub exec_streams: u32,
     /// Most Exec streams into one sandbox.
     pub exec_per_sandbox: u32,
+    /// Most VMs booting at once; the others wait their turn.
+    pub boots: u32,
 }
 
 impl Limits {
@@ -77,6 +82,10 @@ impl Limits {
             memory_mib: (memory_mib as f64 * config.memory_overcommit) as u64,
             exec_streams: config.max_exec_streams,
             exec_per_sandbox: config.max_exec_per_sandbox.min(MAX_PER_SANDBOX),
+            boots: match config.max_boots {
+                0 => u32::try_from(cores.saturating_mul(2)).unwrap_or(u32::MAX).max(1),
+                n => n,
+            },
         }
     }
 

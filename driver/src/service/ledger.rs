@@ -1,8 +1,10 @@
 //! The admission ledger: what the sandboxes and pooled VMs hold of the host. Each holder keeps a [`Share`],
-//! which gives its room back when dropped, so no path can forget to.
+//! which gives its room back when dropped, so no path can forget to; a VM that boots holds a [`BootTurn`]
+//! until its guest answers.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use vm_contract::shape::SandboxShape;
 
 use super::admission::{self, Limits, Refused, Usage};
@@ -12,7 +14,16 @@ use super::admission::{self, Limits, Refused, Usage};
 pub struct Ledger {
     limits: Limits,
     used: Mutex<Usage>,
+    /// Turns to boot, in the order they were asked for.
+    boots: Arc<Semaphore>,
 }
+
+/// A turn to boot. At most [`Limits::boots`] VMs boot at once: ten boots started together on a two-core host
+/// would each get a fifth of a core and all miss their boot timeout, where taking turns boots every one.
+/// Dropping it lets the next boot begin.
+#[derive(Debug)]
+#[must_use = "dropping a turn lets the next boot begin at once"]
+pub struct BootTurn(#[allow(dead_code, reason = "held, not read")] Option<OwnedSemaphorePermit>);
 
 /// One sandbox's or pooled VM's room on the host, held until dropped.
 #[derive(Debug)]
@@ -26,7 +37,15 @@ pub struct Share {
 impl Ledger {
     /// Nothing held yet.
     pub fn new(limits: Limits) -> Arc<Self> {
-        Arc::new(Self { limits, used: Mutex::new(Usage::default()) })
+        let boots = Arc::new(Semaphore::new(limits.boots.max(1) as usize));
+        Arc::new(Self { limits, used: Mutex::new(Usage::default()), boots })
+    }
+
+    /// Waits for a turn to boot (first asked, first served). Safe to cancel; a kept future keeps its place.
+    pub fn boot_turn(&self) -> impl std::future::Future<Output = BootTurn> + Send + 'static {
+        let boots = Arc::clone(&self.boots);
+        // The semaphore is never closed; were it, the boot would go ahead without a turn.
+        async move { BootTurn(boots.acquire_owned().await.ok()) }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Usage> {
@@ -117,6 +136,31 @@ mod tests {
         assert_eq!((ledger.usage().sandboxes, ledger.usage().pooled), (1, 0));
         drop(claimed);
         assert_eq!(ledger.usage(), Usage::default());
+    }
+
+    #[tokio::test]
+    async fn boots_take_turns_in_the_order_asked() {
+        let config = AdmissionConfig { max_boots: 2, ..Default::default() };
+        let ledger = Ledger::new(Limits::new(&config, 4, 8192));
+        let (first, second) = (ledger.boot_turn().await, ledger.boot_turn().await);
+        let mut third = Box::pin(ledger.boot_turn());
+        let mut fourth = Box::pin(ledger.boot_turn());
+        assert!(futures_poll_once(&mut third).await.is_none(), "two boot already");
+        drop(first);
+        let third = futures_poll_once(&mut third).await;
+        assert!(third.is_some(), "the first turn given back goes to the first waiting");
+        assert!(futures_poll_once(&mut fourth).await.is_none());
+        drop(second);
+        assert!(futures_poll_once(&mut fourth).await.is_some());
+    }
+
+    /// Polls `f` once: `Some` if it was ready.
+    async fn futures_poll_once<F: std::future::Future + Unpin>(f: &mut F) -> Option<F::Output> {
+        tokio::select! {
+            biased;
+            out = f => Some(out),
+            () = std::future::ready(()) => None,
+        }
     }
 
     #[test]

@@ -276,8 +276,8 @@ fn clean_up(state: &StateDir, config: &ServeConfig) {
 /// Says what may be admitted.
 fn say_limits(limits: &admission::Limits, fds: u64) {
     eprintln!(
-        "vm-driver: admitting up to {} sandboxes, {} vCPUs, {} MiB, {} Exec streams ({} per sandbox); {fds} descriptors",
-        limits.sandboxes, limits.vcpus, limits.memory_mib, limits.exec_streams, limits.exec_per_sandbox
+        "vm-driver: admitting up to {} sandboxes, {} vCPUs, {} MiB, {} Exec streams ({} per sandbox); {fds} descriptors; {} boots at once",
+        limits.sandboxes, limits.vcpus, limits.memory_mib, limits.exec_streams, limits.exec_per_sandbox, limits.boots
     );
 }
 

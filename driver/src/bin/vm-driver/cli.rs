@@ -353,6 +353,10 @@ pub struct ServeArgs {
     /// Most Exec streams open at once into one sandbox.
     #[arg(long, value_name = "N", default_value_t = AdmissionConfig::default().max_exec_per_sandbox)]
     pub max_exec_per_sandbox: u32,
+    /// Most VMs booting at once, cold or pooled; the others wait their turn, so that each boot has the CPU
+    /// its --boot-timeout assumes (0: two per host core).
+    #[arg(long, value_name = "N", default_value_t = AdmissionConfig::default().max_boots)]
+    pub max_boots: u32,
     /// Keep COUNT VMs booted ahead of demand, of CPUS vCPUs and MIB MiB (default 1:256) on the OCI image
     /// IMAGE as their root (default: the built-in root); a create of exactly that shape and image (with the
     /// default --disk) claims one instead of booting.
@@ -494,6 +498,7 @@ impl ServeArgs {
             memory_overcommit: self.memory_overcommit,
             max_exec_streams: self.max_exec_streams,
             max_exec_per_sandbox: self.max_exec_per_sandbox,
+            max_boots: self.max_boots,
         }
     }
 }

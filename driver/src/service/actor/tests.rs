@@ -19,6 +19,11 @@ use crate::state::StateDir;
 
 /// A hub over a fresh state directory, with no pool and nothing that can boot.
 fn hub(root: &std::path::Path) -> Arc<Hub> {
+    hub_booting(root, 0)
+}
+
+/// [`hub`], with at most `boots` boots at once (0: two per core of its 4).
+fn hub_booting(root: &std::path::Path, boots: u32) -> Arc<Hub> {
     let state = StateDir::open(root).unwrap();
     let ctx = Arc::new(Context {
         sessions_socket: root.join("sessions.sock"),
@@ -42,7 +47,7 @@ fn hub(root: &std::path::Path) -> Arc<Hub> {
         otlp_headers: Vec::new(),
         boot_timeout: Duration::from_secs(1),
         stop_timeout: Duration::from_secs(1),
-        limits: Limits::new(&AdmissionConfig::default(), 4, 8192),
+        limits: Limits::new(&AdmissionConfig { max_boots: boots, ..Default::default() }, 4, 8192),
         pool: false,
         gateway: None,
         egress: crate::sandbox::Egress::default(),
@@ -121,5 +126,50 @@ async fn an_image_that_cannot_be_had_fails_the_start_with_its_cause_and_starts_n
     let record = failed.expect("the sandbox did not fail");
     assert!(record.detail.contains("cannot get the image oci:"), "{}", record.detail);
     assert!(!layout.path(SandboxFile::Pids).exists(), "no supervisor was started");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The record of `id` once `pred` holds (within 5 s).
+async fn record_when(
+    hub: &Hub,
+    id: &SandboxId,
+    pred: impl Fn(&crate::service::record::SandboxRecord) -> bool,
+) -> crate::service::record::SandboxRecord {
+    for _ in 0..500 {
+        if let Some(record) = hub.registry.get(id).filter(&pred) {
+            return record;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{id}: not reached: {:?}", hub.registry.get(id));
+}
+
+#[tokio::test]
+async fn a_start_waits_for_its_turn_to_boot_answering_commands_meanwhile() {
+    let root = temp("turns");
+    let hub = hub_booting(&root, 1);
+    // A boot in progress holds the only turn.
+    let booting = hub.ledger.boot_turn().await;
+    let (waiting, stopped) = (SandboxId::parse("waiting").unwrap(), SandboxId::parse("stopped").unwrap());
+    for id in [&waiting, &stopped] {
+        let layout = hub.ctx.state.create_sandbox(id).unwrap();
+        spawn(&hub, id.clone(), layout, spec(), Initial::Start, true).map_err(|(e, _)| e).unwrap();
+    }
+    let queued = record_when(&hub, &waiting, |r| r.detail.starts_with("waiting for a turn")).await;
+    assert_eq!(queued.state, State::Provisioning);
+    // A stop is answered at once, and its start leaves the queue.
+    let record = hub.ask(&stopped, Command::Stop).await.unwrap().unwrap();
+    assert_eq!((record.state, record.running_intent), (State::Stopped, false));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let still = hub.registry.get(&waiting).unwrap();
+    assert!(still.detail.starts_with("waiting for a turn"), "booted without a turn: {still:?}");
+    assert!(!hub.ctx.state.layout(&waiting).path(SandboxFile::Pids).exists(), "no supervisor yet");
+    // The turn given back, the boot goes ahead: here it fails, as nothing can boot.
+    drop(booting);
+    let failed = record_when(&hub, &waiting, |r| r.state == State::Failed).await;
+    assert!(failed.detail.starts_with("cannot start"), "{}", failed.detail);
+    // Its turn was given back with the failure.
+    let _next = tokio::time::timeout(Duration::from_secs(5), hub.ledger.boot_turn()).await.unwrap();
+    assert_eq!(hub.registry.get(&stopped).unwrap().state, State::Stopped, "the stopped start never boots");
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -331,6 +331,8 @@ impl Pool {
             return;
         };
         let start = self.pooled_start(target, &id);
+        // Behind the cold boots asked for before it: they are what a caller waits on.
+        let turn = self.ledger.boot_turn().await;
         self.starting.fetch_add(1, Ordering::SeqCst);
         let (ctx, slot_id, slot_layout, how) = (Arc::clone(&self.ctx), id.clone(), layout.clone(), start.clone());
         let booted =
@@ -349,7 +351,7 @@ impl Pool {
         };
         let (claims_tx, claims_rx) = mpsc::channel(1);
         let supervisor_pid = running.supervisor_pid().unwrap_or(0);
-        let run = slot::run(Arc::clone(self), id.clone(), (running, share), claims_rx, self.closing.subscribe());
+        let run = slot::run(Arc::clone(self), id.clone(), (running, share, turn), claims_rx, self.closing.subscribe());
         let task = tokio::spawn(run);
         let mut state = self.lock();
         state.slots.push(Slot { id, target, start, state: SlotState::Booting, supervisor_pid, claims: claims_tx });

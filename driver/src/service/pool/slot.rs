@@ -14,7 +14,7 @@ use super::{Pool, PoolKey};
 use crate::sandbox::supervisor::Ready;
 use crate::sandbox::{self, Ended, PooledStart, Running, HUNG_STOP_TIMEOUT};
 use crate::service::context::Context;
-use crate::service::ledger::Share;
+use crate::service::ledger::{BootTurn, Share};
 
 /// Why a pooled VM could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -51,12 +51,12 @@ pub(super) async fn end(running: Running, timeout: Duration) {
     running.stop(timeout).await.end(EndReason::Failed).await;
 }
 
-/// The slot's life: booting, then waiting for a claim (answered with the VM and its share), its own end, or
+/// The slot's life: booting (holding its turn), then waiting for a claim (answered with the VM and its share), its own end, or
 /// the pool's.
 pub(super) async fn run(
     pool: Arc<Pool>,
     id: SandboxId,
-    (mut running, mut share): (Running, Share),
+    (mut running, mut share, turn): (Running, Share, BootTurn),
     mut claims: mpsc::Receiver<oneshot::Sender<(Running, Share)>>,
     mut closing: watch::Receiver<bool>,
 ) {
@@ -68,6 +68,7 @@ pub(super) async fn run(
             return;
         }
     };
+    drop(turn);
     let vmm_pid = match ready {
         Ok(Ready { saved: Some(bytes), .. }) => {
             pool.snapshot_saved(&id, bytes);
