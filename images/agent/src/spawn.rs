@@ -29,6 +29,8 @@ const STACK_BYTES: usize = 64 * 1024;
 const DEFAULT_PATH: &str = "/bin:/usr/bin";
 /// The kernel's signal set: 64 signals.
 const SIGSET_BYTES: c_long = 8;
+/// The kernel's signals, 1 to 64 (`_NSIG - 1`) on x86-64; no libc call is made in the child to learn it.
+const KERNEL_SIGNALS: c_int = 64;
 /// The child's exit status when it could not run the program (the parent reports the errno instead).
 const EXIT_FAILED: c_int = 127;
 /// The shell that runs an executable file with no `#!` line, as `execvp` does.
@@ -225,10 +227,14 @@ fn setup(p: &Prepared) -> Result<(), c_int> {
         } else {
             raw(libc::SYS_setpgid, [0; 4])?;
         }
-        // The agent ignores SIGPIPE (Rust's runtime does); the workload gets the default, and no blocked
-        // signal. The kernel's sigaction for SIG_DFL: handler, flags, restorer and mask all zero.
+        // The workload gets every signal's default action, whatever the agent ignores (SIGPIPE, as Rust's
+        // runtime does) or inherited (SIGINT and SIGQUIT, from a shell's background job), and no blocked
+        // signal: an ignored disposition would survive the exec. The kernel's sigaction for SIG_DFL:
+        // handler, flags, restorer and mask all zero. SIGKILL and SIGSTOP cannot be changed.
         let default = [0_u64; 4];
-        raw(libc::SYS_rt_sigaction, [libc::SIGPIPE.into(), default.as_ptr() as c_long, 0, SIGSET_BYTES])?;
+        for signal in (1..=KERNEL_SIGNALS).filter(|s| ![libc::SIGKILL, libc::SIGSTOP].contains(s)) {
+            raw(libc::SYS_rt_sigaction, [signal.into(), default.as_ptr() as c_long, 0, SIGSET_BYTES])?;
+        }
         let empty = 0_u64;
         let mask = std::ptr::from_ref(&empty) as c_long;
         raw(libc::SYS_rt_sigprocmask, [libc::SIG_SETMASK.into(), mask, 0, SIGSET_BYTES])?;

@@ -347,6 +347,25 @@ fn signals_reach_the_process_group() {
     host.finish().unwrap();
 }
 
+/// A shell's background job starts with SIGINT and SIGQUIT ignored, and an ignored signal stays ignored across
+/// an exec: the agent gives its workloads every default action back. Control: before it did, the three signal
+/// tests above failed when the suite ran from a background job (`SigIgn` here read 0x80000006).
+#[test]
+fn a_workload_gets_every_default_signal_action_whatever_the_agent_inherited() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    for sig in [Signal::SIGINT, Signal::SIGQUIT] {
+        // SAFETY: SIG_IGN installs no handler; the test process only ever ignores these two, which every
+        // other test here tolerates (the agent resets them for its workloads).
+        unsafe { signal(sig, SigHandler::SigIgn) }.unwrap();
+    }
+    let mut host = Host::start();
+    host.spawn(1, &["/bin/grep", "^SigIgn", "/proc/self/status"], 4096);
+    let run = host.collect(1);
+    assert_eq!(String::from_utf8_lossy(&run.stdout), "SigIgn:\t0000000000000000\n");
+    host.finish().unwrap();
+}
+
 fn spawn_tty(host: &mut Host, id: u32, argv: &[&str], rows: u16, cols: u16) {
     host.send(&ToGuest::Process(ProcessRequest::Spawn(Spawn {
         id: ProcId(id),
