@@ -359,15 +359,20 @@ impl Actor {
         self.hub.events.platform(&self.record.id, kind, what);
     }
 
-    /// A new generation, on its image root if it has one: the root is made ready now, the boot waits for
-    /// its turn ([`Self::boot`]).
+    /// A new generation, on its image root if it has one: the root is made ready now, and the boot begins
+    /// ([`Self::boot`]) when it has a turn: at once, or when the boots before it are done.
     async fn start(&mut self) {
         self.next_generation(Origin::Cold);
         let root = match self.image_root().await {
             Ok(root) => root,
             Err(detail) => return self.set(State::Failed, detail),
         };
-        let detail = format!("waiting for a turn to boot (at most {} boot at once)", self.hub.ctx.limits.boots);
+        if let Some(turn) = self.hub.ledger.try_boot_turn() {
+            self.turn = Some(turn);
+            return self.boot(root).await;
+        }
+        let why = if self.hub.ctx.pool { "cold boot: no free pooled VM of this shape and image; " } else { "" };
+        let detail = format!("waiting for a turn to boot ({why}at most {} boot at once)", self.hub.ctx.limits.boots);
         self.set(State::Provisioning, detail);
         self.queued = Some((root, Box::pin(self.hub.ledger.boot_turn())));
     }

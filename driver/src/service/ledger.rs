@@ -41,6 +41,11 @@ impl Ledger {
         Arc::new(Self { limits, used: Mutex::new(Usage::default()), boots })
     }
 
+    /// A turn to boot if one is free now and nobody waits for one.
+    pub fn try_boot_turn(&self) -> Option<BootTurn> {
+        Arc::clone(&self.boots).try_acquire_owned().ok().map(|permit| BootTurn(Some(permit)))
+    }
+
     /// Waits for a turn to boot (first asked, first served). Safe to cancel; a kept future keeps its place.
     pub fn boot_turn(&self) -> impl std::future::Future<Output = BootTurn> + Send + 'static {
         let boots = Arc::clone(&self.boots);
@@ -143,6 +148,7 @@ mod tests {
         let config = AdmissionConfig { max_boots: 2, ..Default::default() };
         let ledger = Ledger::new(Limits::new(&config, 4, 8192));
         let (first, second) = (ledger.boot_turn().await, ledger.boot_turn().await);
+        assert!(ledger.try_boot_turn().is_none(), "two boot already");
         let mut third = Box::pin(ledger.boot_turn());
         let mut fourth = Box::pin(ledger.boot_turn());
         assert!(futures_poll_once(&mut third).await.is_none(), "two boot already");
@@ -151,7 +157,11 @@ mod tests {
         assert!(third.is_some(), "the first turn given back goes to the first waiting");
         assert!(futures_poll_once(&mut fourth).await.is_none());
         drop(second);
-        assert!(futures_poll_once(&mut fourth).await.is_some());
+        assert!(ledger.try_boot_turn().is_none(), "the one waiting comes first");
+        let fourth = futures_poll_once(&mut fourth).await;
+        assert!(fourth.is_some());
+        drop((third, fourth));
+        assert!(ledger.try_boot_turn().is_some());
     }
 
     /// Polls `f` once: `Some` if it was ready.
