@@ -64,8 +64,13 @@ fn channels_and_relays_without_end_are_bounded_refused_and_recorded_and_the_neig
     assert_eq!(relays_opened, MAX_RELAYS - 1, "relays up to the bound");
     assert!(refused_relay.contains("too many relays"), "{refused_relay}");
     assert!(neighbour_ran, "the neighbour answered during the flood");
-    // Everything held was let go when the test's side dropped it: the sandbox serves again.
-    assert!(wait_until(Duration::from_secs(30), || gw.exec(&target, &["true"], b"", false).code == Some(0)));
+    // Everything held was let go when the test's side dropped it: the sandbox serves again, once the supervisor
+    // has seen the relays close (a relay refused meanwhile is tried again).
+    let serves = || {
+        let exec = vm_test_support::openshell::exec(&gw.gateway, &target, &["true"], b"", false);
+        gw.gateway.rt.block_on(exec).is_ok_and(|o| o.code == Some(0))
+    };
+    assert!(wait_until(Duration::from_secs(30), serves), "the sandbox never served again");
     let found = events::finding_descs(&events::settled(&gw.serve.sandbox(&target)));
     assert!(found.iter().any(|f| f.contains("too many relays")), "recorded: {found:#?}");
 }
