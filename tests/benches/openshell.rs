@@ -11,34 +11,17 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::api::exec_true;
 use common::{median, ms, Report};
-use tokio_stream::StreamExt;
-use vm_protocol::driver_api::{exec_request, exec_response, ExecRequest, ExecStart, SandboxRef, StdinEof};
+use vm_protocol::driver_api::SandboxRef;
 use vm_protocol::openshell::compute::v1::{CreateSandboxRequest, DeleteSandboxRequest};
-use vm_test_support::api::{create_ready, Client};
+use vm_test_support::api::create_ready;
 use vm_test_support::openshell::{self, StandIn};
 use vm_test_support::serve::Serve;
 use vm_test_support::{wait_until, Scratch};
 
 const EXECS: usize = 30;
 const IDLE: [&str; 3] = ["/bin/sh", "-c", "exec sleep 100000"];
-
-async fn exec_true(client: &mut Client, id: &str) -> Duration {
-    let start = ExecStart { sandbox_id: id.to_owned(), argv: vec!["true".into()], ..Default::default() };
-    let requests = [
-        ExecRequest { request: Some(exec_request::Request::Start(start)) },
-        ExecRequest { request: Some(exec_request::Request::StdinEof(StdinEof {})) },
-    ];
-    let begun = Instant::now();
-    let mut stream = client.exec(tokio_stream::iter(requests)).await.unwrap().into_inner();
-    while let Some(response) = stream.next().await {
-        if let Some(exec_response::Response::Exited(e)) = response.unwrap().response {
-            assert_eq!(e.status, 0);
-            return begun.elapsed();
-        }
-    }
-    panic!("exec stream ended without an exit status")
-}
 
 fn main() {
     let runs = common::runs();

@@ -12,32 +12,14 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+use common::api::exec_true;
 use common::{channel_up_then_one_byte, median, ms, BareVm, Report, CHANNEL_UP};
-use tokio_stream::StreamExt;
-use vm_protocol::driver_api::{exec_request, exec_response, ExecRequest, ExecStart, SandboxRef, StdinEof};
-use vm_test_support::api::{create_ready, Client};
+use vm_protocol::driver_api::SandboxRef;
+use vm_test_support::api::create_ready;
 use vm_test_support::serve::Serve;
 use vm_test_support::Scratch;
 
 const EXECS: usize = 100;
-
-/// One Exec stream running `true`, from the request to the exit status.
-async fn exec_true(client: &mut Client, id: &str) -> Duration {
-    let start = ExecStart { sandbox_id: id.to_owned(), argv: vec!["true".into()], ..Default::default() };
-    let requests = [
-        ExecRequest { request: Some(exec_request::Request::Start(start)) },
-        ExecRequest { request: Some(exec_request::Request::StdinEof(StdinEof {})) },
-    ];
-    let begun = Instant::now();
-    let mut stream = client.exec(tokio_stream::iter(requests)).await.unwrap().into_inner();
-    while let Some(response) = stream.next().await {
-        if let Some(exec_response::Response::Exited(e)) = response.unwrap().response {
-            assert_eq!(e.status, 0, "true exits 0");
-            return begun.elapsed();
-        }
-    }
-    panic!("exec stream ended without an exit status")
-}
 
 /// Baselines on a bare guest (a shell script as PID 1, no agent, supervisor or protocol): `EXECS` one-byte
 /// round trips in which the guest runs `/bin/busybox true` before answering, then `EXECS` plain ones

@@ -2,6 +2,7 @@
 //! starts it, but with a shell script as PID 1 instead of the agent, and no supervisor or protocol.
 #![allow(dead_code, reason = "each benchmark uses part of this module")]
 
+pub mod api;
 mod report;
 pub mod served;
 #[allow(unused_imports, reason = "each benchmark uses part of this module")]

@@ -118,7 +118,7 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
         }
         Command::Serve(args) => {
             let args = *args;
-            let (admission, retention) = (args.admission(), args.vm.retention.retention());
+            let (admission, retention) = (args.admission.config(), args.vm.retention.retention());
             let state_dir = state_dir(&args.vm);
             let default = vm_driver::image::resolve(
                 args.vm.boot_image.as_deref(),
