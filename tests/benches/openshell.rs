@@ -11,11 +11,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::api::exec_true;
+use common::api::create_exec_delete;
 use common::{median, ms, Report};
-use vm_protocol::driver_api::SandboxRef;
 use vm_protocol::openshell::compute::v1::{CreateSandboxRequest, DeleteSandboxRequest};
-use vm_test_support::api::create_ready;
 use vm_test_support::openshell::{self, StandIn};
 use vm_test_support::serve::Serve;
 use vm_test_support::{wait_until, Scratch};
@@ -43,15 +41,9 @@ fn main() {
         for side in [ours_first, !ours_first] {
             if side {
                 let id = format!("api-{i}");
-                rt.block_on(async {
-                    report.sample("ours: create -> ready (ms)", ms(&create_ready(&mut client, &id, None).await.0));
-                    let mut execs = Vec::with_capacity(EXECS);
-                    for _ in 0..EXECS {
-                        execs.push(ms(&exec_true(&mut client, &id).await));
-                    }
-                    report.sample("ours: exec true (ms)", median(&execs));
-                    client.delete_sandbox(SandboxRef { sandbox_id: id.clone() }).await.unwrap();
-                });
+                let (created, exec) = rt.block_on(create_exec_delete(&mut client, &id, EXECS));
+                report.sample("ours: create -> ready (ms)", created);
+                report.sample("ours: exec true (ms)", exec);
             } else {
                 let (id, token) = gateway.mint();
                 let begun = Instant::now();

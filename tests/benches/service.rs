@@ -12,7 +12,7 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use common::api::exec_true;
+use common::api::create_exec_delete;
 use common::{channel_up_then_one_byte, median, ms, BareVm, Report, CHANNEL_UP};
 use vm_protocol::driver_api::SandboxRef;
 use vm_test_support::api::create_ready;
@@ -77,15 +77,9 @@ fn main() {
             );
             open_client.delete_sandbox(SandboxRef { sandbox_id: id.clone() }).await.unwrap();
         });
-        rt.block_on(async {
-            report.sample("create -> ready (ms)", ms(&create_ready(&mut client, &id, None).await.0));
-            let mut execs = Vec::with_capacity(EXECS);
-            for _ in 0..EXECS {
-                execs.push(ms(&exec_true(&mut client, &id).await));
-            }
-            report.sample("exec true (ms)", median(&execs));
-            client.delete_sandbox(SandboxRef { sandbox_id: id.clone() }).await.unwrap();
-        });
+        let (created, exec) = rt.block_on(create_exec_delete(&mut client, &id, EXECS));
+        report.sample("create -> ready (ms)", created);
+        report.sample("exec true (ms)", exec);
     }
     report.compare(
         "exec `true` round trip (ms) vs raw channel 1-byte ping-pong",

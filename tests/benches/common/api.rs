@@ -3,8 +3,22 @@
 use std::time::{Duration, Instant};
 
 use tokio_stream::StreamExt;
-use vm_protocol::driver_api::{exec_request, exec_response, ExecRequest, ExecStart, StdinEof};
-use vm_test_support::api::Client;
+use vm_protocol::driver_api::{exec_request, exec_response, ExecRequest, ExecStart, SandboxRef, StdinEof};
+use vm_test_support::api::{create_ready, Client};
+
+use super::{median, ms};
+
+/// Creates sandbox `id` until ready, runs `execs` Execs of `true` in it and deletes it: the create's
+/// milliseconds and the execs' median.
+pub async fn create_exec_delete(client: &mut Client, id: &str, execs: usize) -> (f64, f64) {
+    let created = ms(&create_ready(client, id, None).await.0);
+    let mut times = Vec::with_capacity(execs);
+    for _ in 0..execs {
+        times.push(ms(&exec_true(client, id).await));
+    }
+    client.delete_sandbox(SandboxRef { sandbox_id: id.to_owned() }).await.unwrap();
+    (created, median(&times))
+}
 
 /// One Exec stream running `true`, from the request to the exit status.
 pub async fn exec_true(client: &mut Client, id: &str) -> Duration {
