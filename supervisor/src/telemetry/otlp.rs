@@ -39,7 +39,7 @@ const RECORD_OVERHEAD_BYTES: usize = 256;
 const BATCH_RECORDS: usize = 1024;
 /// Export requests in flight at once: a slow collector (a second per request, say) still takes a full queue
 /// within the stop budget's flush.
-const IN_FLIGHT: usize = 4;
+pub const IN_FLIGHT: usize = 4;
 /// Per-request timeout.
 pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(3);
 

@@ -9,6 +9,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use vm_contract::layout::SandboxFile;
+use vm_supervisor::telemetry::otlp::IN_FLIGHT;
 use vm_test_support::leaks::{files_holding, processes_holding};
 use vm_test_support::otlp_receiver::{authorization_headers, Behavior, Receiver, TlsIdentity};
 use vm_test_support::output::{ok, text};
@@ -115,11 +116,11 @@ fn rotates_mid_run(name: &str, protocol: &str, tls: bool) {
     let all = tokens(&receiver);
     let first_new = all.iter().position(|t| t == NEW_TOKEN).unwrap();
     assert!(first_new >= before, "the new token appeared before the rotation");
-    assert!(
-        all[first_new..].iter().all(|t| t == NEW_TOKEN),
-        "the old token after the new one: {:?}",
-        &all[first_new..]
-    );
+    // Requests already in flight when the exporter was rebuilt finish with the old token and may land after
+    // the first new one; the new one took a slot, so at most IN_FLIGHT - 1 of them can. More means an
+    // export sent after the rotation still carried the old token.
+    let late_old = all[first_new..].iter().filter(|t| *t != NEW_TOKEN).count();
+    assert!(late_old < IN_FLIGHT, "the old token on exports sent after the rotation: {:?}", &all[first_new..]);
     let events = events(&serve, "c");
     assert!(events.contains("OTLP credentials rotation 1 applied"), "a configuration event says it happened");
     assert!(!events.contains(NEEDLE));
