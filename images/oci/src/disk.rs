@@ -134,24 +134,7 @@ fn build_in(store: &Store, image: &Image, limits: Limits, staging: &Path) -> Res
     let owners = rustix::process::geteuid().is_root();
     write::write(tree.root(), &spool, &root, owners)?;
     let disk = staging.join(DISK_FILE);
-    let mut mkfs = Command::new("mkfs.erofs");
-    mkfs.arg("-T0").arg("-x-1").arg(format!("-U{}", uuid_of(&image.manifest)));
-    if !owners {
-        // Without root the written tree is the caller's; in the guest everything is root's.
-        mkfs.arg("--all-root");
-    }
-    let status = mkfs
-        .arg(&disk)
-        .arg(&root)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status();
-    match status {
-        Ok(s) if s.success() => {}
-        Ok(s) => return Err(DiskError::Mkfs { status: Some(s) }),
-        Err(_) => return Err(DiskError::Mkfs { status: None }),
-    }
+    make_erofs(&root, &disk, &uuid_of(&image.manifest), owners)?;
     shareable(&disk).map_err(io(&disk))?;
     let record = serde_json::to_vec_pretty(image)
         .map_err(|e| DiskError::Io { path: staging.join(IMAGE_FILE), source: e.into() })?;
@@ -162,9 +145,35 @@ fn build_in(store: &Store, image: &Image, limits: Limits, staging: &Path) -> Res
     Ok(())
 }
 
+/// Makes `disk` an EROFS image of the tree at `root`, every time set to 0 and `uuid` its UUID, so that
+/// one tree always gives the same bytes. Without `owners` every file is root's (a tree written by a user
+/// other than root is that user's).
+///
+/// # Errors
+/// [`DiskError::Mkfs`].
+pub fn make_erofs(root: &Path, disk: &Path, uuid: &str, owners: bool) -> Result<(), DiskError> {
+    let mut mkfs = Command::new("mkfs.erofs");
+    mkfs.arg("-T0").arg("-x-1").arg(format!("-U{uuid}"));
+    if !owners {
+        mkfs.arg("--all-root");
+    }
+    let status = mkfs
+        .arg(disk)
+        .arg(root)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+    match status {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(DiskError::Mkfs { status: Some(s) }),
+        Err(_) => Err(DiskError::Mkfs { status: None }),
+    }
+}
+
 /// Makes the disk readable by every VMM (0444): each runs as a uid of its own, and reaches the file only
 /// through its jail's bind mount, since the store's directories stay 0700.
-fn shareable(disk: &Path) -> io::Result<()> {
+pub fn shareable(disk: &Path) -> io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(disk, fs::Permissions::from_mode(0o444))
 }

@@ -41,6 +41,7 @@
 
 pub mod api;
 pub mod attach;
+pub mod containerd;
 pub mod direct;
 pub mod events;
 pub mod exclusive;

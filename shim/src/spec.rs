@@ -1,0 +1,196 @@
+//! What a containerd bundle's OCI runtime spec (`config.json`) asks, and what of it a microVM honours
+//! (docs/kubernetes.md, "The OCI spec"): the process's args, env, cwd and terminal; bind mounts of host
+//! directories (our confined shares); the kernel file systems every guest has anyway. What would reach past
+//! the VM (host namespaces, privileged, host devices) or what we cannot honour yet is refused by name,
+//! before anything is made.
+
+use std::path::Path;
+
+use oci_spec::runtime::{Capability, LinuxNamespaceType, Mount, Process, Spec};
+use vm_contract::share::HostMount;
+
+/// The most bytes of `config.json` read: containerd's specs are a few KiB.
+const MAX_SPEC_BYTES: u64 = 1 << 20;
+
+/// The kernel file systems the guest mounts itself, where a container expects them: accepted and left to
+/// the guest.
+const GUEST_MOUNTS: &[(&str, &str)] = &[
+    ("/proc", "proc"),
+    ("/dev", "tmpfs"),
+    ("/dev/pts", "devpts"),
+    ("/dev/shm", "tmpfs"),
+    ("/dev/mqueue", "mqueue"),
+    ("/sys", "sysfs"),
+    ("/sys/fs/cgroup", "cgroup"),
+    ("/run", "tmpfs"),
+];
+
+/// The namespaces a container must have of its own; in a VM every one is the guest's.
+const OWN_NAMESPACES: [LinuxNamespaceType; 5] = [
+    LinuxNamespaceType::Pid,
+    LinuxNamespaceType::Network,
+    LinuxNamespaceType::Ipc,
+    LinuxNamespaceType::Uts,
+    LinuxNamespaceType::Mount,
+];
+
+/// Why a spec is refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SpecError {
+    /// `config.json` is missing, too large or not a runtime spec.
+    #[error("the bundle's config.json cannot be read as an OCI runtime spec")]
+    Unreadable,
+    /// No process, or no args.
+    #[error("the spec names no process to run (process.args is empty)")]
+    NoArgs,
+    /// A namespace the host's, or joined by path.
+    #[error("the spec shares the host's {0} namespace: a microVM has only its own")]
+    HostNamespace(&'static str),
+    /// `CAP_SYS_ADMIN` in the bounding set: a privileged container.
+    #[error("privileged containers are refused: CAP_SYS_ADMIN would reach the VM's kernel, not a container")]
+    Privileged,
+    /// Host devices.
+    #[error("host devices are refused ({0}): nothing of the host's is passed to the VM")]
+    Device(String),
+    /// A mount we cannot honour.
+    #[error("mount at {destination} is refused: {why}")]
+    Mount {
+        /// Where the spec wanted it.
+        destination: String,
+        /// Why.
+        why: &'static str,
+    },
+}
+
+/// A process as the guest will run it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workload {
+    /// Program and arguments.
+    pub argv: Vec<String>,
+    /// `KEY=VALUE` pairs, the spec's whole environment.
+    pub env: Vec<(String, String)>,
+    /// Working directory (`None`: the image's).
+    pub cwd: Option<String>,
+    /// On a terminal.
+    pub terminal: bool,
+}
+
+/// The container: its first process and the host directories it shares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Container {
+    /// The init process.
+    pub init: Workload,
+    /// Bind mounts of host directories.
+    pub mounts: Vec<HostMount>,
+}
+
+/// Reads and checks `bundle/config.json`.
+///
+/// # Errors
+/// [`SpecError`].
+pub fn read(bundle: &Path) -> Result<Container, SpecError> {
+    use std::io::Read;
+    let file = std::fs::File::open(bundle.join("config.json")).map_err(|_| SpecError::Unreadable)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_SPEC_BYTES + 1).read_to_end(&mut bytes).map_err(|_| SpecError::Unreadable)?;
+    if bytes.len() as u64 > MAX_SPEC_BYTES {
+        return Err(SpecError::Unreadable);
+    }
+    let spec: Spec = serde_json::from_slice(&bytes).map_err(|_| SpecError::Unreadable)?;
+    accept(&spec)
+}
+
+/// Checks a whole spec.
+///
+/// # Errors
+/// [`SpecError`], the first thing refused.
+pub fn accept(spec: &Spec) -> Result<Container, SpecError> {
+    let linux = spec.linux().clone().unwrap_or_default();
+    let namespaces = linux.namespaces().clone().unwrap_or_default();
+    for wanted in OWN_NAMESPACES {
+        let own = namespaces.iter().any(|n| n.typ() == wanted && n.path().is_none());
+        if !own {
+            return Err(SpecError::HostNamespace(namespace_name(wanted)));
+        }
+    }
+    // Before the devices: a privileged spec lists every host device too, and privileged is what it asked.
+    let process = spec.process().as_ref().ok_or(SpecError::NoArgs)?;
+    let init = workload(process)?;
+    if let Some(device) = linux.devices().as_ref().and_then(|d| d.first()) {
+        return Err(SpecError::Device(device.path().display().to_string()));
+    }
+    let mut mounts = Vec::new();
+    for mount in spec.mounts().as_deref().unwrap_or_default() {
+        if let Some(share) = host_mount(mount)? {
+            mounts.push(share);
+        }
+    }
+    Ok(Container { init, mounts })
+}
+
+/// Checks one process (the init's, or an exec's from `ExecProcessRequest.spec`).
+///
+/// # Errors
+/// [`SpecError::NoArgs`], [`SpecError::Privileged`].
+pub fn workload(process: &Process) -> Result<Workload, SpecError> {
+    let privileged = process
+        .capabilities()
+        .as_ref()
+        .and_then(|c| c.bounding().as_ref())
+        .is_some_and(|bounding| bounding.contains(&Capability::SysAdmin));
+    if privileged {
+        return Err(SpecError::Privileged);
+    }
+    let argv = process.args().clone().unwrap_or_default();
+    if argv.is_empty() {
+        return Err(SpecError::NoArgs);
+    }
+    let env = process
+        .env()
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|e| e.split_once('=').map_or((e.clone(), String::new()), |(k, v)| (k.to_owned(), v.to_owned())))
+        .collect();
+    let cwd = process.cwd().to_str().filter(|c| !c.is_empty() && *c != "/").map(str::to_owned);
+    Ok(Workload { argv, env, cwd, terminal: process.terminal().unwrap_or(false) })
+}
+
+/// A bind mount as a share, a kernel file system the guest has anyway as nothing; anything else refused.
+fn host_mount(mount: &Mount) -> Result<Option<HostMount>, SpecError> {
+    let destination = mount.destination().display().to_string();
+    let typ = mount.typ().as_deref().unwrap_or_default();
+    let options = mount.options().as_deref().unwrap_or_default();
+    let refuse = |why| Err(SpecError::Mount { destination: destination.clone(), why });
+    if GUEST_MOUNTS.iter().any(|(d, t)| *d == destination && *t == typ) {
+        return Ok(None);
+    }
+    let bind = typ == "bind" || options.iter().any(|o| o == "bind" || o == "rbind");
+    if !bind {
+        return refuse("only bind mounts of host directories and the guest's own kernel file systems are honoured");
+    }
+    let Some(source) = mount.source().as_ref().filter(|s| s.is_absolute()) else {
+        return refuse("a bind mount needs an absolute source");
+    };
+    if !source.is_dir() {
+        return refuse("only directories are shared with a VM");
+    }
+    let readonly = options.iter().any(|o| o == "ro");
+    Ok(Some(HostMount { source: source.clone(), target: destination, readonly }))
+}
+
+fn namespace_name(kind: LinuxNamespaceType) -> &'static str {
+    match kind {
+        LinuxNamespaceType::Pid => "pid",
+        LinuxNamespaceType::Network => "network",
+        LinuxNamespaceType::Ipc => "ipc",
+        LinuxNamespaceType::Uts => "uts",
+        LinuxNamespaceType::Mount => "mount",
+        LinuxNamespaceType::Cgroup => "cgroup",
+        LinuxNamespaceType::User => "user",
+        LinuxNamespaceType::Time => "time",
+    }
+}
+
+#[cfg(test)]
+mod tests;

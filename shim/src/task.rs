@@ -1,0 +1,513 @@
+//! containerd's task service (`containerd.task.v2.Task`) on one task's VM: `Create` makes the root disk and
+//! boots the VM, `Start` runs the init process (or an exec) through the driver's process session with
+//! containerd's FIFOs as its client, `Kill`, `ResizePty` and `CloseIO` become the session's client
+//! requests, `Wait` and `State` read the exit the session reported, `Delete` stops the VM and removes the
+//! disk. Every process is the guest agent's, under the supervisor's policy and OCSF record, as any other.
+//!
+//! The init process's exit stops the VM (as a container's pid 1 exiting ends its namespace); execs may not
+//! outlive it. Each exit is published as a `TaskExit` event and kept for `Wait`, `State` and `Delete`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use containerd_shim::api::{self, Status as TaskStatus};
+use containerd_shim::protos::events::task::{
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskStart,
+};
+use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
+use containerd_shim::protos::protobuf::MessageDyn;
+use containerd_shim::protos::topics;
+use containerd_shim::protos::ttrpc::{self, Code};
+use containerd_shim::publisher::RemotePublisher;
+use containerd_shim::{Context, ExitSignal, Task, TtrpcContext, TtrpcResult};
+use tokio::sync::{mpsc, oneshot, watch};
+use vm_contract::root::{RootImage, RunConfig};
+use vm_driver::process::{self, Ended, FromClient, ProcessSession};
+use vm_protocol::message::EnvVar;
+use vm_protocol::{ProcId, ProcessRequest, PtySize, SignalName, Spawn};
+
+use crate::fifo::{FifoClient, Stdio};
+use crate::pod::Pod;
+use crate::settings::Settings;
+use crate::{rootfs, spec};
+
+/// A process's output the driver holds for a client that does not read (as `serve`'s Exec streams).
+const OUTPUT_WINDOW: u32 = 256 * 1024;
+/// Requests (signals, resizes) queued for one process before more are refused.
+const REQUEST_QUEUE: usize = 16;
+/// Execs one task may hold at once.
+const MAX_EXECS: usize = 64;
+/// What a process that the VM took with it exited with: as if SIGKILLed.
+const LOST_STATUS: u32 = 128 + 9;
+
+/// One exit.
+#[derive(Debug, Clone, Copy)]
+struct Exit {
+    status: u32,
+    at: SystemTime,
+}
+
+/// One process of the task: the init (exec id `""`) or an exec.
+#[derive(Debug)]
+struct Proc {
+    workload: spec::Workload,
+    stdio: Stdio,
+    pid: u32,
+    started: bool,
+    requests: Option<mpsc::Sender<FromClient>>,
+    exit: watch::Sender<Option<Exit>>,
+}
+
+impl Proc {
+    fn new(workload: spec::Workload, stdio: Stdio) -> Self {
+        Self { workload, stdio, pid: 0, started: false, requests: None, exit: watch::channel(None).0 }
+    }
+
+    fn exited(&self) -> Option<Exit> {
+        *self.exit.borrow()
+    }
+}
+
+/// The task: its bundle, its VM, its processes.
+#[derive(Debug)]
+struct Container {
+    id: String,
+    bundle: PathBuf,
+    pod: Arc<Pod>,
+    procs: HashMap<String, Proc>,
+}
+
+/// The service.
+#[derive(Clone)]
+pub struct TaskService {
+    settings: Arc<Settings>,
+    namespace: String,
+    container: Arc<Mutex<Option<Container>>>,
+    publisher: Arc<RemotePublisher>,
+    exit: Arc<ExitSignal>,
+}
+
+impl std::fmt::Debug for TaskService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskService").field("namespace", &self.namespace).finish_non_exhaustive()
+    }
+}
+
+fn error(code: Code, message: impl Into<String>) -> ttrpc::Error {
+    ttrpc::Error::RpcStatus(ttrpc::get_status(code, message.into()))
+}
+
+fn timestamp(at: SystemTime) -> Timestamp {
+    let since = at.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let mut ts = Timestamp::new();
+    ts.seconds = i64::try_from(since.as_secs()).unwrap_or(i64::MAX);
+    ts.nanos = i32::try_from(since.subsec_nanos()).unwrap_or_default();
+    ts
+}
+
+impl TaskService {
+    /// A service with no task yet.
+    pub fn new(settings: Settings, namespace: String, publisher: RemotePublisher, exit: Arc<ExitSignal>) -> Self {
+        Self {
+            settings: Arc::new(settings),
+            namespace,
+            container: Arc::new(Mutex::new(None)),
+            publisher: Arc::new(publisher),
+            exit,
+        }
+    }
+
+    fn with<T>(&self, id: &str, f: impl FnOnce(&mut Container) -> TtrpcResult<T>) -> TtrpcResult<T> {
+        let mut held = self.container.lock().map_err(|_| error(Code::INTERNAL, "the shim's state is poisoned"))?;
+        match held.as_mut() {
+            Some(c) if c.id == id => f(c),
+            _ => Err(error(Code::NOT_FOUND, format!("no task {id} in this shim"))),
+        }
+    }
+
+    async fn publish(&self, topic: &str, event: Box<dyn MessageDyn>) {
+        // Best effort: containerd also learns each exit from Wait.
+        let _ = self.publisher.publish(Context::default(), topic, &self.namespace, event).await;
+    }
+
+    /// Runs one process to its end: the session between its FIFOs and the guest, then its exit recorded and
+    /// published; the init's exit stops the VM.
+    fn run_process(
+        &self,
+        id: String,
+        exec_id: String,
+        spawn: Spawn,
+        stdio: Stdio,
+    ) -> oneshot::Receiver<Result<u32, String>> {
+        let (started_tx, started_rx) = oneshot::channel();
+        let (requests_tx, requests_rx) = mpsc::channel(REQUEST_QUEUE);
+        let service = self.clone();
+        let pod = self.with(&id, |c| Ok(Arc::clone(&c.pod)));
+        let _ = self.with(&id, |c| {
+            if let Some(p) = c.procs.get_mut(&exec_id) {
+                p.requests = Some(requests_tx);
+            }
+            Ok(())
+        });
+        tokio::spawn(async move {
+            let status = async {
+                let pod = pod.map_err(|_| "the task is gone".to_owned())?;
+                let conn = pod.conn().await.map_err(|_| "the sandbox's supervisor is not reachable".to_owned())?;
+                let window = spawn.output_window;
+                let mut process = conn
+                    .open(window, |pid| ProcessRequest::Spawn(Spawn { id: pid, ..spawn }).into())
+                    .await
+                    .map_err(|_| "the sandbox's supervisor is not reachable".to_owned())?;
+                let mut client = FifoClient::open(&stdio, requests_rx, started_tx)
+                    .map_err(|_| "cannot open the process's stdio FIFOs".to_owned())?;
+                let session = ProcessSession::new(process.id(), false, None);
+                let outcome = process::run(session, &mut process, &mut client).await;
+                process.release(outcome.ended == Ended::Detach).await;
+                Ok::<_, String>(outcome.status.map_or(LOST_STATUS, |s| u32::from(s.exit_code())))
+            }
+            .await
+            .unwrap_or(LOST_STATUS);
+            service.exited(&id, &exec_id, status).await;
+        });
+        started_rx
+    }
+
+    async fn exited(&self, id: &str, exec_id: &str, status: u32) {
+        let exit = Exit { status, at: SystemTime::now() };
+        let found = self.with(id, |c| {
+            let p = c.procs.get_mut(exec_id).ok_or_else(|| error(Code::NOT_FOUND, "gone"))?;
+            p.requests = None;
+            p.exit.send_replace(Some(exit));
+            if exec_id.is_empty() {
+                c.pod.stop();
+            }
+            Ok(p.pid)
+        });
+        if let Ok(pid) = found {
+            let event = TaskExit {
+                container_id: id.to_owned(),
+                id: if exec_id.is_empty() { id.to_owned() } else { exec_id.to_owned() },
+                pid,
+                exit_status: status,
+                exited_at: Some(timestamp(exit.at)).into(),
+                ..Default::default()
+            };
+            self.publish(topics::TASK_EXIT_EVENT_TOPIC, Box::new(event)).await;
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Task for TaskService {
+    async fn create(&self, _ctx: &TtrpcContext, req: api::CreateTaskRequest) -> TtrpcResult<api::CreateTaskResponse> {
+        if self.container.lock().map(|c| c.is_some()).unwrap_or(true) {
+            return Err(error(Code::ALREADY_EXISTS, "this shim already runs a task"));
+        }
+        let bundle = PathBuf::from(&req.bundle);
+        let container = spec::read(&bundle).map_err(|e| error(Code::INVALID_ARGUMENT, e.to_string()))?;
+        if container.init.terminal && !req.stderr.is_empty() && req.stderr == req.stdout {
+            return Err(error(Code::INVALID_ARGUMENT, "a terminal has one output stream"));
+        }
+        let seed = format!("{}/{}", self.namespace, req.id);
+        let disk = rootfs::make_disk(&bundle, &req.rootfs, &seed)
+            .await
+            .map_err(|e| error(Code::FAILED_PRECONDITION, format!("{e:#}")))?;
+        let root = RootImage {
+            manifest: format!("containerd:{seed}"),
+            disk,
+            disk_mib: self.settings.disk_mib,
+            // The spec's process is complete (containerd merged the image's config into it).
+            run: RunConfig::default(),
+        };
+        let sandbox =
+            vm_driver::state::random_id("ctr").map_err(|_| error(Code::INTERNAL, "cannot make a sandbox id"))?;
+        let booted = Pod::boot(&self.settings, sandbox, root, &container.mounts).await;
+        let pod = match booted {
+            Ok(pod) => pod,
+            Err(e) => {
+                rootfs::clean(&bundle);
+                return Err(error(Code::FAILED_PRECONDITION, e.to_string()));
+            }
+        };
+        let pid = pod.pid;
+        let stdio = Stdio { stdin: req.stdin.clone(), stdout: req.stdout.clone(), stderr: req.stderr.clone() };
+        let mut procs = HashMap::new();
+        procs.insert(String::new(), Proc::new(container.init, stdio));
+        {
+            let mut held = self.container.lock().map_err(|_| error(Code::INTERNAL, "the shim's state is poisoned"))?;
+            *held = Some(Container { id: req.id.clone(), bundle, pod: Arc::new(pod), procs });
+        }
+        let event = TaskCreate { container_id: req.id.clone(), bundle: req.bundle.clone(), pid, ..Default::default() };
+        self.publish(topics::TASK_CREATE_EVENT_TOPIC, Box::new(event)).await;
+        Ok(api::CreateTaskResponse { pid, ..Default::default() })
+    }
+
+    async fn start(&self, _ctx: &TtrpcContext, req: api::StartRequest) -> TtrpcResult<api::StartResponse> {
+        let (workload, stdio) = self.with(&req.id, |c| {
+            if c.pod.is_ended() {
+                return Err(error(Code::FAILED_PRECONDITION, "the task's VM has stopped"));
+            }
+            let p = c.procs.get_mut(&req.exec_id).ok_or_else(|| error(Code::NOT_FOUND, "no such process"))?;
+            if p.started {
+                return Err(error(Code::FAILED_PRECONDITION, "the process was started already"));
+            }
+            p.started = true;
+            Ok((p.workload.clone(), p.stdio.clone()))
+        })?;
+        let spawn = Spawn {
+            id: ProcId(0),
+            argv: workload.argv,
+            env: workload.env.into_iter().map(|(key, value)| EnvVar { key, value }).collect(),
+            cwd: workload.cwd,
+            pty: workload.terminal.then_some(PtySize { rows: 24, cols: 80 }),
+            output_window: OUTPUT_WINDOW,
+        };
+        let started = self.run_process(req.id.clone(), req.exec_id.clone(), spawn, stdio);
+        let pid = match started.await {
+            Ok(Ok(pid)) => pid,
+            Ok(Err(why)) => return Err(error(Code::FAILED_PRECONDITION, format!("the process did not start: {why}"))),
+            Err(_) => return Err(error(Code::FAILED_PRECONDITION, "the process did not start")),
+        };
+        self.with(&req.id, |c| {
+            if let Some(p) = c.procs.get_mut(&req.exec_id) {
+                p.pid = pid;
+            }
+            Ok(())
+        })?;
+        if req.exec_id.is_empty() {
+            let event = TaskStart { container_id: req.id.clone(), pid, ..Default::default() };
+            self.publish(topics::TASK_START_EVENT_TOPIC, Box::new(event)).await;
+        } else {
+            let event = TaskExecStarted {
+                container_id: req.id.clone(),
+                exec_id: req.exec_id.clone(),
+                pid,
+                ..Default::default()
+            };
+            self.publish(topics::TASK_EXEC_STARTED_EVENT_TOPIC, Box::new(event)).await;
+        }
+        Ok(api::StartResponse { pid, ..Default::default() })
+    }
+
+    async fn exec(&self, _ctx: &TtrpcContext, req: api::ExecProcessRequest) -> TtrpcResult<api::Empty> {
+        let bytes = req.spec.as_ref().map(|any| any.value.clone()).unwrap_or_default();
+        let process: oci_spec::runtime::Process = serde_json::from_slice(&bytes)
+            .map_err(|_| error(Code::INVALID_ARGUMENT, "the exec's spec is not an OCI process"))?;
+        let workload = spec::workload(&process).map_err(|e| error(Code::INVALID_ARGUMENT, e.to_string()))?;
+        self.with(&req.id, |c| {
+            if c.procs.contains_key(&req.exec_id) {
+                return Err(error(Code::ALREADY_EXISTS, format!("exec {} exists", req.exec_id)));
+            }
+            if c.procs.len() > MAX_EXECS {
+                return Err(error(Code::RESOURCE_EXHAUSTED, format!("a task holds at most {MAX_EXECS} execs")));
+            }
+            if c.procs.get("").and_then(Proc::exited).is_some() {
+                return Err(error(Code::FAILED_PRECONDITION, "the task's init process has exited"));
+            }
+            let stdio = Stdio { stdin: req.stdin.clone(), stdout: req.stdout.clone(), stderr: req.stderr.clone() };
+            c.procs.insert(req.exec_id.clone(), Proc::new(workload, stdio));
+            Ok(())
+        })?;
+        let event = TaskExecAdded { container_id: req.id.clone(), exec_id: req.exec_id.clone(), ..Default::default() };
+        self.publish(topics::TASK_EXEC_ADDED_EVENT_TOPIC, Box::new(event)).await;
+        Ok(api::Empty::new())
+    }
+
+    async fn kill(&self, _ctx: &TtrpcContext, req: api::KillRequest) -> TtrpcResult<api::Empty> {
+        let signal = i32::try_from(req.signal)
+            .ok()
+            .and_then(|n| SignalName::ALL.into_iter().find(|s| s.number() == n))
+            .ok_or_else(|| {
+                error(Code::INVALID_ARGUMENT, format!("signal {} is not one a sandbox takes", req.signal))
+            })?;
+        let never_started = self.with(&req.id, |c| {
+            let targets: Vec<&Proc> = if req.all && req.exec_id.is_empty() {
+                c.procs.values().collect()
+            } else {
+                vec![c.procs.get(&req.exec_id).ok_or_else(|| error(Code::NOT_FOUND, "no such process"))?]
+            };
+            let target = c.procs.get(&req.exec_id).ok_or_else(|| error(Code::NOT_FOUND, "no such process"))?;
+            if target.exited().is_some() {
+                return Err(error(Code::NOT_FOUND, "process already finished"));
+            }
+            for p in targets {
+                if let Some(requests) = &p.requests {
+                    let _ = requests.try_send(FromClient::Signal(signal));
+                }
+            }
+            Ok(!target.started)
+        })?;
+        if never_started {
+            // Nothing runs to take the signal: it ends the process as the signal would.
+            let status = 128 + u32::try_from(signal.number()).unwrap_or_default();
+            self.exited(&req.id, &req.exec_id, status).await;
+        }
+        Ok(api::Empty::new())
+    }
+
+    async fn wait(&self, _ctx: &TtrpcContext, req: api::WaitRequest) -> TtrpcResult<api::WaitResponse> {
+        let mut exit = self.with(&req.id, |c| {
+            c.procs
+                .get(&req.exec_id)
+                .map(|p| p.exit.subscribe())
+                .ok_or_else(|| error(Code::NOT_FOUND, "no such process"))
+        })?;
+        let exited =
+            *exit.wait_for(Option::is_some).await.map_err(|_| error(Code::NOT_FOUND, "the process is gone"))?;
+        let exited = exited.ok_or_else(|| error(Code::INTERNAL, "no exit"))?;
+        Ok(api::WaitResponse {
+            exit_status: exited.status,
+            exited_at: Some(timestamp(exited.at)).into(),
+            ..Default::default()
+        })
+    }
+
+    async fn delete(&self, _ctx: &TtrpcContext, req: api::DeleteRequest) -> TtrpcResult<api::DeleteResponse> {
+        if !req.exec_id.is_empty() {
+            let (pid, exit) = self.with(&req.id, |c| {
+                let p = c.procs.get(&req.exec_id).ok_or_else(|| error(Code::NOT_FOUND, "no such process"))?;
+                let exit = match p.exited() {
+                    Some(exit) => exit,
+                    None if !p.started => Exit { status: 0, at: SystemTime::now() },
+                    None => return Err(error(Code::FAILED_PRECONDITION, "the process is still running")),
+                };
+                let pid = p.pid;
+                c.procs.remove(&req.exec_id);
+                Ok((pid, exit))
+            })?;
+            return Ok(api::DeleteResponse {
+                pid,
+                exit_status: exit.status,
+                exited_at: Some(timestamp(exit.at)).into(),
+                ..Default::default()
+            });
+        }
+        let (pod, bundle, pid) = self.with(&req.id, |c| {
+            let pid = c.procs.get("").map_or(0, |p| p.pid);
+            Ok((Arc::clone(&c.pod), c.bundle.clone(), pid))
+        })?;
+        pod.stop();
+        pod.ended().await;
+        rootfs::clean(&bundle);
+        // Every process ended with the VM; one that had not reported its exit yet was taken with it.
+        let exits: Vec<(String, Option<Exit>)> =
+            self.with(&req.id, |c| Ok(c.procs.iter().map(|(id, p)| (id.clone(), p.exited())).collect()))?;
+        for (exec_id, exit) in &exits {
+            if exit.is_none() {
+                self.exited(&req.id, exec_id, LOST_STATUS).await;
+            }
+        }
+        let exit = self
+            .with(&req.id, |c| Ok(c.procs.get("").and_then(Proc::exited)))?
+            .unwrap_or(Exit { status: LOST_STATUS, at: SystemTime::now() });
+        if let Ok(mut held) = self.container.lock() {
+            *held = None;
+        }
+        let event = TaskDelete {
+            container_id: req.id.clone(),
+            pid,
+            exit_status: exit.status,
+            exited_at: Some(timestamp(exit.at)).into(),
+            ..Default::default()
+        };
+        self.publish(topics::TASK_DELETE_EVENT_TOPIC, Box::new(event)).await;
+        Ok(api::DeleteResponse {
+            pid,
+            exit_status: exit.status,
+            exited_at: Some(timestamp(exit.at)).into(),
+            ..Default::default()
+        })
+    }
+
+    async fn state(&self, _ctx: &TtrpcContext, req: api::StateRequest) -> TtrpcResult<api::StateResponse> {
+        self.with(&req.id, |c| {
+            let p = c.procs.get(&req.exec_id).ok_or_else(|| error(Code::NOT_FOUND, "no such process"))?;
+            let exit = p.exited();
+            let status = match (p.started, exit) {
+                (_, Some(_)) => TaskStatus::STOPPED,
+                (true, None) => TaskStatus::RUNNING,
+                (false, None) => TaskStatus::CREATED,
+            };
+            let mut state = api::StateResponse {
+                id: req.id.clone(),
+                bundle: c.bundle.display().to_string(),
+                pid: if req.exec_id.is_empty() && p.pid == 0 { c.pod.pid } else { p.pid },
+                stdin: p.stdio.stdin.clone(),
+                stdout: p.stdio.stdout.clone(),
+                stderr: p.stdio.stderr.clone(),
+                terminal: p.workload.terminal,
+                exec_id: req.exec_id.clone(),
+                ..Default::default()
+            };
+            state.status = status.into();
+            if let Some(exit) = exit {
+                state.exit_status = exit.status;
+                state.exited_at = Some(timestamp(exit.at)).into();
+            }
+            Ok(state)
+        })
+    }
+
+    async fn pids(&self, _ctx: &TtrpcContext, req: api::PidsRequest) -> TtrpcResult<api::PidsResponse> {
+        self.with(&req.id, |c| {
+            let processes = c
+                .procs
+                .values()
+                .filter(|p| p.started && p.exited().is_none())
+                .map(|p| containerd_shim::protos::api::ProcessInfo { pid: p.pid, ..Default::default() })
+                .collect();
+            Ok(api::PidsResponse { processes, ..Default::default() })
+        })
+    }
+
+    async fn resize_pty(&self, _ctx: &TtrpcContext, req: api::ResizePtyRequest) -> TtrpcResult<api::Empty> {
+        let size = PtySize::from_client(req.height, req.width);
+        self.request(&req.id, &req.exec_id, FromClient::Resize(size))
+    }
+
+    async fn close_io(&self, _ctx: &TtrpcContext, req: api::CloseIORequest) -> TtrpcResult<api::Empty> {
+        if !req.stdin {
+            return Ok(api::Empty::new());
+        }
+        self.request(&req.id, &req.exec_id, FromClient::StdinEof)
+    }
+
+    async fn update(&self, _ctx: &TtrpcContext, _req: api::UpdateTaskRequest) -> TtrpcResult<api::Empty> {
+        Err(error(Code::UNIMPLEMENTED, "a task's VM is not resized while it runs"))
+    }
+
+    async fn connect(&self, _ctx: &TtrpcContext, req: api::ConnectRequest) -> TtrpcResult<api::ConnectResponse> {
+        let task_pid = self.with(&req.id, |c| Ok(c.pod.pid)).unwrap_or_default();
+        Ok(api::ConnectResponse {
+            shim_pid: std::process::id(),
+            task_pid,
+            version: env!("CARGO_PKG_VERSION").into(),
+            ..Default::default()
+        })
+    }
+
+    async fn shutdown(&self, _ctx: &TtrpcContext, _req: api::ShutdownRequest) -> TtrpcResult<api::Empty> {
+        let idle = self.container.lock().map(|c| c.is_none()).unwrap_or(true);
+        if idle {
+            self.exit.signal();
+        }
+        Ok(api::Empty::new())
+    }
+}
+
+impl TaskService {
+    /// Hands a running process's session one client request.
+    fn request(&self, id: &str, exec_id: &str, request: FromClient) -> TtrpcResult<api::Empty> {
+        self.with(id, |c| {
+            let p = c.procs.get(exec_id).ok_or_else(|| error(Code::NOT_FOUND, "no such process"))?;
+            let requests =
+                p.requests.as_ref().ok_or_else(|| error(Code::FAILED_PRECONDITION, "the process is not running"))?;
+            requests
+                .try_send(request)
+                .map_err(|_| error(Code::RESOURCE_EXHAUSTED, "the process has too many requests queued"))?;
+            Ok(api::Empty::new())
+        })
+    }
+}

@@ -1,0 +1,153 @@
+//! A real containerd (Debian's `containerd` and `ctr`) for the shim's tests: started with a private root,
+//! state and socket under a test's directory, its CRI plugin off, our shim on its `PATH` with settings that
+//! put the shim's sandboxes in the test's state directory. Dropping it kills containerd and every shim it
+//! started (they name its socket in their arguments).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use crate::{harness, wait_until};
+
+/// The runtime's name.
+pub const RUNTIME: &str = "io.containerd.vmdriver.v2";
+/// The containerd namespace the tests use.
+const NAMESPACE: &str = "e2e";
+
+/// A running containerd.
+#[derive(Debug)]
+pub struct Containerd {
+    dir: PathBuf,
+    child: Child,
+    /// Its gRPC socket.
+    pub socket: PathBuf,
+    /// The shim's sandboxes' state directory.
+    pub vm_state: PathBuf,
+}
+
+impl Containerd {
+    /// Starts containerd under `dir`.
+    pub fn start(dir: &Path) -> Self {
+        let vm_state = dir.join("vm-state");
+        let settings = serde_json::json!({
+            "state_dir": vm_state,
+            "boot_image": harness().image,
+            "accel": harness().accel,
+            "boot_timeout_secs": 300,
+        });
+        std::fs::write(dir.join("shim.json"), settings.to_string()).unwrap();
+        let socket = dir.join("containerd.sock");
+        let config = format!(
+            "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n\
+             disabled_plugins = [\"io.containerd.grpc.v1.cri\", \"io.containerd.internal.v1.opt\", \
+             \"io.containerd.snapshotter.v1.btrfs\", \"io.containerd.snapshotter.v1.zfs\", \
+             \"io.containerd.snapshotter.v1.devmapper\", \"io.containerd.snapshotter.v1.aufs\"]\n\
+             [grpc]\n  address = \"{socket}\"\n[ttrpc]\n  address = \"{socket}.ttrpc\"\n",
+            root = dir.join("root").display(),
+            state = dir.join("state").display(),
+            socket = socket.display(),
+        );
+        std::fs::write(dir.join("config.toml"), config).unwrap();
+        let child = Self::spawn(dir);
+        let me = Self { dir: dir.to_owned(), child, socket, vm_state };
+        me.wait_up();
+        me
+    }
+
+    fn spawn(dir: &Path) -> Child {
+        let bin = harness().shipped.driver.parent().unwrap().to_owned();
+        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("containerd.log")).unwrap();
+        Command::new("containerd")
+            .arg("--config")
+            .arg(dir.join("config.toml"))
+            .env("PATH", path)
+            .env("VM_DRIVER_SHIM_CONFIG", dir.join("shim.json"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("containerd (scripts/deps installs it)")
+    }
+
+    fn wait_up(&self) {
+        let up = wait_until(Duration::from_secs(60), || self.ctr(&["version"]).status.success());
+        assert!(up, "containerd did not start: {}", self.log());
+    }
+
+    /// `ctr` against this containerd, stdin empty.
+    pub fn ctr(&self, args: &[&str]) -> Output {
+        self.ctr_with_stdin(args, b"")
+    }
+
+    /// `ctr` with `stdin` written to it.
+    pub fn ctr_with_stdin(&self, args: &[&str], stdin: &[u8]) -> Output {
+        use std::io::Write;
+        let mut child = Command::new("ctr")
+            .arg("--address")
+            .arg(&self.socket)
+            .arg("--namespace")
+            .arg(NAMESPACE)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ctr (scripts/deps installs containerd)");
+        let mut input = child.stdin.take().unwrap();
+        let bytes = stdin.to_vec();
+        let writer = std::thread::spawn(move || {
+            let _ = input.write_all(&bytes);
+        });
+        let out = child.wait_with_output().unwrap();
+        let _ = writer.join();
+        out
+    }
+
+    /// Stops containerd (SIGTERM, as a service manager would) and starts it again on the same root.
+    pub fn restart(&mut self) {
+        crate::procs::signal(self.child.id() as i32, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.child.wait();
+        self.child = Self::spawn(&self.dir);
+        self.wait_up();
+    }
+
+    /// The shims this containerd started.
+    pub fn shims(&self) -> Vec<crate::procs::ProcInfo> {
+        let needle = self.socket.to_string_lossy().into_owned();
+        all_processes()
+            .into_iter()
+            .filter(|p| p.comm.starts_with("containerd-shim") && p.cmdline.iter().any(|a| a.contains(&needle)))
+            .collect()
+    }
+
+    /// containerd's log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
+    }
+}
+
+fn all_processes() -> Vec<crate::procs::ProcInfo> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(crate::procs::ProcInfo::read)
+        .collect()
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        for shim in self.shims() {
+            crate::procs::signal(shim.pid, nix::sys::signal::Signal::SIGKILL);
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // The shims' VMs follow their supervisors' liveness pipes; the mounts of a killed Create go here.
+        for line in std::fs::read_to_string("/proc/self/mounts").unwrap_or_default().lines() {
+            if let Some(target) = line.split(' ').nth(1).filter(|t| t.starts_with(self.dir.to_str().unwrap_or("-"))) {
+                let _ = Command::new("umount").arg("-l").arg(target).status();
+            }
+        }
+    }
+}

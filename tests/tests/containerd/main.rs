@@ -1,0 +1,8 @@
+//! vm-driver as a containerd runtime, against a real containerd (Debian's, private root and socket) and a
+//! real registry (`cargo test -p vm-e2e --test containerd`).
+//!
+//! - [`shim`]: `containerd-shim-vmdriver-v2` under `ctr` (docs/kubernetes.md).
+#![expect(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+#![expect(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
+
+mod shim;
