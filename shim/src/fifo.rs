@@ -6,6 +6,9 @@
 //! immediate end of file. The output FIFOs are opened read-write, so the open never fails for want of a
 //! reader (`ctr` opens its readers before `Create`, a restarted containerd again after), and a client that
 //! stops reading slows the process instead of killing it.
+//!
+//! `CloseIO` comes after the client wrote its last stdin bytes into the FIFO, but they may not have been read
+//! yet: stdin then ends only once what the FIFO holds is read (without waiting for more).
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -19,6 +22,8 @@ use vm_protocol::Stream;
 
 /// Stdin bytes read per message.
 const STDIN_CHUNK: usize = 32 * 1024;
+/// How often a blocked open of stdin is offered a writer to let it go, until it has begun.
+const RELEASE_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The FIFOs containerd named for one process (empty: none).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -50,6 +55,8 @@ pub struct FifoClient {
     pending: VecDeque<FromClient>,
     /// What the sandbox said of a spawn that failed, for the start's error.
     message: String,
+    /// `CloseIO` asked stdin to end: what the FIFO holds is read, then it ends.
+    closing: bool,
     closed: bool,
 }
 
@@ -87,6 +94,7 @@ impl FifoClient {
             started: Some(started),
             pending,
             message: String::new(),
+            closing: false,
             closed: false,
         })
     }
@@ -122,9 +130,17 @@ impl ClientEnd for FifoClient {
         loop {
             let reading = listening && !matches!(self.stdin, Input::Closed);
             let mut buf = vec![0; STDIN_CHUNK];
+            let closing = self.closing;
             let input = async {
                 match &mut self.stdin {
+                    Input::Opening(handle, path) if closing => Woke::Opened(release(handle, path).await),
                     Input::Opening(handle, _) => Woke::Opened(handle.await),
+                    // Nothing left in the FIFO ends it, as its end would. The read is the kernel's own, not
+                    // the reactor's: a FIFO just opened has no readiness recorded yet, whatever it holds.
+                    Input::Open(receiver) if closing => Woke::Read(match rustix::io::read(&*receiver, &mut buf) {
+                        Err(rustix::io::Errno::AGAIN) => Ok(0),
+                        read => read.map_err(std::io::Error::from),
+                    }),
                     Input::Open(receiver) => Woke::Read(receiver.read(&mut buf).await),
                     Input::Closed => std::future::pending().await,
                 }
@@ -144,12 +160,7 @@ impl ClientEnd for FifoClient {
                     buf.truncate(n);
                     return FromClient::Stdin(buf);
                 }
-                Woke::Asked(FromClient::StdinEof) => {
-                    if matches!(self.stdin, Input::Closed) {
-                        continue;
-                    }
-                    return self.stdin_ended();
-                }
+                Woke::Asked(FromClient::StdinEof) => self.closing = true,
                 Woke::Asked(request) => return request,
             }
         }
@@ -192,24 +203,33 @@ impl ClientEnd for FifoClient {
 
 impl FifoClient {
     fn stdin_ended(&mut self) -> FromClient {
-        self.stop_opening();
         self.stdin = Input::Closed;
         FromClient::StdinEof
     }
+}
 
-    /// Ends an open of stdin still waiting for a writer: opening the FIFO's write end (without blocking:
-    /// the waiting open is its reader) lets the blocked thread go.
-    fn stop_opening(&mut self) {
-        if let Input::Opening(handle, path) = &self.stdin {
-            let _ = pipe::OpenOptions::new().open_sender(path);
-            handle.abort();
+/// Lets an open of stdin that waits for a writer go, by opening the FIFO's write end (without blocking: the
+/// waiting open is its reader; tried again until the open has begun), and takes the opened file.
+async fn release(
+    handle: &mut JoinHandle<std::io::Result<std::fs::File>>,
+    path: &std::path::Path,
+) -> Result<std::io::Result<std::fs::File>, tokio::task::JoinError> {
+    loop {
+        let _ = pipe::OpenOptions::new().open_sender(path);
+        if let Ok(opened) = tokio::time::timeout(RELEASE_RETRY, &mut *handle).await {
+            return opened;
         }
     }
 }
 
 impl Drop for FifoClient {
     fn drop(&mut self) {
-        self.stop_opening();
+        // A stdin whose writer never came: its blocked open is let go in the background.
+        if let Input::Opening(mut handle, path) = std::mem::replace(&mut self.stdin, Input::Closed) {
+            tokio::spawn(async move {
+                let _ = release(&mut handle, &path).await;
+            });
+        }
     }
 }
 
@@ -230,3 +250,6 @@ impl std::fmt::Debug for FifoClient {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -3,7 +3,9 @@
 //! VM with it), the attach connection every process of the task shares, and the lifecycle's stop and end.
 //!
 //! A task keeps its VM until its init process exits or the task is deleted, whichever is first; the
-//! lifecycle task below is the only owner of the running sandbox.
+//! lifecycle task below is the only owner of the running sandbox. An ended sandbox's directory (its OCSF
+//! record, audit chain and tombstone) is kept, and collected as `launch`'s are (`vm_driver::gc`: the newest
+//! 64, none older than a week) at the next boot of any task on the node.
 
 use std::sync::{Arc, Mutex};
 
@@ -67,7 +69,12 @@ impl Pod {
         .resolve(&supervisor)
         .map_err(|e| setup(e.into()))?;
         let mounts = vm_driver::mounts::resolve(mounts, jail.confinement).map_err(|e| setup(e.into()))?;
+        // As `launch` reads them: from the environment (containerd's), never argv.
+        let otlp_headers = vm_driver::telemetry::headers_from_env().map_err(|e| setup(e.into()))?;
         let state = StateDir::open(&settings.state_dir).map_err(|e| setup(e.into()))?;
+        // What shims killed before their delete left behind, then ended sandboxes past the retention.
+        vm_driver::reap::reap_all(&state.sandboxes_dir(), vm_driver::controls::Controls::default().reaper);
+        vm_driver::gc::collect(&state.sandboxes_dir(), vm_driver::gc::Retention::default());
         let layout = state.create_sandbox(&id).map_err(|e| setup(e.into()))?;
         let vm = VmSpec {
             supervisor,
@@ -85,9 +92,9 @@ impl Pod {
         let who = Identity {
             id: id.clone(),
             session: None,
-            telemetry: vm_driver::telemetry::TelemetryConfig::default(),
+            telemetry: settings.telemetry.clone(),
             policy: None,
-            secrets: StartSecrets::default(),
+            secrets: StartSecrets { otlp_headers, ..StartSecrets::default() },
             gateway: None,
         };
         let mut running = match sandbox::start(&vm, &who) {
@@ -106,7 +113,6 @@ impl Pod {
         let pid = running.supervisor_pid().unwrap_or_default();
         let (stop_tx, stop_rx) = oneshot::channel();
         let (ended_tx, ended) = watch::channel(false);
-        let dir = layout.dir().to_path_buf();
         tokio::spawn(async move {
             let mut stop_rx = stop_rx;
             let reason = loop {
@@ -121,9 +127,6 @@ impl Pod {
             let stopping = running.stop(vm_contract::stop::driver_deadline()).await;
             let clean = reason == EndReason::Stopped && stopping.stopped.in_order();
             stopping.end(if clean { EndReason::Stopped } else { EndReason::Failed }).await;
-            if clean {
-                let _ = std::fs::remove_dir_all(&dir);
-            }
             let _ = ended_tx.send(true);
         });
         Ok(Self { layout, connections: Connections::new(false), pid, stop: Mutex::new(Some(stop_tx)), ended })

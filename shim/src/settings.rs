@@ -41,6 +41,8 @@ struct File {
     memory_mib: Option<u32>,
     disk_mib: Option<u32>,
     boot_timeout_secs: Option<u64>,
+    otlp_endpoint: Option<String>,
+    otlp_protocol: Option<String>,
 }
 
 /// The settings in force.
@@ -60,6 +62,8 @@ pub struct Settings {
     pub disk_mib: u32,
     /// How long a boot may take.
     pub boot_timeout: Duration,
+    /// Where each sandbox's OCSF events go besides its `events.jsonl` (an OTLP collector, when set).
+    pub telemetry: vm_driver::telemetry::TelemetryConfig,
 }
 
 impl Settings {
@@ -94,6 +98,11 @@ impl Settings {
             shape: SandboxShape::new(file.cpus.unwrap_or(1), file.memory_mib.unwrap_or(DEFAULT_MEMORY_MIB))?,
             disk_mib: file.disk_mib.unwrap_or(DEFAULT_DISK_MIB),
             boot_timeout: Duration::from_secs(file.boot_timeout_secs.unwrap_or(60)),
+            telemetry: vm_driver::telemetry::TelemetryConfig {
+                otlp_endpoint: file.otlp_endpoint,
+                otlp_protocol: file.otlp_protocol,
+                ..Default::default()
+            },
         })
     }
 }

@@ -55,14 +55,8 @@ impl Shim for VmShim {
     }
 
     async fn create_task_service(&self, publisher: RemotePublisher) -> Self::T {
-        let settings = match Settings::load() {
-            Ok(settings) => settings,
-            Err(e) => {
-                // Fixed text: the file's path is the operator's, nothing of a tenant's.
-                eprintln!("containerd-shim-vmdriver-v2: {e}");
-                std::process::exit(1);
-            }
-        };
+        // Fixed text: the file's path is the operator's, nothing of a tenant's.
+        let settings = Settings::load().map_err(|e| e.to_string());
         TaskService::new(settings, self.namespace.clone(), publisher, Arc::clone(&self.exit))
     }
 }

@@ -82,7 +82,8 @@ struct Container {
 /// The service.
 #[derive(Clone)]
 pub struct TaskService {
-    settings: Arc<Settings>,
+    /// The node's settings, or why they are unusable (said at every `Create`).
+    settings: Arc<Result<Settings, String>>,
     namespace: String,
     container: Arc<Mutex<Option<Container>>>,
     publisher: Arc<RemotePublisher>,
@@ -109,7 +110,12 @@ fn timestamp(at: SystemTime) -> Timestamp {
 
 impl TaskService {
     /// A service with no task yet.
-    pub fn new(settings: Settings, namespace: String, publisher: RemotePublisher, exit: Arc<ExitSignal>) -> Self {
+    pub fn new(
+        settings: Result<Settings, String>,
+        namespace: String,
+        publisher: RemotePublisher,
+        exit: Arc<ExitSignal>,
+    ) -> Self {
         Self {
             settings: Arc::new(settings),
             namespace,
@@ -144,12 +150,11 @@ impl TaskService {
         let (started_tx, started_rx) = oneshot::channel();
         let (requests_tx, requests_rx) = mpsc::channel(REQUEST_QUEUE);
         let service = self.clone();
-        let pod = self.with(&id, |c| Ok(Arc::clone(&c.pod)));
-        let _ = self.with(&id, |c| {
+        let pod = self.with(&id, |c| {
             if let Some(p) = c.procs.get_mut(&exec_id) {
                 p.requests = Some(requests_tx);
             }
-            Ok(())
+            Ok(Arc::clone(&c.pod))
         });
         tokio::spawn(async move {
             let status = async {
@@ -205,11 +210,9 @@ impl Task for TaskService {
         if self.container.lock().map(|c| c.is_some()).unwrap_or(true) {
             return Err(error(Code::ALREADY_EXISTS, "this shim already runs a task"));
         }
+        let settings = self.settings.as_ref().as_ref().map_err(|why| error(Code::FAILED_PRECONDITION, why.clone()))?;
         let bundle = PathBuf::from(&req.bundle);
         let container = spec::read(&bundle).map_err(|e| error(Code::INVALID_ARGUMENT, e.to_string()))?;
-        if container.init.terminal && !req.stderr.is_empty() && req.stderr == req.stdout {
-            return Err(error(Code::INVALID_ARGUMENT, "a terminal has one output stream"));
-        }
         let seed = format!("{}/{}", self.namespace, req.id);
         let disk = rootfs::make_disk(&bundle, &req.rootfs, &seed)
             .await
@@ -217,13 +220,13 @@ impl Task for TaskService {
         let root = RootImage {
             manifest: format!("containerd:{seed}"),
             disk,
-            disk_mib: self.settings.disk_mib,
+            disk_mib: settings.disk_mib,
             // The spec's process is complete (containerd merged the image's config into it).
             run: RunConfig::default(),
         };
         let sandbox =
             vm_driver::state::random_id("ctr").map_err(|_| error(Code::INTERNAL, "cannot make a sandbox id"))?;
-        let booted = Pod::boot(&self.settings, sandbox, root, &container.mounts).await;
+        let booted = Pod::boot(settings, sandbox, root, &container.mounts).await;
         let pod = match booted {
             Ok(pod) => pod,
             Err(e) => {
@@ -488,9 +491,10 @@ impl Task for TaskService {
         })
     }
 
-    async fn shutdown(&self, _ctx: &TtrpcContext, _req: api::ShutdownRequest) -> TtrpcResult<api::Empty> {
+    async fn shutdown(&self, _ctx: &TtrpcContext, req: api::ShutdownRequest) -> TtrpcResult<api::Empty> {
+        // `now`: containerd gives up on the task; the shim's exit takes its VM along (the liveness pipe).
         let idle = self.container.lock().map(|c| c.is_none()).unwrap_or(true);
-        if idle {
+        if idle || req.now {
             self.exit.signal();
         }
         Ok(api::Empty::new())

@@ -7,12 +7,24 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
+use crate::registry::{umoci_image, Registry};
 use crate::{harness, wait_until};
 
 /// The runtime's name.
 pub const RUNTIME: &str = "io.containerd.vmdriver.v2";
 /// The containerd namespace the tests use.
 const NAMESPACE: &str = "e2e";
+
+/// A busybox image in a registry, pulled by containerd.
+#[derive(Debug)]
+pub struct Busybox {
+    /// The registry (it stops when this is dropped).
+    pub registry: Registry,
+    /// The reference containerd knows it by.
+    pub reference: String,
+    /// The same image as an OCI layout (tag `busybox`), for `vm-driver launch --image`.
+    pub layout: PathBuf,
+}
 
 /// A running containerd.
 #[derive(Debug)]
@@ -80,14 +92,53 @@ impl Containerd {
         self.ctr_with_stdin(args, b"")
     }
 
+    /// `ctr --address SOCKET --namespace e2e`, for more arguments.
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new("ctr");
+        cmd.arg("--address").arg(&self.socket).arg("--namespace").arg(NAMESPACE);
+        cmd
+    }
+
+    /// A busybox image (the guest's static busybox and its applets' links), built by umoci under `dir`,
+    /// pushed to a new registry there and pulled by this containerd.
+    pub fn pull_busybox(&self, dir: &Path) -> Busybox {
+        let registry = Registry::start(&dir.join("registry"), None);
+        let busybox = guest_busybox();
+        let layout = umoci_image(
+            dir,
+            "busybox",
+            &[&|root: &Path| {
+                let bin = root.join("bin");
+                std::fs::create_dir_all(&bin).unwrap();
+                std::fs::write(bin.join("busybox"), &busybox).unwrap();
+                std::fs::set_permissions(bin.join("busybox"), std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                    .unwrap();
+                for applet in ["sh", "echo", "cat", "sleep", "true", "uname", "tty", "stty", "env", "pwd", "kill"] {
+                    std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
+                }
+            }],
+            &["--config.env=PATH=/bin", "--config.cmd=/bin/sh"],
+        );
+        let reference = registry.push(&format!("oci:{}:busybox", layout.display()), "e2e/busybox:1");
+        // containerd takes a loopback registry for a plain-HTTP one unless its hosts file says otherwise.
+        let host = reference.split('/').next().unwrap();
+        let hosts = dir.join("certs.d");
+        std::fs::create_dir_all(hosts.join(host)).unwrap();
+        let toml = format!(
+            "server = \"https://{host}\"\n[host.\"https://{host}\"]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = \"{}\"\n",
+            registry.ca.display()
+        );
+        std::fs::write(hosts.join(host).join("hosts.toml"), toml).unwrap();
+        let out = self.ctr(&["images", "pull", "--hosts-dir", hosts.to_str().unwrap(), &reference]);
+        assert!(out.status.success(), "ctr pull: {}", String::from_utf8_lossy(&out.stderr));
+        Busybox { registry, reference, layout }
+    }
+
     /// `ctr` with `stdin` written to it.
     pub fn ctr_with_stdin(&self, args: &[&str], stdin: &[u8]) -> Output {
         use std::io::Write;
-        let mut child = Command::new("ctr")
-            .arg("--address")
-            .arg(&self.socket)
-            .arg("--namespace")
-            .arg(NAMESPACE)
+        let mut child = self
+            .command()
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -124,6 +175,16 @@ impl Containerd {
     /// containerd's log.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
+    }
+}
+
+/// The guest image's static busybox (Debian's `busybox-static`, pinned by `images/pins.json`).
+fn guest_busybox() -> Vec<u8> {
+    let initramfs = std::fs::read(harness().image.join("initramfs.cpio")).unwrap();
+    let found = crate::image::read_cpio(&initramfs).into_iter().find(|e| e.path == "bin/busybox");
+    match found.map(|e| e.kind) {
+        Some(vm_image::cpio::Kind::File(bytes)) => bytes,
+        other => panic!("no bin/busybox file in the guest image: {other:?}"),
     }
 }
 

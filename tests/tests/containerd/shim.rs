@@ -3,59 +3,13 @@
 //! statuses are exact, a spec that reaches past the VM is refused with nothing left running, `ctr task exec`
 //! and `kill` work, a task outlives containerd's restart, and a killed shim takes its VM with it.
 
-use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use vm_test_support::containerd::{Containerd, RUNTIME};
 use vm_test_support::output::text;
 use vm_test_support::procs::{self, ProcInfo};
-use vm_test_support::registry::{umoci_image, Registry};
 use vm_test_support::{gone_within, harness, wait_until, Scratch};
-
-/// The guest image's static busybox (Debian's `busybox-static`, pinned by `images/pins.json`).
-fn busybox() -> Vec<u8> {
-    let initramfs = std::fs::read(harness().image.join("initramfs.cpio")).unwrap();
-    let entries = vm_test_support::image::read_cpio(&initramfs);
-    let found = entries.into_iter().find(|e| e.path == "bin/busybox").expect("bin/busybox in the guest image");
-    match found.kind {
-        vm_image::cpio::Kind::File(bytes) => bytes,
-        other => panic!("bin/busybox is not a file: {other:?}"),
-    }
-}
-
-/// A busybox image (the guest's static busybox and its applets' links), pushed to a registry and pulled
-/// by containerd; returns its reference.
-fn pulled_image(s: &Scratch, containerd: &Containerd) -> (Registry, String) {
-    let registry = Registry::start(&s.dir.join("registry"), None);
-    let busybox = busybox();
-    let layout = umoci_image(
-        &s.dir,
-        "busybox",
-        &[&|root: &Path| {
-            let bin = root.join("bin");
-            std::fs::create_dir_all(&bin).unwrap();
-            std::fs::write(bin.join("busybox"), &busybox).unwrap();
-            std::fs::set_permissions(bin.join("busybox"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-            for applet in ["sh", "echo", "cat", "sleep", "true", "uname", "tty", "env", "pwd"] {
-                std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
-            }
-        }],
-        &["--config.env=PATH=/bin", "--config.cmd=/bin/sh"],
-    );
-    let reference = registry.push(&format!("oci:{}:busybox", layout.display()), "e2e/busybox:1");
-    // containerd takes a loopback registry for a plain-HTTP one unless its hosts file says otherwise.
-    let host = reference.split('/').next().unwrap();
-    let hosts = s.dir.join("certs.d");
-    std::fs::create_dir_all(hosts.join(host)).unwrap();
-    let toml = format!(
-        "server = \"https://{host}\"\n[host.\"https://{host}\"]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = \"{}\"\n",
-        registry.ca.display()
-    );
-    std::fs::write(hosts.join(host).join("hosts.toml"), toml).unwrap();
-    let out = containerd.ctr(&["images", "pull", "--hosts-dir", hosts.to_str().unwrap(), &reference]);
-    assert!(out.status.success(), "ctr pull: {}", text(&out));
-    (registry, reference)
-}
 
 /// The VMMs of the shim's sandboxes: children of supervisors working in the shim's state directory.
 fn vmms(containerd: &Containerd) -> Vec<ProcInfo> {
@@ -67,15 +21,36 @@ fn report_accel(containerd: &Containerd) {
     eprintln!("e2e: accelerator used: {accel} (requested {})", harness().accel);
 }
 
-fn sandboxes(containerd: &Containerd) -> usize {
-    std::fs::read_dir(containerd.vm_state.join("sandboxes")).map_or(0, |d| d.count())
+/// The shim's sandboxes that have not ended (no tombstone).
+fn live_sandboxes(containerd: &Containerd) -> usize {
+    let Ok(dirs) = std::fs::read_dir(containerd.vm_state.join("sandboxes")) else { return 0 };
+    dirs.flatten().filter(|d| !d.path().join(vm_contract::layout::SandboxFile::Tombstone.name()).exists()).count()
+}
+
+/// `vm-driver audit ACTION --state-dir STATE ID`: its exit code and output.
+fn audit(containerd: &Containerd, action: &str, id: &str) -> (Option<i32>, String) {
+    let out = Command::new(&harness().shipped.driver)
+        .args(["audit", action, "--state-dir"])
+        .arg(&containerd.vm_state)
+        .arg(id)
+        .output()
+        .unwrap();
+    (out.status.code(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// The id of the shim's sandbox whose record holds `needle`.
+fn sandbox_with(containerd: &Containerd, needle: &str) -> String {
+    let dirs = std::fs::read_dir(containerd.vm_state.join("sandboxes")).unwrap();
+    let found = dirs.flatten().find(|d| vm_test_support::events::text(&d.path()).contains(needle));
+    found.expect("a sandbox whose record names the task's command").file_name().to_string_lossy().into_owned()
 }
 
 #[test]
 fn ctr_runs_a_registry_image_in_a_microvm_with_exact_stdio_and_exit_status() {
     let s = Scratch::new("ctr-run");
     let containerd = Containerd::start(&s.dir);
-    let (_registry, image) = pulled_image(&s, &containerd);
+    let busybox = containerd.pull_busybox(&s.dir);
+    let image = busybox.reference.clone();
     let host_kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
 
     s.waiting_for("ctr run of sh");
@@ -90,6 +65,22 @@ fn ctr_runs_a_registry_image_in_a_microvm_with_exact_stdio_and_exit_status() {
     assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "err", "stderr apart from stdout");
     assert_ne!(lines[1], host_kernel.trim(), "the task ran on the host's kernel, not in a VM");
     eprintln!("e2e: the task's kernel {} (the host's {})", lines[1], host_kernel.trim());
+
+    // The task's record outlives it: its OCSF events and a sealed audit chain, in the shim's state directory.
+    let id = sandbox_with(&containerd, "echo out; echo err");
+    let (code, verified) = audit(&containerd, "verify", &id);
+    assert!(code == Some(0) && verified.contains("sealed at entry"), "the chain: {verified}");
+    let (_, shown) = audit(&containerd, "show", &id);
+    assert!(shown.contains(&format!("process {id}/1 launched: /bin/sh -c echo out")), "{shown}");
+
+    s.waiting_for("ctr run -t, on a terminal");
+    let line = format!(
+        "ctr --address {} --namespace e2e run --rm -t --runtime {RUNTIME} {image} tt /bin/sh -c 'tty; exit 5'",
+        containerd.socket.display()
+    );
+    let out = Command::new("script").args(["-qec", &line, "/dev/null"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("/dev/pts/"), "on a terminal: {}", text(&out));
 
     s.waiting_for("ctr run of cat, stdin from ctr");
     let out =
@@ -114,7 +105,7 @@ fn ctr_runs_a_registry_image_in_a_microvm_with_exact_stdio_and_exit_status() {
     let tasks = containerd.ctr(&["task", "ls", "-q"]);
     assert_eq!(String::from_utf8_lossy(&tasks.stdout).trim(), "", "no task left");
     assert!(wait_until(Duration::from_secs(30), || vmms(&containerd).is_empty()), "no VM left");
-    assert!(wait_until(Duration::from_secs(30), || sandboxes(&containerd) == 0), "no sandbox left");
+    assert!(wait_until(Duration::from_secs(30), || live_sandboxes(&containerd) == 0), "every sandbox ended");
     let gone = wait_until(Duration::from_secs(30), || containerd.shims().is_empty());
     assert!(gone, "no shim left: {:?}", containerd.shims());
 }
@@ -123,7 +114,8 @@ fn ctr_runs_a_registry_image_in_a_microvm_with_exact_stdio_and_exit_status() {
 fn a_task_outlives_containerds_restart_and_its_vm_dies_with_its_shim() {
     let s = Scratch::new("ctr-restart");
     let mut containerd = Containerd::start(&s.dir);
-    let (_registry, image) = pulled_image(&s, &containerd);
+    let busybox = containerd.pull_busybox(&s.dir);
+    let image = busybox.reference.clone();
 
     s.waiting_for("a detached task");
     let out = containerd.ctr(&["run", "-d", "--runtime", RUNTIME, &image, "long", "sleep", "600"]);

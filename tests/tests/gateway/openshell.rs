@@ -32,7 +32,9 @@ fn smoke_create_ready_list_exec_delete() {
     eprintln!("e2e: gateway create -> Ready (supervisor session) in {took:?}");
     let seen = gw.gateway.seen();
     assert!(seen.hellos.iter().any(|(sid, instance)| *sid == id && instance.len() == 36), "{:?}", seen.hellos);
-    assert!(gw.list().iter().any(|(sid, reason)| *sid == id && reason == "VmReady"), "listed as ready");
+    // The supervisor dials the gateway as soon as it serves; the driver's Ready follows its own check.
+    let listed = wait_until(STATE_WAIT, || gw.list().iter().any(|(sid, reason)| *sid == id && reason == "VmReady"));
+    assert!(listed, "listed as ready");
 
     // The gateway's exec: stdout, stderr (extended data), stdin then EOF, the exit code.
     let out = gw.exec(&id, &["/bin/sh", "-c", "echo out; echo err >&2; cat; exit 3"], b"from stdin", false);
