@@ -9,6 +9,14 @@ fn fifo(dir: &std::path::Path, name: &str) -> String {
     path.display().to_string()
 }
 
+/// A client whose stdin is a new FIFO in `dir`: the client, its requests' sender, the FIFO's path.
+fn with_stdin(dir: &std::path::Path) -> (FifoClient, mpsc::Sender<FromClient>, String) {
+    let stdio = Stdio { stdin: fifo(dir, "stdin"), ..Stdio::default() };
+    let (requests, rx) = mpsc::channel(4);
+    let (started, _) = oneshot::channel();
+    (FifoClient::open(&stdio, rx, started).unwrap(), requests, stdio.stdin)
+}
+
 async fn read_to_end(client: &mut FifoClient) -> Vec<u8> {
     let mut got = Vec::new();
     loop {
@@ -25,11 +33,7 @@ async fn read_to_end(client: &mut FifoClient) -> Vec<u8> {
 #[tokio::test]
 async fn stdin_written_before_close_io_is_read_before_it_ends() {
     let dir = tempfile::tempdir().unwrap();
-    let stdio = Stdio { stdin: fifo(dir.path(), "stdin"), ..Stdio::default() };
-    let (requests, rx) = mpsc::channel(4);
-    let (started, _) = oneshot::channel();
-    let mut client = FifoClient::open(&stdio, rx, started).unwrap();
-    let path = stdio.stdin.clone();
+    let (mut client, requests, path) = with_stdin(dir.path());
     tokio::task::spawn_blocking(move || std::fs::write(path, b"last words")).await.unwrap().unwrap();
     requests.send(FromClient::StdinEof).await.unwrap();
     // Without credit, only the request is read; the session then gives up this turn.
@@ -42,10 +46,7 @@ async fn stdin_written_before_close_io_is_read_before_it_ends() {
 #[tokio::test]
 async fn close_io_without_a_writer_ends_stdin() {
     let dir = tempfile::tempdir().unwrap();
-    let stdio = Stdio { stdin: fifo(dir.path(), "stdin"), ..Stdio::default() };
-    let (requests, rx) = mpsc::channel(4);
-    let (started, _) = oneshot::channel();
-    let mut client = FifoClient::open(&stdio, rx, started).unwrap();
+    let (mut client, requests, _) = with_stdin(dir.path());
     requests.send(FromClient::StdinEof).await.unwrap();
     assert_eq!(read_to_end(&mut client).await, b"");
 }
