@@ -40,6 +40,12 @@ impl JailConfig {
     }
 }
 
+/// A jailed VMM's memory limit beyond its guest's memory when none is asked for, MiB (QEMU itself, TCG's
+/// translation cache).
+pub const DEFAULT_MEMORY_OVERHEAD_MIB: u64 = 512;
+/// A jailed VMM's limit on processes and threads when none is asked for.
+pub const DEFAULT_PIDS: u32 = 256;
+
 /// What the command line asks for; [`JailRequest::resolve`] turns it into this host's [`JailConfig`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JailRequest {

@@ -62,8 +62,8 @@ impl Pod {
         let jail = JailRequest {
             asked: settings.confinement,
             ids: vm_contract::jail::IdRange::DEFAULT,
-            memory_overhead_mib: 512,
-            pids: 256,
+            memory_overhead_mib: vm_driver::jail::DEFAULT_MEMORY_OVERHEAD_MIB,
+            pids: vm_driver::jail::DEFAULT_PIDS,
             cpu_percent: None,
         }
         .resolve(&supervisor)

@@ -169,10 +169,10 @@ pub struct JailArgs {
     #[arg(long, value_name = "START:COUNT", default_value_t = IdRange::DEFAULT)]
     pub jail_ids: IdRange,
     /// A jailed VMM's memory limit beyond its guest's memory, MiB (QEMU itself, TCG's translation cache).
-    #[arg(long, value_name = "MIB", default_value_t = 512)]
+    #[arg(long, value_name = "MIB", default_value_t = vm_driver::jail::DEFAULT_MEMORY_OVERHEAD_MIB)]
     pub vmm_memory_overhead: u64,
     /// A jailed VMM's limit on processes and threads.
-    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = vm_driver::jail::DEFAULT_PIDS, value_parser = clap::value_parser!(u32).range(1..))]
     pub vmm_pids_max: u32,
     /// A jailed VMM's CPU limit, percent of one core (default: none).
     #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u32).range(1..=6400))]
