@@ -136,23 +136,7 @@ impl Containerd {
 
     /// `ctr` with `stdin` written to it.
     pub fn ctr_with_stdin(&self, args: &[&str], stdin: &[u8]) -> Output {
-        use std::io::Write;
-        let mut child = self
-            .command()
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("ctr (scripts/deps installs containerd)");
-        let mut input = child.stdin.take().unwrap();
-        let bytes = stdin.to_vec();
-        let writer = std::thread::spawn(move || {
-            let _ = input.write_all(&bytes);
-        });
-        let out = child.wait_with_output().unwrap();
-        let _ = writer.join();
-        out
+        crate::output::with_stdin(self.command().args(args), stdin)
     }
 
     /// Stops containerd (SIGTERM, as a service manager would) and starts it again on the same root.

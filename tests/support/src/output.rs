@@ -1,6 +1,6 @@
 //! What a finished command (`vm-driver create`, `exec`, `image pull`, ...) said.
 
-use std::process::Output;
+use std::process::{Command, Output, Stdio};
 
 /// Its stdout (lossy UTF-8).
 pub fn stdout(out: &Output) -> String {
@@ -21,4 +21,22 @@ pub fn text(out: &Output) -> String {
 pub fn ok(out: Output) -> String {
     assert!(out.status.success(), "{}: {}\n{}", out.status, stdout(&out), stderr(&out));
     stdout(&out)
+}
+
+/// Runs `cmd` with `input` on its stdin, written from a thread of its own so that a command that answers
+/// before it has read everything cannot stall; a command that exits without reading all of it breaks the
+/// pipe, and its status says what happened.
+pub fn with_stdin(cmd: &mut Command, input: &[u8]) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot run the command");
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || std::io::Write::write_all(&mut stdin, &input));
+    let out = child.wait_with_output().expect("the command did not finish");
+    let _ = writer.join();
+    out
 }

@@ -125,20 +125,7 @@ impl Serve {
     /// As [`Self::cli`], with `input` on its stdin (`--headers-file -`, `cp - ...`), written from a thread of
     /// its own so that a command that answers before it has read everything cannot stall.
     pub fn cli_with_stdin(&self, subcommand: &str, args: &[&str], input: &[u8]) -> Output {
-        let mut child = self
-            .cli_command(subcommand, args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("cannot run vm-driver");
-        let mut stdin = child.stdin.take().unwrap();
-        let input = input.to_vec();
-        let writer = std::thread::spawn(move || std::io::Write::write_all(&mut stdin, &input));
-        let out = child.wait_with_output().expect("vm-driver did not finish");
-        // A command that exits without reading all of it breaks the pipe: its status says what happened.
-        let _ = writer.join();
-        out
+        crate::output::with_stdin(&mut self.cli_command(subcommand, args), input)
     }
 
     /// The command, for callers that need its stdio.
