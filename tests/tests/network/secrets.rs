@@ -352,10 +352,10 @@ fn a_hostile_workload_meets_bounds_and_findings() {
     let peak_mib = peak.peak() >> 10;
     assert_eq!(out.code, Some(0), "{}\n{}", out.stdout_text(), out.workload_stderr());
     let lines: Vec<String> = out.stdout_text().lines().map(str::to_owned).collect();
-    assert_eq!(lines[0], format!("names {names}"), "every host got a leaf that verifies for it");
-    assert!(lines[1].starts_with("head bounded HTTP/1.1 431"), "{lines:?}");
-    assert!(lines[2].starts_with("h2 ") && lines[2].ends_with(" bounded"), "{lines:?}");
     let found = finding_descs(&events::read(&s.only_sandbox()));
+    assert_eq!(lines[0], format!("names {names}"), "every host got a leaf that verifies for it");
+    assert!(lines[1].starts_with("head bounded HTTP/1.1 431"), "{lines:?}\n{found:#?}");
+    assert!(lines[2].starts_with("h2 ") && lines[2].ends_with(" bounded"), "{lines:?}\n{found:#?}");
     let has = |needle: &str| found.iter().any(|f| f.contains(needle));
     assert!(has("request head passed the proxy's 64 KiB bound"), "{found:#?}");
     let broke = found.iter().filter(|f| f.contains("broke HTTP's rules or the proxy's bounds")).count();
