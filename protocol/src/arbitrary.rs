@@ -22,6 +22,7 @@ use crate::net::{ForwardEvent, ForwardRequest, Listener, NetToGuest, NetToHost, 
 use crate::policy::network::{HttpRule, IpRange, NetRule, TlsMode};
 use crate::policy::{Operation, PolicyUpdate, UpdateOutcome};
 use crate::process::{ExitStatus, ProcId, PtySize, SignalName, Stream};
+use crate::rlimit::{Rlimit, RESOURCES, UNLIMITED};
 
 fn text() -> impl Strategy<Value = String> {
     "[ -~]{0,24}"
@@ -68,15 +69,27 @@ pub fn spawn(ids: Range<u32>, commands: Vec<Vec<String>>) -> impl Strategy<Value
         prop::option::of(prop_oneof![Just("/".to_owned()), Just("/no/such/dir".to_owned())]),
         prop::option::weighted(0.1, (any::<u16>(), any::<u16>()).prop_map(|(rows, cols)| PtySize { rows, cols })),
         amount(),
+        prop::collection::vec(rlimit(), 0..3),
     )
-        .prop_map(|(id, argv, env, cwd, pty, output_window)| Spawn {
+        .prop_map(|(id, argv, env, cwd, pty, output_window, rlimits)| Spawn {
             id: ProcId(id),
             argv,
             env: env.into_iter().map(|(key, value)| EnvVar { key, value }).collect(),
             cwd,
             pty,
             output_window,
+            rlimits,
         })
+}
+
+/// A resource limit, valid or not (soft above hard, a resource twice in a list).
+fn rlimit() -> impl Strategy<Value = Rlimit> {
+    let value = prop_oneof![Just(UNLIMITED), 0..4096_u64, any::<u64>()];
+    (prop::sample::select(RESOURCES.to_vec()), value.clone(), value).prop_map(|(resource, soft, hard)| Rlimit {
+        resource,
+        soft,
+        hard,
+    })
 }
 
 /// Every process request, `Spawn`s of `commands`.

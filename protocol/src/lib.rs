@@ -14,6 +14,8 @@
 //! - [`net`]: network streams (egress through the guest's loopback proxies, port forwards in).
 //! - [`policy`]: which boundary operations a sandbox's clients may use, and live updates of it.
 //! - [`process`]: process ids, exit statuses, named signals, output streams.
+//! - [`rlimit`]: the resource limits a spawned process starts with.
+//! - [`mounts`], [`tmpfs`]: host directories shared into the guest, and memory file systems of its own.
 //! - [`files`]: the files API (read, write, list, copy a tree in and out), run as processes of the agent.
 //! - [`flow`]: credit windows that bound buffering on both sides.
 //! - `arbitrary` (feature `proptest`): generators of every channel's messages, for property tests on all sides.
@@ -63,7 +65,9 @@ pub mod net;
 pub mod openshell;
 pub mod policy;
 pub mod process;
+pub mod rlimit;
 pub mod root;
+pub mod tmpfs;
 
 /// Name of the virtio-serial port that carries the boundary channel (`/sys/class/virtio-ports/*/name`).
 pub const CHANNEL_PORT_NAME: &str = "vm.boundary";

@@ -24,6 +24,7 @@ use serde_bytes::ByteBuf;
 
 use crate::files::FileSpawn;
 use crate::process::{ExitStatus, ProcId, PtySize, SignalName, Stream};
+use crate::rlimit::Rlimit;
 
 /// A tag this channel does not carry: no value exists, and decoding one always fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -194,6 +195,9 @@ pub struct Spawn {
     pub pty: Option<PtySize>,
     /// Initial output credit, in bytes, shared by stdout and stderr.
     pub output_window: u32,
+    /// Resource limits set before the program runs; the guest's defaults for the others.
+    #[serde(deserialize_with = "seq::deserialize")]
+    pub rlimits: Vec<Rlimit>,
 }
 
 /// One environment variable.

@@ -13,7 +13,6 @@ use tokio::sync::{oneshot, watch};
 use vm_contract::ids::SandboxId;
 use vm_contract::layout::SandboxLayout;
 use vm_contract::root::RootImage;
-use vm_contract::share::HostMount;
 use vm_contract::tombstone::EndReason;
 use vm_driver::attach_mux::{Conn, Connections};
 use vm_driver::jail::JailRequest;
@@ -21,6 +20,7 @@ use vm_driver::sandbox::{self, Ended, Identity, StartSecrets, VmSpec};
 use vm_driver::state::StateDir;
 
 use crate::settings::Settings;
+use crate::spec::Container;
 
 /// Why a task's VM did not come up.
 #[derive(Debug, thiserror::Error)]
@@ -45,7 +45,7 @@ pub struct Pod {
 }
 
 impl Pod {
-    /// Starts the VM with `root` and `mounts`, and waits until its guest answers.
+    /// Starts the VM with `root` and the container's mounts, and waits until its guest answers.
     ///
     /// # Errors
     /// [`BootError`]; nothing is left running, and the sandbox directory is removed.
@@ -53,7 +53,7 @@ impl Pod {
         settings: &Settings,
         id: SandboxId,
         root: RootImage,
-        mounts: &[HostMount],
+        container: &Container,
     ) -> Result<Self, BootError> {
         let setup = |e: anyhow::Error| BootError::Setup(e);
         let image =
@@ -68,7 +68,7 @@ impl Pod {
         }
         .resolve(&supervisor)
         .map_err(|e| setup(e.into()))?;
-        let mounts = vm_driver::mounts::resolve(mounts, jail.confinement).map_err(|e| setup(e.into()))?;
+        let mounts = vm_driver::mounts::resolve(&container.mounts, jail.confinement).map_err(|e| setup(e.into()))?;
         // As `launch` reads them: from the environment (containerd's), never argv.
         let otlp_headers = vm_driver::telemetry::headers_from_env().map_err(|e| setup(e.into()))?;
         let state = StateDir::open(&settings.state_dir).map_err(|e| setup(e.into()))?;
@@ -87,6 +87,7 @@ impl Pod {
             jail,
             egress: sandbox::EgressRoute::default(),
             mounts,
+            tmpfs: container.tmpfs.clone(),
             controls: vm_driver::controls::Controls::default(),
         };
         let who = Identity {

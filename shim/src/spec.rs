@@ -1,6 +1,7 @@
 //! What a containerd bundle's OCI runtime spec (`config.json`) asks, and what of it a microVM honours
-//! (docs/kubernetes.md, "The OCI spec"): the process's args, env, cwd and terminal; bind mounts of host
-//! directories (our confined shares); the kernel file systems every guest has anyway. What would reach past
+//! (docs/kubernetes.md, "The OCI spec"): the process's args, env, cwd, terminal and rlimits; bind mounts of
+//! host directories (our confined shares); tmpfs mounts (the guest's own memory); the kernel file systems every
+//! guest has anyway. What would reach past
 //! the VM (host namespaces, privileged, host devices) or what we cannot honour yet is refused by name,
 //! before anything is made.
 
@@ -8,6 +9,8 @@ use std::path::Path;
 
 use oci_spec::runtime::{Capability, LinuxNamespaceType, Mount, Process, Spec};
 use vm_contract::share::HostMount;
+use vm_protocol::rlimit::{self, Resource, Rlimit};
+use vm_protocol::tmpfs::{self, GuestTmpfs, TmpfsError};
 
 /// The most bytes of `config.json` read: containerd's specs are a few KiB.
 const MAX_SPEC_BYTES: u64 = 1 << 20;
@@ -52,6 +55,15 @@ pub enum SpecError {
     /// Host devices.
     #[error("host devices are refused ({0}): nothing of the host's is passed to the VM")]
     Device(String),
+    /// A resource limit the guest cannot set.
+    #[error("the spec's rlimits are refused: {0}")]
+    Rlimit(#[from] rlimit::RlimitError),
+    /// A resource limit of a kind the guest does not know.
+    #[error("the spec's rlimit {0} names an unknown resource")]
+    UnknownRlimit(String),
+    /// A tmpfs the guest cannot mount as asked.
+    #[error("tmpfs at {0} is refused: {1}")]
+    Tmpfs(String, #[source] TmpfsError),
     /// A mount we cannot honour.
     #[error("mount at {destination} is refused: {why}")]
     Mount {
@@ -73,6 +85,8 @@ pub struct Workload {
     pub cwd: Option<String>,
     /// On a terminal.
     pub terminal: bool,
+    /// Resource limits (`process.rlimits`), set before the program runs.
+    pub rlimits: Vec<Rlimit>,
 }
 
 /// The container: its first process and the host directories it shares.
@@ -82,6 +96,8 @@ pub struct Container {
     pub init: Workload,
     /// Bind mounts of host directories.
     pub mounts: Vec<HostMount>,
+    /// tmpfs mounts.
+    pub tmpfs: Vec<GuestTmpfs>,
 }
 
 /// Reads and checks `bundle/config.json`.
@@ -119,19 +135,23 @@ pub fn accept(spec: &Spec) -> Result<Container, SpecError> {
     if let Some(device) = linux.devices().as_ref().and_then(|d| d.first()) {
         return Err(SpecError::Device(device.path().display().to_string()));
     }
-    let mut mounts = Vec::new();
+    let (mut mounts, mut tmpfs) = (Vec::new(), Vec::new());
     for mount in spec.mounts().as_deref().unwrap_or_default() {
-        if let Some(share) = host_mount(mount)? {
-            mounts.push(share);
+        match wanted(mount)? {
+            Some(Wanted::Share(share)) => mounts.push(share),
+            Some(Wanted::Tmpfs(t)) => tmpfs.push(t),
+            None => {}
         }
     }
-    Ok(Container { init, mounts })
+    tmpfs::check(&tmpfs)
+        .map_err(|e| SpecError::Tmpfs(tmpfs.last().map(|t| t.target.clone()).unwrap_or_default(), e))?;
+    Ok(Container { init, mounts, tmpfs })
 }
 
 /// Checks one process (the init's, or an exec's from `ExecProcessRequest.spec`).
 ///
 /// # Errors
-/// [`SpecError::NoArgs`], [`SpecError::Privileged`].
+/// [`SpecError::NoArgs`], [`SpecError::Privileged`], [`SpecError::Rlimit`], [`SpecError::UnknownRlimit`].
 pub fn workload(process: &Process) -> Result<Workload, SpecError> {
     let privileged = process
         .capabilities()
@@ -153,11 +173,32 @@ pub fn workload(process: &Process) -> Result<Workload, SpecError> {
         .map(|e| e.split_once('=').map_or((e.clone(), String::new()), |(k, v)| (k.to_owned(), v.to_owned())))
         .collect();
     let cwd = process.cwd().to_str().filter(|c| !c.is_empty() && *c != "/").map(str::to_owned);
-    Ok(Workload { argv, env, cwd, terminal: process.terminal().unwrap_or(false) })
+    let rlimits = process
+        .rlimits()
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|l| {
+            let name = l.typ().to_string();
+            let resource = Resource::from_name(&name).ok_or(SpecError::UnknownRlimit(name))?;
+            Ok(Rlimit { resource, soft: l.soft(), hard: l.hard() })
+        })
+        .collect::<Result<Vec<_>, SpecError>>()?;
+    rlimit::check(&rlimits)?;
+    Ok(Workload { argv, env, cwd, terminal: process.terminal().unwrap_or(false), rlimits })
 }
 
-/// A bind mount as a share, a kernel file system the guest has anyway as nothing; anything else refused.
-fn host_mount(mount: &Mount) -> Result<Option<HostMount>, SpecError> {
+/// What one of the spec's mounts becomes in the VM.
+enum Wanted {
+    /// A host directory, shared.
+    Share(HostMount),
+    /// A tmpfs of the guest's own.
+    Tmpfs(GuestTmpfs),
+}
+
+/// A bind mount as a share, a tmpfs as the guest's, a kernel file system the guest has anyway as nothing;
+/// anything else refused.
+fn wanted(mount: &Mount) -> Result<Option<Wanted>, SpecError> {
     let destination = mount.destination().display().to_string();
     let typ = mount.typ().as_deref().unwrap_or_default();
     let options = mount.options().as_deref().unwrap_or_default();
@@ -166,8 +207,14 @@ fn host_mount(mount: &Mount) -> Result<Option<HostMount>, SpecError> {
         return Ok(None);
     }
     let bind = typ == "bind" || options.iter().any(|o| o == "bind" || o == "rbind");
+    if typ == "tmpfs" && !bind {
+        let t = GuestTmpfs::new(&destination, options.iter().map(String::as_str));
+        return t.map(|t| Some(Wanted::Tmpfs(t))).map_err(|e| SpecError::Tmpfs(destination.clone(), e));
+    }
     if !bind {
-        return refuse("only bind mounts of host directories and the guest's own kernel file systems are honoured");
+        return refuse(
+            "only bind mounts of host directories, tmpfs mounts and the guest's own kernel file systems are honoured",
+        );
     }
     let Some(source) = mount.source().as_ref().filter(|s| s.is_absolute()) else {
         return refuse("a bind mount needs an absolute source");
@@ -176,7 +223,7 @@ fn host_mount(mount: &Mount) -> Result<Option<HostMount>, SpecError> {
         return refuse("only directories are shared with a VM");
     }
     let readonly = options.iter().any(|o| o == "ro");
-    Ok(Some(HostMount { source: source.clone(), target: destination, readonly }))
+    Ok(Some(Wanted::Share(HostMount { source: source.clone(), target: destination, readonly })))
 }
 
 fn namespace_name(kind: LinuxNamespaceType) -> &'static str {

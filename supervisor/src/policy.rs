@@ -214,6 +214,7 @@ mod tests {
             cwd: None,
             pty: None,
             output_window: 1,
+            rlimits: Vec::new(),
         }
     }
 

@@ -606,6 +606,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         cwd: None,
                         pty: None,
                         output_window: 4096,
+                        rlimits: Vec::new(),
                     };
                     let msg = ToSupervisor::Process(ProcessRequest::Spawn(spawn));
                     let gone = from_client(&mut b, &mut peers, &mut current, (c, client), msg, now)?;

@@ -31,6 +31,7 @@ fn spawn(id: ProcId) -> ToSupervisor {
         cwd: None,
         pty: None,
         output_window: 8,
+        rlimits: Vec::new(),
     }))
 }
 

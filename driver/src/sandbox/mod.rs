@@ -270,6 +270,7 @@ fn launch(vm: &VmSpec, who: Spawned<'_>) -> Result<Running, StartError> {
             egress_proxy: vm.egress.proxy.clone(),
             egress_ca: vm.egress.ca.clone(),
             mounts: vm.mounts.clone(),
+            tmpfs: vm.tmpfs.clone(),
         },
     };
     let liveness = Liveness {

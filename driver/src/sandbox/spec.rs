@@ -42,6 +42,8 @@ pub struct VmSpec {
     pub egress: EgressRoute,
     /// Host directories, resolved ([`crate::mounts::resolve`]).
     pub mounts: Vec<vm_contract::share::HostMount>,
+    /// Memory file systems the guest mounts.
+    pub tmpfs: Vec<vm_protocol::tmpfs::GuestTmpfs>,
     /// The test controls (all off but in the causal tests).
     pub controls: Controls,
 }

@@ -67,6 +67,7 @@ impl Context {
             jail: self.jail,
             egress: self.egress.route(),
             mounts,
+            tmpfs: Vec::new(),
             controls: self.controls,
         }
     }

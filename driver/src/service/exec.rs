@@ -100,6 +100,7 @@ pub async fn exec(reg: Arc<Hub>, mut inbound: Streaming<ExecRequest>) -> Result<
                 cwd: Some(start.cwd).filter(|c| !c.is_empty()),
                 pty: start.tty.then_some(size),
                 output_window: EXEC_OUTPUT_WINDOW,
+                rlimits: Vec::new(),
             };
             (start.sandbox_id, Opening::Start(spawn, start.env), false)
         }

@@ -32,8 +32,8 @@ pub enum InitError {
     /// The workload user's home or console access could not be set up.
     #[error("cannot prepare the workload user's home and console")]
     WorkloadUser(#[source] std::io::Error),
-    /// A host directory could not be mounted.
-    #[error("cannot mount the host's directories")]
+    /// A host directory or a tmpfs could not be mounted.
+    #[error("cannot mount the host's directories or the tmpfs mounts")]
     Mounts(#[from] crate::mounts::MountError),
     /// The image root could not be entered.
     #[error("cannot enter the image root")]
@@ -73,6 +73,7 @@ pub fn boot() -> Result<(), InitError> {
     load_modules(Path::new(MODULE_LIST))?;
     // Read and loaded from the initramfs, before an image root hides it.
     let shared = crate::mounts::asked()?;
+    let tmpfs = crate::mounts::asked_tmpfs()?;
     if !shared.is_empty() {
         load_modules(Path::new(crate::mounts::MODULE_LIST))?;
     }
@@ -81,6 +82,7 @@ pub fn boot() -> Result<(), InitError> {
         crate::root::enter(&WORKLOAD)?;
     }
     crate::mounts::mount_all(&shared)?;
+    crate::mounts::mount_tmpfs(&tmpfs)?;
     Ok(())
 }
 

@@ -138,7 +138,15 @@ pub(crate) fn files(shared: &Arc<Shared>, config: &Config, req: FileSpawn) {
     // Relative paths are the workload's home's, where it has one.
     let home = vm_protocol::identity::WORKLOAD.home;
     let cwd = Path::new(home).is_dir().then(|| home.to_owned());
-    let spawn = Spawn { id: req.id, argv, env: Vec::new(), cwd, pty: None, output_window: req.output_window };
+    let spawn = Spawn {
+        id: req.id,
+        argv,
+        env: Vec::new(),
+        cwd,
+        pty: None,
+        output_window: req.output_window,
+        rlimits: Vec::new(),
+    };
     self::spawn(shared, config, spawn);
 }
 
@@ -150,6 +158,9 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
         return;
     }
     let output = Arc::new(Credit::new(req.output_window));
+    if let Err(e) = vm_protocol::rlimit::check(&req.rlimits) {
+        return fail_early(shared, id, &format!("vm-agent: {e}"), EXIT_CANNOT_RUN);
+    }
     if let Some(cwd) = req.cwd.as_deref().filter(|d| !Path::new(d).is_dir()) {
         let msg = format!("vm-agent: cannot change to directory '{cwd}': not a directory");
         return fail_early(shared, id, &msg, EXIT_CANNOT_RUN);
@@ -170,6 +181,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
         cwd: req.cwd.as_deref().unwrap_or(&config.default_cwd),
         run_as: config.run_as,
         stdio: stdio.child_side(),
+        rlimits: &req.rlimits,
     };
 
     // The table lock is held across spawn and insert: the reaper takes it before reaping, so it cannot
@@ -178,7 +190,12 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
     let spawned = spawn::spawn(&plan);
     let pid = match spawned {
         Ok(pid) => pid,
-        Err(e) => {
+        Err(spawn::SpawnError::Limit(e)) => {
+            drop(table);
+            let msg = format!("vm-agent: {}: the guest's kernel refused a resource limit ({e})", req.argv[0]);
+            return fail_early(shared, id, &msg, EXIT_CANNOT_RUN);
+        }
+        Err(spawn::SpawnError::Start(e)) => {
             drop(table);
             let (code, msg) = match e.kind() {
                 io::ErrorKind::NotFound => (EXIT_NOT_FOUND, format!("vm-agent: {}: command not found", req.argv[0])),

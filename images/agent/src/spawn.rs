@@ -17,11 +17,12 @@ use std::collections::BTreeMap;
 use std::ffi::{c_int, c_long, c_void, CString};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use nix::libc;
 use nix::unistd::Pid;
 use vm_protocol::identity::WorkloadIdentity;
+use vm_protocol::rlimit::{Resource, Rlimit};
 
 /// The child's stack: it makes a few system calls and nothing else.
 const STACK_BYTES: usize = 64 * 1024;
@@ -57,16 +58,29 @@ pub(crate) struct Plan<'a> {
     pub cwd: &'a str,
     pub run_as: Option<WorkloadIdentity>,
     pub stdio: Stdio<'a>,
+    /// Set before the ids change, so that a hard limit may be raised.
+    pub rlimits: &'a [Rlimit],
+}
+
+/// Why a child did not run its program.
+#[derive(Debug)]
+pub(crate) enum SpawnError {
+    /// The kernel refused a resource limit (a hard limit above what it allows, such as `nofile` over
+    /// `fs.nr_open`).
+    Limit(io::Error),
+    /// Any other step, up to and including `execve`.
+    Start(io::Error),
 }
 
 /// Starts the child and returns its pid once it runs the program. The caller reaps it later (it is a child
 /// of the agent like any other).
 ///
 /// # Errors
-/// The error of the step that failed, before or at `execve` (a failed child is reaped here): `NotFound` when
-/// no file of that name exists on the path, `PermissionDenied` when one exists but may not be executed.
-pub(crate) fn spawn(plan: &Plan<'_>) -> io::Result<Pid> {
-    let prepared = Prepared::new(plan)?;
+/// The error of the step that failed, before or at `execve` (a failed child is reaped here): in
+/// [`SpawnError::Start`], `NotFound` when no file of that name exists on the path, `PermissionDenied` when one
+/// exists but may not be executed.
+pub(crate) fn spawn(plan: &Plan<'_>) -> Result<Pid, SpawnError> {
+    let prepared = Prepared::new(plan).map_err(SpawnError::Start)?;
     let mut stack = vec![0_u128; STACK_BYTES / size_of::<u128>()];
     // x86-64 and aarch64 stacks grow down: the child starts at the end, 16-byte aligned by the element type.
     let top = stack.as_mut_ptr_range().end.cast::<c_void>();
@@ -78,7 +92,7 @@ pub(crate) fn spawn(plan: &Plan<'_>) -> io::Result<Pid> {
     let pid = unsafe { libc::clone(child, top, libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD, arg) };
     drop(stack);
     if pid < 0 {
-        return Err(io::Error::last_os_error());
+        return Err(SpawnError::Start(io::Error::last_os_error()));
     }
     let pid = Pid::from_raw(pid);
     match prepared.failed.load(Ordering::Acquire) {
@@ -86,7 +100,12 @@ pub(crate) fn spawn(plan: &Plan<'_>) -> io::Result<Pid> {
         errno => {
             // It exited without running anything: reap it before anyone looks for it.
             let _ = nix::sys::wait::waitpid(pid, None);
-            Err(io::Error::from_raw_os_error(errno))
+            let error = io::Error::from_raw_os_error(errno);
+            Err(if prepared.limit_failed.load(Ordering::Acquire) {
+                SpawnError::Limit(error)
+            } else {
+                SpawnError::Start(error)
+            })
         }
     }
 }
@@ -107,8 +126,12 @@ struct Prepared {
     ids: Option<(libc::uid_t, libc::gid_t)>,
     stdio: [RawFd; 3],
     terminal: bool,
+    /// Each limit as `prlimit64` takes it: the resource's number and `[soft, hard]`.
+    rlimits: Vec<(c_long, [u64; 2])>,
     /// The errno of the step that failed in the child; 0 while none did.
     failed: AtomicI32,
+    /// Whether that step was a resource limit.
+    limit_failed: AtomicBool,
 }
 
 impl Prepared {
@@ -154,9 +177,34 @@ impl Prepared {
             ids: plan.run_as.map(|w| (w.uid, w.gid)),
             stdio,
             terminal,
+            rlimits: plan.rlimits.iter().map(|l| (resource_number(l.resource), [l.soft, l.hard])).collect(),
             failed: AtomicI32::new(0),
+            limit_failed: AtomicBool::new(false),
         })
     }
+}
+
+/// The kernel's number for `resource`.
+fn resource_number(resource: Resource) -> c_long {
+    let number = match resource {
+        Resource::As => libc::RLIMIT_AS,
+        Resource::Core => libc::RLIMIT_CORE,
+        Resource::Cpu => libc::RLIMIT_CPU,
+        Resource::Data => libc::RLIMIT_DATA,
+        Resource::Fsize => libc::RLIMIT_FSIZE,
+        Resource::Locks => libc::RLIMIT_LOCKS,
+        Resource::Memlock => libc::RLIMIT_MEMLOCK,
+        Resource::Msgqueue => libc::RLIMIT_MSGQUEUE,
+        Resource::Nice => libc::RLIMIT_NICE,
+        Resource::Nofile => libc::RLIMIT_NOFILE,
+        Resource::Nproc => libc::RLIMIT_NPROC,
+        Resource::Rss => libc::RLIMIT_RSS,
+        Resource::Rtprio => libc::RLIMIT_RTPRIO,
+        Resource::Rttime => libc::RLIMIT_RTTIME,
+        Resource::Sigpending => libc::RLIMIT_SIGPENDING,
+        Resource::Stack => libc::RLIMIT_STACK,
+    };
+    c_long::from(number)
 }
 
 fn c_string(s: &str) -> io::Result<CString> {
@@ -202,11 +250,19 @@ unsafe fn raw(nr: c_long, args: [c_long; 4]) -> Result<c_long, c_int> {
     }
 }
 
-/// Stdio, ids, directory, session and signals, in the order `std` uses.
+/// Limits, stdio, ids, directory, session and signals, in the order `std` uses (limits first: they may
+/// raise a hard limit, which needs the agent's privilege).
 fn setup(p: &Prepared) -> Result<(), c_int> {
-    // SAFETY: each call passes plain integers, or pointers to C strings in `p` and to the local sigaction and
-    // signal set, all alive for the call.
+    // SAFETY: each call passes plain integers, or pointers to C strings, limits in `p` and to the local
+    // sigaction and signal set, all alive for the call.
     unsafe {
+        for (resource, limit) in &p.rlimits {
+            // `prlimit64(0, ...)` is this process; the kernel's `rlimit64` is two u64s, soft then hard.
+            if let Err(errno) = raw(libc::SYS_prlimit64, [0, *resource, limit.as_ptr() as c_long, 0]) {
+                p.limit_failed.store(true, Ordering::Release);
+                return Err(errno);
+            }
+        }
         for (target, fd) in (0..).zip(p.stdio) {
             if fd == target {
                 // Already in place; only its close-on-exec flag must go.
@@ -281,17 +337,24 @@ mod tests {
 
     /// Runs `argv` with `PATH=path` and no other variable; its stdout and exit code.
     fn run(argv: &[&str], path: &str) -> io::Result<(String, i32)> {
+        run_limited(argv, path, &[]).map_err(|e| match e {
+            SpawnError::Limit(e) | SpawnError::Start(e) => e,
+        })
+    }
+
+    /// [`run`], with resource limits.
+    fn run_limited(argv: &[&str], path: &str, rlimits: &[Rlimit]) -> Result<(String, i32), SpawnError> {
         let argv: Vec<String> = argv.iter().map(|a| (*a).to_owned()).collect();
         let (stdin, _stdin_w) = pipe_with(PipeFlags::CLOEXEC).unwrap();
         let (out_r, out_w) = pipe_with(PipeFlags::CLOEXEC).unwrap();
         let stdio = Stdio::Pipes([&stdin, &out_w, &out_w]);
-        let plan = Plan { argv: &argv, env: vec![("PATH", path)], cwd: "/", run_as: None, stdio };
+        let plan = Plan { argv: &argv, env: vec![("PATH", path)], cwd: "/", run_as: None, stdio, rlimits };
         // A test beside this one may be writing its script while we clone: our child then holds that file
         // open for writing until it execs, and the other test's exec meets ETXTBSY. Retry, as Go does.
         let mut spawned = spawn(&plan);
         for _ in 0..50 {
             match spawned {
-                Err(ref e) if e.kind() == io::ErrorKind::ExecutableFileBusy => {
+                Err(SpawnError::Start(ref e)) if e.kind() == io::ErrorKind::ExecutableFileBusy => {
                     std::thread::sleep(std::time::Duration::from_millis(10));
                     spawned = spawn(&plan);
                 }
@@ -358,5 +421,19 @@ mod tests {
     fn a_nul_byte_is_refused_before_anything_runs() {
         let err = run(&["echo", "a\0b"], "/bin:/usr/bin").unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn limits_reach_the_program_and_one_the_kernel_refuses_is_named() {
+        let nofile = |soft, hard| Rlimit { resource: Resource::Nofile, soft, hard };
+        let script = ["sh", "-c", "ulimit -Sn; ulimit -Hn"];
+        let (out, code) = run_limited(&script, "/bin:/usr/bin", &[nofile(77, 99)]).unwrap();
+        assert_eq!((out.as_str(), code), ("77\n99\n", 0));
+        // Control: without the limit the program has the test's own.
+        let (out, _) = run(&script, "/bin:/usr/bin").unwrap();
+        assert_ne!(out, "77\n99\n");
+        // Above fs.nr_open the kernel refuses it (EPERM), and that is told apart from a failed exec.
+        let err = run_limited(&script, "/bin:/usr/bin", &[nofile(1 << 40, 1 << 40)]).unwrap_err();
+        assert!(matches!(err, SpawnError::Limit(ref e) if e.raw_os_error() == Some(libc::EPERM)), "{err:?}");
     }
 }

@@ -72,6 +72,7 @@ impl Host {
             cwd: None,
             pty: None,
             output_window: window,
+            rlimits: Vec::new(),
         })));
     }
 
@@ -162,6 +163,7 @@ fn a_missing_working_directory_is_a_clear_error() {
         cwd: Some("/no/such/dir".into()),
         pty: None,
         output_window: 4096,
+        rlimits: Vec::new(),
     })));
     let run = host.collect(1);
     assert_eq!(run.status, Some(ExitStatus::Code(126)));
@@ -239,6 +241,7 @@ fn env_and_cwd_reach_the_process() {
         cwd: Some("/tmp".into()),
         pty: None,
         output_window: 4096,
+        rlimits: Vec::new(),
     })));
     let run = host.collect(1);
     assert_eq!(String::from_utf8_lossy(&run.stdout), "hello there\n/tmp\n");
@@ -374,6 +377,7 @@ fn spawn_tty(host: &mut Host, id: u32, argv: &[&str], rows: u16, cols: u16) {
         cwd: None,
         pty: Some(PtySize { rows, cols }),
         output_window: 1 << 20,
+        rlimits: Vec::new(),
     })));
 }
 

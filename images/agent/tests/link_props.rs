@@ -215,6 +215,7 @@ fn messages(steps: Vec<Step>) -> Vec<ToGuest> {
                     cwd: None,
                     pty: None,
                     output_window,
+                    rlimits: Vec::new(),
                 })))
             }
             Step::Eof(p) => pick(&p, &spawned).map(|id| ToGuest::Process(ProcessRequest::StdinEof { id })),

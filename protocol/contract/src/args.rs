@@ -138,6 +138,10 @@ pub struct VmArgs {
     /// Host directories to share into the guest (repeatable), each served by its own confined `virtiofsd`.
     #[cfg_attr(feature = "clap", arg(long = "mount", value_name = "type=bind,src=HOSTDIR,dst=GUESTDIR[,readonly]"))]
     pub mounts: Vec<crate::share::HostMount>,
+    /// Memory file systems the guest mounts (repeatable), Docker's `--tmpfs` form.
+    #[cfg_attr(feature = "clap", arg(long = "tmpfs", value_name = "GUESTDIR[:OPTIONS]",
+        value_parser = vm_protocol::tmpfs::GuestTmpfs::parse_flag))]
+    pub tmpfs: Vec<vm_protocol::tmpfs::GuestTmpfs>,
 }
 
 impl SupervisorArgs {
@@ -225,6 +229,10 @@ impl VmArgs {
             argv.push("--mount".into());
             argv.push(mount.to_string().into());
         }
+        for tmpfs in &self.tmpfs {
+            argv.push("--tmpfs".into());
+            argv.push(format!("{}:{}", tmpfs.target, tmpfs.options()).into());
+        }
         argv
     }
 }
@@ -297,6 +305,10 @@ mod tests {
             egress_proxy: Some("proxy.corp.example:3128".into()),
             egress_ca: Some("/etc/corp-ca.pem".into()),
             mounts: vec!["src=/home/me/p,dst=/work,readonly".parse().unwrap(), "src=/d,dst=/data".parse().unwrap()],
+            tmpfs: vec![
+                vm_protocol::tmpfs::GuestTmpfs::parse_flag("/scratch:size=1m,noexec").unwrap(),
+                vm_protocol::tmpfs::GuestTmpfs::parse_flag("/cache").unwrap(),
+            ],
         };
         let saving = VmArgs {
             save_snapshot: Some("/run/vm-driver/snapshots/pool-2".into()),
@@ -318,6 +330,7 @@ mod tests {
             egress_proxy: None,
             egress_ca: None,
             mounts: Vec::new(),
+            tmpfs: Vec::new(),
             ..full.clone()
         };
         let launch =

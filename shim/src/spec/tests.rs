@@ -41,7 +41,21 @@ fn ctrs_spec_is_accepted_as_written() {
     assert_eq!(env, [("PATH", "/usr/bin:/bin"), ("EMPTY", ""), ("BARE", "")]);
     assert_eq!(container.init.cwd.as_deref(), Some("/work"));
     assert!(!container.init.terminal);
+    assert_eq!(container.init.rlimits, [Rlimit { resource: Resource::Nofile, soft: 1024, hard: 1024 }]);
     assert!(container.mounts.is_empty(), "the kernel file systems are the guest's own");
+}
+
+#[test]
+fn rlimits_the_guest_cannot_set_are_refused() {
+    let mut spec = ctr_spec();
+    spec["process"]["rlimits"] = json!([{"type": "RLIMIT_CORE", "hard": 1, "soft": 2}]);
+    assert_eq!(check(&spec), Err(SpecError::Rlimit(rlimit::RlimitError::SoftAboveHard("core"))));
+    let twice = json!({"type": "RLIMIT_NOFILE", "hard": 1, "soft": 1});
+    spec["process"]["rlimits"] = json!([twice, twice]);
+    assert_eq!(check(&spec), Err(SpecError::Rlimit(rlimit::RlimitError::Twice("nofile"))));
+    spec["process"]["rlimits"] = json!([{"type": "RLIMIT_NOPE", "hard": 1, "soft": 1}]);
+    // Not a resource oci-spec knows: the whole spec is unreadable (read() says SpecError::Unreadable).
+    assert!(serde_json::from_value::<Spec>(spec).is_err());
 }
 
 #[test]
@@ -87,12 +101,35 @@ fn a_bind_mount_of_a_directory_is_a_share_and_other_mounts_are_refused() {
     for (mount, why) in [
         (json!({"destination": "/etc/hosts", "type": "bind", "source": file, "options": ["rbind"]}), "directories"),
         (json!({"destination": "/data", "type": "bind", "source": "rel", "options": ["rbind"]}), "absolute"),
-        (json!({"destination": "/scratch", "type": "tmpfs", "source": "tmpfs"}), "bind mounts"),
+        (json!({"destination": "/scratch", "type": "overlay", "source": "overlay"}), "bind mounts"),
     ] {
         let mut spec = ctr_spec();
         spec["mounts"].as_array_mut().unwrap().push(mount.clone());
         let err = check(&spec).unwrap_err();
         assert!(matches!(&err, SpecError::Mount { .. }) && err.to_string().contains(why), "{mount}: {err}");
+    }
+}
+
+#[test]
+fn a_tmpfs_is_the_guests_own_with_its_options_and_a_bad_one_is_refused() {
+    let mut spec = ctr_spec();
+    let scratch = json!({"destination": "/scratch", "type": "tmpfs", "source": "tmpfs",
+        "options": ["nosuid", "noexec", "size=1m", "mode=1770"]});
+    spec["mounts"].as_array_mut().unwrap().push(scratch.clone());
+    let container = check(&spec).unwrap();
+    assert_eq!(container.tmpfs, [GuestTmpfs::parse_flag("/scratch:size=1m,mode=1770,noexec").unwrap()]);
+    assert!(container.mounts.is_empty());
+
+    spec["mounts"].as_array_mut().unwrap().push(scratch);
+    assert_eq!(check(&spec), Err(SpecError::Tmpfs("/scratch".into(), TmpfsError::Twice("/scratch".into()))));
+    for (options, error) in [
+        (json!(["suid"]), TmpfsError::Option("suid".into())),
+        (json!(["size=lots"]), TmpfsError::Value("size=lots".into())),
+    ] {
+        let mut spec = ctr_spec();
+        let mount = json!({"destination": "/scratch", "type": "tmpfs", "source": "tmpfs", "options": options});
+        spec["mounts"].as_array_mut().unwrap().push(mount);
+        assert_eq!(check(&spec), Err(SpecError::Tmpfs("/scratch".into(), error)));
     }
 }
 

@@ -118,7 +118,7 @@ impl Task for TaskService {
         };
         let sandbox =
             vm_driver::state::random_id("ctr").map_err(|_| error(Code::INTERNAL, "cannot make a sandbox id"))?;
-        let booted = Pod::boot(settings, sandbox, root, &container.mounts).await;
+        let booted = Pod::boot(settings, sandbox, root, &container).await;
         let pod = match booted {
             Ok(pod) => pod,
             Err(e) => {
@@ -158,6 +158,7 @@ impl Task for TaskService {
             cwd: workload.cwd,
             pty: workload.terminal.then_some(PtySize { rows: 24, cols: 80 }),
             output_window: OUTPUT_WINDOW,
+            rlimits: workload.rlimits,
         };
         let started = self.run_process(req.id.clone(), req.exec_id.clone(), spawn, stdio);
         let pid = match started.await {

@@ -91,6 +91,7 @@ pub(super) fn prepare(vm: &VmArgs, root: Option<&RootImage>) -> Result<Prepared,
         tsc_khz: vm.tsc_khz,
         disks,
         mounts: super::shares::guest_view(&vm.mounts),
+        tmpfs: vm.tmpfs.clone(),
     };
     Ok(Prepared { config, watchdog, channel, console, monitor, migration, restored })
 }

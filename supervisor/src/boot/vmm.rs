@@ -31,6 +31,7 @@ use vm_contract::layout::SandboxFile;
 use vm_contract::shape::SandboxShape;
 use vm_protocol::mounts::{self, GuestMount};
 use vm_protocol::root::{IMAGE_DISK_SERIAL, KERNEL_ARG as IMAGE_ROOT_ARG, WRITABLE_DISK_SERIAL};
+use vm_protocol::tmpfs::{self, GuestTmpfs};
 use vm_protocol::CHANNEL_PORT_NAME;
 
 use super::disks::Disks;
@@ -93,6 +94,8 @@ pub struct VmmConfig {
     pub disks: Option<Disks>,
     /// Host directories, one vhost-user-fs device each ([`super::shares`] serves them).
     pub mounts: Vec<GuestMount>,
+    /// Memory file systems of the guest's own: only a kernel argument.
+    pub tmpfs: Vec<GuestTmpfs>,
 }
 
 impl VmmConfig {
@@ -108,7 +111,7 @@ impl VmmConfig {
             kernel_args.push(' ');
             kernel_args.push_str(IMAGE_ROOT_ARG);
         }
-        if let Some(arg) = mounts::kernel_arg(&self.mounts) {
+        for arg in [mounts::kernel_arg(&self.mounts), tmpfs::kernel_arg(&self.tmpfs)].into_iter().flatten() {
             kernel_args.push(' ');
             kernel_args.push_str(&arg);
         }
@@ -253,6 +256,7 @@ mod tests {
             tsc_khz: None,
             disks: None,
             mounts: Vec::new(),
+            tmpfs: Vec::new(),
         }
     }
 
@@ -325,5 +329,14 @@ mod tests {
         let plain = joined(Accelerator::Tcg);
         assert!(!plain.contains("memory-backend") && !plain.contains("vhost-user") && !plain.contains("force-legacy"));
         assert_eq!(config(Accelerator::Tcg).jailer_args().shared_memory_mib, None);
+    }
+
+    #[test]
+    fn a_tmpfs_is_only_a_kernel_argument() {
+        let tmpfs = vec![GuestTmpfs::parse_flag("/scratch:size=1m").unwrap()];
+        let with = VmmConfig { tmpfs: tmpfs.clone(), ..config(Accelerator::Tcg) };
+        let line = with.args().iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
+        assert!(line.contains(&tmpfs::kernel_arg(&tmpfs).unwrap()), "{line}");
+        assert_eq!(line.replace(&format!(" {}", tmpfs::kernel_arg(&tmpfs).unwrap()), ""), joined(Accelerator::Tcg));
     }
 }

@@ -36,6 +36,7 @@ fn spawn_msg(id: u32, argv: &[&str]) -> ToSupervisor {
         cwd: None,
         pty: None,
         output_window: 8,
+        rlimits: Vec::new(),
     }))
 }
 
@@ -81,6 +82,7 @@ fn an_images_defaults_reach_the_guest_under_the_requests_own_and_the_gate_judges
         cwd: None,
         pty: None,
         output_window: 8,
+        rlimits: Vec::new(),
     };
     let out = b.handle(Input::Client(A, ToSupervisor::Process(ProcessRequest::Spawn(request.clone()))), now);
     let sent = spawned(&out).expect("dispatched");

@@ -93,6 +93,7 @@ impl MainSession {
             cwd: None,
             pty: tty,
             output_window: OUTPUT_WINDOW_BYTES,
+            rlimits: Vec::new(),
         };
         let (exit, _) = watch::channel(None);
         let inner = Arc::new(Inner {

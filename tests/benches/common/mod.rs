@@ -81,6 +81,7 @@ impl BareVm {
             tsc_khz: vm_driver::tsc::khz(),
             disks: None,
             mounts: Vec::new(),
+            tmpfs: Vec::new(),
         };
         let started = Instant::now();
         let qemu = Command::new(&config.qemu)

@@ -81,6 +81,7 @@ impl AttachClient {
             cwd: None,
             pty: None,
             output_window: DEFAULT_WINDOW_BYTES,
+            rlimits: Vec::new(),
         };
         (id, ToSupervisor::Process(ProcessRequest::Spawn(spawn)))
     }

@@ -54,14 +54,32 @@ fn ctr_runs_a_registry_image_in_a_microvm_with_exact_stdio_and_exit_status() {
     let host_kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
 
     s.waiting_for("ctr run of sh");
-    let script = "echo out; echo err >&2; uname -r; pwd; echo \"$GREETING\"; exit 7";
-    let args = ["run", "--rm", "--runtime", RUNTIME, "--cwd", "/bin", "--env", "GREETING=hello vm", &image, "t1"];
+    let script = "echo out; echo err >&2; uname -r; pwd; echo \"$GREETING\"; ulimit -Hn; \
+                  head -c 2097152 /dev/zero > /scratch/f 2>/dev/null; wc -c < /scratch/f; exit 7";
+    let tmpfs = "type=tmpfs,src=tmpfs,dst=/scratch,options=size=1m:nosuid";
+    let args = [
+        "run",
+        "--rm",
+        "--runtime",
+        RUNTIME,
+        "--cwd",
+        "/bin",
+        "--env",
+        "GREETING=hello vm",
+        "--mount",
+        tmpfs,
+        &image,
+        "t1",
+    ];
     let out = containerd.ctr(&[&args[..], &["/bin/sh", "-c", script]].concat());
     let stdout = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(out.status.code(), Some(7), "the workload's exit status: {}", text(&out));
-    assert_eq!(lines.len(), 4, "{stdout}");
+    assert_eq!(lines.len(), 6, "{stdout}");
     assert_eq!((lines[0], lines[2], lines[3]), ("out", "/bin", "hello vm"), "{stdout}");
+    // containerd's default spec sets RLIMIT_NOFILE to 1024 (the guest's own hard limit is 4096).
+    assert_eq!(lines[4], "1024", "the spec's rlimits reach the process: {stdout}");
+    assert_eq!(lines[5].trim(), "1048576", "the spec's 1 MiB tmpfs took 1 MiB of the 2 written: {stdout}");
     assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "err", "stderr apart from stdout");
     assert_ne!(lines[1], host_kernel.trim(), "the task ran on the host's kernel, not in a VM");
     eprintln!("e2e: the task's kernel {} (the host's {})", lines[1], host_kernel.trim());

@@ -238,6 +238,9 @@ fn bad_mounts_are_refused_before_anything_starts() {
         (mount_flag(&dir, "/", false), "must be an absolute guest path"),
         (format!("--mount=type=volume,src={},dst=/work", dir.display()), "only type=bind"),
         (format!("--mount=src={},dst=/work,src=/etc", dir.display()), "given twice"),
+        ("--tmpfs=/proc/x".to_owned(), "must be absolute and normal"),
+        ("--tmpfs=/x:suid".to_owned(), "is not one of size="),
+        ("--tmpfs=/x:size=lots".to_owned(), "malformed value"),
     ];
     if root() {
         let root_owned = s.dir.join("root-owned");
@@ -308,6 +311,40 @@ fn a_served_sandbox_keeps_its_mounts_across_stop_and_start_and_a_driver_restart(
     let servers: Vec<_> = serve.seen().into_iter().filter(is_server).collect();
     assert_eq!(servers.len(), 3, "one server per successful start: {servers:?}");
     assert!(servers.iter().all(|p| gone_within(p, Duration::from_secs(5))), "every server ended with its VM");
+}
+
+/// A tmpfs is the guest's own memory, bounded by its size; the same write to a tmpfs without one is the
+/// control. `noexec` and the mode are in force, and the workload's user may write to it.
+#[test]
+fn a_tmpfs_is_bounded_by_its_size_and_mounted_as_asked() {
+    let s = Scratch::new("tmpfs");
+    let write =
+        |dir: &str| format!("head -c 2097152 /dev/zero > {dir}/f 2>/dev/null; echo {dir} $? $(wc -c < {dir}/f)");
+    let run = |dir: &str| {
+        format!("rm {dir}/f; printf '#!/bin/sh\\n' > {dir}/x && chmod +x {dir}/x && {dir}/x 2>/dev/null; echo exec $?")
+    };
+    let script = format!(
+        "{}; {}; {}; {}; stat -c %a /scratch /cache",
+        write("/scratch"),
+        write("/cache"),
+        run("/scratch"),
+        run("/cache")
+    );
+    let out = Launch::new(&s, &["/bin/sh", "-c", &script])
+        .flag("--tmpfs")
+        .flag("/scratch:size=1m,noexec")
+        .flag("--tmpfs")
+        .flag("/cache:mode=777")
+        .run();
+    assert_eq!(out.code, Some(0), "{}", out.workload_stderr());
+    let stdout = out.stdout_text();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "/scratch 1 1048576", "the 1 MiB tmpfs took 1 MiB of the 2 written: {stdout}");
+    assert_eq!(lines[1], "/cache 0 2097152", "control: a tmpfs without a size took the whole 2 MiB: {stdout}");
+    assert_eq!(lines[2], "exec 126", "a program on a noexec tmpfs may not run: {stdout}");
+    assert_eq!(lines[3], "exec 0", "control: the same program runs from a tmpfs without noexec: {stdout}");
+    assert_eq!(&lines[4..], ["1777", "777"], "each root's mode as asked (1777 by default): {stdout}");
+    out.assert_nothing_left();
 }
 
 /// Not root: the server runs in a user namespace of the driver's own making, the guest's workload mapped to

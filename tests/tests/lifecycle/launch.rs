@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use vm_image::debian::sha256 as sha256_hex;
-use vm_test_support::{harness, Launch, Scratch};
+use vm_test_support::{harness, Launch, Scratch, DRIVER_ERROR};
 
 #[test]
 fn streams_are_separate_and_the_exit_code_is_ours() {
@@ -107,6 +107,34 @@ fn env_and_workdir_reach_the_process() {
     assert_eq!(out.code, Some(126));
     assert!(out.workload_stderr().contains("/no/such/dir"));
     out.assert_nothing_left();
+}
+
+#[test]
+fn ulimits_reach_the_process_and_one_the_guest_refuses_is_named() {
+    let s = Scratch::new("ulimit");
+    let script = "ulimit -Sn; ulimit -Hn; ulimit -c";
+    // The guest's own defaults (1024, 4096, 0 on Linux) are not what is asked.
+    let out = Launch::new(&s, &["/bin/sh", "-c", script])
+        .flag("--ulimit")
+        .flag("nofile=256:8192")
+        .flag("--ulimit")
+        .flag("core=unlimited")
+        .run();
+    assert_eq!(
+        (out.stdout_text().as_str(), out.code),
+        ("256\n8192\nunlimited\n", Some(0)),
+        "{}",
+        out.workload_stderr()
+    );
+    // Past the guest kernel's fs.nr_open: refused at the spawn, with the reason.
+    let out = Launch::new(&s, &["true"]).flag("--ulimit").flag("nofile=4000000000").run();
+    assert_eq!(out.code, Some(126));
+    assert!(out.workload_stderr().contains("refused a resource limit"), "{}", out.workload_stderr());
+    out.assert_nothing_left();
+    // Twice the same resource: refused before anything starts.
+    let out = Launch::new(&s, &["true"]).flag("--ulimit").flag("nofile=1").flag("--ulimit").flag("nofile=2").run();
+    assert_eq!(out.code, Some(DRIVER_ERROR));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nofile is limited twice"), "{:?}", out.stderr);
 }
 
 #[test]

@@ -272,6 +272,10 @@ pub struct LaunchArgs {
     /// Working directory for CMD inside the guest.
     #[arg(long, short = 'w', value_name = "DIR")]
     pub workdir: Option<String>,
+    /// A resource limit for CMD, as Docker's: `nofile=1024:2048`; `-1` or `unlimited` for none; one value
+    /// for both (repeatable).
+    #[arg(long, value_name = "NAME=SOFT[:HARD]", value_parser = vm_protocol::rlimit::parse_ulimit)]
+    pub ulimit: Vec<vm_protocol::rlimit::Rlimit>,
     /// Stop the sandbox after this many seconds (exit 124).
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<u64>,
@@ -304,6 +308,10 @@ pub struct LaunchArgs {
     /// docs/files.md): the guest's workload writes as the directory's owner, never as root.
     #[arg(long = "mount", value_name = "type=bind,src=HOSTDIR,dst=GUESTDIR[,readonly]")]
     pub mounts: Vec<vm_contract::share::HostMount>,
+    /// Mount a tmpfs in the guest, docker's syntax: `/scratch:size=64m,mode=1777,noexec` (repeatable, at most
+    /// 8; docs/files.md). It is the guest's own memory, gone with the sandbox; always nosuid and nodev.
+    #[arg(long, value_name = "GUESTDIR[:OPTIONS]", value_parser = vm_protocol::tmpfs::GuestTmpfs::parse_flag)]
+    pub tmpfs: Vec<vm_protocol::tmpfs::GuestTmpfs>,
     /// Secret credentials the workload sees only as placeholders (a JSON list in a 0600 file,
     /// docs/network.md); the supervisor's proxy swaps them in for their hosts.
     #[arg(long, value_name = "FILE")]

@@ -53,6 +53,10 @@ pub struct LaunchConfig {
     pub env: Vec<(String, String)>,
     /// Working directory in the guest.
     pub workdir: Option<String>,
+    /// Resource limits for the process.
+    pub rlimits: Vec<vm_protocol::rlimit::Rlimit>,
+    /// Memory file systems the guest mounts.
+    pub tmpfs: Vec<vm_protocol::tmpfs::GuestTmpfs>,
     /// The image root (the built-in root when `None`).
     pub root: Option<vm_contract::root::RootImage>,
     /// Boot image directory (the default when `None`).
@@ -144,6 +148,7 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
         jail,
         egress: config.egress.route(),
         mounts,
+        tmpfs: config.tmpfs.clone(),
         controls: config.controls,
     };
     let who = Identity {
@@ -312,6 +317,7 @@ async fn run_job(
         cwd: config.workdir.clone(),
         pty: config.tty.then(terminal::pty_size),
         output_window: OUTPUT_WINDOW,
+        rlimits: config.rlimits.clone(),
     };
     let status = {
         // Restored when the command ends, on every path (the guard drops with this block or the future).

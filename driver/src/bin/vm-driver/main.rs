@@ -77,10 +77,14 @@ async fn run(command: Command, controls: Controls) -> Result<u8> {
             let args = *args;
             let shape = args.shape.shape();
             let retention = args.vm.retention.retention();
+            vm_protocol::rlimit::check(&args.ulimit).context("--ulimit")?;
+            vm_protocol::tmpfs::check(&args.tmpfs).context("--tmpfs")?;
             launch::run(LaunchConfig {
                 argv: args.cmd,
                 env: args.env,
                 workdir: args.workdir,
+                rlimits: args.ulimit,
+                tmpfs: args.tmpfs,
                 root: match args.image.as_deref() {
                     Some(reference) => {
                         let state = args.vm.state_dir.clone().unwrap_or_else(vm_driver::state::default_root);

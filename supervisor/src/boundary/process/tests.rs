@@ -17,6 +17,7 @@ fn spawn(id: u32, window: u32) -> ToSupervisor {
         cwd: None,
         pty: None,
         output_window: window,
+        rlimits: Vec::new(),
     }))
 }
 
