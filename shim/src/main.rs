@@ -12,6 +12,7 @@ mod rootfs;
 mod settings;
 mod shim;
 mod spec;
+mod stats;
 mod task;
 
 /// The runtime's name in containerd (`ctr run --runtime`, a RuntimeClass's handler config).

@@ -154,6 +154,11 @@ impl Pod {
         let _ = ended.wait_for(|e| *e).await;
     }
 
+    /// What the VM costs the host now ([`crate::stats`]); `None` once its VMM is gone.
+    pub fn metrics(&self) -> Option<containerd_shim::protos::cgroups::metrics::Metrics> {
+        crate::stats::vmm_metrics(self.layout.dir())
+    }
+
     /// Whether the VM is gone.
     pub fn is_ended(&self) -> bool {
         *self.ended.borrow()

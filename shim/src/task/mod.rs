@@ -370,6 +370,14 @@ impl Task for TaskService {
         self.request(&req.id, &req.exec_id, FromClient::StdinEof)
     }
 
+    async fn stats(&self, _ctx: &TtrpcContext, req: api::StatsRequest) -> TtrpcResult<api::StatsResponse> {
+        let pod = self.with(&req.id, |c| Ok(Arc::clone(&c.pod)))?;
+        let metrics = pod.metrics().ok_or_else(|| error(Code::FAILED_PRECONDITION, "the task's VM is not running"))?;
+        let any = containerd_shim::util::convert_to_any(Box::new(metrics))
+            .map_err(|_| error(Code::INTERNAL, "the metrics cannot be encoded"))?;
+        Ok(api::StatsResponse { stats: Some(any).into(), ..Default::default() })
+    }
+
     async fn update(&self, _ctx: &TtrpcContext, _req: api::UpdateTaskRequest) -> TtrpcResult<api::Empty> {
         Err(error(Code::UNIMPLEMENTED, "a task's VM is not resized while it runs"))
     }

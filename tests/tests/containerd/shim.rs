@@ -151,6 +151,15 @@ fn a_task_outlives_containerds_restart_and_its_vm_dies_with_its_shim() {
     assert!(listed.lines().any(|l| l.starts_with("long") && l.contains("RUNNING")), "after the restart: {listed}");
     let out = containerd.ctr(&["task", "exec", "--exec-id", "e2", "long", "echo", "reconnected"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "reconnected", "{}", text(&out));
+    // Stats: what the VM costs the node, the VMM's memory and CPU time (docs/kubernetes.md).
+    let out = containerd.ctr(&["task", "metrics", "long"]);
+    let metrics = String::from_utf8_lossy(&out.stdout).into_owned();
+    let value = |name: &str| -> u64 {
+        let line = metrics.lines().find(|l| l.split_whitespace().next() == Some(name));
+        line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or(0)
+    };
+    assert!(value("memory.usage_in_bytes") > 16 << 20, "a booted VM's memory: {}", text(&out));
+    assert!(value("cpuacct.usage") > 0, "a booted VM's CPU time: {}", text(&out));
 
     s.waiting_for("a SIGTERM through ctr task kill");
     let out = containerd.ctr(&["run", "-d", "--runtime", RUNTIME, &image, "killed", "sleep", "600"]);
