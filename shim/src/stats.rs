@@ -96,11 +96,11 @@ mod tests {
         // Some CPU time of our own to be measured.
         let spin = std::time::Instant::now();
         while spin.elapsed() < std::time::Duration::from_millis(30) {}
-        SandboxPids { supervisor: me.clone(), vmm: Some(me.clone()), watchdog: None }.write(dir.path()).unwrap();
+        SandboxPids { supervisor: me, vmm: Some(me), watchdog: None }.write(dir.path()).unwrap();
         let metrics = vmm_metrics(dir.path()).unwrap();
         assert!(metrics.cpu.usage.total > 0 && metrics.memory.usage.usage > 0, "{metrics:?}");
         // The same pid with another start time is another process: not measured.
-        let other = ProcessRecord { start_time: me.start_time + 1, ..me.clone() };
+        let other = ProcessRecord { start_time: me.start_time + 1, ..me };
         SandboxPids { supervisor: me, vmm: Some(other), watchdog: None }.write(dir.path()).unwrap();
         assert!(vmm_metrics(dir.path()).is_none());
         assert!(vmm_metrics(&dir.path().join("none")).is_none(), "no pids file");
