@@ -34,6 +34,8 @@ const CHUNK_BYTES: usize = 256 * 1024;
 enum ToSocket {
     Data(Vec<u8>),
     Eof,
+    /// The host closed the stream: what was queued before is written first.
+    Close,
 }
 
 struct Entry {
@@ -50,6 +52,8 @@ struct Entry {
     /// Our direction ended in order (`Eof` sent), and the host's (its `Eof` written).
     sent_eof: bool,
     got_eof: bool,
+    /// The host's `Eof` came: its writer ends the socket's write side once its queue is written.
+    host_eof: bool,
 }
 
 /// The streams of one link, and the listeners.
@@ -167,6 +171,7 @@ fn entry(socket: TcpStream, accept: Option<Sender<Arc<Credit>>>) -> Option<Entry
         closed: Arc::new(AtomicBool::new(false)),
         sent_eof: false,
         got_eof: false,
+        host_eof: false,
     })
 }
 
@@ -224,6 +229,7 @@ fn stream_frame(shared: &Arc<Shared>, frame: StreamFrame) -> Result<(), LinkErro
         }
         StreamFrame::Eof { .. } => {
             let writer = entry.writer.take().ok_or_else(|| violation(id, "eof before open or twice"))?;
+            entry.host_eof = true;
             let _ = writer.send(ToSocket::Eof);
         }
         StreamFrame::Credit { bytes: 0, .. } => return Err(violation(id, "zero credit")),
@@ -232,9 +238,17 @@ fn stream_frame(shared: &Arc<Shared>, frame: StreamFrame) -> Result<(), LinkErro
             credit.grant(bytes).map_err(|e| violation(id, &e.to_string()))?;
         }
         StreamFrame::Close { .. } => {
-            if let Some(entry) = state.live.remove(&id) {
+            if let Some(mut entry) = state.live.remove(&id) {
                 entry.closed.store(true, Ordering::Release);
-                let _ = entry.socket.shutdown(Shutdown::Both);
+                // The workload's direction ends at once. What the host sent before its Close still reaches
+                // the workload, in order, before the socket closes (an HTTP server's last answer, a 431, then
+                // its close): the writer closes it after its queue; without a writer it closes here.
+                let _ = entry.socket.shutdown(Shutdown::Read);
+                let queued =
+                    entry.host_eof || entry.writer.take().is_some_and(|writer| writer.send(ToSocket::Close).is_ok());
+                if !queued {
+                    let _ = entry.socket.shutdown(Shutdown::Both);
+                }
                 if let Some(credit) = entry.credit {
                     credit.close();
                 }
@@ -401,6 +415,10 @@ fn write_loop(
             ToSocket::Eof => {
                 let _ = socket.shutdown(Shutdown::Write);
                 finish_direction(shared, id, false);
+                return;
+            }
+            ToSocket::Close => {
+                let _ = socket.shutdown(Shutdown::Both);
                 return;
             }
         }

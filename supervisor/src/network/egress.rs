@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, watch};
 use vm_protocol::link::ToGuest;
 use vm_protocol::net::{Listener, NetToGuest, StreamFrame, StreamId};
 
-use self::relay::{describe, download, upload, Activity};
+use self::relay::{describe, download, upload, Activity, DESTINATION_CLOSED};
 use super::dial;
 use super::intercept::secrets::{Scanner, Secrets};
 use super::intercept::Interceptor;
@@ -283,8 +283,7 @@ pub async fn run(ctx: Arc<Context>, id: StreamId, listener: Listener, pipe: Arc<
             };
             let _ = ctx.reports.send(Report::Http(Box::new(report))).await;
             if up_write.write_all(head).await.is_err() {
-                return closed(&ctx, id, listener, &pipe, decided, (0, 0), started, Some("the destination closed"))
-                    .await;
+                return closed(&ctx, id, listener, &pipe, decided, (0, 0), started, Some(DESTINATION_CLOSED)).await;
             }
             &[]
         }
@@ -305,6 +304,11 @@ pub async fn run(ctx: Arc<Context>, id: StreamId, listener: Listener, pipe: Arc<
         let (bytes, why) = upload(&ctx, id, &pipe, &mut up_write, &activity, scanner.as_mut()).await;
         if why == Some(LEAK) {
             leak(&ctx, id, &decided, scanner.as_ref().and_then(Scanner::found).unwrap_or_default()).await;
+        }
+        if why == Some(DESTINATION_CLOSED) {
+            // It took no more, perhaps after a last answer (an HTTP server's 431, then its close: RFC 9112
+            // 9.6): what it sent before still reaches the workload, and the download ends the stream.
+            return (bytes, why);
         }
         failed((bytes, why))
     };

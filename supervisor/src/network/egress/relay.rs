@@ -46,6 +46,9 @@ pub(super) async fn download(
     }
 }
 
+/// Why an upload stopped when the destination took no more bytes.
+pub(super) const DESTINATION_CLOSED: &str = "the destination closed";
+
 /// Guest to destination, returning credit for what was written. With a scanner, a chunk that completes a
 /// placeholder is not written, and the stream ends with [`LEAK`].
 pub(super) async fn upload(
@@ -64,7 +67,7 @@ pub(super) async fn upload(
                     return (total, Some(LEAK));
                 }
                 if up.write_all(&bytes).await.is_err() {
-                    return (total, Some("the destination closed"));
+                    return (total, Some(DESTINATION_CLOSED));
                 }
                 activity.touch(0, bytes.len() as u64);
                 total += bytes.len() as u64;

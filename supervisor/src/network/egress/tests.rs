@@ -70,3 +70,74 @@ async fn a_destination_that_resets_ends_both_directions_at_once() {
     }
     assert!(closed, "the guest's side is closed, not half-closed");
 }
+
+/// A destination that answers and closes while the workload is still sending (an HTTP server's 431 for an
+/// endless head): the upload fails, and the answer still reaches the workload before the stream closes, even
+/// when the workload's credit lets only part of it through before the upload failed (the control: an upload's
+/// failure that ends the stream loses the rest).
+#[tokio::test]
+async fn a_last_answer_before_the_destinations_close_reaches_the_workload() {
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = server.local_addr().unwrap().port();
+    let rule: NetRule = serde_json::from_str(&format!(r#"{{"host":"{HOST_GATEWAY}","ports":[{port}]}}"#)).unwrap();
+    let (guest, mut to_guest) = mpsc::channel::<ToGuest>(64);
+    let (reports, mut reported) = mpsc::channel(64);
+    let (_rules, view) = watch::channel(NetView { rules: vec![rule], revision: 0, max_connections: 8 });
+    let ctx = Context {
+        guest,
+        reports,
+        view,
+        resolver: Resolver::System,
+        upstream: None,
+        check_addresses: true,
+        secrets: Secrets::default(),
+        intercept: None,
+    };
+    // What reaches the workload, until the stream's task is gone.
+    let workload = tokio::spawn(async move {
+        let mut received = Vec::new();
+        while let Some(msg) = to_guest.recv().await {
+            if let ToGuest::Net(NetToGuest::Stream(StreamFrame::Data { data, .. })) = msg {
+                received.extend_from_slice(&data);
+            }
+        }
+        received
+    });
+    // Credit for the tunnel's reply and 5 bytes more: "LAST " passes, "ANSWER" waits for the workload.
+    let window = u32::try_from(crate::network::request::ESTABLISHED.len()).unwrap() + 5;
+    let pipe = Arc::new(Pipe::new(NET_WINDOW_BYTES, window));
+    pipe.push(format!("CONNECT {HOST_GATEWAY}:{port} HTTP/1.1\r\n\r\n").as_bytes()).unwrap();
+    let task = tokio::spawn(run(Arc::new(ctx), StreamId(1), Listener::Http, Arc::clone(&pipe)));
+    let destination = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let (mut conn, _) = server.accept().unwrap();
+        let mut head = [0u8; 1024];
+        conn.read_exact(&mut head).unwrap();
+        conn.write_all(b"LAST ANSWER").unwrap();
+        // Closed with the workload's later bytes unread: a reset follows the answer.
+    });
+    // The workload sends without end, as long as its credit allows.
+    let sender = {
+        let pipe = Arc::clone(&pipe);
+        tokio::spawn(async move {
+            while pipe.ended().is_none() {
+                let _ = pipe.push(&[b'x'; 512]);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    };
+    destination.await.unwrap();
+    // The upload meets the reset while the download waits for credit; then the workload grants more.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    pipe.grant(window).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !matches!(reported.recv().await, Some(Report::Closed { .. }) | None) {}
+    })
+    .await
+    .expect("the stream ended");
+    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+    sender.abort();
+    let received = tokio::time::timeout(Duration::from_secs(5), workload).await.unwrap().unwrap();
+    let text = String::from_utf8_lossy(&received);
+    assert!(text.ends_with("LAST ANSWER"), "the destination's answer reached the workload: {text:?}");
+}
