@@ -4,18 +4,27 @@
 //! is), and unmounted again at once. The guest writes to its own layer, never to the host's snapshot: what a
 //! container writes is not in containerd's snapshot (docs/kubernetes.md).
 //!
+//! A fresh container's disk is its image's, made once per node and kept ([`layers`]).
+//!
 //! ```text
 //! <bundle>/rootfs                 containerd's mounts, only while the disk is made
-//! <bundle>/vmdriver-root.erofs    the disk (0444), removed at Delete
+//! <bundle>/vmdriver-root.erofs    the disk (0444), removed at Delete: the image's kept disk, hard-linked
 //! ```
 
+use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
 
 use containerd_shim::protos::api::Mount;
 use sha2::Digest as _;
 
+use self::layers::Layers;
+
+mod layers;
+
 /// The disk's file in the bundle.
 pub const DISK_FILE: &str = "vmdriver-root.erofs";
+/// Where images' disks are kept, in the shim's state directory.
+pub const KEPT_DIR: &str = "containerd-roots";
 
 /// Why the root could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -31,11 +40,46 @@ pub enum RootfsError {
     Disk(#[source] vm_oci::disk::DiskError),
 }
 
-/// Mounts `mounts` on `bundle/rootfs`, makes the disk of what is there, unmounts; returns the disk.
+/// The task's disk in `bundle`: the image's kept in `kept` (made there first when it is not) for a fresh
+/// container, else one of its own made of `mounts`.
 ///
 /// # Errors
-/// [`RootfsError`]; nothing stays mounted and no disk is left.
-pub async fn make_disk(bundle: &Path, mounts: &[Mount], uuid_seed: &str) -> Result<PathBuf, RootfsError> {
+/// [`RootfsError`]; nothing stays mounted and no disk is left in the bundle.
+pub async fn make_disk(bundle: &Path, mounts: &[Mount], uuid_seed: &str, kept: &Path) -> Result<PathBuf, RootfsError> {
+    let disk = bundle.join(DISK_FILE);
+    let _ = std::fs::remove_file(&disk);
+    let Some(layers) = Layers::of(mounts) else {
+        build(bundle, mounts, &disk, &uuid_of(uuid_seed)).await?;
+        return Ok(disk);
+    };
+    let (image_disk, partial) = layers::paths(kept, &layers.key);
+    if image_disk.exists() {
+        layers::touch(&image_disk);
+    } else {
+        let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(kept);
+        build(bundle, &[layers.view()], &partial, &uuid_of(&layers.key)).await?;
+        // Two shims making the same image's disk at once: either rename leaves a whole one.
+        if let Err(source) = std::fs::rename(&partial, &image_disk) {
+            let _ = std::fs::remove_file(&partial);
+            return Err(RootfsError::Disk(vm_oci::disk::DiskError::Io { path: image_disk, source }));
+        }
+        layers::evict(kept);
+    }
+    match std::fs::hard_link(&image_disk, &disk) {
+        Ok(()) => Ok(disk),
+        // Another file system than the bundle's (no hard link across them): a disk of its own.
+        Err(_) => {
+            build(bundle, mounts, &disk, &uuid_of(uuid_seed)).await?;
+            Ok(disk)
+        }
+    }
+}
+
+/// Mounts `mounts` on `bundle/rootfs`, makes `disk` of what is there (0444), unmounts.
+///
+/// # Errors
+/// [`RootfsError`]; nothing stays mounted and `disk` is not left.
+async fn build(bundle: &Path, mounts: &[Mount], disk: &Path, uuid: &str) -> Result<(), RootfsError> {
     let rootfs = bundle.join("rootfs");
     let mut mounted = false;
     for m in mounts {
@@ -48,10 +92,8 @@ pub async fn make_disk(bundle: &Path, mounts: &[Mount], uuid_seed: &str) -> Resu
     if !rootfs.is_dir() {
         return Err(RootfsError::NoRootfs);
     }
-    let disk = bundle.join(DISK_FILE);
-    let uuid = uuid_of(uuid_seed);
     let made = {
-        let (rootfs, disk) = (rootfs.clone(), disk.clone());
+        let (rootfs, disk, uuid) = (rootfs.clone(), disk.to_owned(), uuid.to_owned());
         tokio::task::spawn_blocking(move || {
             let _ = std::fs::remove_file(&disk);
             vm_oci::disk::make_erofs(&rootfs, &disk, &uuid, true)?;
@@ -63,13 +105,13 @@ pub async fn make_disk(bundle: &Path, mounts: &[Mount], uuid_seed: &str) -> Resu
         unmount(&rootfs);
     }
     match made {
-        Ok(Ok(())) => Ok(disk),
+        Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => {
-            let _ = std::fs::remove_file(&disk);
+            let _ = std::fs::remove_file(disk);
             Err(RootfsError::Disk(e))
         }
         Err(_) => {
-            let _ = std::fs::remove_file(&disk);
+            let _ = std::fs::remove_file(disk);
             Err(RootfsError::Disk(vm_oci::disk::DiskError::Mkfs { status: None }))
         }
     }

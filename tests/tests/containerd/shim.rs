@@ -91,6 +91,15 @@ fn ctr_runs_a_registry_image_in_a_microvm_with_exact_stdio_and_exit_status() {
     let (_, shown) = audit(&containerd, "show", &id);
     assert!(shown.contains(&format!("process {id}/1 launched: /bin/sh -c echo out")), "{shown}");
 
+    // The image's disk is made once and kept for the next task of it (docs/kubernetes.md).
+    let kept_disk = || {
+        let dir = containerd.vm_state.join("containerd-roots");
+        let disks: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(disks.len(), 1, "one kept disk for busybox: {disks:?}");
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&disks[0]).unwrap())
+    };
+    let made = kept_disk();
+
     s.waiting_for("ctr run -t, on a terminal");
     let line = format!(
         "ctr --address {} --namespace e2e run --rm -t --runtime {RUNTIME} {image} tt /bin/sh -c 'tty; exit 5'",
@@ -105,6 +114,7 @@ fn ctr_runs_a_registry_image_in_a_microvm_with_exact_stdio_and_exit_status() {
         containerd.ctr_with_stdin(&["run", "--rm", "--runtime", RUNTIME, &image, "t2", "cat"], b"line one\nline two\n");
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "line one\nline two\n");
+    assert_eq!(kept_disk(), made, "the later tasks booted the disk made for the first");
 
     s.waiting_for("a task killed by a signal");
     let out = containerd.ctr(&["run", "--rm", "--runtime", RUNTIME, &image, "t3", "/bin/sh", "-c", "kill -TERM $$"]);
