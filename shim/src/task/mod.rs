@@ -34,6 +34,8 @@ mod process;
 
 /// Execs one task may hold at once.
 const MAX_EXECS: usize = 64;
+/// How long a failed start waits for its exit to be recorded (it follows at once: the session just ended).
+const EXIT_RECORD_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The task: its bundle, its VM, its processes.
 #[derive(Debug)]
@@ -106,7 +108,8 @@ impl Task for TaskService {
         let bundle = PathBuf::from(&req.bundle);
         let container = spec::read(&bundle).map_err(|e| error(Code::INVALID_ARGUMENT, e.to_string()))?;
         let seed = format!("{}/{}", self.namespace, req.id);
-        let disk = rootfs::make_disk(&bundle, &req.rootfs, &seed)
+        let kept = settings.state_dir.join(rootfs::KEPT_DIR);
+        let disk = rootfs::make_disk(&bundle, &req.rootfs, &seed, &kept)
             .await
             .map_err(|e| error(Code::FAILED_PRECONDITION, format!("{e:#}")))?;
         let root = RootImage {
@@ -160,11 +163,26 @@ impl Task for TaskService {
             output_window: OUTPUT_WINDOW,
             rlimits: workload.rlimits,
         };
+        let mut exit = self.with(&req.id, |c| {
+            c.procs
+                .get(&req.exec_id)
+                .map(|p| p.exit.subscribe())
+                .ok_or_else(|| error(Code::NOT_FOUND, "no such process"))
+        })?;
         let started = self.run_process(req.id.clone(), req.exec_id.clone(), spawn, stdio);
-        let pid = match started.await {
-            Ok(Ok(pid)) => pid,
-            Ok(Err(why)) => return Err(error(Code::FAILED_PRECONDITION, format!("the process did not start: {why}"))),
-            Err(_) => return Err(error(Code::FAILED_PRECONDITION, "the process did not start")),
+        let why = match started.await {
+            Ok(Ok(pid)) => Ok(pid),
+            Ok(Err(why)) => Err(format!("the process did not start: {why}")),
+            Err(_) => Err("the process did not start".to_owned()),
+        };
+        let pid = match why {
+            Ok(pid) => pid,
+            Err(why) => {
+                // Its exit is recorded before the answer: a client that deletes the task at once (`ctr run
+                // --rm`) finds it stopped, not still created.
+                let _ = tokio::time::timeout(EXIT_RECORD_WAIT, exit.wait_for(Option::is_some)).await;
+                return Err(error(Code::FAILED_PRECONDITION, why));
+            }
         };
         self.with(&req.id, |c| {
             if let Some(p) = c.procs.get_mut(&req.exec_id) {
