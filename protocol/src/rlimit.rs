@@ -116,6 +116,9 @@ pub enum RlimitError {
     /// One resource limited twice.
     #[error("{0} is limited twice")]
     Twice(&'static str),
+    /// More limits than there are resources.
+    #[error("more than 16 limits")]
+    TooMany,
 }
 
 /// Checks limits before they are applied: each resource at most once, no soft limit above its hard one. With
@@ -124,6 +127,10 @@ pub enum RlimitError {
 /// # Errors
 /// [`RlimitError`], for the first one wrong.
 pub fn check(limits: &[Rlimit]) -> Result<(), RlimitError> {
+    // Before the pairwise look: a decoded list may hold thousands.
+    if limits.len() > RESOURCES.len() {
+        return Err(RlimitError::TooMany);
+    }
     for (i, limit) in limits.iter().enumerate() {
         if limit.soft > limit.hard {
             return Err(RlimitError::SoftAboveHard(limit.resource.name()));
@@ -188,5 +195,8 @@ mod tests {
         assert_eq!(check(&[l(Resource::Nofile, 1, 2), l(Resource::Core, 0, 0)]), Ok(()));
         assert_eq!(check(&[l(Resource::Nofile, 3, 2)]), Err(RlimitError::SoftAboveHard("nofile")));
         assert_eq!(check(&[l(Resource::Core, 0, 0), l(Resource::Core, 1, 1)]), Err(RlimitError::Twice("core")));
+        let all: Vec<Rlimit> = RESOURCES.iter().map(|r| l(*r, 1, 1)).collect();
+        assert_eq!(check(&all), Ok(()));
+        assert_eq!(check(&[all.clone(), all].concat()), Err(RlimitError::TooMany));
     }
 }
