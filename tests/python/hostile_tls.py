@@ -61,8 +61,9 @@ def endless_head():
             if early is not None:
                 answer = early or b"closed"
                 break
-            # 16 KiB a write: the 64 KiB bound is passed in a handful of writes, long before the proxy's
-            # 10 s head timeout even on a loaded host under TCG, so the bound that answers is the size's.
+            # 16 KiB a write: the 64 KiB bound is passed in a handful of writes, long before the proxy's 10 s
+            # head timeout on a loaded host, and the workload is still sending when the proxy answers and
+            # closes, which must not lose the answer (docs/network.md, "an intercepted request head").
             t.sendall((b"X-Filler: " + b"a" * 1000 + b"\r\n") * 16)
             sent += 16 * 1012
     except OSError:
