@@ -48,31 +48,38 @@ pub enum RootfsError {
 pub async fn make_disk(bundle: &Path, mounts: &[Mount], uuid_seed: &str, kept: &Path) -> Result<PathBuf, RootfsError> {
     let disk = bundle.join(DISK_FILE);
     let _ = std::fs::remove_file(&disk);
-    let Some(layers) = Layers::of(mounts) else {
-        build(bundle, mounts, &disk, &uuid_of(uuid_seed)).await?;
-        return Ok(disk);
-    };
+    if let Some(layers) = Layers::of(mounts) {
+        let linked = match image_disk(bundle, &layers, kept).await {
+            Some(image_disk) => std::fs::hard_link(image_disk, &disk).is_ok(),
+            None => false,
+        };
+        if linked {
+            return Ok(disk);
+        }
+    }
+    // Not a fresh container, or its image's disk could not be kept or linked (another file system than the
+    // bundle's): a disk of its own.
+    build(bundle, mounts, &disk, &uuid_of(uuid_seed)).await?;
+    Ok(disk)
+}
+
+/// The kept disk of `layers` in `kept`, made first when there is none; `None` when it cannot be.
+async fn image_disk(bundle: &Path, layers: &Layers, kept: &Path) -> Option<PathBuf> {
     let (image_disk, partial) = layers::paths(kept, &layers.key);
     if image_disk.exists() {
         layers::touch(&image_disk);
-    } else {
-        let _ = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(kept);
-        build(bundle, &[layers.view()], &partial, &uuid_of(&layers.key)).await?;
-        // Two shims making the same image's disk at once: either rename leaves a whole one.
-        if let Err(source) = std::fs::rename(&partial, &image_disk) {
-            let _ = std::fs::remove_file(&partial);
-            return Err(RootfsError::Disk(vm_oci::disk::DiskError::Io { path: image_disk, source }));
-        }
-        layers::evict(kept);
+        return Some(image_disk);
     }
-    match std::fs::hard_link(&image_disk, &disk) {
-        Ok(()) => Ok(disk),
-        // Another file system than the bundle's (no hard link across them): a disk of its own.
-        Err(_) => {
-            build(bundle, mounts, &disk, &uuid_of(uuid_seed)).await?;
-            Ok(disk)
-        }
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(kept).ok()?;
+    build(bundle, &[layers.view()], &partial, &uuid_of(&layers.key)).await.ok()?;
+    // Two shims making the same image's disk at once: either rename leaves a whole one.
+    let renamed = std::fs::rename(&partial, &image_disk);
+    if renamed.is_err() {
+        let _ = std::fs::remove_file(&partial);
+        return None;
     }
+    layers::evict(kept);
+    Some(image_disk)
 }
 
 /// Mounts `mounts` on `bundle/rootfs`, makes `disk` of what is there (0444), unmounts.
