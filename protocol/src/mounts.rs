@@ -54,12 +54,27 @@ pub fn kernel_arg(mounts: &[GuestMount]) -> Option<String> {
             arg.push(',');
         }
         let _ = write!(arg, "{}:", m.index);
-        for b in m.target.as_bytes() {
-            let _ = write!(arg, "{b:02x}");
-        }
+        push_target(&mut arg, &m.target);
         arg.push_str(if m.readonly { ":ro" } else { ":rw" });
     }
     Some(arg)
+}
+
+/// Appends `target`'s bytes in hex: no path reaches the command line's separators.
+pub(crate) fn push_target(arg: &mut String, target: &str) {
+    for b in target.as_bytes() {
+        let _ = write!(arg, "{b:02x}");
+    }
+}
+
+/// The guest path [`push_target`] wrote, when it is one a mount may have ([`target_ok`]).
+pub(crate) fn parse_target(hex: &str) -> Option<String> {
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> =
+        (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok()).collect();
+    String::from_utf8(bytes?).ok().filter(|t| target_ok(t))
 }
 
 /// The mounts a kernel command line asks for. Anything malformed is refused whole: the guest mounts
@@ -73,13 +88,11 @@ pub fn parse_cmdline(cmdline: &str) -> Option<Vec<GuestMount>> {
 fn parse_one(item: &str) -> Option<GuestMount> {
     let mut parts = item.split(':');
     let (index, hex, access) = (parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some() || hex.len() % 2 != 0 {
+    if parts.next().is_some() {
         return None;
     }
     let index: usize = index.parse().ok().filter(|i| *i < MAX_MOUNTS)?;
-    let bytes: Option<Vec<u8>> =
-        (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok()).collect();
-    let target = String::from_utf8(bytes?).ok().filter(|t| target_ok(t))?;
+    let target = parse_target(hex)?;
     let readonly = match access {
         "ro" => true,
         "rw" => false,

@@ -9,7 +9,7 @@
 
 use std::fmt::Write as _;
 
-use crate::mounts::target_ok;
+use crate::mounts::{parse_target, push_target, target_ok};
 
 /// The kernel argument's name, with its `=`.
 pub const KERNEL_ARG_PREFIX: &str = "vm.tmpfs=";
@@ -152,9 +152,7 @@ pub fn kernel_arg(tmpfs: &[GuestTmpfs]) -> Option<String> {
         if i > 0 {
             arg.push(',');
         }
-        for b in t.target.as_bytes() {
-            let _ = write!(arg, "{b:02x}");
-        }
+        push_target(&mut arg, &t.target);
         let _ = match t.size {
             Some(size) => write!(arg, ":{size}"),
             None => write!(arg, ":-"),
@@ -181,12 +179,7 @@ fn parse_one(item: &str) -> Option<GuestTmpfs> {
     let [hex, size, mode, access, exec] = parts[..] else {
         return None;
     };
-    if hex.len() % 2 != 0 {
-        return None;
-    }
-    let bytes: Option<Vec<u8>> =
-        (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok()).collect();
-    let target = String::from_utf8(bytes?).ok().filter(|t| target_ok(t))?;
+    let target = parse_target(hex)?;
     let size = match size {
         "-" => None,
         n => Some(n.parse().ok()?),

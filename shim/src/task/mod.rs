@@ -19,6 +19,7 @@ use containerd_shim::protos::topics;
 use containerd_shim::protos::ttrpc::{self, Code};
 use containerd_shim::publisher::RemotePublisher;
 use containerd_shim::{Context, ExitSignal, Task, TtrpcContext, TtrpcResult};
+use tokio::sync::watch;
 use vm_contract::root::{RootImage, RunConfig};
 use vm_driver::process::FromClient;
 use vm_protocol::message::EnvVar;
@@ -82,6 +83,14 @@ impl TaskService {
             publisher: Arc::new(publisher),
             exit,
         }
+    }
+
+    /// A watch on one process's exit record.
+    fn exit_watch(&self, id: &str, exec_id: &str) -> TtrpcResult<watch::Receiver<Option<Exit>>> {
+        self.with(id, |c| {
+            let p = c.procs.get(exec_id).ok_or_else(|| error(Code::NOT_FOUND, "no such process"))?;
+            Ok(p.exit.subscribe())
+        })
     }
 
     fn with<T>(&self, id: &str, f: impl FnOnce(&mut Container) -> TtrpcResult<T>) -> TtrpcResult<T> {
@@ -163,12 +172,7 @@ impl Task for TaskService {
             output_window: OUTPUT_WINDOW,
             rlimits: workload.rlimits,
         };
-        let mut exit = self.with(&req.id, |c| {
-            c.procs
-                .get(&req.exec_id)
-                .map(|p| p.exit.subscribe())
-                .ok_or_else(|| error(Code::NOT_FOUND, "no such process"))
-        })?;
+        let mut exit = self.exit_watch(&req.id, &req.exec_id)?;
         let started = self.run_process(req.id.clone(), req.exec_id.clone(), spawn, stdio);
         let why = match started.await {
             Ok(Ok(pid)) => Ok(pid),
@@ -262,12 +266,7 @@ impl Task for TaskService {
     }
 
     async fn wait(&self, _ctx: &TtrpcContext, req: api::WaitRequest) -> TtrpcResult<api::WaitResponse> {
-        let mut exit = self.with(&req.id, |c| {
-            c.procs
-                .get(&req.exec_id)
-                .map(|p| p.exit.subscribe())
-                .ok_or_else(|| error(Code::NOT_FOUND, "no such process"))
-        })?;
+        let mut exit = self.exit_watch(&req.id, &req.exec_id)?;
         let exited =
             *exit.wait_for(Option::is_some).await.map_err(|_| error(Code::NOT_FOUND, "the process is gone"))?;
         let exited = exited.ok_or_else(|| error(Code::INTERNAL, "no exit"))?;

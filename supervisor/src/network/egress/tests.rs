@@ -12,15 +12,23 @@ use crate::network::pipe::Pipe;
 use crate::network::resolve::Resolver;
 use crate::policy::NetView;
 
-/// A destination that resets mid-stream, while the workload sends nothing more: without the failed
-/// direction ending the other, the upload would wait for the workload until the 300 s idle bound.
-#[tokio::test]
-async fn a_destination_that_resets_ends_both_directions_at_once() {
+/// A CONNECT tunnel to a local server, run as the event loop runs a stream: the server, the pipe the guest's
+/// side fills, what the stream sends the guest and reports, and its task.
+struct Tunnel {
+    server: std::net::TcpListener,
+    pipe: Arc<Pipe>,
+    to_guest: mpsc::Receiver<ToGuest>,
+    reported: mpsc::Receiver<Report>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// A [`Tunnel`] whose guest granted `send_window` bytes.
+fn tunnel(send_window: u32) -> Tunnel {
     let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = server.local_addr().unwrap().port();
     let rule: NetRule = serde_json::from_str(&format!(r#"{{"host":"{HOST_GATEWAY}","ports":[{port}]}}"#)).unwrap();
-    let (guest, mut to_guest) = mpsc::channel::<ToGuest>(64);
-    let (reports, mut reported) = mpsc::channel(64);
+    let (guest, to_guest) = mpsc::channel::<ToGuest>(64);
+    let (reports, reported) = mpsc::channel(64);
     let (_rules, view) = watch::channel(NetView { rules: vec![rule], revision: 0, max_connections: 8 });
     let ctx = Context {
         guest,
@@ -32,9 +40,17 @@ async fn a_destination_that_resets_ends_both_directions_at_once() {
         secrets: Secrets::default(),
         intercept: None,
     };
-    let pipe = Arc::new(Pipe::new(NET_WINDOW_BYTES, NET_WINDOW_BYTES));
+    let pipe = Arc::new(Pipe::new(NET_WINDOW_BYTES, send_window));
     pipe.push(format!("CONNECT {HOST_GATEWAY}:{port} HTTP/1.1\r\n\r\n").as_bytes()).unwrap();
     let task = tokio::spawn(run(Arc::new(ctx), StreamId(1), Listener::Http, Arc::clone(&pipe)));
+    Tunnel { server, pipe, to_guest, reported, task }
+}
+
+/// A destination that resets mid-stream, while the workload sends nothing more: without the failed
+/// direction ending the other, the upload would wait for the workload until the 300 s idle bound.
+#[tokio::test]
+async fn a_destination_that_resets_ends_both_directions_at_once() {
+    let Tunnel { server, pipe: _pipe, mut to_guest, mut reported, task } = tunnel(NET_WINDOW_BYTES);
 
     let (conn, _) = tokio::task::spawn_blocking(move || server.accept().unwrap()).await.unwrap();
     // The reset comes once the tunnel is open (the guest got its reply): one that beats the connect's own
@@ -77,22 +93,9 @@ async fn a_destination_that_resets_ends_both_directions_at_once() {
 /// failure that ends the stream loses the rest).
 #[tokio::test]
 async fn a_last_answer_before_the_destinations_close_reaches_the_workload() {
-    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = server.local_addr().unwrap().port();
-    let rule: NetRule = serde_json::from_str(&format!(r#"{{"host":"{HOST_GATEWAY}","ports":[{port}]}}"#)).unwrap();
-    let (guest, mut to_guest) = mpsc::channel::<ToGuest>(64);
-    let (reports, mut reported) = mpsc::channel(64);
-    let (_rules, view) = watch::channel(NetView { rules: vec![rule], revision: 0, max_connections: 8 });
-    let ctx = Context {
-        guest,
-        reports,
-        view,
-        resolver: Resolver::System,
-        upstream: None,
-        check_addresses: true,
-        secrets: Secrets::default(),
-        intercept: None,
-    };
+    // Credit for the tunnel's reply and 5 bytes more: "LAST " passes, "ANSWER" waits for the workload.
+    let window = u32::try_from(crate::network::request::ESTABLISHED.len()).unwrap() + 5;
+    let Tunnel { server, pipe, mut to_guest, mut reported, task } = tunnel(window);
     // What reaches the workload, until the stream's task is gone.
     let workload = tokio::spawn(async move {
         let mut received = Vec::new();
@@ -103,11 +106,6 @@ async fn a_last_answer_before_the_destinations_close_reaches_the_workload() {
         }
         received
     });
-    // Credit for the tunnel's reply and 5 bytes more: "LAST " passes, "ANSWER" waits for the workload.
-    let window = u32::try_from(crate::network::request::ESTABLISHED.len()).unwrap() + 5;
-    let pipe = Arc::new(Pipe::new(NET_WINDOW_BYTES, window));
-    pipe.push(format!("CONNECT {HOST_GATEWAY}:{port} HTTP/1.1\r\n\r\n").as_bytes()).unwrap();
-    let task = tokio::spawn(run(Arc::new(ctx), StreamId(1), Listener::Http, Arc::clone(&pipe)));
     let destination = tokio::task::spawn_blocking(move || {
         use std::io::{Read, Write};
         let (mut conn, _) = server.accept().unwrap();
