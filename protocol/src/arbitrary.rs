@@ -11,6 +11,7 @@ use std::ops::Range;
 use proptest::prelude::*;
 
 use crate::attach::{Disconnect, ProcessSummary, SupervisorReply, SupervisorRequest, ToClient, ToSupervisor};
+use crate::container::ContainerRoot;
 use crate::credentials::{CredentialRotation, RotationOutcome};
 use crate::files::{FileOp, FileSpawn, TarLayout, TarRefusal};
 use crate::flow::MAX_WINDOW_BYTES;
@@ -70,8 +71,9 @@ pub fn spawn(ids: Range<u32>, commands: Vec<Vec<String>>) -> impl Strategy<Value
         prop::option::weighted(0.1, (any::<u16>(), any::<u16>()).prop_map(|(rows, cols)| PtySize { rows, cols })),
         amount(),
         prop::collection::vec(rlimit(), 0..3),
+        prop::option::weighted(0.1, container_root()),
     )
-        .prop_map(|(id, argv, env, cwd, pty, output_window, rlimits)| Spawn {
+        .prop_map(|(id, argv, env, cwd, pty, output_window, rlimits, root)| Spawn {
             id: ProcId(id),
             argv,
             env: env.into_iter().map(|(key, value)| EnvVar { key, value }).collect(),
@@ -79,7 +81,15 @@ pub fn spawn(ids: Range<u32>, commands: Vec<Vec<String>>) -> impl Strategy<Value
             pty,
             output_window,
             rlimits,
+            root,
         })
+}
+
+/// A container root, valid or not (a name or target that would leave the pod directory).
+fn container_root() -> impl Strategy<Value = ContainerRoot> {
+    let name = prop_oneof![Just("web".to_owned()), Just("../x".to_owned()), text()];
+    let target = prop_oneof![Just("/etc/hosts".to_owned()), Just("/proc/x".to_owned()), text()];
+    (name, prop::collection::vec(target, 0..3)).prop_map(|(name, files)| ContainerRoot { name, files })
 }
 
 /// A resource limit, valid or not (soft above hard, a resource twice in a list).

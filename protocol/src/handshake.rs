@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::frame::{self, FrameError};
 
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 8;
+pub const PROTOCOL_VERSION: u16 = 9;
 
 /// First field of every hello: the bytes `VMBP`. Catches a peer that speaks something else entirely.
 pub const HELLO_MAGIC: u32 = u32::from_le_bytes(*b"VMBP");

@@ -15,6 +15,7 @@
 //! - [`policy`]: which boundary operations a sandbox's clients may use, and live updates of it.
 //! - [`process`]: process ids, exit statuses, named signals, output streams.
 //! - [`rlimit`]: the resource limits a spawned process starts with.
+//! - [`container`]: a container's own root in a pod's VM, which a spawned process may run in.
 //! - [`mounts`], [`tmpfs`]: host directories shared into the guest, and memory file systems of its own.
 //! - [`files`]: the files API (read, write, list, copy a tree in and out), run as processes of the agent.
 //! - [`flow`]: credit windows that bound buffering on both sides.
@@ -49,6 +50,7 @@ pub mod arbitrary;
 pub mod attach;
 #[cfg(feature = "tokio")]
 pub mod codec;
+pub mod container;
 pub mod credentials;
 #[cfg(feature = "grpc")]
 pub mod driver_api;

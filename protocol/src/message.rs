@@ -22,6 +22,7 @@
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
+use crate::container::ContainerRoot;
 use crate::files::FileSpawn;
 use crate::process::{ExitStatus, ProcId, PtySize, SignalName, Stream};
 use crate::rlimit::Rlimit;
@@ -198,6 +199,8 @@ pub struct Spawn {
     /// Resource limits set before the program runs; the guest's defaults for the others.
     #[serde(deserialize_with = "seq::deserialize")]
     pub rlimits: Vec<Rlimit>,
+    /// The container root to run in (a pod's VM, [`crate::container`]); the guest's own root when absent.
+    pub root: Option<ContainerRoot>,
 }
 
 /// One environment variable.
@@ -224,7 +227,7 @@ where
 
 /// Sequence deserialization that never pre-allocates from an untrusted length (serde's default reserves
 /// capacity from the announced count) and refuses more than [`MAX_SEQ_ITEMS`] entries.
-mod seq {
+pub(crate) mod seq {
     use std::fmt;
     use std::marker::PhantomData;
 
@@ -232,7 +235,7 @@ mod seq {
 
     use super::MAX_SEQ_ITEMS;
 
-    pub(super) fn deserialize<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+    pub(crate) fn deserialize<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
     where
         D: Deserializer<'de>,
         T: Deserialize<'de>,

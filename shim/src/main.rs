@@ -1,13 +1,15 @@
 //! `containerd-shim-vmdriver-v2`: vm-driver as a containerd runtime (`io.containerd.vmdriver.v2`), one
-//! microVM per task under its own supervisor, jailer and watchdog (docs/kubernetes.md).
+//! microVM per task (or per CRI pod) under its own supervisor, jailer and watchdog (docs/kubernetes.md).
 //!
 //! - [`shim`]: the shim's own commands (`start` spawns the daemon, `delete` cleans up after one that died).
 //! - [`task`]: containerd's task service on the task's VM; [`pod`]: the VM, through the driver library.
 //! - [`spec`]: what of the bundle's OCI spec a VM honours; [`rootfs`]: the snapshot made the guest's root
-//!   disk; [`fifo`]: containerd's stdio FIFOs as a process's client; [`settings`]: the node's settings.
+//!   disk; [`poddir`]: a pod's directory, through which its containers' roots reach its VM; [`fifo`]:
+//!   containerd's stdio FIFOs as a process's client; [`settings`]: the node's settings.
 
 mod fifo;
 mod pod;
+mod poddir;
 mod rootfs;
 mod settings;
 mod shim;

@@ -1,5 +1,5 @@
-//! The shim's own commands, as containerd runs them: `start` spawns the long-lived shim (one per task: its
-//! socket is named after the task) and prints its address; the daemon serves the task service until
+//! The shim's own commands, as containerd runs them: `start` spawns the long-lived shim (one per task, or one
+//! per CRI pod: its socket is named after the task or the pod's sandbox) and prints its address; the daemon serves the task service until
 //! `Shutdown`; `delete`, run in the bundle after a shim died, removes what it left: the root disk, a mount,
 //! and (through the driver's reaper) a VM whose supervisor is gone.
 
@@ -29,7 +29,10 @@ impl Shim for VmShim {
     }
 
     async fn start_shim(&mut self, opts: StartOpts) -> Result<String, Error> {
-        let grouping = opts.id.clone();
+        // A pod's tasks share one shim, named after the pod's sandbox: a container's start finds the pod's
+        // shim listening and answers its address (as runc's and Kata's shims group).
+        let pod = std::env::current_dir().ok().and_then(|bundle| crate::spec::pod_of(&bundle));
+        let grouping = pod.unwrap_or_else(|| opts.id.clone());
         let address = spawn(opts, &grouping, Vec::new()).await?;
         // containerd reads it back after its own restart, to reconnect.
         containerd_shim::asynchronous::util::write_str_to_file("address", &address).await?;

@@ -5,7 +5,7 @@
 //! the VM (host namespaces, privileged, host devices) or what we cannot honour yet is refused by name,
 //! before anything is made.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{Capability, LinuxNamespaceType, Mount, Process, Spec};
 use vm_contract::share::HostMount;
@@ -37,6 +37,54 @@ const OWN_NAMESPACES: [LinuxNamespaceType; 5] = [
     LinuxNamespaceType::Mount,
 ];
 
+/// The annotations containerd's CRI plugin puts on every spec it makes.
+const CRI_TYPE: &str = "io.kubernetes.cri.container-type";
+const CRI_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+/// Most files one pod container has copied in (CRI binds three or four).
+const MAX_FILES: usize = vm_protocol::container::MAX_FILES;
+
+/// What the task is to its pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// A task of its own (`ctr run`): a VM for it alone.
+    Alone,
+    /// A pod's sandbox (its pause container): the pod's VM, named by the CRI's sandbox id.
+    Sandbox(String),
+    /// A container of the pod with this sandbox id: a root of its own in the pod's VM.
+    Member(String),
+}
+
+impl Role {
+    /// The role `spec`'s annotations give (`None`: they are inconsistent).
+    pub fn of(spec: &Spec) -> Option<Self> {
+        let annotations = spec.annotations().clone().unwrap_or_default();
+        let sandbox = annotations.get(CRI_SANDBOX_ID).filter(|id| !id.is_empty()).cloned();
+        match (annotations.get(CRI_TYPE).map(String::as_str), sandbox) {
+            (None, _) => Some(Self::Alone),
+            (Some("sandbox"), Some(id)) => Some(Self::Sandbox(id)),
+            (Some("container"), Some(id)) => Some(Self::Member(id)),
+            _ => None,
+        }
+    }
+
+    /// The pod's sandbox id, for a task of a pod.
+    pub fn pod(&self) -> Option<&str> {
+        match self {
+            Self::Alone => None,
+            Self::Sandbox(id) | Self::Member(id) => Some(id),
+        }
+    }
+}
+
+/// A host file copied into a pod container's root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileCopy {
+    /// The host's file.
+    pub source: PathBuf,
+    /// Its absolute path in the root.
+    pub target: String,
+}
+
 /// Why a spec is refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SpecError {
@@ -64,6 +112,9 @@ pub enum SpecError {
     /// A tmpfs the guest cannot mount as asked.
     #[error("tmpfs at {0} is refused: {1}")]
     Tmpfs(String, #[source] TmpfsError),
+    /// CRI's annotations name no pod, or a kind of container it does not make.
+    #[error("the spec's CRI annotations ({CRI_TYPE}, {CRI_SANDBOX_ID}) are inconsistent")]
+    Annotations,
     /// A mount we cannot honour.
     #[error("mount at {destination} is refused: {why}")]
     Mount {
@@ -92,12 +143,16 @@ pub struct Workload {
 /// The container: its first process and the host directories it shares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Container {
+    /// What it is to its pod.
+    pub role: Role,
     /// The init process.
     pub init: Workload,
     /// Bind mounts of host directories.
     pub mounts: Vec<HostMount>,
     /// tmpfs mounts.
     pub tmpfs: Vec<GuestTmpfs>,
+    /// Host files copied into its root (a pod's container only).
+    pub files: Vec<FileCopy>,
 }
 
 /// Reads and checks `bundle/config.json`.
@@ -105,6 +160,10 @@ pub struct Container {
 /// # Errors
 /// [`SpecError`].
 pub fn read(bundle: &Path) -> Result<Container, SpecError> {
+    accept(&load(bundle)?)
+}
+
+fn load(bundle: &Path) -> Result<Spec, SpecError> {
     use std::io::Read;
     let file = std::fs::File::open(bundle.join("config.json")).map_err(|_| SpecError::Unreadable)?;
     let mut bytes = Vec::new();
@@ -112,8 +171,13 @@ pub fn read(bundle: &Path) -> Result<Container, SpecError> {
     if bytes.len() as u64 > MAX_SPEC_BYTES {
         return Err(SpecError::Unreadable);
     }
-    let spec: Spec = serde_json::from_slice(&bytes).map_err(|_| SpecError::Unreadable)?;
-    accept(&spec)
+    serde_json::from_slice(&bytes).map_err(|_| SpecError::Unreadable)
+}
+
+/// The CRI pod `bundle`'s task belongs to, if any (its own id for a pod's sandbox).
+pub fn pod_of(bundle: &Path) -> Option<String> {
+    let spec = load(bundle).ok()?;
+    Role::of(&spec)?.pod().map(str::to_owned)
 }
 
 /// Checks a whole spec.
@@ -121,10 +185,13 @@ pub fn read(bundle: &Path) -> Result<Container, SpecError> {
 /// # Errors
 /// [`SpecError`], the first thing refused.
 pub fn accept(spec: &Spec) -> Result<Container, SpecError> {
+    let role = Role::of(spec).ok_or(SpecError::Annotations)?;
     let linux = spec.linux().clone().unwrap_or_default();
     let namespaces = linux.namespaces().clone().unwrap_or_default();
     for wanted in OWN_NAMESPACES {
-        let own = namespaces.iter().any(|n| n.typ() == wanted && n.path().is_none());
+        // In a pod, a namespace joined by path is the pod's: the VM's own. The mount namespace never is.
+        let pods = role != Role::Alone && wanted != LinuxNamespaceType::Mount;
+        let own = namespaces.iter().any(|n| n.typ() == wanted && (n.path().is_none() || pods));
         if !own {
             return Err(SpecError::HostNamespace(namespace_name(wanted)));
         }
@@ -135,17 +202,22 @@ pub fn accept(spec: &Spec) -> Result<Container, SpecError> {
     if let Some(device) = linux.devices().as_ref().and_then(|d| d.first()) {
         return Err(SpecError::Device(device.path().display().to_string()));
     }
-    let (mut mounts, mut tmpfs) = (Vec::new(), Vec::new());
+    let (mut mounts, mut tmpfs, mut files) = (Vec::new(), Vec::new(), Vec::new());
     for mount in spec.mounts().as_deref().unwrap_or_default() {
-        match wanted(mount)? {
+        match wanted(mount, &role)? {
             Some(Wanted::Share(share)) => mounts.push(share),
             Some(Wanted::Tmpfs(t)) => tmpfs.push(t),
+            Some(Wanted::Copy(file)) if files.len() < MAX_FILES => files.push(file),
+            Some(Wanted::Copy(file)) => {
+                let why = "a pod's container takes at most 16 files bound in";
+                return Err(SpecError::Mount { destination: file.target, why });
+            }
             None => {}
         }
     }
     tmpfs::check(&tmpfs)
         .map_err(|e| SpecError::Tmpfs(tmpfs.last().map(|t| t.target.clone()).unwrap_or_default(), e))?;
-    Ok(Container { init, mounts, tmpfs })
+    Ok(Container { role, init, mounts, tmpfs, files })
 }
 
 /// Checks one process (the init's, or an exec's from `ExecProcessRequest.spec`).
@@ -194,11 +266,13 @@ enum Wanted {
     Share(HostMount),
     /// A tmpfs of the guest's own.
     Tmpfs(GuestTmpfs),
+    /// A host file, copied into a pod container's root.
+    Copy(FileCopy),
 }
 
 /// A bind mount as a share, a tmpfs as the guest's, a kernel file system the guest has anyway as nothing;
-/// anything else refused.
-fn wanted(mount: &Mount) -> Result<Option<Wanted>, SpecError> {
+/// in a pod, CRI's `/dev/shm` as the guest's and a bound file as a copy; anything else refused.
+fn wanted(mount: &Mount, role: &Role) -> Result<Option<Wanted>, SpecError> {
     let destination = mount.destination().display().to_string();
     let typ = mount.typ().as_deref().unwrap_or_default();
     let options = mount.options().as_deref().unwrap_or_default();
@@ -219,6 +293,23 @@ fn wanted(mount: &Mount) -> Result<Option<Wanted>, SpecError> {
     let Some(source) = mount.source().as_ref().filter(|s| s.is_absolute()) else {
         return refuse("a bind mount needs an absolute source");
     };
+    if *role != Role::Alone && destination == "/dev/shm" {
+        // CRI's host tmpfs for the pod: the guest's own /dev/shm, which the pod's containers share.
+        return Ok(None);
+    }
+    if let Role::Sandbox(_) = role {
+        if source.is_file() {
+            // CRI's `/etc/resolv.conf` and its kind for the pause process, which reads none of them.
+            return Ok(None);
+        }
+    }
+    if let Role::Member(_) = role {
+        if source.is_file() && vm_protocol::mounts::target_ok(&destination) {
+            return Ok(Some(Wanted::Copy(FileCopy { source: source.clone(), target: destination })));
+        }
+        // The pod's VM shares its directories when it boots, before any of its containers exists.
+        return refuse("a pod's container takes only files bound in (a directory volume is not done yet)");
+    }
     if !source.is_dir() {
         return refuse("only directories are shared with a VM");
     }

@@ -215,6 +215,7 @@ mod tests {
             pty: None,
             output_window: 1,
             rlimits: Vec::new(),
+            root: None,
         }
     }
 

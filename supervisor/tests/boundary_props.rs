@@ -607,6 +607,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         pty: None,
                         output_window: 4096,
                         rlimits: Vec::new(),
+                        root: None,
                     };
                     let msg = ToSupervisor::Process(ProcessRequest::Spawn(spawn));
                     let gone = from_client(&mut b, &mut peers, &mut current, (c, client), msg, now)?;

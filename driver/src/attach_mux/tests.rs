@@ -32,6 +32,7 @@ fn spawn(id: ProcId) -> ToSupervisor {
         pty: None,
         output_window: 8,
         rlimits: Vec::new(),
+        root: None,
     }))
 }
 

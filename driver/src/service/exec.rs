@@ -101,6 +101,7 @@ pub async fn exec(reg: Arc<Hub>, mut inbound: Streaming<ExecRequest>) -> Result<
                 pty: start.tty.then_some(size),
                 output_window: EXEC_OUTPUT_WINDOW,
                 rlimits: Vec::new(),
+                root: None,
             };
             (start.sandbox_id, Opening::Start(spawn, start.env), false)
         }

@@ -23,6 +23,7 @@ pub mod port;
 pub mod power;
 pub mod root;
 
+mod containers;
 mod credit;
 mod loopback;
 mod net;

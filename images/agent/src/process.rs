@@ -146,6 +146,7 @@ pub(crate) fn files(shared: &Arc<Shared>, config: &Config, req: FileSpawn) {
         pty: None,
         output_window: req.output_window,
         rlimits: Vec::new(),
+        root: None,
     };
     self::spawn(shared, config, spawn);
 }
@@ -161,7 +162,14 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
     if let Err(e) = vm_protocol::rlimit::check(&req.rlimits) {
         return fail_early(shared, id, &format!("vm-agent: {e}"), EXIT_CANNOT_RUN);
     }
-    if let Some(cwd) = req.cwd.as_deref().filter(|d| !Path::new(d).is_dir()) {
+    let root = match req.root.as_ref().map(crate::containers::enter).transpose() {
+        Ok(root) => root,
+        Err(e) => return fail_early(shared, id, &format!("vm-agent: the container's root: {e}"), EXIT_CANNOT_RUN),
+    };
+    // A container's image has no workload home: its own directory is `/` unless it names one.
+    let cwd = req.cwd.as_deref().unwrap_or(if root.is_some() { "/" } else { &config.default_cwd });
+    let in_root = root.as_deref().map_or_else(|| Path::new(cwd).to_path_buf(), |r| r.join(cwd.trim_start_matches('/')));
+    if req.cwd.is_some() && !in_root.is_dir() {
         let msg = format!("vm-agent: cannot change to directory '{cwd}': not a directory");
         return fail_early(shared, id, &msg, EXIT_CANNOT_RUN);
     }
@@ -178,10 +186,11 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
     let plan = spawn::Plan {
         argv: &req.argv,
         env,
-        cwd: req.cwd.as_deref().unwrap_or(&config.default_cwd),
+        cwd,
         run_as: config.run_as,
         stdio: stdio.child_side(),
         rlimits: &req.rlimits,
+        root: root.as_deref(),
     };
 
     // The table lock is held across spawn and insert: the reaper takes it before reaping, so it cannot

@@ -60,6 +60,9 @@ pub(crate) struct Plan<'a> {
     pub stdio: Stdio<'a>,
     /// Set before the ids change, so that a hard limit may be raised.
     pub rlimits: &'a [Rlimit],
+    /// A container's root to `chroot` into before the ids change ([`crate::containers`]); `cwd` and the
+    /// program are then found in it.
+    pub root: Option<&'a std::path::Path>,
 }
 
 /// Why a child did not run its program.
@@ -123,6 +126,7 @@ struct Prepared {
     /// The strings the pointer arrays point into.
     _strings: (Vec<CString>, Vec<CString>),
     cwd: CString,
+    root: Option<CString>,
     ids: Option<(libc::uid_t, libc::gid_t)>,
     stdio: [RawFd; 3],
     terminal: bool,
@@ -174,6 +178,7 @@ impl Prepared {
             envp_ptrs,
             _strings: (argv, envp),
             cwd: c_string(plan.cwd)?,
+            root: plan.root.map(|r| c_string(&r.to_string_lossy())).transpose()?,
             ids: plan.run_as.map(|w| (w.uid, w.gid)),
             stdio,
             terminal,
@@ -250,7 +255,7 @@ unsafe fn raw(nr: c_long, args: [c_long; 4]) -> Result<c_long, c_int> {
     }
 }
 
-/// Limits, stdio, ids, directory, session and signals, in the order `std` uses (limits first: they may
+/// Limits, stdio, root, ids, directory, session and signals, in the order `std` uses (limits first: they may
 /// raise a hard limit, which needs the agent's privilege).
 fn setup(p: &Prepared) -> Result<(), c_int> {
     // SAFETY: each call passes plain integers, or pointers to C strings, limits in `p` and to the local
@@ -270,6 +275,10 @@ fn setup(p: &Prepared) -> Result<(), c_int> {
             } else {
                 raw(libc::SYS_dup3, [fd.into(), target.into(), 0, 0])?;
             }
+        }
+        if let Some(root) = &p.root {
+            // Own to this child: without CLONE_FS the clone has a copy of the agent's root and directory.
+            raw(libc::SYS_chroot, [root.as_ptr() as c_long, 0, 0, 0])?;
         }
         if let Some((uid, gid)) = p.ids {
             raw(libc::SYS_setgroups, [0; 4])?;
@@ -348,7 +357,7 @@ mod tests {
         let (stdin, _stdin_w) = pipe_with(PipeFlags::CLOEXEC).unwrap();
         let (out_r, out_w) = pipe_with(PipeFlags::CLOEXEC).unwrap();
         let stdio = Stdio::Pipes([&stdin, &out_w, &out_w]);
-        let plan = Plan { argv: &argv, env: vec![("PATH", path)], cwd: "/", run_as: None, stdio, rlimits };
+        let plan = Plan { argv: &argv, env: vec![("PATH", path)], cwd: "/", run_as: None, stdio, rlimits, root: None };
         // A test beside this one may be writing its script while we clone: our child then holds that file
         // open for writing until it execs, and the other test's exec meets ETXTBSY. Retry, as Go does.
         let mut spawned = spawn(&plan);

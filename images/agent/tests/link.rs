@@ -73,6 +73,7 @@ impl Host {
             pty: None,
             output_window: window,
             rlimits: Vec::new(),
+            root: None,
         })));
     }
 
@@ -164,6 +165,7 @@ fn a_missing_working_directory_is_a_clear_error() {
         pty: None,
         output_window: 4096,
         rlimits: Vec::new(),
+        root: None,
     })));
     let run = host.collect(1);
     assert_eq!(run.status, Some(ExitStatus::Code(126)));
@@ -242,6 +244,7 @@ fn env_and_cwd_reach_the_process() {
         pty: None,
         output_window: 4096,
         rlimits: Vec::new(),
+        root: None,
     })));
     let run = host.collect(1);
     assert_eq!(String::from_utf8_lossy(&run.stdout), "hello there\n/tmp\n");
@@ -378,6 +381,7 @@ fn spawn_tty(host: &mut Host, id: u32, argv: &[&str], rows: u16, cols: u16) {
         pty: Some(PtySize { rows, cols }),
         output_window: 1 << 20,
         rlimits: Vec::new(),
+        root: None,
     })));
 }
 

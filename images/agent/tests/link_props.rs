@@ -216,6 +216,7 @@ fn messages(steps: Vec<Step>) -> Vec<ToGuest> {
                     pty: None,
                     output_window,
                     rlimits: Vec::new(),
+                    root: None,
                 })))
             }
             Step::Eof(p) => pick(&p, &spawned).map(|id| ToGuest::Process(ProcessRequest::StdinEof { id })),

@@ -1,11 +1,13 @@
-//! containerd's task service (`containerd.task.v2.Task`) on one task's VM: `Create` makes the root disk and
-//! boots the VM, `Start` runs the init process (or an exec) through the driver's process session with
+//! containerd's task service (`containerd.task.v2.Task`) on one task's VM, or on one CRI pod's VM and its
+//! containers: `Create` makes the root disk and boots the VM (a pod's sandbox: with the pod's directory
+//! shared, [`crate::poddir`]; a pod's container: its disk put in that directory instead, for a root of its
+//! own in the running VM), `Start` runs the init process (or an exec) through the driver's process session with
 //! containerd's FIFOs as its client, `Kill`, `ResizePty` and `CloseIO` become the session's client
 //! requests, `Wait` and `State` read the exit the session reported, `Delete` stops the VM and removes the
 //! disk. Every process is the guest agent's, under the supervisor's policy and OCSF record, as any other.
 //!
-//! The init process's exit stops the VM (as a container's pid 1 exiting ends its namespace); execs may not
-//! outlive it. Each exit is published as a `TaskExit` event and kept for `Wait`, `State` and `Delete`.
+//! The init process's exit stops the VM (as a container's pid 1 exiting ends its namespace; in a pod, the
+//! sandbox's); execs may not outlive it. Each exit is published as a `TaskExit` event and kept for `Wait`, `State` and `Delete`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -22,13 +24,16 @@ use containerd_shim::{Context, ExitSignal, Task, TtrpcContext, TtrpcResult};
 use tokio::sync::watch;
 use vm_contract::root::{RootImage, RunConfig};
 use vm_driver::process::FromClient;
+use vm_protocol::container::{ContainerRoot, MAX_ROOTS};
 use vm_protocol::message::EnvVar;
 use vm_protocol::{ProcId, PtySize, SignalName, Spawn};
 
 use self::process::{timestamp, Exit, Proc, LOST_STATUS, OUTPUT_WINDOW};
 use crate::fifo::Stdio;
 use crate::pod::Pod;
+use crate::poddir::PodDir;
 use crate::settings::Settings;
+use crate::spec::Role;
 use crate::{rootfs, spec};
 
 mod process;
@@ -38,13 +43,25 @@ const MAX_EXECS: usize = 64;
 /// How long a failed start waits for its exit to be recorded (it follows at once: the session just ended).
 const EXIT_RECORD_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// The task: its bundle, its VM, its processes.
+/// A task: its bundle, its VM, its processes.
 #[derive(Debug)]
 struct Container {
-    id: String,
     bundle: PathBuf,
+    role: Role,
     pod: Arc<Pod>,
+    /// A pod's sandbox or container: the directory the containers' roots come through.
+    pod_dir: Option<PodDir>,
+    /// A pod's container: the root its processes run in.
+    root: Option<ContainerRoot>,
     procs: HashMap<String, Proc>,
+}
+
+impl Container {
+    /// Whether the VM is this task's own (alone, or a pod's sandbox): its init's exit and its `Delete`
+    /// stop it.
+    fn owns_vm(&self) -> bool {
+        !matches!(self.role, Role::Member(_))
+    }
 }
 
 /// The service.
@@ -53,7 +70,8 @@ pub struct TaskService {
     /// The node's settings, or why they are unusable (said at every `Create`).
     settings: Arc<Result<Settings, String>>,
     namespace: String,
-    container: Arc<Mutex<Option<Container>>>,
+    /// One task, or a pod's sandbox and its containers.
+    containers: Arc<Mutex<HashMap<String, Container>>>,
     publisher: Arc<RemotePublisher>,
     exit: Arc<ExitSignal>,
 }
@@ -79,7 +97,7 @@ impl TaskService {
         Self {
             settings: Arc::new(settings),
             namespace,
-            container: Arc::new(Mutex::new(None)),
+            containers: Arc::new(Mutex::new(HashMap::new())),
             publisher: Arc::new(publisher),
             exit,
         }
@@ -94,10 +112,28 @@ impl TaskService {
     }
 
     fn with<T>(&self, id: &str, f: impl FnOnce(&mut Container) -> TtrpcResult<T>) -> TtrpcResult<T> {
-        let mut held = self.container.lock().map_err(|_| error(Code::INTERNAL, "the shim's state is poisoned"))?;
-        match held.as_mut() {
-            Some(c) if c.id == id => f(c),
-            _ => Err(error(Code::NOT_FOUND, format!("no task {id} in this shim"))),
+        let mut held = self.held()?;
+        match held.get_mut(id) {
+            Some(c) => f(c),
+            None => Err(error(Code::NOT_FOUND, format!("no task {id} in this shim"))),
+        }
+    }
+
+    fn held(&self) -> TtrpcResult<std::sync::MutexGuard<'_, HashMap<String, Container>>> {
+        self.containers.lock().map_err(|_| error(Code::INTERNAL, "the shim's state is poisoned"))
+    }
+
+    /// The VM of the pod `sandbox` and its directory, for a container joining it.
+    fn pod_of(&self, sandbox: &str) -> TtrpcResult<(Arc<Pod>, PodDir)> {
+        let held = self.held()?;
+        if held.len() >= MAX_ROOTS {
+            return Err(error(Code::RESOURCE_EXHAUSTED, format!("a pod's VM holds at most {MAX_ROOTS} containers")));
+        }
+        let found = held.values().find(|c| c.role == Role::Sandbox(sandbox.to_owned()));
+        match found.and_then(|c| Some((Arc::clone(&c.pod), c.pod_dir.clone()?))) {
+            Some((pod, _)) if pod.is_ended() => Err(error(Code::FAILED_PRECONDITION, "the pod's VM has stopped")),
+            Some(found) => Ok(found),
+            None => Err(error(Code::FAILED_PRECONDITION, format!("the pod's sandbox {sandbox} is not in this shim"))),
         }
     }
 
@@ -110,49 +146,73 @@ impl TaskService {
 #[async_trait::async_trait]
 impl Task for TaskService {
     async fn create(&self, _ctx: &TtrpcContext, req: api::CreateTaskRequest) -> TtrpcResult<api::CreateTaskResponse> {
-        if self.container.lock().map(|c| c.is_some()).unwrap_or(true) {
-            return Err(error(Code::ALREADY_EXISTS, "this shim already runs a task"));
+        if self.held()?.contains_key(&req.id) {
+            return Err(error(Code::ALREADY_EXISTS, format!("task {} exists", req.id)));
         }
         let settings = self.settings.as_ref().as_ref().map_err(|why| error(Code::FAILED_PRECONDITION, why.clone()))?;
         let bundle = PathBuf::from(&req.bundle);
-        let container = spec::read(&bundle).map_err(|e| error(Code::INVALID_ARGUMENT, e.to_string()))?;
+        let mut container = spec::read(&bundle).map_err(|e| error(Code::INVALID_ARGUMENT, e.to_string()))?;
+        let joining = match &container.role {
+            Role::Member(sandbox) => Some(self.pod_of(sandbox)?),
+            Role::Alone if !self.held()?.is_empty() => {
+                return Err(error(Code::ALREADY_EXISTS, "this shim already runs a task"));
+            }
+            Role::Alone | Role::Sandbox(_) => None,
+        };
         let seed = format!("{}/{}", self.namespace, req.id);
         let kept = settings.state_dir.join(rootfs::KEPT_DIR);
         let disk = rootfs::make_disk(&bundle, &req.rootfs, &seed, &kept)
             .await
             .map_err(|e| error(Code::FAILED_PRECONDITION, format!("{e:#}")))?;
-        let root = RootImage {
-            manifest: format!("containerd:{seed}"),
-            disk,
-            disk_mib: settings.disk_mib,
-            // The spec's process is complete (containerd merged the image's config into it).
-            run: RunConfig::default(),
-        };
-        let sandbox =
-            vm_driver::state::random_id("ctr").map_err(|_| error(Code::INTERNAL, "cannot make a sandbox id"))?;
-        let booted = Pod::boot(settings, sandbox, root, &container).await;
-        let pod = match booted {
-            Ok(pod) => pod,
-            Err(e) => {
+        let (pod, pod_dir, root) = if let Some((pod, pod_dir)) = joining {
+            let added = pod_dir.add(&req.id, &disk, &container.files);
+            let root = added.map_err(|e| {
                 rootfs::clean(&bundle);
-                return Err(error(Code::FAILED_PRECONDITION, e.to_string()));
+                error(Code::FAILED_PRECONDITION, e.to_string())
+            })?;
+            (pod, Some(pod_dir), Some(root))
+        } else {
+            let pod_dir = match container.role {
+                Role::Sandbox(_) => {
+                    let made = PodDir::make(&bundle).map_err(|_| {
+                        rootfs::clean(&bundle);
+                        error(Code::FAILED_PRECONDITION, "cannot make the pod's directory")
+                    })?;
+                    container.mounts.push(made.share());
+                    Some(made)
+                }
+                _ => None,
+            };
+            let image = RootImage {
+                manifest: format!("containerd:{seed}"),
+                disk,
+                disk_mib: settings.disk_mib,
+                // The spec's process is complete (containerd merged the image's config into it).
+                run: RunConfig::default(),
+            };
+            let sandbox =
+                vm_driver::state::random_id("ctr").map_err(|_| error(Code::INTERNAL, "cannot make a sandbox id"))?;
+            match Pod::boot(settings, sandbox, image, &container).await {
+                Ok(pod) => (Arc::new(pod), pod_dir, None),
+                Err(e) => {
+                    rootfs::clean(&bundle);
+                    return Err(error(Code::FAILED_PRECONDITION, e.to_string()));
+                }
             }
         };
         let pid = pod.pid;
         let stdio = Stdio { stdin: req.stdin.clone(), stdout: req.stdout.clone(), stderr: req.stderr.clone() };
         let mut procs = HashMap::new();
         procs.insert(String::new(), Proc::new(container.init, stdio));
-        {
-            let mut held = self.container.lock().map_err(|_| error(Code::INTERNAL, "the shim's state is poisoned"))?;
-            *held = Some(Container { id: req.id.clone(), bundle, pod: Arc::new(pod), procs });
-        }
+        let task = Container { bundle, role: container.role, pod, pod_dir, root, procs };
+        self.held()?.insert(req.id.clone(), task);
         let event = TaskCreate { container_id: req.id.clone(), bundle: req.bundle.clone(), pid, ..Default::default() };
         self.publish(topics::TASK_CREATE_EVENT_TOPIC, Box::new(event)).await;
         Ok(api::CreateTaskResponse { pid, ..Default::default() })
     }
 
     async fn start(&self, _ctx: &TtrpcContext, req: api::StartRequest) -> TtrpcResult<api::StartResponse> {
-        let (workload, stdio) = self.with(&req.id, |c| {
+        let (workload, stdio, root) = self.with(&req.id, |c| {
             if c.pod.is_ended() {
                 return Err(error(Code::FAILED_PRECONDITION, "the task's VM has stopped"));
             }
@@ -161,7 +221,7 @@ impl Task for TaskService {
                 return Err(error(Code::FAILED_PRECONDITION, "the process was started already"));
             }
             p.started = true;
-            Ok((p.workload.clone(), p.stdio.clone()))
+            Ok((p.workload.clone(), p.stdio.clone(), c.root.clone()))
         })?;
         let spawn = Spawn {
             id: ProcId(0),
@@ -171,6 +231,7 @@ impl Task for TaskService {
             pty: workload.terminal.then_some(PtySize { rows: 24, cols: 80 }),
             output_window: OUTPUT_WINDOW,
             rlimits: workload.rlimits,
+            root,
         };
         let mut exit = self.exit_watch(&req.id, &req.exec_id)?;
         let started = self.run_process(req.id.clone(), req.exec_id.clone(), spawn, stdio);
@@ -297,14 +358,32 @@ impl Task for TaskService {
                 ..Default::default()
             });
         }
-        let (pod, bundle, pid) = self.with(&req.id, |c| {
-            let pid = c.procs.get("").map_or(0, |p| p.pid);
-            Ok((Arc::clone(&c.pod), c.bundle.clone(), pid))
+        let (pod, bundle, pid, owns_vm) = self.with(&req.id, |c| {
+            let init = c.procs.get("");
+            if !c.owns_vm() && init.is_some_and(|p| p.started && p.exited().is_none()) {
+                return Err(error(Code::FAILED_PRECONDITION, "the container's init process is still running"));
+            }
+            Ok((Arc::clone(&c.pod), c.bundle.clone(), init.map_or(0, |p| p.pid), c.owns_vm()))
         })?;
-        pod.stop();
-        pod.ended().await;
+        if owns_vm {
+            pod.stop();
+            pod.ended().await;
+        } else {
+            // A pod's container: its execs end, the pod's VM stays. (The guest keeps its root mounted.)
+            self.with(&req.id, |c| {
+                for p in c.procs.values().filter(|p| p.exited().is_none()) {
+                    if let Some(requests) = &p.requests {
+                        let _ = requests.try_send(FromClient::Signal(SignalName::Kill));
+                    }
+                }
+                if let (Some(dir), Some(root)) = (&c.pod_dir, &c.root) {
+                    dir.remove(root);
+                }
+                Ok(())
+            })?;
+        }
         rootfs::clean(&bundle);
-        // Every process ended with the VM; one that had not reported its exit yet was taken with it.
+        // Every process ended with the VM (or was killed); one that had not reported its exit yet is lost.
         let exits: Vec<(String, Option<Exit>)> =
             self.with(&req.id, |c| Ok(c.procs.iter().map(|(id, p)| (id.clone(), p.exited())).collect()))?;
         for (exec_id, exit) in &exits {
@@ -315,9 +394,7 @@ impl Task for TaskService {
         let exit = self
             .with(&req.id, |c| Ok(c.procs.get("").and_then(Proc::exited)))?
             .unwrap_or(Exit { status: LOST_STATUS, at: SystemTime::now() });
-        if let Ok(mut held) = self.container.lock() {
-            *held = None;
-        }
+        self.held()?.remove(&req.id);
         let event = TaskDelete {
             container_id: req.id.clone(),
             pid,
@@ -411,7 +488,7 @@ impl Task for TaskService {
 
     async fn shutdown(&self, _ctx: &TtrpcContext, req: api::ShutdownRequest) -> TtrpcResult<api::Empty> {
         // `now`: containerd gives up on the task; the shim's exit takes its VM along (the liveness pipe).
-        let idle = self.container.lock().map(|c| c.is_none()).unwrap_or(true);
+        let idle = self.held().map(|held| held.is_empty()).unwrap_or(true);
         if idle || req.now {
             self.exit.signal();
         }

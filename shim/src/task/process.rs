@@ -64,7 +64,7 @@ pub(super) fn timestamp(at: SystemTime) -> Timestamp {
 
 impl TaskService {
     /// Runs one process to its end: the session between its FIFOs and the guest, then its exit recorded and
-    /// published; the init's exit stops the VM.
+    /// published; the init's exit stops the VM when the VM is the task's own.
     pub(super) fn run_process(
         &self,
         id: String,
@@ -107,10 +107,11 @@ impl TaskService {
     pub(super) async fn exited(&self, id: &str, exec_id: &str, status: u32) {
         let exit = Exit { status, at: SystemTime::now() };
         let found = self.with(id, |c| {
+            let owns_vm = c.owns_vm();
             let p = c.procs.get_mut(exec_id).ok_or_else(|| error(Code::NOT_FOUND, "gone"))?;
             p.requests = None;
             p.exit.send_replace(Some(exit));
-            if exec_id.is_empty() {
+            if exec_id.is_empty() && owns_vm {
                 c.pod.stop();
             }
             Ok(p.pid)

@@ -37,6 +37,7 @@ fn spawn_msg(id: u32, argv: &[&str]) -> ToSupervisor {
         pty: None,
         output_window: 8,
         rlimits: Vec::new(),
+        root: None,
     }))
 }
 
@@ -83,6 +84,7 @@ fn an_images_defaults_reach_the_guest_under_the_requests_own_and_the_gate_judges
         pty: None,
         output_window: 8,
         rlimits: Vec::new(),
+        root: None,
     };
     let out = b.handle(Input::Client(A, ToSupervisor::Process(ProcessRequest::Spawn(request.clone()))), now);
     let sent = spawned(&out).expect("dispatched");

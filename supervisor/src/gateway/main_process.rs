@@ -94,6 +94,7 @@ impl MainSession {
             pty: tty,
             output_window: OUTPUT_WINDOW_BYTES,
             rlimits: Vec::new(),
+            root: None,
         };
         let (exit, _) = watch::channel(None);
         let inner = Arc::new(Inner {

@@ -82,6 +82,7 @@ impl AttachClient {
             pty: None,
             output_window: DEFAULT_WINDOW_BYTES,
             rlimits: Vec::new(),
+            root: None,
         };
         (id, ToSupervisor::Process(ProcessRequest::Spawn(spawn)))
     }

@@ -1,6 +1,7 @@
 //! A real containerd (Debian's `containerd` and `ctr`) for the shim's tests: started with a private root,
-//! state and socket under a test's directory, its CRI plugin off, our shim on its `PATH` with settings that
-//! put the shim's sandboxes in the test's state directory. Dropping it kills containerd and every shim it
+//! state and socket under a test's directory, its CRI plugin off (or on, with a CNI bridge network of the
+//! test's own: [`Containerd::start_cri`]), our shim on its `PATH` with settings that put the shim's sandboxes
+//! in the test's state directory. Dropping it kills containerd and every shim it
 //! started (they name its socket in their arguments).
 
 use std::path::{Path, PathBuf};
@@ -15,15 +16,64 @@ pub const RUNTIME: &str = "io.containerd.vmdriver.v2";
 /// The containerd namespace the tests use.
 const NAMESPACE: &str = "e2e";
 
-/// A busybox image in a registry, pulled by containerd.
+/// The CRI tests' bridge (a name of at most 15 bytes) and its addresses.
+const CRI_BRIDGE: &str = "vmde2e0";
+const CRI_SUBNET: &str = "10.233.7.0/24";
+
+/// A busybox image in a registry, for containerd to pull.
 #[derive(Debug)]
 pub struct Busybox {
     /// The registry (it stops when this is dropped).
     pub registry: Registry,
     /// The reference containerd knows it by.
     pub reference: String,
+    /// The same image tagged as a pod's pause image: its command sleeps.
+    pub pause: String,
     /// The same image as an OCI layout (tag `busybox`), for `vm-driver launch --image`.
     pub layout: PathBuf,
+    /// containerd's registry hosts directory (`hosts.toml` with the registry's CA).
+    pub hosts: PathBuf,
+}
+
+impl Busybox {
+    /// A busybox image (the guest's static busybox and its applets' links), built by umoci under `dir`,
+    /// pushed to a new registry there (with a pause tag).
+    pub fn push(dir: &Path) -> Self {
+        let registry = Registry::start(&dir.join("registry"), None);
+        let busybox = guest_busybox();
+        let layout = umoci_image(
+            dir,
+            "busybox",
+            &[&|root: &Path| {
+                let bin = root.join("bin");
+                std::fs::create_dir_all(&bin).unwrap();
+                std::fs::write(bin.join("busybox"), &busybox).unwrap();
+                std::fs::set_permissions(bin.join("busybox"), std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                    .unwrap();
+                for applet in ["sh", "echo", "cat", "sleep", "true", "uname", "tty", "stty", "env", "pwd", "kill", "ls"]
+                {
+                    std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
+                }
+            }],
+            &["--config.env=PATH=/bin", "--config.cmd=/bin/sh"],
+        );
+        let image = format!("{}:busybox", layout.display());
+        let pause_config = ["--tag=pause", "--config.cmd=/bin/sleep", "--config.cmd=2147483647"];
+        let made = Command::new("umoci").arg("config").arg("--image").arg(&image).args(pause_config).status();
+        assert!(made.unwrap().success(), "umoci config of the pause tag");
+        let reference = registry.push(&format!("oci:{image}"), "e2e/busybox:1");
+        let pause = registry.push(&format!("oci:{}:pause", layout.display()), "e2e/pause:1");
+        // containerd takes a loopback registry for a plain-HTTP one unless its hosts file says otherwise.
+        let host = reference.split('/').next().unwrap();
+        let hosts = dir.join("certs.d");
+        std::fs::create_dir_all(hosts.join(host)).unwrap();
+        let toml = format!(
+            "server = \"https://{host}\"\n[host.\"https://{host}\"]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = \"{}\"\n",
+            registry.ca.display()
+        );
+        std::fs::write(hosts.join(host).join("hosts.toml"), toml).unwrap();
+        Self { registry, reference, pause, layout, hosts }
+    }
 }
 
 /// A running containerd.
@@ -35,11 +85,49 @@ pub struct Containerd {
     pub socket: PathBuf,
     /// The shim's sandboxes' state directory.
     pub vm_state: PathBuf,
+    /// Whether its CRI plugin is on.
+    cri: bool,
 }
 
 impl Containerd {
-    /// Starts containerd under `dir`.
+    /// Starts containerd under `dir`, its CRI plugin off.
     pub fn start(dir: &Path) -> Self {
+        Self::start_with(dir, None)
+    }
+
+    /// Starts containerd under `dir` with its CRI plugin on (the socket is then a CRI endpoint too): pods of
+    /// the `vmdriver` runtime handler, the pause image `images.pause`, images pulled with `images.hosts`, and
+    /// a CNI bridge network of the test's own (Debian's `containernetworking-plugins`), which the CRI
+    /// needs to make any pod; its network namespaces under containerd's private state.
+    pub fn start_cri(dir: &Path, images: &Busybox) -> Self {
+        let cni = dir.join("cni");
+        std::fs::create_dir_all(&cni).unwrap();
+        let network = serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": "vmdriver-e2e",
+            "plugins": [
+                {"type": "bridge", "bridge": CRI_BRIDGE, "isGateway": true, "ipMasq": false,
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": CRI_SUBNET}]],
+                          "dataDir": dir.join("cni-ipam")}},
+                {"type": "loopback"}
+            ]
+        });
+        std::fs::write(cni.join("10-vmdriver-e2e.conflist"), network.to_string()).unwrap();
+        let cri = format!(
+            "[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{pause}\"\n  \
+             netns_mounts_under_state_dir = true\n\
+             [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"vmdriver\"\n\
+             [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.vmdriver]\n  runtime_type = \"{RUNTIME}\"\n\
+             [plugins.\"io.containerd.grpc.v1.cri\".cni]\n  bin_dir = \"/usr/lib/cni\"\n  conf_dir = \"{cni}\"\n\
+             [plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"{hosts}\"\n",
+            pause = images.pause,
+            cni = cni.display(),
+            hosts = images.hosts.display(),
+        );
+        Self::start_with(dir, Some(cri))
+    }
+
+    fn start_with(dir: &Path, cri: Option<String>) -> Self {
         let vm_state = dir.join("vm-state");
         let settings = serde_json::json!({
             "state_dir": vm_state,
@@ -51,17 +139,19 @@ impl Containerd {
         let socket = dir.join("containerd.sock");
         let config = format!(
             "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n\
-             disabled_plugins = [\"io.containerd.grpc.v1.cri\", \"io.containerd.internal.v1.opt\", \
+             disabled_plugins = [{cri_off}\"io.containerd.internal.v1.opt\", \
              \"io.containerd.snapshotter.v1.btrfs\", \"io.containerd.snapshotter.v1.zfs\", \
              \"io.containerd.snapshotter.v1.devmapper\", \"io.containerd.snapshotter.v1.aufs\"]\n\
-             [grpc]\n  address = \"{socket}\"\n[ttrpc]\n  address = \"{socket}.ttrpc\"\n",
+             [grpc]\n  address = \"{socket}\"\n[ttrpc]\n  address = \"{socket}.ttrpc\"\n{cri_on}",
             root = dir.join("root").display(),
             state = dir.join("state").display(),
             socket = socket.display(),
+            cri_off = if cri.is_some() { "" } else { "\"io.containerd.grpc.v1.cri\", " },
+            cri_on = cri.as_deref().unwrap_or_default(),
         );
         std::fs::write(dir.join("config.toml"), config).unwrap();
         let child = Self::spawn(dir);
-        let me = Self { dir: dir.to_owned(), child, socket, vm_state };
+        let me = Self { dir: dir.to_owned(), child, socket, vm_state, cri: cri.is_some() };
         me.wait_up();
         me
     }
@@ -99,39 +189,13 @@ impl Containerd {
         cmd
     }
 
-    /// A busybox image (the guest's static busybox and its applets' links), built by umoci under `dir`,
-    /// pushed to a new registry there and pulled by this containerd.
+    /// The busybox image of [`Busybox::push`], pulled by this containerd.
     pub fn pull_busybox(&self, dir: &Path) -> Busybox {
-        let registry = Registry::start(&dir.join("registry"), None);
-        let busybox = guest_busybox();
-        let layout = umoci_image(
-            dir,
-            "busybox",
-            &[&|root: &Path| {
-                let bin = root.join("bin");
-                std::fs::create_dir_all(&bin).unwrap();
-                std::fs::write(bin.join("busybox"), &busybox).unwrap();
-                std::fs::set_permissions(bin.join("busybox"), std::os::unix::fs::PermissionsExt::from_mode(0o755))
-                    .unwrap();
-                for applet in ["sh", "echo", "cat", "sleep", "true", "uname", "tty", "stty", "env", "pwd", "kill"] {
-                    std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
-                }
-            }],
-            &["--config.env=PATH=/bin", "--config.cmd=/bin/sh"],
-        );
-        let reference = registry.push(&format!("oci:{}:busybox", layout.display()), "e2e/busybox:1");
-        // containerd takes a loopback registry for a plain-HTTP one unless its hosts file says otherwise.
-        let host = reference.split('/').next().unwrap();
-        let hosts = dir.join("certs.d");
-        std::fs::create_dir_all(hosts.join(host)).unwrap();
-        let toml = format!(
-            "server = \"https://{host}\"\n[host.\"https://{host}\"]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = \"{}\"\n",
-            registry.ca.display()
-        );
-        std::fs::write(hosts.join(host).join("hosts.toml"), toml).unwrap();
-        let out = self.ctr(&["images", "pull", "--hosts-dir", hosts.to_str().unwrap(), &reference]);
+        let busybox = Busybox::push(dir);
+        let hosts = busybox.hosts.to_str().unwrap();
+        let out = self.ctr(&["images", "pull", "--hosts-dir", hosts, &busybox.reference]);
         assert!(out.status.success(), "ctr pull: {}", String::from_utf8_lossy(&out.stderr));
-        Busybox { registry, reference, layout }
+        busybox
     }
 
     /// `ctr` with `stdin` written to it.
@@ -188,6 +252,10 @@ impl Drop for Containerd {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if self.cri {
+            // The CNI bridge outlives the pods on it (its veths went with them).
+            let _ = Command::new("ip").args(["link", "delete", CRI_BRIDGE]).status();
+        }
         // The shims' VMs follow their supervisors' liveness pipes; the mounts of a killed Create go here.
         for line in std::fs::read_to_string("/proc/self/mounts").unwrap_or_default().lines() {
             if let Some(target) = line.split(' ').nth(1).filter(|t| t.starts_with(self.dir.to_str().unwrap_or("-"))) {

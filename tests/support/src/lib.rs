@@ -42,6 +42,7 @@
 pub mod api;
 pub mod attach;
 pub mod containerd;
+pub mod cri;
 pub mod direct;
 pub mod events;
 pub mod exclusive;

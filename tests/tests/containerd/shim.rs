@@ -12,17 +12,17 @@ use vm_test_support::procs::{self, ProcInfo};
 use vm_test_support::{gone_within, harness, wait_until, Scratch};
 
 /// The VMMs of the shim's sandboxes: children of supervisors working in the shim's state directory.
-fn vmms(containerd: &Containerd) -> Vec<ProcInfo> {
+pub(super) fn vmms(containerd: &Containerd) -> Vec<ProcInfo> {
     procs::inside(&containerd.vm_state).into_iter().filter(ProcInfo::is_qemu).collect()
 }
 
-fn report_accel(containerd: &Containerd) {
+pub(super) fn report_accel(containerd: &Containerd) {
     let accel = vmms(containerd).first().and_then(ProcInfo::accel).unwrap_or_else(|| "none seen".into());
     eprintln!("e2e: accelerator used: {accel} (requested {})", harness().accel);
 }
 
 /// The shim's sandboxes that have not ended (no tombstone).
-fn live_sandboxes(containerd: &Containerd) -> usize {
+pub(super) fn live_sandboxes(containerd: &Containerd) -> usize {
     let Ok(dirs) = std::fs::read_dir(containerd.vm_state.join("sandboxes")) else { return 0 };
     dirs.flatten().filter(|d| !d.path().join(vm_contract::layout::SandboxFile::Tombstone.name()).exists()).count()
 }

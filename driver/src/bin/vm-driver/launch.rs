@@ -318,6 +318,7 @@ async fn run_job(
         pty: config.tty.then(terminal::pty_size),
         output_window: OUTPUT_WINDOW,
         rlimits: config.rlimits.clone(),
+        root: None,
     };
     let status = {
         // Restored when the command ends, on every path (the guard drops with this block or the future).

@@ -18,6 +18,7 @@ fn spawn(id: u32, window: u32) -> ToSupervisor {
         pty: None,
         output_window: window,
         rlimits: Vec::new(),
+        root: None,
     }))
 }
 

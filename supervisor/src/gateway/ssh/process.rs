@@ -123,6 +123,7 @@ pub fn spawn(id: ProcId, request: &Request, setup: &Setup, base: &[(String, Stri
         pty: setup.pty.as_ref().map(|(_, size)| *size),
         output_window: OUTPUT_WINDOW_BYTES,
         rlimits: Vec::new(),
+        root: None,
     }
 }
 
