@@ -75,6 +75,59 @@ fn a_missing_or_joined_namespace_is_the_hosts_and_refused() {
     }
 }
 
+/// `spec` as the CRI plugin marks a task of pod `pod`: its sandbox (`sandbox`) or a container, with the
+/// pod's namespaces joined by path.
+fn in_pod(mut spec: Value, kind: &str) -> Value {
+    spec["annotations"] = json!({"io.kubernetes.cri.container-type": kind, "io.kubernetes.cri.sandbox-id": "pod1"});
+    for n in spec["linux"]["namespaces"].as_array_mut().unwrap() {
+        if ["network", "ipc", "uts"].contains(&n["type"].as_str().unwrap()) {
+            n["path"] = json!("/proc/42/ns/net");
+        }
+    }
+    spec
+}
+
+#[test]
+fn in_a_cri_pod_joined_namespaces_are_the_vms_own_and_bound_files_are_copied() {
+    let sandbox = check(&in_pod(ctr_spec(), "sandbox")).unwrap();
+    assert_eq!(sandbox.role, Role::Sandbox("pod1".into()));
+    // Control: the same namespaces outside a pod are the host's.
+    let mut alone = in_pod(ctr_spec(), "sandbox");
+    alone.as_object_mut().unwrap().remove("annotations");
+    assert_eq!(check(&alone), Err(SpecError::HostNamespace("network")));
+
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = dir.path().join("hosts");
+    std::fs::write(&hosts, "127.0.0.1 localhost\n").unwrap();
+    let shm = dir.path().join("shm");
+    std::fs::create_dir(&shm).unwrap();
+    let mut member = in_pod(ctr_spec(), "container");
+    let mounts = member["mounts"].as_array_mut().unwrap();
+    mounts.push(json!({"destination": "/etc/hosts", "type": "bind", "source": hosts, "options": ["rbind"]}));
+    mounts.push(json!({"destination": "/dev/shm", "type": "bind", "source": shm, "options": ["rbind"]}));
+    let container = check(&member).unwrap();
+    assert_eq!(container.role, Role::Member("pod1".into()));
+    assert_eq!(container.files, [FileCopy { source: hosts, target: "/etc/hosts".into() }]);
+    assert!(container.mounts.is_empty(), "CRI's /dev/shm is the guest's own");
+
+    let mut volume = in_pod(ctr_spec(), "container");
+    let src = dir.path().display().to_string();
+    volume["mounts"].as_array_mut().unwrap().push(json!({"destination": "/data", "type": "bind", "source": src}));
+    let err = check(&volume).unwrap_err();
+    assert!(err.to_string().contains("directory volume"), "{err}");
+
+    let mut own_mount_ns = in_pod(ctr_spec(), "container");
+    for n in own_mount_ns["linux"]["namespaces"].as_array_mut().unwrap() {
+        if n["type"] == "mount" {
+            n["path"] = json!("/proc/42/ns/mnt");
+        }
+    }
+    assert_eq!(check(&own_mount_ns), Err(SpecError::HostNamespace("mount")), "a pod never shares a mount namespace");
+    let mut no_pod = ctr_spec();
+    no_pod["annotations"] = json!({"io.kubernetes.cri.container-type": "container"});
+    assert_eq!(check(&no_pod), Err(SpecError::Annotations));
+}
+
 #[test]
 fn privileged_and_host_devices_are_refused() {
     let mut spec = ctr_spec();
