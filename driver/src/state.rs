@@ -65,10 +65,12 @@ impl StateDir {
     /// # Errors
     /// [`StateError`] when it cannot be created or is not private.
     pub fn open(root: &Path) -> Result<Self, StateError> {
-        private_dir(root)?;
+        // Absolute: the supervisor and the jailer work in other directories than the caller's.
+        let root = std::path::absolute(root).map_err(|source| StateError::Io { path: root.to_owned(), source })?;
+        private_dir(&root)?;
         private_dir(&root.join("sandboxes"))?;
         private_dir(&root.join("pool"))?;
-        Ok(Self { root: root.to_owned() })
+        Ok(Self { root })
     }
 
     /// The directory holding the warm pool's slots (`serve --pool`): VMs with no sandbox yet. A claimed slot's
@@ -157,6 +159,16 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("state-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         dir
+    }
+
+    #[test]
+    fn a_relative_state_directory_is_made_absolute() {
+        // Relative to the test's directory (the crate's), as a `--state-dir` argument is to the caller's.
+        let relative = PathBuf::from(format!("../target/state-relative-{}", std::process::id()));
+        let state = StateDir::open(&relative).unwrap();
+        let here = std::env::current_dir().unwrap();
+        assert_eq!(state.sandboxes_dir(), here.join(&relative).join("sandboxes"));
+        fs::remove_dir_all(&relative).unwrap();
     }
 
     #[test]
