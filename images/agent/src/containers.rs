@@ -4,7 +4,8 @@
 //! (overlayfs on a tmpfs); `/proc`, `/sys` and the guest's `/dev` are mounted in it, the workload's home
 //! made (and `/tmp` where the image has none), and the files the host binds (`/etc/hosts`,
 //! `/etc/resolv.conf`, ...) copied in. A process of the root is chrooted into it by
-//! [`crate::spawn`].
+//! [`crate::spawn`]. A root whose disk the host took out of the pod's directory (the container was deleted)
+//! is unmounted and its loop device freed before the next root is mounted.
 //!
 //! The image is the tenant's: no path of it is followed. Every directory the agent mounts on or writes
 //! into is walked one component at a time and refused where the image has a symlink, so a crafted image
@@ -29,14 +30,23 @@ use vm_protocol::container::{ContainerRoot, MAX_FILE_BYTES, MAX_ROOTS, POD_SHARE
 
 /// Where the roots are assembled, out of the workloads' reach (root's, 0700).
 const ROOTS_DIR: &str = "/run/vmdriver-containers";
-/// `<linux/loop.h>`: take a free loop device's number, and bind a loop device to a file.
+/// `<linux/loop.h>`: take a free loop device's number, bind a loop device to a file, and unbind it.
 const LOOP_CTL_GET_FREE: c_ulong = 0x4C82;
 const LOOP_SET_FD: c_ulong = 0x4C00;
+const LOOP_CLR_FD: c_ulong = 0x4C01;
 /// How long a new loop device's node may take to appear (devtmpfs makes it on its own thread).
 const NODE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The roots mounted so far, by name: the merged directory each process of it is chrooted into.
-static ROOTS: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
+/// The roots mounted so far, by name.
+static ROOTS: Mutex<BTreeMap<String, Mounted>> = Mutex::new(BTreeMap::new());
+
+/// A mounted root.
+struct Mounted {
+    /// The merged directory each of its processes is chrooted into.
+    merged: PathBuf,
+    /// The loop device its disk is on.
+    device: PathBuf,
+}
 
 /// Why a root could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -73,18 +83,47 @@ fn errno(e: Errno) -> io::Error {
 pub(crate) fn enter(root: &ContainerRoot) -> Result<PathBuf, ContainerError> {
     root.check()?;
     let mut roots = ROOTS.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(merged) = roots.get(&root.name) {
-        return Ok(merged.clone());
+    if let Some(mounted) = roots.get(&root.name) {
+        return Ok(mounted.merged.clone());
+    }
+    // The roots of containers the host deleted (their disks are gone from the pod's directory) go first: a
+    // pod whose containers restart keeps making new ones.
+    // A listing, not a lookup: the guest may keep a removed file's name cached for a while.
+    if let Ok(listing) = fs::read_dir(POD_SHARE) {
+        let disks: Vec<_> = listing.flatten().map(|entry| entry.file_name()).collect();
+        roots.retain(|name, mounted| {
+            let kept = disks.iter().any(|disk| disk.to_str() == Some(format!("{name}.erofs").as_str()));
+            if !kept {
+                release(mounted);
+            }
+            kept
+        });
     }
     if roots.len() >= MAX_ROOTS {
         return Err(ContainerError::TooMany);
     }
-    let merged = assemble(root)?;
-    roots.insert(root.name.clone(), merged.clone());
+    let mounted = assemble(root)?;
+    let merged = mounted.merged.clone();
+    roots.insert(root.name.clone(), mounted);
     Ok(merged)
 }
 
-fn assemble(root: &ContainerRoot) -> Result<PathBuf, ContainerError> {
+/// Takes a root's mounts away (lazily: a process still in it keeps what it uses until it ends) and frees its
+/// loop device (the kernel frees a busy one when its last user lets go).
+fn release(mounted: &Mounted) {
+    let merged = &mounted.merged;
+    let parts = [merged.join("dev"), merged.join("sys"), merged.join("proc"), merged.clone()];
+    let base = merged.parent().map(Path::to_path_buf).unwrap_or_default();
+    for dir in parts.iter().chain([&base.join("rw"), &base.join("image")]) {
+        let _ = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
+    }
+    if let Ok(device) = File::open(&mounted.device) {
+        // SAFETY: LOOP_CLR_FD takes no argument; the descriptor is open for the call.
+        let _ = unsafe { libc::ioctl(device.as_raw_fd(), LOOP_CLR_FD) };
+    }
+}
+
+fn assemble(root: &ContainerRoot) -> Result<Mounted, ContainerError> {
     let base = Path::new(ROOTS_DIR).join(&root.name);
     let (image, rw, merged) = (base.join("image"), base.join("rw"), base.join("merged"));
     let mut private = fs::DirBuilder::new();
@@ -137,7 +176,7 @@ fn assemble(root: &ContainerRoot) -> Result<PathBuf, ContainerError> {
     for (i, target) in root.files.iter().enumerate() {
         copy_in(&sources.join(i.to_string()), &merged, target).map_err(step("copy a file into the root"))?;
     }
-    Ok(merged)
+    Ok(Mounted { merged, device })
 }
 
 /// Binds a free loop device to `file`, read-only, and returns the device's path.

@@ -1,13 +1,14 @@
 //! containerd's task service (`containerd.task.v2.Task`) on one task's VM, or on one CRI pod's VM and its
 //! containers: `Create` makes the root disk and boots the VM (a pod's sandbox: with the pod's directory
 //! shared, [`crate::poddir`]; a pod's container: its disk put in that directory instead, for a root of its
-//! own in the running VM), `Start` runs the init process (or an exec) through the driver's process session with
-//! containerd's FIFOs as its client, `Kill`, `ResizePty` and `CloseIO` become the session's client
+//! own in the running VM), `Start` runs the init process (or an exec) through the driver's process session
+//! with containerd's FIFOs as its client, `Kill`, `ResizePty` and `CloseIO` become the session's client
 //! requests, `Wait` and `State` read the exit the session reported, `Delete` stops the VM and removes the
 //! disk. Every process is the guest agent's, under the supervisor's policy and OCSF record, as any other.
 //!
 //! The init process's exit stops the VM (as a container's pid 1 exiting ends its namespace; in a pod, the
-//! sandbox's); execs may not outlive it. Each exit is published as a `TaskExit` event and kept for `Wait`, `State` and `Delete`.
+//! sandbox's); execs may not outlive it. Each exit is published as a `TaskExit` event and kept for `Wait`,
+//! `State` and `Delete`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -3,7 +3,8 @@
 //! root of its own in that VM, from an image the CRI pulled from the tests' registry; the files CRI binds
 //! (`/etc/hostname`, `/etc/hosts`, `/etc/resolv.conf`) are in each root; exec, exit codes and a stopped
 //! container leave the pod running; a container the VM cannot take is refused with the reason (at its
-//! start, where the CRI makes the task) and the pod keeps going; removing the pod leaves no VM, shim or sandbox.
+//! start, where the CRI makes the task) and the pod keeps going; a removed container's root is released in
+//! the guest; removing the pod leaves no VM, shim or sandbox.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -130,6 +131,18 @@ fn a_cri_pod_is_one_microvm_and_each_container_has_its_own_root_in_it() {
         cri.runtime.stop_container(request(stop)).await.expect("StopContainer");
         let (code, out) = exec(&mut cri, &ids["b"], "cat /tmp/mine").await;
         assert_eq!((code, out.trim()), (0, "b"), "the pod's other container runs on");
+
+        s.waiting_for("a removed container's root released at the next container's start");
+        let remove = RemoveContainerRequest { container_id: ids["a"].clone() };
+        cri.runtime.remove_container(request(remove)).await.expect("RemoveContainer a");
+        let created = cri.runtime.create_container(request(container("d", Vec::new()))).await;
+        let d = created.expect("CreateContainer d").into_inner().container_id;
+        let started = cri.runtime.start_container(request(StartContainerRequest { container_id: d.clone() })).await;
+        started.expect("StartContainer d");
+        // The guest's loop devices, each naming the disk it is on.
+        let (_, disks) = exec(&mut cri, &d, "cat /sys/block/loop*/loop/backing_file").await;
+        assert!(disks.contains(&d) && disks.contains(&ids["b"]), "d's and b's disks attached: {disks}");
+        assert!(!disks.contains(&ids["a"]), "the removed container's loop device was freed: {disks}");
 
         s.waiting_for("the pod's removal");
         let stop = StopPodSandboxRequest { pod_sandbox_id: sandbox.clone() };
