@@ -4,6 +4,7 @@
 //! against the host's own `curl` to the same server), with the supervisor's CPU per GiB; the time to first
 //! byte of a small HTTPS request (through the proxy against direct from the host); and a 64 MiB download
 //! from a server in the guest through `vm-driver port-forward` against the same bytes on `launch`'s stdout.
+//! The download is also set against the same bytes sent into the guest on `launch`'s stdin (issue 36).
 //! Medians over `BENCH_RUNS` runs (default 10).
 #![allow(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a benchmark fails loudly")]
@@ -94,6 +95,29 @@ fn stdout_stream(s: &Scratch, store: &Path, script: &str) -> f64 {
     total as f64 / (last - first.unwrap()).as_secs_f64() / 1e6
 }
 
+/// `launch -- wc -c` of the Debian image fed `BIG` bytes on its stdin: MB/s from the first byte written to
+/// the guest's count (host to guest over the attach stream, the agent, a pipe: the download's baseline).
+fn stdin_stream(s: &Scratch, store: &Path) -> f64 {
+    let mut cmd = launch(s, store, "echo ready; wc -c").command();
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null());
+    s.waiting_for("the baseline launch's stdin");
+    let mut child = Killed(cmd.spawn().unwrap());
+    let mut stdin = child.0.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines().map_while(Result::ok);
+    assert_eq!(lines.next().as_deref(), Some("ready"), "the baseline launch started");
+    let chunk = vec![b'x'; 1 << 20];
+    let start = Instant::now();
+    for _ in 0..BIG / chunk.len() {
+        stdin.write_all(&chunk).unwrap();
+    }
+    drop(stdin);
+    let counted = lines.next().unwrap_or_default();
+    let took = start.elapsed();
+    assert_eq!(counted.trim(), BIG.to_string(), "the guest counted every byte");
+    assert!(child.0.wait().unwrap().success(), "the baseline launch failed");
+    BIG as f64 / took.as_secs_f64() / 1e6
+}
+
 /// Whether an HTTP HEAD of `path` on the host's `127.0.0.1:port` answers 200.
 fn answers(port: u16, path: &str) -> bool {
     let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else { return false };
@@ -143,6 +167,7 @@ fn main() {
         report.sample("https TTFB through the proxy (ms)", ttfb);
         let direct = curl(&["-w", "%{time_total} %{size_download}", &big_url]);
         report.sample("download direct on the host (MB/s)", mb_per_s(&direct, BIG));
+        report.sample("launch stdin host->guest (MB/s)", stdin_stream(&s, &store));
         let ca_arg = ca.to_str().unwrap();
         let direct: Vec<f64> = (0..TTFB_REQUESTS)
             .map(|_| {
@@ -207,6 +232,13 @@ fn main() {
         "download direct on the host (MB/s)",
         1,
         ">= 0.5",
+    );
+    report.compare(
+        "256 MiB host to guest: guest `curl` through the HTTP proxy vs the same bytes on `launch -- wc -c`'s stdin (MB/s)",
+        "download through the proxy (MB/s)",
+        "launch stdin host->guest (MB/s)",
+        2,
+        ">= 0.8",
     );
     report.single(
         "supervisor CPU (utime+stime from /proc, sampled when the guest's line before the curl and the curl's result line arrive) per GiB downloaded (s)",
