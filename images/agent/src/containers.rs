@@ -87,8 +87,8 @@ pub(crate) fn enter(root: &ContainerRoot) -> Result<PathBuf, ContainerError> {
         return Ok(mounted.merged.clone());
     }
     // The roots of containers the host deleted (their disks are gone from the pod's directory) go first: a
-    // pod whose containers restart keeps making new ones.
-    // A listing, not a lookup: the guest may keep a removed file's name cached for a while.
+    // pod whose containers restart keeps making new ones. A listing, not a lookup: the guest may keep a
+    // removed file's name cached for a while.
     if let Ok(listing) = fs::read_dir(POD_SHARE) {
         let disks: Vec<_> = listing.flatten().map(|entry| entry.file_name()).collect();
         roots.retain(|name, mounted| {
@@ -114,8 +114,10 @@ fn release(mounted: &Mounted) {
     let merged = &mounted.merged;
     let parts = [merged.join("dev"), merged.join("sys"), merged.join("proc"), merged.clone()];
     let base = merged.parent().map(Path::to_path_buf).unwrap_or_default();
+    // Never following a symlink: the image's `/proc` may lead anywhere in the guest, `/` included.
+    let flags = nix::mount::MntFlags::MNT_DETACH | nix::mount::MntFlags::UMOUNT_NOFOLLOW;
     for dir in parts.iter().chain([&base.join("rw"), &base.join("image")]) {
-        let _ = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
+        let _ = nix::mount::umount2(dir, flags);
     }
     if let Ok(device) = File::open(&mounted.device) {
         // SAFETY: LOOP_CLR_FD takes no argument; the descriptor is open for the call.
@@ -131,52 +133,63 @@ fn assemble(root: &ContainerRoot) -> Result<Mounted, ContainerError> {
     for dir in [&image, &rw, &merged] {
         private.create(dir).map_err(step("make the root's directories"))?;
     }
-    let contained = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    // A remount after a failed attempt finds its parts mounted already: take them down first.
-    for dir in [&merged, &rw, &image] {
-        let _ = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
-    }
     let device = attach(&Path::new(POD_SHARE).join(root.disk_name())).map_err(step("attach the image disk"))?;
-    mount(Some(&device), &image, Some("erofs"), contained | MsFlags::MS_RDONLY, None::<&str>)
+    let mounted = Mounted { merged, device };
+    match fill(root, &mounted, &image, &rw) {
+        Ok(()) => Ok(mounted),
+        Err(e) => {
+            // Its next `Spawn` starts again from nothing: no loop device is left bound.
+            release(&mounted);
+            Err(e)
+        }
+    }
+}
+
+/// Mounts the parts of a root whose disk is on `mounted.device`, and puts the workload's and the host's files
+/// in it.
+fn fill(root: &ContainerRoot, mounted: &Mounted, image: &Path, rw: &Path) -> Result<(), ContainerError> {
+    let (merged, device) = (&mounted.merged, &mounted.device);
+    let contained = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mount(Some(device), image, Some("erofs"), contained | MsFlags::MS_RDONLY, None::<&str>)
         .map_err(|e| step("mount the image disk")(errno(e)))?;
-    mount(Some("tmpfs"), &rw, Some("tmpfs"), contained, Some("mode=755"))
+    mount(Some("tmpfs"), rw, Some("tmpfs"), contained, Some("mode=755"))
         .map_err(|e| step("mount the writable layer")(errno(e)))?;
     let (upper, work) = (rw.join("upper"), rw.join("work"));
     for dir in [&upper, &work] {
         fs::create_dir(dir).map_err(step("make the writable layer"))?;
     }
     let options = format!("lowerdir={},upperdir={},workdir={}", image.display(), upper.display(), work.display());
-    mount(Some("overlay"), &merged, Some("overlay"), contained, Some(options.as_str()))
+    mount(Some("overlay"), merged, Some("overlay"), contained, Some(options.as_str()))
         .map_err(|e| step("mount the root's overlay")(errno(e)))?;
 
-    let proc_dir = dir_in(&merged, Path::new("proc")).map_err(step("make /proc in the root"))?;
+    let proc_dir = dir_in(merged, Path::new("proc")).map_err(step("make /proc in the root"))?;
     mount(Some("proc"), &proc_dir, Some("proc"), contained | MsFlags::MS_NOEXEC, None::<&str>)
         .map_err(|e| step("mount /proc in the root")(errno(e)))?;
-    let sys_dir = dir_in(&merged, Path::new("sys")).map_err(step("make /sys in the root"))?;
+    let sys_dir = dir_in(merged, Path::new("sys")).map_err(step("make /sys in the root"))?;
     let sys_flags = contained | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY;
     mount(Some("sysfs"), &sys_dir, Some("sysfs"), sys_flags, None::<&str>)
         .map_err(|e| step("mount /sys in the root")(errno(e)))?;
     // The guest's devices, terminals and /dev/shm: one pod, one /dev, as a pod's containers share IPC.
-    let dev_dir = dir_in(&merged, Path::new("dev")).map_err(step("make /dev in the root"))?;
+    let dev_dir = dir_in(merged, Path::new("dev")).map_err(step("make /dev in the root"))?;
     mount(Some("/dev"), &dev_dir, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
         .map_err(|e| step("mount /dev in the root")(errno(e)))?;
 
     // What the workload user may write, as in the VM's own root: its home, its own and private, and a /tmp
     // where the image has none.
     let who = vm_protocol::identity::WORKLOAD;
-    let home = dir_in(&merged, Path::new(who.home.trim_start_matches('/'))).map_err(step("make the home"))?;
+    let home = dir_in(merged, Path::new(who.home.trim_start_matches('/'))).map_err(step("make the home"))?;
     std::os::unix::fs::chown(&home, Some(who.uid), Some(who.gid)).map_err(step("make the home"))?;
     fs::set_permissions(&home, fs::Permissions::from_mode(0o700)).map_err(step("make the home"))?;
-    if !merged.join("tmp").exists() {
-        let tmp = dir_in(&merged, Path::new("tmp")).map_err(step("make /tmp"))?;
+    if fs::symlink_metadata(merged.join("tmp")).is_err() {
+        let tmp = dir_in(merged, Path::new("tmp")).map_err(step("make /tmp"))?;
         fs::set_permissions(&tmp, fs::Permissions::from_mode(0o1777)).map_err(step("make /tmp"))?;
     }
 
     let sources = Path::new(POD_SHARE).join(root.files_dir());
     for (i, target) in root.files.iter().enumerate() {
-        copy_in(&sources.join(i.to_string()), &merged, target).map_err(step("copy a file into the root"))?;
+        copy_in(&sources.join(i.to_string()), merged, target).map_err(step("copy a file into the root"))?;
     }
-    Ok(Mounted { merged, device })
+    Ok(())
 }
 
 /// Binds a free loop device to `file`, read-only, and returns the device's path.

@@ -35,28 +35,23 @@ pub struct Busybox {
     pub hosts: PathBuf,
 }
 
+/// Puts the guest's busybox and its applets' links in `root`.
+fn add_busybox(root: &Path) {
+    let bin = root.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(bin.join("busybox"), guest_busybox()).unwrap();
+    std::fs::set_permissions(bin.join("busybox"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    for applet in ["sh", "echo", "cat", "sleep", "true", "uname", "tty", "stty", "env", "pwd", "kill", "ls"] {
+        std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
+    }
+}
+
 impl Busybox {
     /// A busybox image (the guest's static busybox and its applets' links), built by umoci under `dir`,
     /// pushed to a new registry there (with a pause tag).
     pub fn push(dir: &Path) -> Self {
         let registry = Registry::start(&dir.join("registry"), None);
-        let busybox = guest_busybox();
-        let layout = umoci_image(
-            dir,
-            "busybox",
-            &[&|root: &Path| {
-                let bin = root.join("bin");
-                std::fs::create_dir_all(&bin).unwrap();
-                std::fs::write(bin.join("busybox"), &busybox).unwrap();
-                std::fs::set_permissions(bin.join("busybox"), std::os::unix::fs::PermissionsExt::from_mode(0o755))
-                    .unwrap();
-                for applet in ["sh", "echo", "cat", "sleep", "true", "uname", "tty", "stty", "env", "pwd", "kill", "ls"]
-                {
-                    std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
-                }
-            }],
-            &["--config.env=PATH=/bin", "--config.cmd=/bin/sh"],
-        );
+        let layout = umoci_image(dir, "busybox", &[&add_busybox], &["--config.env=PATH=/bin", "--config.cmd=/bin/sh"]);
         let image = format!("{}:busybox", layout.display());
         let pause_config = ["--tag=pause", "--config.cmd=/bin/sleep", "--config.cmd=2147483647"];
         let made = Command::new("umoci").arg("config").arg("--image").arg(&image).args(pause_config).status();
@@ -73,6 +68,17 @@ impl Busybox {
         );
         std::fs::write(hosts.join(host).join("hosts.toml"), toml).unwrap();
         Self { registry, reference, pause, layout, hosts }
+    }
+
+    /// The same busybox, crafted as a hostile image would be: its `/proc` is a symlink to `/`. Pushed to the
+    /// same registry; its reference.
+    pub fn push_crafted(&self, dir: &Path) -> String {
+        let crafted = |root: &Path| {
+            add_busybox(root);
+            std::os::unix::fs::symlink("/", root.join("proc")).unwrap();
+        };
+        let layout = umoci_image(dir, "crafted", &[&crafted], &["--config.env=PATH=/bin", "--config.cmd=/bin/sh"]);
+        self.registry.push(&format!("oci:{}:crafted", layout.display()), "e2e/crafted:1")
     }
 }
 

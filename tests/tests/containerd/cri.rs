@@ -3,8 +3,8 @@
 //! root of its own in that VM, from an image the CRI pulled from the tests' registry; the files CRI binds
 //! (`/etc/hostname`, `/etc/hosts`, `/etc/resolv.conf`) are in each root; exec, exit codes and a stopped
 //! container leave the pod running; a container the VM cannot take is refused with the reason (at its
-//! start, where the CRI makes the task) and the pod keeps going; a removed container's root is released in
-//! the guest; removing the pod leaves no VM, shim or sandbox.
+//! start, where the CRI makes the task) and the pod keeps going, as it does when a crafted image's `/proc`
+//! is a symlink out of its root; a removed container's root is released in the guest; removing the pod leaves no VM, shim or sandbox.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -125,6 +125,23 @@ fn a_cri_pod_is_one_microvm_and_each_container_has_its_own_root_in_it() {
         let remove = RemoveContainerRequest { container_id: id };
         cri.runtime.remove_container(request(remove)).await.expect("RemoveContainer of the refused one");
         assert_eq!(vmms(&containerd).len(), 1, "the refusal left the pod's one VM as it was");
+
+        s.waiting_for("a crafted image whose /proc is a symlink out of its root");
+        let crafted = images.push_crafted(&s.dir);
+        cri.pull(&crafted).await;
+        let mut bad = container("crafted", Vec::new());
+        if let Some(config) = bad.config.as_mut() {
+            config.image = Some(ImageSpec { image: crafted.clone(), ..Default::default() });
+        }
+        let id = cri.runtime.create_container(request(bad)).await.expect("CreateContainer crafted").into_inner();
+        let start = StartContainerRequest { container_id: id.container_id.clone() };
+        let refused = cri.runtime.start_container(request(start)).await;
+        let why = refused.expect_err("a root whose /proc leads out of it is refused").message().to_owned();
+        assert!(why.contains("/proc"), "the reason names the step: {why}");
+        let remove = RemoveContainerRequest { container_id: id.container_id };
+        cri.runtime.remove_container(request(remove)).await.expect("RemoveContainer of the crafted one");
+        let (code, out) = exec(&mut cri, &ids["b"], "cat /tmp/mine").await;
+        assert_eq!((code, out.trim()), (0, "b"), "the pod runs on after the crafted container");
 
         s.waiting_for("a stopped container, the pod still running");
         let stop = StopContainerRequest { container_id: ids["a"].clone(), timeout: 10 };
