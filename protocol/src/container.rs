@@ -47,7 +47,12 @@ pub enum RootError {
 impl ContainerRoot {
     /// The disk's file name in the pod directory.
     pub fn disk_name(&self) -> String {
-        format!("{}.erofs", self.name)
+        Self::disk_of(&self.name)
+    }
+
+    /// The disk's file name in the pod directory of the root named `name`.
+    pub fn disk_of(name: &str) -> String {
+        format!("{name}.erofs")
     }
 
     /// The directory of its files in the pod directory.

@@ -1,7 +1,7 @@
 //! The shim's own commands, as containerd runs them: `start` spawns the long-lived shim (one per task, or one
-//! per CRI pod: its socket is named after the task or the pod's sandbox) and prints its address; the daemon serves the task service until
-//! `Shutdown`; `delete`, run in the bundle after a shim died, removes what it left: the root disk, a mount,
-//! and (through the driver's reaper) a VM whose supervisor is gone.
+//! per CRI pod: its socket is named after the task or the pod's sandbox) and prints its address; the daemon
+//! serves the task service until `Shutdown`; `delete`, run in the bundle after a shim died, removes what it
+//! left: the root disk, a mount, and (through the driver's reaper) a VM whose supervisor is gone.
 
 use std::sync::Arc;
 

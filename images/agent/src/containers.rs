@@ -72,8 +72,9 @@ fn step(what: &'static str) -> impl FnOnce(io::Error) -> ContainerError {
     move |source| ContainerError::Step { what, source }
 }
 
-fn errno(e: Errno) -> io::Error {
-    io::Error::from_raw_os_error(e as i32)
+/// [`step`] for a mount, whose error is an errno.
+fn mount_step(what: &'static str) -> impl FnOnce(Errno) -> ContainerError {
+    move |e| step(what)(io::Error::from_raw_os_error(e as i32))
 }
 
 /// The merged directory of `root`, mounted now if this is its first process.
@@ -92,7 +93,7 @@ pub(crate) fn enter(root: &ContainerRoot) -> Result<PathBuf, ContainerError> {
     if let Ok(listing) = fs::read_dir(POD_SHARE) {
         let disks: Vec<_> = listing.flatten().map(|entry| entry.file_name()).collect();
         roots.retain(|name, mounted| {
-            let kept = disks.iter().any(|disk| disk.to_str() == Some(format!("{name}.erofs").as_str()));
+            let kept = disks.iter().any(|disk| disk.to_str() == Some(ContainerRoot::disk_of(name).as_str()));
             if !kept {
                 release(mounted);
             }
@@ -151,28 +152,28 @@ fn fill(root: &ContainerRoot, mounted: &Mounted, image: &Path, rw: &Path) -> Res
     let (merged, device) = (&mounted.merged, &mounted.device);
     let contained = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     mount(Some(device), image, Some("erofs"), contained | MsFlags::MS_RDONLY, None::<&str>)
-        .map_err(|e| step("mount the image disk")(errno(e)))?;
+        .map_err(mount_step("mount the image disk"))?;
     mount(Some("tmpfs"), rw, Some("tmpfs"), contained, Some("mode=755"))
-        .map_err(|e| step("mount the writable layer")(errno(e)))?;
+        .map_err(mount_step("mount the writable layer"))?;
     let (upper, work) = (rw.join("upper"), rw.join("work"));
     for dir in [&upper, &work] {
         fs::create_dir(dir).map_err(step("make the writable layer"))?;
     }
     let options = format!("lowerdir={},upperdir={},workdir={}", image.display(), upper.display(), work.display());
     mount(Some("overlay"), merged, Some("overlay"), contained, Some(options.as_str()))
-        .map_err(|e| step("mount the root's overlay")(errno(e)))?;
+        .map_err(mount_step("mount the root's overlay"))?;
 
     let proc_dir = dir_in(merged, Path::new("proc")).map_err(step("make /proc in the root"))?;
     mount(Some("proc"), &proc_dir, Some("proc"), contained | MsFlags::MS_NOEXEC, None::<&str>)
-        .map_err(|e| step("mount /proc in the root")(errno(e)))?;
+        .map_err(mount_step("mount /proc in the root"))?;
     let sys_dir = dir_in(merged, Path::new("sys")).map_err(step("make /sys in the root"))?;
     let sys_flags = contained | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY;
     mount(Some("sysfs"), &sys_dir, Some("sysfs"), sys_flags, None::<&str>)
-        .map_err(|e| step("mount /sys in the root")(errno(e)))?;
+        .map_err(mount_step("mount /sys in the root"))?;
     // The guest's devices, terminals and /dev/shm: one pod, one /dev, as a pod's containers share IPC.
     let dev_dir = dir_in(merged, Path::new("dev")).map_err(step("make /dev in the root"))?;
     mount(Some("/dev"), &dev_dir, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
-        .map_err(|e| step("mount /dev in the root")(errno(e)))?;
+        .map_err(mount_step("mount /dev in the root"))?;
 
     // What the workload user may write, as in the VM's own root: its home, its own and private, and a /tmp
     // where the image has none.

@@ -168,10 +168,13 @@ pub(crate) fn spawn(shared: &Arc<Shared>, config: &Config, req: Spawn) {
     };
     // A container's image has no workload home: its own directory is `/` unless it names one.
     let cwd = req.cwd.as_deref().unwrap_or(if root.is_some() { "/" } else { &config.default_cwd });
-    let in_root = root.as_deref().map_or_else(|| Path::new(cwd).to_path_buf(), |r| r.join(cwd.trim_start_matches('/')));
-    if req.cwd.is_some() && !in_root.is_dir() {
-        let msg = format!("vm-agent: cannot change to directory '{cwd}': not a directory");
-        return fail_early(shared, id, &msg, EXIT_CANNOT_RUN);
+    if let Some(asked) = req.cwd.as_deref() {
+        let dir =
+            root.as_deref().map_or_else(|| Path::new(asked).to_path_buf(), |r| r.join(asked.trim_start_matches('/')));
+        if !dir.is_dir() {
+            let msg = format!("vm-agent: cannot change to directory '{asked}': not a directory");
+            return fail_early(shared, id, &msg, EXIT_CANNOT_RUN);
+        }
     }
 
     let stdio = match ChildStdio::open(req.pty) {

@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::ffi::{c_int, c_long, c_void, CString};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt as _;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use nix::libc;
@@ -178,7 +179,7 @@ impl Prepared {
             envp_ptrs,
             _strings: (argv, envp),
             cwd: c_string(plan.cwd)?,
-            root: plan.root.map(|r| c_string(&r.to_string_lossy())).transpose()?,
+            root: plan.root.map(|r| c_bytes(r.as_os_str().as_bytes())).transpose()?,
             ids: plan.run_as.map(|w| (w.uid, w.gid)),
             stdio,
             terminal,
@@ -213,7 +214,11 @@ fn resource_number(resource: Resource) -> c_long {
 }
 
 fn c_string(s: &str) -> io::Result<CString> {
-    CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in an argument"))
+    c_bytes(s.as_bytes())
+}
+
+fn c_bytes(bytes: &[u8]) -> io::Result<CString> {
+    CString::new(bytes).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in an argument"))
 }
 
 /// A null-terminated array of pointers into `strings`.
