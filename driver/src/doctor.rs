@@ -325,7 +325,7 @@ fn tools() -> Vec<Check> {
 
 /// `name` on `PATH` (the supervisor's default when unset), then in the sbin directories where the
 /// supervisor looks for `mkfs.ext4`.
-fn on_path(name: &str) -> Option<PathBuf> {
+pub(crate) fn on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
     let sbin = [PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")];
     std::env::split_paths(&path).chain(sbin).map(|dir| dir.join(name)).find(|p| p.is_file())

@@ -45,5 +45,6 @@ pub mod secrets;
 pub mod service;
 pub mod state;
 pub mod telemetry;
+pub mod template;
 pub mod tsc;
 mod unix;

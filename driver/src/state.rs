@@ -85,6 +85,11 @@ impl StateDir {
         self.root.join("snapshots")
     }
 
+    /// Saved boots that starts restore from ([`crate::template`]).
+    pub fn templates_dir(&self) -> PathBuf {
+        self.root.join("templates")
+    }
+
     /// The directory holding every sandbox's directory.
     pub fn sandboxes_dir(&self) -> PathBuf {
         self.root.join("sandboxes")

@@ -23,6 +23,7 @@ use std::time::Duration;
 use vm_contract::accel::AccelChoice;
 use vm_contract::args::{IdentityArgs, SupervisorArgs, VmArgs};
 use vm_contract::auth::{AuthBundle, BundleError};
+use vm_contract::claim::{ClaimSession, Origin};
 use vm_contract::descriptor::Backend;
 use vm_contract::ids::SandboxId;
 use vm_contract::jail::Confinement;
@@ -87,9 +88,6 @@ pub enum StartError {
     /// No uid could be reserved for the jailed VMM.
     #[error(transparent)]
     Jail(#[from] crate::jail::JailSetupError),
-    /// A pooled VM can only be claimed by a start of `serve`, with a session.
-    #[error("a pooled VM can only be claimed with a session")]
-    ClaimWithoutSession,
     /// The claim line cannot be made.
     #[error("cannot make the claim")]
     Claim(#[source] vm_contract::claim::ClaimError),
@@ -162,6 +160,7 @@ pub fn start_pooled(
     vm: &VmSpec,
     slot: &SandboxId,
     how: &PooledStart,
+    ram: Option<std::os::fd::BorrowedFd<'_>>,
     control_telemetry: &TelemetryConfig,
 ) -> Result<Running, StartError> {
     clear_last_generation(&vm.layout);
@@ -173,7 +172,7 @@ pub fn start_pooled(
     } else {
         TelemetryConfig::default()
     };
-    launch(vm, Spawned::Pooled { slot, how, telemetry })
+    launch(vm, Spawned::Pooled { slot, how, telemetry, ram })
 }
 
 /// The last generation's pids go before its tombstone: a reaper must never see dead pids and no tombstone,
@@ -187,13 +186,18 @@ fn clear_last_generation(layout: &SandboxLayout) {
 /// Who a spawned supervisor is: a sandbox (its identity), or a pooled VM (its slot's id only).
 enum Spawned<'a> {
     Sandbox(&'a Identity),
-    Pooled { slot: &'a SandboxId, how: &'a PooledStart, telemetry: TelemetryConfig },
+    Pooled {
+        slot: &'a SandboxId,
+        how: &'a PooledStart,
+        telemetry: TelemetryConfig,
+        ram: Option<std::os::fd::BorrowedFd<'a>>,
+    },
 }
 
 /// Reserves the jail id, makes the cgroups, and starts the supervisor.
 fn launch(vm: &VmSpec, who: Spawned<'_>) -> Result<Running, StartError> {
     let dir = vm.layout.dir();
-    let (identity, telemetry, pooled) = match &who {
+    let (identity, telemetry, pooled, ram) = match &who {
         Spawned::Sandbox(who) => {
             let session = who.session.as_ref();
             let identity = IdentityArgs {
@@ -202,16 +206,16 @@ fn launch(vm: &VmSpec, who: Spawned<'_>) -> Result<Running, StartError> {
                 generation: session.map_or(Generation(0), |s| s.generation),
                 session_socket: session.map(|s| s.socket.clone()),
             };
-            (identity, who.telemetry.clone(), None)
+            (identity, who.telemetry.clone(), None, None)
         }
-        Spawned::Pooled { slot, how, telemetry } => {
+        Spawned::Pooled { slot, how, telemetry, ram } => {
             let identity = IdentityArgs {
                 sandbox_id: (*slot).clone(),
                 session_id: None,
                 generation: Generation(0),
                 session_socket: None,
             };
-            (identity, telemetry.clone(), Some(*how))
+            (identity, telemetry.clone(), Some(*how), *ram)
         }
     };
     let jail_id = match vm.jail.confinement {
@@ -265,6 +269,7 @@ fn launch(vm: &VmSpec, who: Spawned<'_>) -> Result<Running, StartError> {
                 Some(PooledStart::Restore(dir)) => Some(dir.clone()),
                 _ => None,
             },
+            guest_ram_fd: ram.and_then(|fd| u32::try_from(std::os::fd::AsRawFd::as_raw_fd(&fd)).ok()),
             backend: Backend::Microvm,
             egress_resolver: vm.egress.resolver,
             egress_proxy: vm.egress.proxy.clone(),
@@ -303,15 +308,15 @@ impl Running {
     ///
     /// # Errors
     /// [`StartError`].
-    pub fn claim(&mut self, vm: &VmSpec, who: &Identity) -> Result<(), StartError> {
-        let session = who.session.as_ref().ok_or(StartError::ClaimWithoutSession)?;
+    pub fn claim(&mut self, vm: &VmSpec, who: &Identity, origin: Origin) -> Result<(), StartError> {
         write_start_files(vm, who)?;
+        let session = who.session.as_ref();
         let claim = vm_contract::claim::Claim {
             sandbox_id: who.id.clone(),
-            session_id: session.id.clone(),
-            generation: session.generation,
-            session_socket: session.socket.clone(),
+            session: session.map(|s| ClaimSession { id: s.id.clone(), socket: s.socket.clone() }),
+            generation: session.map_or(Generation(0), |s| s.generation),
             telemetry: who.telemetry.clone(),
+            origin,
         };
         let line = claim.to_line().map_err(StartError::Claim)?;
         self.sup.claim(&line).map_err(StartError::ClaimWrite)?;

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
+use vm_contract::claim::Origin;
 use vm_contract::gateway::GatewayBinding;
 use vm_contract::ids::SandboxId;
 use vm_contract::layout::{SandboxFile, SandboxLayout};
@@ -38,12 +39,13 @@ pub use self::errors::{StartError, StopError};
 use super::hub::Hub;
 use super::ledger::{BootTurn, Share};
 use super::pool::ClaimedVm;
-use super::record::{Origin, SandboxRecord, State};
+use super::record::{SandboxRecord, State};
 use super::registry::InsertError;
 use super::store::{self, StoredSpec};
 use crate::sandbox::supervisor::{describe, Ready, SupervisorError};
 use crate::sandbox::{self, Ended, Identity, Running, SessionSpec, StartSecrets, VmSpec, HUNG_STOP_TIMEOUT};
 use crate::state;
+use crate::template;
 
 /// What the API (and the session server) ask of a sandbox.
 #[derive(Debug)]
@@ -122,9 +124,9 @@ pub fn spawn(
     let (tx, rx) = mpsc::channel(16);
     let starts = matches!(initial, Initial::Start | Initial::Claimed(_));
     let (origin, detail) = match &initial {
-        Initial::Start => (Origin::Cold, cold_detail(hub).to_owned()),
-        Initial::Claimed(_) => (Origin::Pool, String::new()),
-        _ => (Origin::None, String::new()),
+        Initial::Start => (Some(Origin::Cold), cold_detail(hub).to_owned()),
+        Initial::Claimed(_) => (Some(Origin::Pool), String::new()),
+        _ => (None, String::new()),
     };
     let record = SandboxRecord {
         id,
@@ -381,10 +383,17 @@ impl Actor {
     /// blocking thread.
     async fn boot(&mut self, root: Option<RootImage>) {
         let started = match self.start_spec(self.record.generation, root) {
-            Ok((vm, who)) => match tokio::task::spawn_blocking(move || sandbox::start(&vm, &who)).await {
-                Ok(started) => started.map_err(BeginError::from),
-                Err(_) => Err(BeginError::Task),
-            },
+            Ok((vm, who)) => {
+                if let Some(running) = self.restore_from_template(&vm, &who).await {
+                    self.record.origin = Some(Origin::Template);
+                    self.running = Some(running);
+                    return self.set(State::Provisioning, "restored from a template".into());
+                }
+                match tokio::task::spawn_blocking(move || sandbox::start(&vm, &who)).await {
+                    Ok(started) => started.map_err(BeginError::from),
+                    Err(_) => Err(BeginError::Task),
+                }
+            }
             Err(e) => Err(e),
         };
         match started {
@@ -399,13 +408,42 @@ impl Actor {
         }
     }
 
+    /// The start restored from the template of `vm`'s kind, when there is one (`serve --cold`: never). When
+    /// there is none, it is made in the background, within the host's capacity, for the next start.
+    async fn restore_from_template(&mut self, vm: &VmSpec, who: &Identity) -> Option<Running> {
+        let templates = self.hub.ctx.templates.clone()?;
+        let key = template::key::of(vm).ok()?;
+        match templates.load(&key, u64::from(vm.shape.memory_mib()) << 20) {
+            Ok(Some(found)) => match template::restore(vm, who, &found).await {
+                Ok(running) => return Some(running),
+                Err(e) => {
+                    tracing::warn!(sandbox = %who.id, error = %vm_contract::logs::chain(&e), "restore from a template failed; booting")
+                }
+            },
+            Ok(None) => {}
+            Err(e) => tracing::warn!(sandbox = %who.id, error = %e, "template refused; booting and making it again"),
+        }
+        // The saving VM takes a sandbox's share while it runs, or is not made.
+        if let Ok(share) = self.hub.ledger.admit(vm.shape) {
+            let (vm, state) = (vm.clone(), self.hub.ctx.state.clone());
+            tokio::spawn(async move {
+                if let Err(e) = templates.make(&key, &vm, &state).await {
+                    tracing::warn!(error = %vm_contract::logs::chain(&e), "no template made");
+                }
+                drop(share);
+            });
+        }
+        None
+    }
+
     /// Starts the first generation on a claimed pooled VM: its identity, credentials and policy go to the
     /// waiting supervisor, which then reports ready like any start.
     async fn claim(&mut self, mut running: Running) {
         let generation = self.next_generation(Origin::Pool);
         // The root the pooled VM booted, which its slot's directory (now the sandbox's) recorded.
         let root = self.hub.ctx.oci.pinned(&self.layout);
-        let claimed = self.start_spec(generation, root).and_then(|(vm, who)| Ok(running.claim(&vm, &who)?));
+        let claimed =
+            self.start_spec(generation, root).and_then(|(vm, who)| Ok(running.claim(&vm, &who, Origin::Pool)?));
         match claimed {
             Ok(()) => {
                 self.running = Some(running);
@@ -425,7 +463,7 @@ impl Actor {
         self.record.generation = generation;
         self.record.running_intent = true;
         self.record.accelerator = None;
-        self.record.origin = origin;
+        self.record.origin = Some(origin);
         (self.ready, self.session) = (false, None);
         generation
     }

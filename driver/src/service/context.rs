@@ -44,6 +44,8 @@ pub struct Context {
     pub gateway: Option<vm_contract::gateway::GatewayEndpoint>,
     /// The test controls (all off but in the causal tests).
     pub controls: crate::controls::Controls,
+    /// Saved boots starts restore from; none with `serve --cold`.
+    pub templates: Option<crate::template::Templates>,
 }
 
 impl Context {

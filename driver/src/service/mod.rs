@@ -96,6 +96,8 @@ pub struct ServeConfig {
     pub pool: Vec<pool::PoolTarget>,
     /// Pooled VMs are restored from a snapshot saved at start (`--pool-snapshots`).
     pub pool_snapshots: bool,
+    /// Boot every sandbox: no templates (`--cold`).
+    pub cold: bool,
     /// The test controls (all off but in the causal tests).
     pub controls: crate::controls::Controls,
     /// OpenShell's ComputeDriver service, when a gateway is to drive this driver.
@@ -200,6 +202,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), ServeError> {
         egress: config.egress.clone(),
         controls,
         gateway: config.openshell.as_ref().map(|o| o.endpoint.clone()),
+        templates: (!config.cold).then(|| crate::template::Templates::shared(&state)),
     });
     let limits = ctx.limits;
     say_limits(&limits, fds);

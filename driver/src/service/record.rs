@@ -2,6 +2,7 @@
 //! made from it in [`super::api`], and nowhere else.
 
 use vm_contract::accel::Accelerator;
+use vm_contract::claim::Origin;
 use vm_contract::ids::SandboxId;
 use vm_contract::jail::Confinement;
 use vm_contract::session::Generation;
@@ -23,28 +24,6 @@ pub enum State {
     Failed,
 }
 
-/// How the current generation's VM came up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
-    /// Never started in this driver process.
-    None,
-    /// Booted for it.
-    Cold,
-    /// A pooled VM, claimed.
-    Pool,
-}
-
-impl Origin {
-    /// `cold`, `pool`, or empty, as the API spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::None => "",
-            Self::Cold => "cold",
-            Self::Pool => "pool",
-        }
-    }
-}
-
 /// One sandbox: its accepted spec, identity, state and generation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxRecord {
@@ -63,7 +42,7 @@ pub struct SandboxRecord {
     /// How its VMM is confined.
     pub confinement: Confinement,
     /// How the current generation's VM came up.
-    pub origin: Origin,
+    pub origin: Option<Origin>,
     /// The accelerator, once the supervisor reported it.
     pub accelerator: Option<Accelerator>,
     /// `127.0.0.1:PORT` while ready and the supervisor's session is up; empty otherwise.

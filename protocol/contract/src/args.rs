@@ -122,6 +122,10 @@ pub struct VmArgs {
     /// Start the VM (`--pooled`) from the snapshot in this directory instead of booting it.
     #[cfg_attr(feature = "clap", arg(long, requires = "pooled"))]
     pub restore_snapshot: Option<PathBuf>,
+    /// The guest's RAM is the memfd the driver holds at this descriptor ([`crate::guest_ram`]): written
+    /// through when saving (`--save-snapshot`), mapped private from a sealed template when restoring.
+    #[cfg_attr(feature = "clap", arg(long, requires = "pooled"))]
+    pub guest_ram_fd: Option<u32>,
     /// The backend: picks the launch descriptor's decoder (never the descriptor itself).
     #[cfg_attr(feature = "clap", arg(long, value_enum, default_value_t = Backend::Microvm))]
     pub backend: Backend,
@@ -210,6 +214,10 @@ impl VmArgs {
                 argv.push(name.into());
                 argv.push(dir.clone().into());
             }
+        }
+        if let Some(fd) = self.guest_ram_fd {
+            argv.push("--guest-ram-fd".into());
+            argv.push(fd.to_string().into());
         }
         argv.push("--backend".into());
         argv.push(self.backend.as_str().into());
@@ -300,6 +308,7 @@ mod tests {
             pooled: true,
             save_snapshot: None,
             restore_snapshot: Some("/run/vm-driver/snapshots/pool-1".into()),
+            guest_ram_fd: Some(7),
             backend: Backend::Microvm,
             egress_resolver: Some("127.0.0.1:5353".parse().unwrap()),
             egress_proxy: Some("proxy.corp.example:3128".into()),
@@ -325,6 +334,7 @@ mod tests {
             parent_liveness_stdin: false,
             pooled: false,
             restore_snapshot: None,
+            guest_ram_fd: None,
             backend: Backend::Microvm,
             egress_resolver: None,
             egress_proxy: None,

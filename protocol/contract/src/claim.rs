@@ -24,14 +24,48 @@ pub const MAX_LINE: usize = 16 * 1024;
 pub struct Claim {
     /// The sandbox it now serves.
     pub sandbox_id: SandboxId,
-    /// The session this start opens.
-    pub session_id: SessionId,
+    /// `serve`'s session this start opens; `launch` has none.
+    pub session: Option<ClaimSession>,
     /// The sandbox's generation.
     pub generation: Generation,
-    /// `serve`'s session socket.
-    pub session_socket: PathBuf,
     /// Telemetry settings: the same type a cold start gets in its environment.
     pub telemetry: TelemetryConfig,
+    /// Where the VM came from, for the start event.
+    pub origin: Origin,
+}
+
+/// The session with `serve` a claimed sandbox opens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimSession {
+    /// The session's id.
+    pub id: SessionId,
+    /// `serve`'s session socket.
+    pub socket: PathBuf,
+}
+
+/// Where a sandbox's VM came from: booted for it, a warm pool's VM, or restored from a saved boot (a
+/// template, `docs/templates.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Origin {
+    /// Booted for this sandbox.
+    Cold,
+    /// Booted or restored ahead of demand by `serve`'s pool, then claimed.
+    Pool,
+    /// Restored from a template for this sandbox, then claimed.
+    Template,
+}
+
+impl Origin {
+    /// The word reports and events use.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Cold => "cold",
+            Self::Pool => "pool",
+            Self::Template => "template",
+        }
+    }
 }
 
 /// A claim line that cannot be used. Fixed text: the line is not echoed.
@@ -50,9 +84,9 @@ impl Claim {
     pub fn identity(&self) -> crate::args::IdentityArgs {
         crate::args::IdentityArgs {
             sandbox_id: self.sandbox_id.clone(),
-            session_id: Some(self.session_id.clone()),
+            session_id: self.session.as_ref().map(|s| s.id.clone()),
             generation: self.generation,
-            session_socket: Some(self.session_socket.clone()),
+            session_socket: self.session.as_ref().map(|s| s.socket.clone()),
         }
     }
 
@@ -88,10 +122,13 @@ mod tests {
     fn claim() -> Claim {
         Claim {
             sandbox_id: SandboxId::parse("box-1").unwrap(),
-            session_id: SessionId::from_bytes([3; 16]),
+            session: Some(ClaimSession {
+                id: SessionId::from_bytes([3; 16]),
+                socket: "/run/vm-driver/sessions.sock".into(),
+            }),
             generation: Generation(1),
-            session_socket: "/run/vm-driver/sessions.sock".into(),
             telemetry: TelemetryConfig { gateway_name: Some("gw".into()), ..TelemetryConfig::default() },
+            origin: Origin::Pool,
         }
     }
 
@@ -108,5 +145,12 @@ mod tests {
         assert_eq!(Claim::from_line(other.as_bytes()), Err(ClaimError::Malformed), "only telemetry settings");
         let bad_id = line.replace("box-1", "../x");
         assert_eq!(Claim::from_line(bad_id.as_bytes()), Err(ClaimError::Malformed));
+        let cold = line.replace(r#""pool""#, r#""cold""#);
+        assert_eq!(Claim::from_line(cold.as_bytes()).unwrap().origin, Origin::Cold);
+        let unknown = line.replace(r#""pool""#, r#""warm""#);
+        assert_eq!(Claim::from_line(unknown.as_bytes()), Err(ClaimError::Malformed));
+        let launch = Claim { session: None, ..claim() };
+        let identity = Claim::from_line(launch.to_line().unwrap().as_bytes()).unwrap().identity();
+        assert_eq!((identity.session_id, identity.session_socket), (None, None), "a launch's claim opens no session");
     }
 }

@@ -210,6 +210,17 @@ pub struct JailerArgs {
     /// file that large.
     #[cfg_attr(feature = "clap", arg(long))]
     pub shared_memory_mib: Option<u32>,
+    /// The guest's RAM: the memfd the supervisor holds at this descriptor ([`crate::guest_ram`]), reopened
+    /// before the jail is entered and given to QEMU as its memory backend, with a `/proc` in the jail that
+    /// shows QEMU only its own processes.
+    #[cfg_attr(feature = "clap", arg(long, requires = "guest_ram_mib"))]
+    pub guest_ram_fd: Option<u32>,
+    /// The guest RAM memfd's size in MiB.
+    #[cfg_attr(feature = "clap", arg(long, requires = "guest_ram_fd"))]
+    pub guest_ram_mib: Option<u32>,
+    /// The guest RAM memfd is a sealed template, mapped private (otherwise written through).
+    #[cfg_attr(feature = "clap", arg(long, requires = "guest_ram_fd"))]
+    pub guest_ram_private: bool,
     /// QEMU's program and arguments.
     #[cfg_attr(feature = "clap", arg(last = true, required = true))]
     pub exec: Vec<OsString>,
@@ -253,8 +264,15 @@ impl JailerArgs {
         if let Some(mib) = self.shared_memory_mib {
             flag("--shared-memory-mib", mib.to_string().into());
         }
+        if let (Some(fd), Some(mib)) = (self.guest_ram_fd, self.guest_ram_mib) {
+            flag("--guest-ram-fd", fd.to_string().into());
+            flag("--guest-ram-mib", mib.to_string().into());
+        }
         if self.kvm {
             argv.push("--kvm".into());
+        }
+        if self.guest_ram_private {
+            argv.push("--guest-ram-private".into());
         }
         argv.push("--".into());
         argv.extend(self.exec.iter().cloned());
@@ -310,6 +328,9 @@ mod tests {
             image_disk: Some("/cache/disks/00/rootfs.erofs".into()),
             writable_disk: Some("/run/vm-driver/sandboxes/a/disk.ext4".into()),
             shared_memory_mib: Some(256),
+            guest_ram_fd: Some(9),
+            guest_ram_mib: Some(256),
+            guest_ram_private: true,
             exec: vec!["/usr/bin/qemu-system-x86_64".into(), "-m".into(), "256M".into(), "--".into()],
         };
         let minimal = JailerArgs {
@@ -322,6 +343,9 @@ mod tests {
             image_disk: None,
             writable_disk: None,
             shared_memory_mib: None,
+            guest_ram_fd: None,
+            guest_ram_mib: None,
+            guest_ram_private: false,
             ..full.clone()
         };
         for args in [full, minimal] {

@@ -20,6 +20,7 @@
 //! | the stop budget and the driver's stop deadline | [`stop`] | driver -> supervisor |
 //! | sandbox ids and shapes | [`ids::SandboxId`], [`shape::SandboxShape`] | user -> driver -> supervisor |
 //! | the accelerator | [`accel::AccelChoice`], [`accel::Accelerator`] | user -> driver -> supervisor |
+//! | a guest's RAM memfd, reopened from the parent | [`guest_ram::reopen_from_parent`], [`guest_ram::RamUse`] | driver -> supervisor -> jailer |
 //! | QEMU's confinement and `vm-jailer`'s argv | [`jail::Confinement`], [`jail::JailerArgs`] | driver -> supervisor -> jailer |
 //! | QEMU's pid, on the jailer's stdout | [`jail::vmm_pid_line`] | jailer -> supervisor |
 //! | whether a process is chrooted, as the kernel counts it | [`chroot::Root`] | jailer, doctor |
@@ -39,6 +40,7 @@ pub mod descriptor;
 pub mod env;
 pub mod exit;
 pub mod gateway;
+pub mod guest_ram;
 pub mod ids;
 pub mod jail;
 pub mod layout;

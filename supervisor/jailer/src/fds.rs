@@ -1,5 +1,5 @@
-//! File descriptors: QEMU keeps stdin, stdout and stderr, and of the rest only the snapshot the jailer
-//! opened for it.
+//! File descriptors: QEMU keeps stdin, stdout and stderr, and of the rest only the snapshot and the guest RAM
+//! memfd the jailer opened for it.
 
 use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
@@ -45,4 +45,30 @@ pub fn open_for_exec(path: &Path) -> Result<OwnedFd, JailError> {
     rustix::io::fcntl_setfd(&file, rustix::io::FdFlags::empty())
         .map_err(|e| JailError::step("pass the snapshot to QEMU")(e.into()))?;
     Ok(file.into())
+}
+
+/// The guest's RAM memfd, reopened for QEMU to inherit, and the memory backend that names it.
+pub struct GuestRam {
+    /// Open across QEMU's exec.
+    pub fd: OwnedFd,
+    /// QEMU's `-object` (the machine names it as `memory-backend=mem`).
+    pub backend: String,
+}
+
+/// Reopens the supervisor's guest RAM memfd (`--guest-ram-fd`), checked for its size and seals
+/// ([`vm_contract::guest_ram::reopen_from_parent`]), for QEMU to inherit: a sealed one is mapped private.
+pub fn guest_ram(args: &vm_contract::jail::JailerArgs) -> Result<Option<GuestRam>, JailError> {
+    use vm_contract::guest_ram::{reopen_from_parent, RamUse};
+    let (Some(fd), Some(mib)) = (args.guest_ram_fd, args.guest_ram_mib) else { return Ok(None) };
+    let usage = if args.guest_ram_private { RamUse::Private } else { RamUse::Shared };
+    let file = reopen_from_parent(fd, u64::from(mib) << 20, usage)?;
+    rustix::io::fcntl_setfd(&file, rustix::io::FdFlags::empty())
+        .map_err(|e| JailError::step("pass the guest's RAM to QEMU")(e.into()))?;
+    let fd = OwnedFd::from(file);
+    let backend = format!(
+        "memory-backend-file,id=mem,size={mib}M,mem-path=/proc/self/fd/{},share={}",
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        usage.share()
+    );
+    Ok(Some(GuestRam { fd, backend }))
 }

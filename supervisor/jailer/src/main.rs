@@ -2,7 +2,8 @@
 //! PID namespace and stays as its parent (with `none` confinement it execs QEMU instead), so the
 //! confinement holds from QEMU's first instruction and nothing of it depends on QEMU's cooperation.
 //!
-//! - [`fds`]: every inherited fd beyond 0–2 closed at exec; a snapshot to restore from opened for QEMU.
+//! - [`fds`]: every inherited fd beyond 0–2 closed at exec; a snapshot to restore from, and the guest's RAM
+//!   memfd, opened for QEMU.
 //! - [`root`]: new mount namespace, the jail's files bound read-only, `pivot_root` into it.
 //! - [`closure`]: the objects QEMU's loader opens, read from the ELF headers.
 //! - [`chroot`]: a host that is a chroot gets a namespace whose root is the chroot's, and a mount point, first.
@@ -65,6 +66,12 @@ pub enum JailError {
     /// QEMU's dependency closure could not be read.
     #[error(transparent)]
     Closure(#[from] closure::ClosureError),
+    /// Guest RAM from a memfd under `userns` confinement, whose jail can mount no `/proc`.
+    #[error("guest RAM from a template needs jail or no confinement")]
+    RamNeedsJail,
+    /// The guest RAM memfd was refused.
+    #[error(transparent)]
+    Ram(#[from] vm_contract::guest_ram::RamError),
     /// A file server without namespaces.
     #[error("host directories need jail or userns confinement")]
     NoShareConfinement,
@@ -139,9 +146,14 @@ fn confine_and_exec(args: &JailerArgs, safeguards: Safeguards) -> Result<Infalli
     let inherited = fds::close_on_exec_beyond_stdio()?;
     // Opened here, while the host's files are still in view; the jail has none of them.
     let mut qemu = args.exec.clone();
-    let snapshot = args.incoming.as_deref().map(fds::open_for_exec).transpose()?;
-    if let Some(fd) = &snapshot {
-        qemu.extend([OsString::from("-incoming"), format!("fd:{}", fd.as_raw_fd()).into()]);
+    let mut for_qemu = Vec::new();
+    if let Some(snapshot) = args.incoming.as_deref().map(fds::open_for_exec).transpose()? {
+        qemu.extend([OsString::from("-incoming"), format!("fd:{}", snapshot.as_raw_fd()).into()]);
+        for_qemu.push(snapshot);
+    }
+    if let Some(ram) = fds::guest_ram(args)? {
+        qemu.extend(["-object".into(), ram.backend.into()]);
+        for_qemu.push(ram.fd);
     }
     // Read while /proc is still there: the jail has none.
     let last_cap = creds::last_capability();
@@ -162,6 +174,7 @@ fn confine_and_exec(args: &JailerArgs, safeguards: Safeguards) -> Result<Infalli
             creds::limit(true, fsize)?;
             creds::drop_to(ids, kvm_group, last_cap)?;
         }
+        Confinement::Userns if args.guest_ram_fd.is_some() => return Err(JailError::RamNeedsJail),
         Confinement::Userns => {
             let (uid, gid) = (rustix::process::getuid(), rustix::process::getgid());
             unshare(CloneFlags::CLONE_NEWUSER | JAIL_NAMESPACES).map_err(JailError::errno("create the namespaces"))?;
@@ -177,7 +190,7 @@ fn confine_and_exec(args: &JailerArgs, safeguards: Safeguards) -> Result<Infalli
     }
     rustix::thread::set_no_new_privs(true).map_err(|e| JailError::step("set no-new-privileges")(e.into()))?;
     if args.confinement.has_pid_namespace() {
-        pidns::split(&inherited, snapshot, safeguards)?;
+        pidns::split(&inherited, for_qemu, safeguards)?;
     } else {
         pidns::report_pid(std::process::id())?;
     }

@@ -22,9 +22,9 @@ use vm_contract::jail::vmm_pid_line;
 use crate::{fds, JailError, Safeguards};
 
 /// Splits into QEMU's parent and QEMU-to-be. Returns in the child only, which then execs QEMU (keeping
-/// `for_qemu`, a snapshot to restore), with its link to the parent; the parent reports the child's pid,
+/// `for_qemu`: a snapshot to restore, the guest's RAM), with its link to the parent; the parent reports the child's pid,
 /// closes what it inherited and `for_qemu`, and exits when the child does.
-pub fn split(inherited: &[RawFd], for_qemu: Option<OwnedFd>, safeguards: Safeguards) -> Result<Parent, JailError> {
+pub fn split(inherited: &[RawFd], for_qemu: Vec<OwnedFd>, safeguards: Safeguards) -> Result<Parent, JailError> {
     // Open for as long as the parent lives: the child checks it after arming its parent-death signal.
     let (alive_read, alive_write) =
         nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(JailError::errno("make a pipe"))?;
@@ -37,7 +37,9 @@ pub fn split(inherited: &[RawFd], for_qemu: Option<OwnedFd>, safeguards: Safegua
         ForkResult::Child => {
             drop(alive_write);
             // Open across the exec: QEMU reads it.
-            let _ = for_qemu.map(IntoRawFd::into_raw_fd);
+            for fd in for_qemu {
+                let _ = fd.into_raw_fd();
+            }
             become_vmm(alive_read, safeguards)
         }
         ForkResult::Parent { child } => {

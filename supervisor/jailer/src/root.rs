@@ -57,7 +57,22 @@ pub fn enter(args: &JailerArgs) -> Result<(), JailError> {
     if args.kvm {
         bind_device(Path::new("/dev/kvm"), &root.join("dev/kvm"))?;
     }
+    if args.guest_ram_fd.is_some() {
+        own_processes_only_proc(root)?;
+    }
     pivot(root)
+}
+
+/// QEMU names its RAM memfd `/proc/self/fd/N`, so a jail with one has a `/proc`: the host's PID namespace's
+/// (the jailer's own; a new one's can only be mounted from inside it), showing QEMU only the processes of its
+/// own uid (itself and its jailer, `hidepid=invisible`) and nothing but them (`subset=pid`: no `/proc/sys`,
+/// no `/proc/meminfo`).
+fn own_processes_only_proc(root: &Path) -> Result<(), JailError> {
+    let proc = root.join("proc");
+    fs::create_dir_all(&proc).map_err(JailError::step("make a mount point"))?;
+    let flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
+    rustix::mount::mount("proc", &proc, "proc", flags, c"hidepid=invisible,subset=pid")
+        .map_err(io("mount a /proc of QEMU's own processes"))
 }
 
 /// Makes `root` a private mount point. Needs a fresh mount namespace whose `/` is a mount point (in a

@@ -68,7 +68,7 @@ pub fn confine_and_exec(args: &ShareJailerArgs, safeguards: Safeguards) -> Resul
     if safeguards.share_death_signal {
         die_with(supervisor)?;
     }
-    let jailer = pidns::split(&inherited, Some(socket), safeguards)?;
+    let jailer = pidns::split(&inherited, vec![socket], safeguards)?;
     enter(args, source)?;
     become_workload(args, last_cap)?;
     jailer.die_with(safeguards)?;

@@ -40,6 +40,12 @@ pub enum BootError {
     /// The snapshot to restore from is unreadable.
     #[error("cannot read the snapshot to restore")]
     Snapshot(#[source] std::io::Error),
+    /// A template's clone was not restored.
+    #[error("the VM was not restored from its template")]
+    Restore(#[source] super::snapshot::RestoreError),
+    /// The guest RAM memfd was refused, or given to a VM that neither saves nor restores.
+    #[error("the guest's RAM memfd cannot be used")]
+    GuestRam(#[source] Option<vm_contract::guest_ram::RamError>),
     /// A host directory's file server could not be started.
     #[error("cannot share a host directory")]
     Shares(#[source] super::shares::ShareError),

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use tokio::net::UnixListener;
 use vm_contract::args::VmArgs;
+use vm_contract::guest_ram::{reopen_from_parent, RamUse};
 use vm_contract::jail::{Confinement, JailIds};
 use vm_contract::layout::SandboxFile;
 use vm_contract::root::RootImage;
@@ -26,12 +27,14 @@ pub(super) struct Prepared {
     pub(super) channel: UnixListener,
     /// The console's socket.
     pub(super) console: UnixListener,
-    /// `--save-snapshot`: the monitor's socket.
+    /// `--save-snapshot`, or a template's clone: the monitor's socket.
     pub(super) monitor: Option<UnixListener>,
     /// `--save-snapshot`: the migration stream's socket.
     pub(super) migration: Option<UnixListener>,
     /// `--restore-snapshot`: the agent's saved hello, already checked.
     pub(super) restored: Option<Hello>,
+    /// A template's clone: the saved state its monitor hands over.
+    pub(super) deferred: Option<PathBuf>,
 }
 
 /// Joins the cgroup, checks the image, the binaries and the accelerator (reporting it), makes an image
@@ -69,7 +72,13 @@ pub(super) fn prepare(vm: &VmArgs, root: Option<&RootImage>) -> Result<Prepared,
     let channel = bind(SandboxFile::Channel, ids)?;
     let console = bind(SandboxFile::ConsoleSocket, ids)?;
     let saving = vm.save_snapshot.is_some();
-    let monitor = if saving { Some(bind(SandboxFile::Monitor, ids)?) } else { None };
+    let ram = guest_ram(vm)?;
+    // A template's clone: its state comes through the monitor (`x-ignore-shared` first).
+    let deferred = match (&ram, &vm.restore_snapshot) {
+        (Some(_), Some(dir)) => Some(SnapshotFile::State.path(dir)),
+        _ => None,
+    };
+    let monitor = if saving || deferred.is_some() { Some(bind(SandboxFile::Monitor, ids)?) } else { None };
     let migration = if saving { Some(bind(SandboxFile::Migration, ids)?) } else { None };
     let restored = match &vm.restore_snapshot {
         Some(dir) => Some(super::snapshot::saved_hello(dir).map_err(BootError::Snapshot)?),
@@ -86,14 +95,34 @@ pub(super) fn prepare(vm: &VmArgs, root: Option<&RootImage>) -> Result<Prepared,
         initrd: vm.initrd.clone(),
         shape: vm.shape,
         accel,
-        monitor: saving,
-        incoming: vm.restore_snapshot.as_deref().map(|dir| SnapshotFile::State.path(dir)),
+        monitor: monitor.is_some(),
+        incoming: vm
+            .restore_snapshot
+            .as_deref()
+            .filter(|_| deferred.is_none())
+            .map(|dir| SnapshotFile::State.path(dir)),
+        defer_incoming: deferred.is_some(),
         tsc_khz: vm.tsc_khz,
         disks,
         mounts: super::shares::guest_view(&vm.mounts),
         tmpfs: vm.tmpfs.clone(),
+        ram,
     };
-    Ok(Prepared { config, watchdog, channel, console, monitor, migration, restored })
+    Ok(Prepared { config, watchdog, channel, console, monitor, migration, restored, deferred })
+}
+
+/// The driver's guest RAM memfd (`--guest-ram-fd`), reopened and checked: written through by a VM being
+/// saved, a sealed template mapped private by one restored.
+fn guest_ram(vm: &VmArgs) -> Result<Option<vmm::GuestRam>, BootError> {
+    let Some(fd) = vm.guest_ram_fd else { return Ok(None) };
+    let usage = match (&vm.save_snapshot, &vm.restore_snapshot) {
+        (Some(_), None) => RamUse::Shared,
+        (None, Some(_)) => RamUse::Private,
+        _ => return Err(BootError::GuestRam(None)),
+    };
+    let bytes = u64::from(vm.shape.memory_mib()) << 20;
+    let file = reopen_from_parent(fd, bytes, usage).map_err(|e| BootError::GuestRam(Some(e)))?;
+    Ok(Some(vmm::GuestRam { file: std::sync::Arc::new(file), usage }))
 }
 
 /// `name` (`vm-watchdog`, `vm-jailer`), next to this binary.

@@ -44,6 +44,7 @@ pub mod guest_link;
 pub mod guest_logs;
 mod host;
 pub mod lease;
+mod qmp;
 pub(crate) mod shares;
 pub mod snapshot;
 pub mod vmm;
@@ -121,7 +122,8 @@ pub(crate) async fn boot(
     senders: &Senders,
     stop: &mut watch::Receiver<StopRequests>,
 ) -> Result<Booted, BootError> {
-    let Prepared { config, watchdog, channel, console, monitor, migration, restored } = host::prepare(vm, root)?;
+    let Prepared { config, watchdog, channel, console, monitor, migration, restored, deferred } =
+        host::prepare(vm, root)?;
     let saving = monitor.is_some();
     let mut shares =
         shares::start(&config.jailer, &vm.mounts, config.confinement, config.ids, &config.cgroups, safeguards, senders)
@@ -138,11 +140,18 @@ pub(crate) async fn boot(
     let mut vmm = VmmProcess::new(jailer, senders.vmm_kill.clone());
     let booted = async {
         let logs = guest_logs(&mut vmm, &console, senders, safeguards).await?;
-        let save = match (monitor, migration) {
-            (Some(monitor), Some(migration)) => Some(snapshot::SaveLine {
-                monitor: accept_from_vmm(&mut vmm, &monitor).await?.map_err(BootError::Monitor)?,
-                migration,
-            }),
+        let monitor = match &monitor {
+            Some(listener) => Some(accept_from_vmm(&mut vmm, listener).await?.map_err(BootError::Monitor)?),
+            None => None,
+        };
+        let save = match (monitor, migration, &deferred) {
+            (Some(monitor), Some(migration), _) => {
+                Some(snapshot::SaveLine { monitor, migration, ram_in_file: config.ram.is_some() })
+            }
+            (Some(monitor), None, Some(state)) => {
+                snapshot::restore_deferred(monitor, state).await.map_err(BootError::Restore)?;
+                None
+            }
             _ => None,
         };
         let vmm_record = qemu_process(&mut vmm).await?;

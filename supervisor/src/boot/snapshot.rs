@@ -21,8 +21,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use vm_contract::layout::SandboxFile;
 use vm_contract::snapshot::SnapshotFile;
@@ -31,12 +30,11 @@ use vm_protocol::link::ToHost;
 use vm_protocol::{frame, Hello};
 
 use super::guest_link::{GuestLink, REQUIRED};
+use super::qmp::{self, Qmp, QmpError};
 
 /// The most bytes of a saved hello (a frame body of a few dozen).
 const MAX_HELLO_BYTES: u64 = 4096;
-/// The most bytes of one monitor reply line.
-const MAX_QMP_LINE: u64 = 64 * 1024;
-/// How long each step may take: QEMU's monitor answers, the stream's connection.
+/// How long the stream's connection may take.
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the whole save may take, whatever QEMU sends meanwhile.
 const SAVE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -50,8 +48,8 @@ pub enum SaveError {
     #[error("saving the VM timed out ({0})")]
     Timeout(&'static str),
     /// QEMU's monitor failed, or answered with an error or something that is not QMP.
-    #[error("QEMU's monitor refused or failed at {0}")]
-    Monitor(&'static str),
+    #[error(transparent)]
+    Monitor(#[from] QmpError),
     /// The migration ended without completing.
     #[error("the migration ended as {0:?}")]
     Migration(String),
@@ -70,6 +68,8 @@ pub struct SaveLine {
     pub monitor: UnixStream,
     /// [`SandboxFile::Migration`].
     pub migration: UnixListener,
+    /// The guest's RAM is a file of the driver's (a template): the stream leaves it out (`x-ignore-shared`).
+    pub ram_in_file: bool,
 }
 
 /// The agent's hello saved with the snapshot in `dir`, checked as a fresh one would be, before QEMU starts.
@@ -100,6 +100,9 @@ pub async fn save(line: SaveLine, link: &GuestLink, dir: &Path, cap: u64) -> Res
 
 async fn save_unbounded(line: SaveLine, link: &GuestLink, dir: &Path, cap: u64) -> Result<u64, SaveError> {
     let mut qmp = Qmp::open(line.monitor).await?;
+    if line.ram_in_file {
+        qmp.execute("migrate-set-capabilities", qmp::IGNORE_SHARED.clone()).await?;
+    }
     qmp.execute("migrate-set-parameters", json!({ "max-bandwidth": MAX_BANDWIDTH })).await?;
     qmp.execute("stop", Value::Null).await?;
     let state = create_private(&SnapshotFile::State.path(dir)).await?;
@@ -128,7 +131,8 @@ async fn save_unbounded(line: SaveLine, link: &GuestLink, dir: &Path, cap: u64) 
         .map_err(|_| SaveError::Write(std::io::ErrorKind::Other.into()))??;
     // The hello as this supervisor accepted it, encoded again: what a restore checks.
     let mut hello = Vec::new();
-    frame::encode(&ToHost::Hello(link.hello.clone()), &mut hello).map_err(|_| SaveError::Monitor("hello"))?;
+    frame::encode(&ToHost::Hello(link.hello.clone()), &mut hello)
+        .map_err(|_| SaveError::Monitor(QmpError::Monitor("hello")))?;
     let mut file = create_private(&SnapshotFile::Hello.path(dir)).await?;
     file.write_all(&hello[frame::HEADER_BYTES..]).await.map_err(SaveError::Write)?;
     file.sync_all().await.map_err(SaveError::Write)?;
@@ -165,57 +169,44 @@ async fn receive(listener: UnixListener, mut file: tokio::fs::File, cap: u64) ->
     Ok(bytes)
 }
 
-/// A QMP client: one JSON object a line each way; events between replies are skipped.
-struct Qmp {
-    reader: BufReader<OwnedReadHalf>,
-    writer: OwnedWriteHalf,
+/// Why a restore from a template failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    /// QEMU's monitor failed, refused, or was too slow.
+    #[error(transparent)]
+    Monitor(#[from] QmpError),
+    /// The saved stream cannot be opened.
+    #[error("cannot open the saved state")]
+    Open(#[source] std::io::Error),
+    /// The incoming migration ended, but the VM does not run.
+    #[error("the restored VM is {0:?}, not running")]
+    NotRunning(String),
+    /// It took too long.
+    #[error("the restore timed out")]
+    Timeout,
 }
 
-impl Qmp {
-    /// Reads QEMU's greeting and leaves negotiation mode.
-    async fn open(stream: UnixStream) -> Result<Self, SaveError> {
-        let (read, writer) = stream.into_split();
-        let mut qmp = Self { reader: BufReader::new(read), writer };
-        let greeting = qmp.line("greeting").await?;
-        if greeting.get("QMP").is_none() {
-            return Err(SaveError::Monitor("greeting"));
-        }
-        qmp.execute("qmp_capabilities", Value::Null).await?;
-        Ok(qmp)
-    }
-
-    /// Runs `command` and returns its `return` value.
-    async fn execute(&mut self, command: &'static str, arguments: Value) -> Result<Value, SaveError> {
-        let request = if arguments.is_null() {
-            json!({ "execute": command })
-        } else {
-            json!({ "execute": command, "arguments": arguments })
-        };
-        let mut text = request.to_string();
-        text.push('\n');
-        self.writer.write_all(text.as_bytes()).await.map_err(|_| SaveError::Monitor(command))?;
+/// A template's restore: QEMU started with `-incoming defer`, its RAM the template's memfd. Its monitor
+/// turns on `x-ignore-shared` (the stream has no RAM; QEMU 7.2 has no command-line switch for it), takes the
+/// saved state as a descriptor sent over the monitor (the jail has no such file), loads it, and the VM runs.
+///
+/// # Errors
+/// [`RestoreError`].
+pub async fn restore_deferred(monitor: UnixStream, state: &Path) -> Result<(), RestoreError> {
+    let file = std::fs::File::open(state).map_err(RestoreError::Open)?;
+    let run = async {
+        let mut qmp = Qmp::open(monitor).await?;
+        qmp.execute("migrate-set-capabilities", qmp::IGNORE_SHARED.clone()).await?;
+        qmp.send_fd("state", &file).await?;
+        qmp.execute("migrate-incoming", json!({ "uri": "fd:state" })).await?;
         loop {
-            let reply = self.line(command).await?;
-            if let Some(value) = reply.get("return") {
-                return Ok(value.clone());
-            }
-            if reply.get("event").is_none() {
-                return Err(SaveError::Monitor(command));
+            let status = qmp.execute("query-status", Value::Null).await?;
+            match status.get("status").and_then(Value::as_str) {
+                Some("inmigrate") => tokio::time::sleep(Duration::from_millis(5)).await,
+                Some("running") => return Ok(()),
+                other => return Err(RestoreError::NotRunning(other.unwrap_or("unknown").chars().take(32).collect())),
             }
         }
-    }
-
-    /// The next line, as JSON, within [`STEP_TIMEOUT`] and [`MAX_QMP_LINE`].
-    async fn line(&mut self, step: &'static str) -> Result<Value, SaveError> {
-        let mut text = String::new();
-        let mut limited = (&mut self.reader).take(MAX_QMP_LINE);
-        let read = limited.read_line(&mut text);
-        match tokio::time::timeout(STEP_TIMEOUT, read).await {
-            Ok(Ok(n)) if n > 0 && text.ends_with('\n') => {
-                serde_json::from_str(&text).map_err(|_| SaveError::Monitor(step))
-            }
-            Ok(_) => Err(SaveError::Monitor(step)),
-            Err(_) => Err(SaveError::Timeout(step)),
-        }
-    }
+    };
+    tokio::time::timeout(SAVE_TIMEOUT, run).await.map_err(|_| RestoreError::Timeout)?
 }

@@ -19,11 +19,13 @@
 //!   which keeps them short whatever the state directory is.
 
 use std::ffi::OsString;
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::process::Stdio;
 
 use tokio::process::{Child, Command};
 use vm_contract::accel::Accelerator;
+use vm_contract::guest_ram::RamUse;
 use vm_contract::jail::{
     Confinement, JailIds, JailerArgs, JAIL_IMAGE_DISK, JAIL_INITRD, JAIL_KERNEL, JAIL_WRITABLE_DISK,
 };
@@ -84,10 +86,13 @@ pub struct VmmConfig {
     pub shape: SandboxShape,
     /// Accelerator.
     pub accel: Accelerator,
-    /// Connect QEMU's monitor to [`SandboxFile::Monitor`]: only a VM that is to be saved has one.
+    /// Connect QEMU's monitor to [`SandboxFile::Monitor`]: only a VM that is to be saved, or restored from a
+    /// template, has one.
     pub monitor: bool,
-    /// Start from this migration stream instead of booting.
+    /// Start from this migration stream instead of booting (the jailer opens it for QEMU).
     pub incoming: Option<PathBuf>,
+    /// Start from a migration stream the monitor hands over (a template's clone, [`super::snapshot::restore_deferred`]).
+    pub defer_incoming: bool,
     /// The host's TSC rate in kHz (TCG only), when known.
     pub tsc_khz: Option<u32>,
     /// An image root's disks; without them the guest keeps the initramfs as its root.
@@ -96,6 +101,17 @@ pub struct VmmConfig {
     pub mounts: Vec<GuestMount>,
     /// Memory file systems of the guest's own: only a kernel argument.
     pub tmpfs: Vec<GuestTmpfs>,
+    /// The guest's RAM as the driver's memfd (a template saved or restored): the jailer reopens it from here.
+    pub ram: Option<GuestRam>,
+}
+
+/// A guest RAM memfd this supervisor holds for its jailer to reopen ([`vm_contract::guest_ram`]).
+#[derive(Debug, Clone)]
+pub struct GuestRam {
+    /// Open until the boot ends; the jailer reopens it through `/proc/<this process>/fd/N`.
+    pub file: std::sync::Arc<std::fs::File>,
+    /// Written through (saved) or mapped private (restored).
+    pub usage: RamUse,
 }
 
 impl VmmConfig {
@@ -119,7 +135,10 @@ impl VmmConfig {
         let mut args: Vec<OsString> = Vec::new();
         let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
         push(&["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
-        if self.mounts.is_empty() {
+        if self.ram.is_some() {
+            // The jailer adds the `mem` backend (the memfd's descriptor is its own).
+            push(&["-M", "microvm,pit=on,pic=on,rtc=on,memory-backend=mem"]);
+        } else if self.mounts.is_empty() {
             push(&["-M", "microvm,pit=on,pic=on,rtc=on"]);
         } else {
             // vhost-user needs guest memory the file servers can map, and virtio-mmio devices in modern
@@ -149,6 +168,10 @@ impl VmmConfig {
             push(&["-mon", "chardev=monitor,mode=control"]);
             // The stream then leaves out the run state (the VM is saved stopped), and a restore runs at once.
             push(&["-global", "migration.store-global-state=off"]);
+        }
+        if self.defer_incoming {
+            // A template's clone: the monitor turns on `x-ignore-shared`, then hands over the saved state.
+            push(&["-incoming", "defer"]);
         }
         if let Some(disks) = &self.disks {
             let (image, writable) = if jailed {
@@ -198,6 +221,9 @@ impl VmmConfig {
             image_disk: self.disks.as_ref().map(|d| d.image.clone()),
             writable_disk: self.disks.as_ref().map(|d| d.writable.clone()),
             shared_memory_mib: (!self.mounts.is_empty()).then(|| self.shape.memory_mib()),
+            guest_ram_fd: self.ram.as_ref().and_then(|r| u32::try_from(r.file.as_raw_fd()).ok()),
+            guest_ram_mib: self.ram.as_ref().map(|_| self.shape.memory_mib()),
+            guest_ram_private: self.ram.as_ref().is_some_and(|r| r.usage == RamUse::Private),
             exec,
         }
     }
@@ -253,10 +279,12 @@ mod tests {
             accel,
             monitor: false,
             incoming: None,
+            defer_incoming: false,
             tsc_khz: None,
             disks: None,
             mounts: Vec::new(),
             tmpfs: Vec::new(),
+            ram: None,
         }
     }
 
@@ -338,5 +366,22 @@ mod tests {
         let line = with.args().iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
         assert!(line.contains(&tmpfs::kernel_arg(&tmpfs).unwrap()), "{line}");
         assert_eq!(line.replace(&format!(" {}", tmpfs::kernel_arg(&tmpfs).unwrap()), ""), joined(Accelerator::Tcg));
+    }
+
+    #[test]
+    fn a_templates_clone_names_the_jailers_memory_backend_and_waits_for_its_state() {
+        let ram =
+            GuestRam { file: std::sync::Arc::new(std::fs::File::open("/dev/null").unwrap()), usage: RamUse::Private };
+        let clone = VmmConfig { ram: Some(ram), defer_incoming: true, monitor: true, ..config(Accelerator::Tcg) };
+        let line = clone.args().iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
+        assert!(line.contains("-M microvm,pit=on,pic=on,rtc=on,memory-backend=mem"), "{line}");
+        assert!(line.contains("-incoming defer") && line.contains("chardev=monitor,mode=control"), "{line}");
+        assert!(!line.contains("memory-backend-memfd"), "the jailer adds the backend: {line}");
+        let jailer = clone.jailer_args();
+        assert_eq!((jailer.guest_ram_mib, jailer.guest_ram_private, jailer.incoming), (Some(512), true, None));
+        assert!(jailer.guest_ram_fd.is_some());
+        let plain = config(Accelerator::Tcg).jailer_args();
+        assert_eq!((plain.guest_ram_fd, plain.guest_ram_mib, plain.guest_ram_private), (None, None, false));
+        assert!(!joined(Accelerator::Tcg).contains("-incoming"));
     }
 }

@@ -107,6 +107,8 @@ pub(crate) struct Admitted {
     pub(crate) egress: EgressSecrets,
     /// The OpenShell gateway that created the sandbox, and its token for it.
     pub(crate) gateway: Option<crate::gateway::Gateway>,
+    /// Where its VM came from (a claim says; otherwise booted for it).
+    pub(crate) origin: vm_contract::claim::Origin,
 }
 
 /// The upstream proxy's login and the sandbox's credentials (from the auth bundle), and its CA.
@@ -187,7 +189,11 @@ pub(crate) fn admit(
     if let Some(gateway) = &gateway {
         sandbox.config_change(&format!("OpenShell gateway at {} drives this sandbox", gateway.endpoint_url()));
     }
-    Ok(Admitted { sandbox, session, policy, root, egress, gateway })
+    let origin = match from {
+        SettingsFrom::Claim(claim) => claim.origin,
+        SettingsFrom::Environment => vm_contract::claim::Origin::Cold,
+    };
+    Ok(Admitted { sandbox, session, policy, root, egress, gateway, origin })
 }
 
 fn ca_hosts(policy: &SandboxPolicy) -> Vec<&str> {

@@ -97,7 +97,7 @@ pub async fn run(args: SupervisorArgs, safeguards: &Safeguards, console: Console
         let _ = booted.shut_down().await;
         return fail(Outlet::Sandbox(Box::new(admitted.sandbox)), StartError::RootMismatch).await;
     }
-    admitted.sandbox.telemetry().spans().boot_origin("pool");
+    admitted.sandbox.telemetry().spans().boot_origin(claim.origin.as_str());
     Ok(admitted.serve(&args, safeguards, booted, senders, inbox).await)
 }
 

@@ -115,15 +115,15 @@ impl Admitted {
         senders: Senders,
         mut inbox: Inbox,
     ) -> StopReason {
-        let Self { mut sandbox, session, policy, root, egress, gateway } = self;
+        let Self { mut sandbox, session, policy, root, egress, gateway, origin } = self;
         let Booted { mut vm, link, attach, .. } = booted;
         sandbox.telemetry.spans().boot_ended(true);
         let microvm = AppInfo { name: "microvm".into(), version: link.hello.software_label() };
         let apps = [microvm, app()];
         let connector = crate::serve::attach_server::serve(attach, link.hello.capabilities, senders.clone());
-        for app in &apps {
-            sandbox.lifecycle(Lifecycle::Start, app, Status::Success, None);
-        }
+        // The VM's start says where it came from (booted, a pool's, a template's).
+        sandbox.lifecycle(Lifecycle::Start, &apps[0], Status::Success, Some(format!("origin: {}", origin.as_str())));
+        sandbox.lifecycle(Lifecycle::Start, &apps[1], Status::Success, None);
         let agent = apps[0].version.clone();
         status::report(&SupervisorStatus::Ready { vmm_pid: vm.vmm_record.pid.unsigned_abs(), agent });
         tracing::info!(sandbox = %args.identity.sandbox_id, agent = %apps[0].version, "sandbox ready");

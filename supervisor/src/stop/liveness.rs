@@ -78,10 +78,13 @@ mod tests {
     fn claims_are_one_bounded_line() {
         let claim = Claim {
             sandbox_id: vm_contract::SandboxId::parse("b").unwrap(),
-            session_id: vm_contract::session::SessionId::from_bytes([1; 16]),
+            session: Some(vm_contract::claim::ClaimSession {
+                id: vm_contract::session::SessionId::from_bytes([1; 16]),
+                socket: "/s".into(),
+            }),
             generation: vm_contract::session::Generation(1),
-            session_socket: "/s".into(),
             telemetry: vm_contract::telemetry::TelemetryConfig::default(),
+            origin: vm_contract::claim::Origin::Pool,
         };
         let line = claim.to_line().unwrap();
         assert_eq!(read_claim(&mut line.as_bytes()), Some(Ok(claim)));

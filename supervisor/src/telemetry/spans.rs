@@ -156,7 +156,8 @@ impl Spans {
         }))
     }
 
-    /// Where the VM came from when it was not booted for this sandbox (`pool`: booted before, then claimed);
+    /// Where the VM came from when it was not booted for this sandbox (`pool`, `template`: started before, then
+    /// claimed);
     /// the boot span then covers the claim.
     pub fn boot_origin(&mut self, origin: &'static str) {
         let Some(inner) = &mut self.0 else { return };

@@ -78,10 +78,12 @@ impl BareVm {
             accel,
             monitor: false,
             incoming: None,
+            defer_incoming: false,
             tsc_khz: vm_driver::tsc::khz(),
             disks: None,
             mounts: Vec::new(),
             tmpfs: Vec::new(),
+            ram: None,
         };
         let started = Instant::now();
         let qemu = Command::new(&config.qemu)

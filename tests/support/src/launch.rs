@@ -41,7 +41,7 @@ pub fn launch_as_nobody(scratch: &Scratch) -> Command {
         .arg(&state)
         .arg("--boot-image")
         .arg(&image)
-        .args(["--accel", &h.accel, "--keep"])
+        .args(["--accel", &h.accel, "--keep", "--cold"])
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default());
     cmd
@@ -101,6 +101,7 @@ pub struct Launch<'a> {
     accel: Option<String>,
     image: Option<PathBuf>,
     controls: Vec<TestControl>,
+    templates: bool,
 }
 
 impl<'a> Launch<'a> {
@@ -113,6 +114,7 @@ impl<'a> Launch<'a> {
             accel: None,
             image: None,
             controls: Vec::new(),
+            templates: false,
         }
     }
 
@@ -164,6 +166,13 @@ impl<'a> Launch<'a> {
         self
     }
 
+    /// Lets the launch restore from, and make, a template (`docs/templates.md`); every other launch of the
+    /// tests is `--cold`, so each test counts and times its own boots.
+    pub fn templates(mut self) -> Self {
+        self.templates = true;
+        self
+    }
+
     /// Overrides the accelerator the harness would ask for.
     pub fn accel(mut self, accel: &str) -> Self {
         self.accel = Some(accel.to_owned());
@@ -182,6 +191,7 @@ impl<'a> Launch<'a> {
             .arg("--accel")
             .arg(self.accel.as_deref().unwrap_or(&h.accel))
             .arg("--keep")
+            .args((!self.templates).then_some("--cold"))
             .args(&self.flags)
             .arg("--")
             .args(&self.cmd);

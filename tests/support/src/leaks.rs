@@ -2,6 +2,7 @@
 //! process of the host. Each probe is only worth something with a control that shows it finds a planted
 //! copy.
 
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// Whether `needle` occurs in `haystack`.
@@ -44,4 +45,36 @@ pub fn processes_holding(needle: &[u8]) -> Vec<String> {
         }
     }
     found
+}
+
+/// Searches the VMM's writable mappings of 16 MiB or more (the guest's RAM) for `needle`; returns whether
+/// it was found and how many bytes were read.
+pub fn guest_memory_holds(vmm: i32, needle: &[u8]) -> (bool, u64) {
+    let maps = std::fs::read_to_string(format!("/proc/{vmm}/maps")).unwrap();
+    let mem = std::fs::File::open(format!("/proc/{vmm}/mem")).unwrap();
+    let (mut scanned, chunk) = (0u64, 8usize << 20);
+    let mut buf = vec![0u8; chunk + needle.len()];
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (range, perms) = (fields.next().unwrap(), fields.next().unwrap());
+        let (start, end) = range.split_once('-').unwrap();
+        let (start, end) = (u64::from_str_radix(start, 16).unwrap(), u64::from_str_radix(end, 16).unwrap());
+        if !perms.starts_with("rw") || end - start < 16 << 20 {
+            continue;
+        }
+        let mut at = start;
+        while at < end {
+            let want = usize::try_from((end - at).min(buf.len() as u64)).unwrap();
+            let Ok(n) = mem.read_at(&mut buf[..want], at) else { break };
+            if n == 0 {
+                break;
+            }
+            scanned += n as u64;
+            if contains(&buf[..n], needle) {
+                return (true, scanned);
+            }
+            at += chunk as u64;
+        }
+    }
+    (false, scanned)
 }

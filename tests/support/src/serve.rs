@@ -46,6 +46,11 @@ impl Serve {
         Self::with_env(scratch, controls, args, &[], None)
     }
 
+    /// As [`Serve::with`], with templates (`docs/templates.md`): every other `serve` of the tests is `--cold`.
+    pub fn with_templates(scratch: &Scratch, args: &[&str]) -> Self {
+        Self::start_with(scratch, &[], args, &[], None, true)
+    }
+
     /// As [`Serve::with`], with `extra_env` set too and its stderr written to `log` instead of inherited.
     pub fn with_env(
         scratch: &Scratch,
@@ -54,11 +59,26 @@ impl Serve {
         extra_env: &[(&str, &str)],
         log: Option<&Path>,
     ) -> Self {
+        Self::start_with(scratch, controls, args, extra_env, log, false)
+    }
+
+    fn start_with(
+        scratch: &Scratch,
+        controls: &[TestControl],
+        args: &[&str],
+        extra_env: &[(&str, &str)],
+        log: Option<&Path>,
+        templates: bool,
+    ) -> Self {
         let state = scratch.state();
         let mut env: Vec<(&str, String)> = control_env(controls).into_iter().collect();
         env.extend(extra_env.iter().map(|(k, v)| (*k, (*v).to_owned())));
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let mut args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        if !templates {
+            // Each test counts and times its own boots: no template is made or used beside them.
+            args.push("--cold".into());
+        }
         scratch.waiting_for("vm-driver serve to listen");
         let mut serve = Self {
             child: Self::spawn(&state, controls, &env, &args, log),

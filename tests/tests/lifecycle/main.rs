@@ -8,6 +8,7 @@
 //! - [`liveness`]: no VM without a live driver, supervisor and watchdog; the reaper; the orderly stop.
 //! - [`faults`]: every failure `docs/operations.md` promises an outcome for, provoked.
 //! - [`doctor`]: `vm-driver doctor` against what a launch gets here; a jailed launch in a chroot.
+//! - [`templates`]: launches and creates restored from a saved boot, their memory shared, tampering refused.
 #![expect(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 #![expect(clippy::tests_outside_test_module, reason = "an integration test crate is test-only as a whole")]
 
@@ -18,3 +19,4 @@ mod faults;
 mod launch;
 mod launch_tty;
 mod liveness;
+mod templates;

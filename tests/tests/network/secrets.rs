@@ -8,7 +8,7 @@
 //! placeholder).
 
 use std::io::{BufRead, Read};
-use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -122,38 +122,6 @@ const EXPECTED: [&str; 14] = [
     "env vmdrv",
 ];
 
-/// Searches the VMM's writable mappings of 16 MiB or more (the guest's RAM) for `needle`; returns whether
-/// it was found and how many bytes were read.
-fn guest_memory_holds(vmm: i32, needle: &[u8]) -> (bool, u64) {
-    let maps = std::fs::read_to_string(format!("/proc/{vmm}/maps")).unwrap();
-    let mem = std::fs::File::open(format!("/proc/{vmm}/mem")).unwrap();
-    let (mut scanned, chunk) = (0u64, 8usize << 20);
-    let mut buf = vec![0u8; chunk + needle.len()];
-    for line in maps.lines() {
-        let mut fields = line.split_whitespace();
-        let (range, perms) = (fields.next().unwrap(), fields.next().unwrap());
-        let (start, end) = range.split_once('-').unwrap();
-        let (start, end) = (u64::from_str_radix(start, 16).unwrap(), u64::from_str_radix(end, 16).unwrap());
-        if !perms.starts_with("rw") || end - start < 16 << 20 {
-            continue;
-        }
-        let mut at = start;
-        while at < end {
-            let want = usize::try_from((end - at).min(buf.len() as u64)).unwrap();
-            let Ok(n) = mem.read_at(&mut buf[..want], at) else { break };
-            if n == 0 {
-                break;
-            }
-            scanned += n as u64;
-            if leaks::contains(&buf[..n], needle) {
-                return (true, scanned);
-            }
-            at += chunk as u64;
-        }
-    }
-    (false, scanned)
-}
-
 /// Reads the workload's lines up to `END`.
 fn lines_until_end(running: &mut Running) -> Vec<String> {
     let mut lines = Vec::new();
@@ -181,7 +149,7 @@ fn the_key_reaches_only_its_host_and_never_the_guest() {
     let lines = lines_until_end(&mut running);
     assert_eq!(lines, EXPECTED, "the workload's view");
     let vmm = running.procs().vmm.pid;
-    let (in_memory, scanned) = guest_memory_holds(vmm, setup.canary.as_bytes());
+    let (in_memory, scanned) = leaks::guest_memory_holds(vmm, setup.canary.as_bytes());
     eprintln!("e2e: scanned {} MiB of the running guest's memory", scanned >> 20);
     assert!(scanned >= 128 << 20, "the guest's RAM was read: {scanned} bytes");
     assert!(!in_memory, "the key is in the guest's memory");
@@ -238,7 +206,7 @@ fn control_the_key_in_the_environment_is_found_in_guest_memory() {
         .flag(&format!("API_KEY={canary}"));
     let mut running = Running::start(launch, &[], "READY");
     lines_until_end(&mut running);
-    let (in_memory, scanned) = guest_memory_holds(running.procs().vmm.pid, canary.as_bytes());
+    let (in_memory, scanned) = leaks::guest_memory_holds(running.procs().vmm.pid, canary.as_bytes());
     assert!(in_memory, "control: a key in the workload's environment is in the guest's memory ({scanned} bytes read)");
     eprintln!("e2e: control: the key given as an environment variable was found in guest memory");
 }

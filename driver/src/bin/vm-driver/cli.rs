@@ -293,6 +293,10 @@ pub struct LaunchArgs {
     /// Keep the sandbox directory (logs) after a clean stop, until `--keep-ended` collects it.
     #[arg(long)]
     pub keep: bool,
+    /// Boot the VM, even where a template (a saved boot of the same image and shape) could restore it, and
+    /// make no template (docs/templates.md).
+    #[arg(long)]
+    pub cold: bool,
     /// The sandbox policy (JSON, docs/policy.md); every operation when not given.
     #[arg(long, value_name = "FILE", value_parser = read_policy)]
     pub policy: Option<SandboxPolicy>,
@@ -358,6 +362,10 @@ pub struct ServeArgs {
     /// host entropy and the wall clock before it is claimed.
     #[arg(long, requires = "pool")]
     pub pool_snapshots: bool,
+    /// Boot every sandbox: no template (a saved boot of the same image and shape) restores one, and none is
+    /// made (docs/templates.md).
+    #[arg(long)]
+    pub cold: bool,
     /// Named boot images, one per subdirectory (vmlinuz + initramfs.cpio), that a sandbox may ask for
     /// (default: the directory holding the default one, so `default` is one of them).
     #[arg(long, value_name = "DIR")]

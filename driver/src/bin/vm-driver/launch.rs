@@ -32,10 +32,14 @@ use vm_driver::sandbox::supervisor::{describe, Stopped};
 use vm_driver::sandbox::{self, Ended, Identity, Running, StartSecrets, Stopping, VmSpec, HUNG_STOP_TIMEOUT};
 use vm_driver::state::{self, StateDir};
 use vm_driver::telemetry::{self, TelemetryConfig};
+use vm_driver::template::{self, Templates};
 use vm_driver::{image, reap};
 use vm_protocol::files::{FileOp, FileSpawn, TarLayout};
 use vm_protocol::message::EnvVar;
 use vm_protocol::{Capabilities, ExitStatus, ProcId, ProcessRequest, SignalName, Spawn};
+
+/// How long a template's save may take beyond a boot, after the workload ended.
+const TEMPLATE_SAVE_MARGIN: Duration = Duration::from_secs(30);
 
 /// Ctrl-Cs after which `launch` stops the sandbox instead of forwarding.
 const INTERRUPTS_TO_STOP: u32 = 3;
@@ -87,6 +91,8 @@ pub struct LaunchConfig {
     pub id: Option<SandboxId>,
     /// Keep the sandbox directory after a clean stop.
     pub keep: bool,
+    /// Boot, and make no template.
+    pub cold: bool,
     /// Telemetry settings for the supervisor.
     pub telemetry: TelemetryConfig,
     /// Host paths copied in before the command: (host path, guest path).
@@ -164,14 +170,55 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
         },
         gateway: None,
     };
-    let running = match sandbox::start(&vm, &who) {
-        Ok(running) => running,
+    let templates = Templates::new(&state);
+    let key = if config.cold { None } else { template::key::of(&vm).ok() };
+    let template = key.as_ref().and_then(|key| match templates.load(key, u64::from(vm.shape.memory_mib()) << 20) {
+        Ok(found) => found,
         Err(e) => {
-            eprintln!("vm-driver: sandbox directory kept at {}", layout.dir().display());
-            return Err(e.into());
+            eprintln!("vm-driver: template refused: {e}; booting");
+            None
         }
+    });
+    let restored = match &template {
+        Some(template) => match template::restore(&vm, &who, template).await {
+            Ok(running) => {
+                eprintln!("vm-driver: restored from a template (a saved boot; --cold boots)");
+                Some(running)
+            }
+            Err(e) => {
+                eprintln!("vm-driver: cannot restore from the template ({e}); booting");
+                None
+            }
+        },
+        None => None,
+    };
+    let running = match restored {
+        Some(running) => running,
+        None => match sandbox::start(&vm, &who) {
+            Ok(running) => running,
+            Err(e) => {
+                eprintln!("vm-driver: sandbox directory kept at {}", layout.dir().display());
+                return Err(e.into());
+            }
+        },
+    };
+    // The next launch of this spec restores: its template is made beside this sandbox.
+    let making = match (&key, &template) {
+        (Some(key), None) => {
+            let (templates, key, vm, state) = (templates.clone(), key.clone(), vm.clone(), state.clone());
+            Some(tokio::spawn(async move { templates.make(&key, &vm, &state).await }))
+        }
+        _ => None,
     };
     let (code, stopping) = drive(&config, &id, running, &mut signals).await;
+    if let Some(making) = making {
+        match tokio::time::timeout(config.boot_timeout + TEMPLATE_SAVE_MARGIN, making).await {
+            Ok(Ok(Ok(_))) => {}
+            Ok(Ok(Err(e))) => eprintln!("vm-driver: no template made: {e}"),
+            Ok(Err(_)) | Err(_) => eprintln!("vm-driver: no template made: it took too long"),
+        }
+    }
+    drop(template);
     let clean = code.is_ok() && stopping.stopped.in_order();
     report(&stopping);
     let left = stopping.end(if clean { EndReason::Stopped } else { EndReason::Failed }).await;

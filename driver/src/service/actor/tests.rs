@@ -52,6 +52,7 @@ fn hub_booting(root: &std::path::Path, boots: u32) -> Arc<Hub> {
         gateway: None,
         egress: crate::sandbox::Egress::default(),
         controls: crate::controls::Controls::default(),
+        templates: None,
         state,
     });
     let ledger = Ledger::new(ctx.limits);

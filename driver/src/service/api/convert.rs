@@ -131,7 +131,7 @@ pub fn sandbox(record: &SandboxRecord) -> Sandbox {
         detail: record.detail.clone(),
         generation: record.generation.0,
         running_intent: record.running_intent,
-        origin: record.origin.as_str().into(),
+        origin: record.origin.map_or("", vm_contract::claim::Origin::as_str).into(),
     }
 }
 

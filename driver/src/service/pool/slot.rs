@@ -43,7 +43,7 @@ pub(super) fn boot(
     std::fs::DirBuilder::new().mode(0o700).create(layout.dir()).map_err(SlotError::Dir)?;
     let vm = ctx.vm_spec(layout.clone(), key.image.clone(), key.shape, root, Vec::new());
     // The telemetry settings reach the VM only under the `pool-identity-at-boot` control.
-    Ok(sandbox::start_pooled(&vm, id, start, &ctx.telemetry)?)
+    Ok(sandbox::start_pooled(&vm, id, start, None, &ctx.telemetry)?)
 }
 
 /// Stops a pooled generation in order and ends it (reap, sweep, tombstone).
