@@ -45,7 +45,8 @@ fn main() {
             Command::new(&harness().shipped.driver)
                 .args(["launch", "--state-dir"])
                 .arg(&state)
-                .args(["--accel", &harness().accel, "--image", &layout_ref, "--image-cache"])
+                // Cold, as the shim's VM is (templates have their own bench).
+                .args(["--accel", &harness().accel, "--cold", "--image", &layout_ref, "--image-cache"])
                 .arg(&store)
                 .args(["--", "true"]),
         );

@@ -19,7 +19,8 @@ use vm_test_support::{harness, test_image, Scratch};
 
 fn launch(state: &Path, image: Option<(&str, &Path)>) -> Command {
     let mut cmd = Command::new(&harness().shipped.driver);
-    cmd.arg("launch").arg("--state-dir").arg(state).args(["--accel", &harness().accel]);
+    // Cold boots: what an image root costs at a boot (templates have their own bench).
+    cmd.arg("launch").arg("--state-dir").arg(state).args(["--accel", &harness().accel, "--cold"]);
     if let Some((reference, store)) = image {
         cmd.args(["--image", reference, "--image-cache"]).arg(store);
     }

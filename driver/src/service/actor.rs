@@ -423,16 +423,7 @@ impl Actor {
             Ok(None) => {}
             Err(e) => tracing::warn!(sandbox = %who.id, error = %e, "template refused; booting and making it again"),
         }
-        // The saving VM takes a sandbox's share while it runs, or is not made.
-        if let Ok(share) = self.hub.ledger.admit(vm.shape) {
-            let (vm, state) = (vm.clone(), self.hub.ctx.state.clone());
-            tokio::spawn(async move {
-                if let Err(e) = templates.make(&key, &vm, &state).await {
-                    tracing::warn!(error = %vm_contract::logs::chain(&e), "no template made");
-                }
-                drop(share);
-            });
-        }
+        super::templates::make(&self.hub.ctx, &self.hub.ledger, key, vm.clone());
         None
     }
 

@@ -35,6 +35,7 @@ mod registry;
 mod sessions;
 mod socket;
 mod store;
+mod templates;
 mod tokens;
 
 use std::path::{Path, PathBuf};

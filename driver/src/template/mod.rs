@@ -19,7 +19,7 @@ pub mod ram;
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -217,6 +217,12 @@ impl Templates {
         std::fs::DirBuilder::new().mode(0o700).create(&work)?;
         let made = save(vm, state, &work).await.and_then(|ram| {
             let digests = Digests::of(&work, ram)?;
+            for file in [SnapshotFile::State, SnapshotFile::Hello, SnapshotFile::WritableDisk] {
+                let path = file.path(&work);
+                if path.exists() {
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400))?;
+                }
+            }
             write_digests(&work, &digests)?;
             std::fs::rename(&work, self.path(key))?;
             Ok(())

@@ -11,7 +11,8 @@ use vm_protocol::driver_api::{watch_event, CreateSandboxRequest, Sandbox, Sandbo
 pub type Client = DriverClient<tonic::transport::Channel>;
 
 /// CreateSandbox of `id` (with `spec`, or the service's defaults) until Watch reports it ready: the time it
-/// took from the request, and the create's answer. The watch starts first, so no change is missed.
+/// took from the request, and the sandbox as the ready event showed it (its origin known). The watch starts
+/// first, so no change is missed.
 ///
 /// # Panics
 ///
@@ -21,12 +22,12 @@ pub async fn create_ready(client: &mut Client, id: &str, spec: Option<SandboxSpe
     let start = Instant::now();
     let created =
         client.create_sandbox(CreateSandboxRequest { sandbox_id: id.to_owned(), spec, credentials: Vec::new() }).await;
-    let created = created.unwrap().into_inner();
+    created.unwrap();
     while let Some(event) = events.next().await {
         if let Some(watch_event::Event::Changed(s)) = event.unwrap().event {
             assert_ne!(s.state, i32::from(SandboxState::Failed), "sandbox failed: {}", s.detail);
             if s.state == i32::from(SandboxState::Ready) {
-                return (start.elapsed(), created);
+                return (start.elapsed(), s);
             }
         }
     }

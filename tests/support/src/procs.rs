@@ -190,6 +190,18 @@ pub fn status_kib(pid: i32, field: &str) -> Option<u64> {
     kib_field(&format!("/proc/{pid}/status"), field)
 }
 
+/// What `pid` holds that no other process does, in KiB: `Private_Clean + Private_Dirty` of its
+/// `smaps_rollup` (a clone's clean pages of a template it shares are not in it, as they are in RSS).
+pub fn unique_kib(pid: i32) -> Option<u64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    Some(
+        text.lines()
+            .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum(),
+    )
+}
+
 /// A figure of the host's from `/proc/meminfo` (`MemTotal`), in KiB.
 pub fn meminfo_kib(field: &str) -> Option<u64> {
     kib_field("/proc/meminfo", field)

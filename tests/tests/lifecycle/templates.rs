@@ -167,13 +167,8 @@ fn a_template_made_stale_by_a_changed_image_or_shape_is_not_used() {
     assert_eq!(templates(&s).len(), 3);
 }
 
-/// Private_Clean + Private_Dirty of `pid`, in KiB: the memory only it holds.
 fn unique_kib(pid: i32) -> u64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
-    text.lines()
-        .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))
-        .map(|l| l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap())
-        .sum()
+    vm_test_support::procs::unique_kib(pid).unwrap()
 }
 
 /// The VMM of sandbox `id` of `s`.

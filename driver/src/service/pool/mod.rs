@@ -338,7 +338,12 @@ impl Pool {
         let booted =
             tokio::task::spawn_blocking(move || slot::boot(&ctx, &slot_id, &slot_layout, &key, &how, root)).await;
         let running = match booted.map_err(|_| slot::SlotError::Task).and_then(|started| started) {
-            Ok(running) => running,
+            Ok(slot::Started { running, template_wanted }) => {
+                if let Some((key, vm)) = template_wanted {
+                    crate::service::templates::make(&self.ctx, &self.ledger, key, vm);
+                }
+                running
+            }
             Err(e) => {
                 self.starting.fetch_sub(1, Ordering::SeqCst);
                 eprintln!("vm-driver: cannot start a pooled VM: {}", vm_contract::logs::chain(&e));

@@ -1,6 +1,7 @@
 //! One pooled VM's task: boot it, keep it until it is claimed or ends, and replace nothing itself (the
 //! refill does, once this slot is gone).
 
+use std::os::fd::AsFd;
 use std::os::unix::fs::DirBuilderExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,9 +13,10 @@ use vm_contract::tombstone::EndReason;
 
 use super::{Pool, PoolKey};
 use crate::sandbox::supervisor::Ready;
-use crate::sandbox::{self, Ended, PooledStart, Running, HUNG_STOP_TIMEOUT};
+use crate::sandbox::{self, Ended, PooledStart, Running, VmSpec, HUNG_STOP_TIMEOUT};
 use crate::service::context::Context;
 use crate::service::ledger::{BootTurn, Share};
+use crate::template::{self, TemplateKey};
 
 /// Why a pooled VM could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -30,8 +32,15 @@ pub enum SlotError {
     Task,
 }
 
+/// A started pooled VM, and the template its kind lacks (made next, for the slots after it).
+pub(super) struct Started {
+    pub(super) running: Running,
+    pub(super) template_wanted: Option<(TemplateKey, VmSpec)>,
+}
+
 /// Starts a pooled VM in a new slot directory. It has no identity: no telemetry settings, credentials,
-/// session or policy (`sandbox::start_pooled`).
+/// session or policy (`sandbox::start_pooled`). A VM to boot is restored from its kind's template instead
+/// when `serve` has templates and there is one.
 pub(super) fn boot(
     ctx: &Context,
     id: &SandboxId,
@@ -39,11 +48,23 @@ pub(super) fn boot(
     key: &PoolKey,
     start: &PooledStart,
     root: Option<vm_contract::root::RootImage>,
-) -> Result<Running, SlotError> {
+) -> Result<Started, SlotError> {
     std::fs::DirBuilder::new().mode(0o700).create(layout.dir()).map_err(SlotError::Dir)?;
     let vm = ctx.vm_spec(layout.clone(), key.image.clone(), key.shape, root, Vec::new());
+    let template_key = match (&ctx.templates, start) {
+        (Some(_), PooledStart::Boot) => template::key::of(&vm).ok(),
+        _ => None,
+    };
+    if let (Some(templates), Some(template_key)) = (&ctx.templates, &template_key) {
+        if let Ok(Some(found)) = templates.load(template_key, u64::from(key.shape.memory_mib()) << 20) {
+            let how = PooledStart::Restore(found.dir.clone());
+            let running = sandbox::start_pooled(&vm, id, &how, Some(found.ram.as_fd()), &ctx.telemetry)?;
+            return Ok(Started { running, template_wanted: None });
+        }
+    }
     // The telemetry settings reach the VM only under the `pool-identity-at-boot` control.
-    Ok(sandbox::start_pooled(&vm, id, start, None, &ctx.telemetry)?)
+    let running = sandbox::start_pooled(&vm, id, start, None, &ctx.telemetry)?;
+    Ok(Started { running, template_wanted: template_key.map(|k| (k, vm)) })
 }
 
 /// Stops a pooled generation in order and ends it (reap, sweep, tombstone).
