@@ -138,7 +138,7 @@ fn main() {
 
     // Memory: one serve, its first sandbox booted (it makes the template), the next ones restored.
     let mem_scratch = Scratch::new("bench-templates-memory");
-    let serve = Serve::with_templates(&mem_scratch, &[]);
+    let serve = Serve::with_templates(&mem_scratch, &[], &[]);
     let (rt, mut client) = serve.grpc();
     rt.block_on(create_ready(&mut client, "booted", small()));
     template_made(&serve.state);
@@ -159,12 +159,12 @@ fn main() {
     let cold = Serve::start(&cold_scratch);
     let (cold_rt, mut cold_client) = cold.grpc();
     let restore_scratch = Scratch::new("bench-templates-restore");
-    let restoring = Serve::with_templates(&restore_scratch, &[]);
+    let restoring = Serve::with_templates(&restore_scratch, &[], &[]);
     let (restore_rt, mut restore_client) = restoring.grpc();
     restore_rt.block_on(create_ready(&mut restore_client, "first", small()));
     template_made(&restoring.state);
     let pool_scratch = Scratch::new("bench-templates-pool");
-    let pooled = Serve::with_templates(&pool_scratch, &["--pool", &format!("{POOL}:1:128")]);
+    let pooled = Serve::with_templates(&pool_scratch, &[], &["--pool", &format!("{POOL}:1:128")]);
     let (pool_rt, mut pool_client) = pooled.grpc();
     template_made(&pooled.state);
     let mut served = (0, 0, 0);

@@ -413,7 +413,10 @@ impl Actor {
     async fn restore_from_template(&mut self, vm: &VmSpec, who: &Identity) -> Option<Running> {
         let templates = self.hub.ctx.templates.clone()?;
         let key = template::key::of(vm).ok()?;
-        match templates.load(&key, u64::from(vm.shape.memory_mib()) << 20) {
+        // Its files' digests are read (and the first time, its RAM copied) off the async workers.
+        let (loader, wanted, bytes) = (templates.clone(), key.clone(), u64::from(vm.shape.memory_mib()) << 20);
+        let loaded = tokio::task::spawn_blocking(move || loader.load(&wanted, bytes)).await.ok()?;
+        match loaded {
             Ok(Some(found)) => match template::restore(vm, who, &found).await {
                 Ok(running) => return Some(running),
                 Err(e) => {

@@ -25,12 +25,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use vm_contract::claim::Origin;
 use vm_contract::snapshot::SnapshotFile;
 use vm_contract::tombstone::EndReason;
 
 pub use self::key::{Ineligible, TemplateKey};
-use vm_contract::claim::Origin;
-
 use crate::sandbox::{self, Identity, PooledStart, Running, VmSpec};
 use crate::state::StateDir;
 use crate::telemetry::TelemetryConfig;
@@ -42,6 +41,8 @@ const DIGESTS: &str = "digests";
 const MAX_DIGESTS_BYTES: u64 = 4096;
 /// The template's RAM file.
 const RAM: &str = "ram";
+/// After how long a half-made or discarded template's directory is an abandoned one.
+const ABANDONED: Duration = Duration::from_secs(3600);
 /// How long the saving supervisor has to exit after it said it saved.
 const SAVER_EXIT: Duration = Duration::from_secs(10);
 
@@ -215,18 +216,16 @@ impl Templates {
         }
         let work = self.dir.join(format!(".new-{}", crate::state::random_hex::<8>()?));
         std::fs::DirBuilder::new().mode(0o700).create(&work)?;
-        let made = save(vm, state, &work).await.and_then(|ram| {
-            let digests = Digests::of(&work, ram)?;
-            for file in [SnapshotFile::State, SnapshotFile::Hello, SnapshotFile::WritableDisk] {
-                let path = file.path(&work);
-                if path.exists() {
-                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400))?;
-                }
+        let made = match save(vm, state, &work).await {
+            Ok(ram) => {
+                let (work, into) = (work.clone(), self.path(key));
+                tokio::task::spawn_blocking(move || publish(&work, ram, &into))
+                    .await
+                    .unwrap_or_else(|_| Err(std::io::Error::other("the template's publication failed")))
+                    .map_err(TemplateError::Io)
             }
-            write_digests(&work, &digests)?;
-            std::fs::rename(&work, self.path(key))?;
-            Ok(())
-        });
+            Err(e) => Err(e),
+        };
         if made.is_err() {
             let _ = std::fs::remove_dir_all(&work);
         }
@@ -235,15 +234,18 @@ impl Templates {
         Ok(true)
     }
 
-    /// Keeps the newest [`KEEP`] templates (`kept` among them) and removes the rest, and any half-made.
+    /// Keeps the newest [`KEEP`] templates (`kept` among them) and removes the rest, and what a maker that
+    /// died left half-made (older than [`ABANDONED`]: a live maker's is younger).
     fn collect(&self, kept: &TemplateKey) {
         let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
         let mut templates: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
+            let made = entry.metadata().and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH);
             if TemplateKey::is_key(&name) && name != kept.as_str() {
-                let made = entry.metadata().and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH);
                 templates.push((made, entry.path()));
+            } else if name.starts_with('.') && made.elapsed().is_ok_and(|age| age > ABANDONED) {
+                let _ = std::fs::remove_dir_all(entry.path());
             }
         }
         templates.sort_by_key(|t| std::cmp::Reverse(t.0));
@@ -328,6 +330,20 @@ async fn save(vm: &VmSpec, state: &StateDir, work: &Path) -> Result<String, Temp
         .await
         .map_err(|_| std::io::Error::other("the RAM's copy failed"))?
         .map_err(TemplateError::Io)
+}
+
+/// Makes the saved files in `work` read-only, writes their digests (`ram`'s is known), and renames `work`
+/// into place as `into`.
+fn publish(work: &Path, ram: String, into: &Path) -> std::io::Result<()> {
+    let digests = Digests::of(work, ram)?;
+    for file in [SnapshotFile::State, SnapshotFile::Hello, SnapshotFile::WritableDisk] {
+        let path = file.path(work);
+        if path.exists() {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400))?;
+        }
+    }
+    write_digests(work, &digests)?;
+    std::fs::rename(work, into)
 }
 
 fn read_digests(dir: &Path) -> std::io::Result<Digests> {

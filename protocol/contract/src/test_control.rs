@@ -67,6 +67,7 @@ controls! {
     WatchdogEofOnly = "watchdog-eof-only": "watchdog: silence does not kill, only EOF does.",
     WatchdogNeverReady = "watchdog-never-ready": "watchdog: fault injection, never send the ready byte.",
     JailerNoDeathSignal = "jailer-no-death-signal": "jailer: QEMU is not armed to die with the jailer (its parent-death SIGKILL dropped).",
+    JailProcShowsAll = "jail-proc-shows-all": "vm-jailer: the /proc of a template clone's jail is mounted without hidepid=invisible and subset=pid, so QEMU sees every process of the host.",
     JailChrootSharedMounts = "jail-chroot-shared-mounts": "vm-jailer: in a chroot, the mounts are not made private before the chroot is bound onto itself, so the bind propagates to the chroot's host.",
     ShareNoDeathSignal = "share-no-death-signal": "jailer share: a file server's jailer is not armed to die with the supervisor.",
     ShareAllowsSetId = "share-allows-setid": "jailer share: a file server may set set-uid and set-gid bits (its set-id filter is not installed).",

@@ -98,6 +98,8 @@ pub struct Safeguards {
     /// In a chroot, every mount is made private before the chroot is made a mount point (off:
     /// `jail-chroot-shared-mounts`).
     pub chroot_private: bool,
+    /// A template clone's `/proc` shows QEMU its own processes only (off: `jail-proc-shows-all`).
+    pub proc_own_only: bool,
 }
 
 impl Safeguards {
@@ -109,6 +111,7 @@ impl Safeguards {
             share_death_signal: !control(TestControl::ShareNoDeathSignal),
             share_setid_filter: !control(TestControl::ShareAllowsSetId),
             chroot_private: !control(TestControl::JailChrootSharedMounts),
+            proc_own_only: !control(TestControl::JailProcShowsAll),
         }
     }
 }
@@ -170,7 +173,7 @@ fn confine_and_exec(args: &JailerArgs, safeguards: Safeguards) -> Result<Infalli
             if chrooted {
                 chroot::rebase(&args.root, safeguards.chroot_private)?;
             }
-            root::enter(args)?;
+            root::enter(args, safeguards)?;
             creds::limit(true, fsize)?;
             creds::drop_to(ids, kvm_group, last_cap)?;
         }
@@ -179,7 +182,7 @@ fn confine_and_exec(args: &JailerArgs, safeguards: Safeguards) -> Result<Infalli
             let (uid, gid) = (rustix::process::getuid(), rustix::process::getgid());
             unshare(CloneFlags::CLONE_NEWUSER | JAIL_NAMESPACES).map_err(JailError::errno("create the namespaces"))?;
             creds::map_self(uid.as_raw(), gid.as_raw())?;
-            root::enter(args)?;
+            root::enter(args, safeguards)?;
             creds::limit(false, fsize)?;
             creds::drop_capabilities(last_cap)?;
         }

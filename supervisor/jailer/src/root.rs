@@ -37,7 +37,7 @@ fn io(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> JailError {
 }
 
 /// Builds the jail in `args.root` and makes it this process's root. Needs a fresh mount namespace.
-pub fn enter(args: &JailerArgs) -> Result<(), JailError> {
+pub fn enter(args: &JailerArgs, safeguards: crate::Safeguards) -> Result<(), JailError> {
     let root = &args.root;
     prepare(root)?;
     let qemu = args.exec.first().map(PathBuf::from).ok_or(JailError::NoProgram)?;
@@ -58,7 +58,7 @@ pub fn enter(args: &JailerArgs) -> Result<(), JailError> {
         bind_device(Path::new("/dev/kvm"), &root.join("dev/kvm"))?;
     }
     if args.guest_ram_fd.is_some() {
-        own_processes_only_proc(root)?;
+        own_processes_only_proc(root, safeguards.proc_own_only)?;
     }
     pivot(root)
 }
@@ -67,12 +67,13 @@ pub fn enter(args: &JailerArgs) -> Result<(), JailError> {
 /// (the jailer's own; a new one's can only be mounted from inside it), showing QEMU only the processes of its
 /// own uid (itself and its jailer, `hidepid=invisible`) and nothing but them (`subset=pid`: no `/proc/sys`,
 /// no `/proc/meminfo`).
-fn own_processes_only_proc(root: &Path) -> Result<(), JailError> {
+fn own_processes_only_proc(root: &Path, own_only: bool) -> Result<(), JailError> {
     let proc = root.join("proc");
     fs::create_dir_all(&proc).map_err(JailError::step("make a mount point"))?;
     let flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
-    rustix::mount::mount("proc", &proc, "proc", flags, c"hidepid=invisible,subset=pid")
-        .map_err(io("mount a /proc of QEMU's own processes"))
+    // Control (`jail-proc-shows-all`): every process of the host.
+    let options = if own_only { c"hidepid=invisible,subset=pid" } else { c"" };
+    rustix::mount::mount("proc", &proc, "proc", flags, options).map_err(io("mount a /proc of QEMU's own processes"))
 }
 
 /// Makes `root` a private mount point. Needs a fresh mount namespace whose `/` is a mount point (in a

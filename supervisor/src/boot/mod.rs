@@ -124,7 +124,7 @@ pub(crate) async fn boot(
 ) -> Result<Booted, BootError> {
     let Prepared { config, watchdog, channel, console, monitor, migration, restored, deferred } =
         host::prepare(vm, root)?;
-    let saving = monitor.is_some();
+    let saving = migration.is_some();
     let mut shares =
         shares::start(&config.jailer, &vm.mounts, config.confinement, config.ids, &config.cgroups, safeguards, senders)
             .await
@@ -140,6 +140,9 @@ pub(crate) async fn boot(
     let mut vmm = VmmProcess::new(jailer, senders.vmm_kill.clone());
     let booted = async {
         let logs = guest_logs(&mut vmm, &console, senders, safeguards).await?;
+        // QEMU's own pid first: from here on the kill switch names QEMU, whatever its monitor does.
+        let vmm_record = qemu_process(&mut vmm).await?;
+        vmm.arm(vmm_record);
         let monitor = match &monitor {
             Some(listener) => Some(accept_from_vmm(&mut vmm, listener).await?.map_err(BootError::Monitor)?),
             None => None,
@@ -154,8 +157,6 @@ pub(crate) async fn boot(
             }
             _ => None,
         };
-        let vmm_record = qemu_process(&mut vmm).await?;
-        vmm.arm(vmm_record);
         let how = guest_link::LinkStart {
             saved_hello: restored.as_ref(),
             settle: saving || restored.is_some(),

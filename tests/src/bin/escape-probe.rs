@@ -22,6 +22,11 @@ fn main() {
     for (name, pid) in [("read-driver-environ", driver), ("read-supervisor-environ", supervisor)] {
         report(name, std::fs::read(format!("/proc/{pid}/environ")).map(drop).map_err(|e| e.to_string()));
     }
+    // A /proc (a template clone's jail has one) that lists the driver lists the host's processes.
+    report(
+        "see-driver-process",
+        std::fs::metadata(format!("/proc/{driver}/stat")).map(drop).map_err(|e| e.to_string()),
+    );
     let pid = nix::unistd::Pid::from_raw(vmm.parse().expect("a pid"));
     // SIGCONT: a real signal that does no harm to a running VMM.
     report("signal-other-vmm", nix::sys::signal::kill(pid, nix::sys::signal::SIGCONT).map_err(|e| e.to_string()));

@@ -47,8 +47,8 @@ impl Serve {
     }
 
     /// As [`Serve::with`], with templates (`docs/templates.md`): every other `serve` of the tests is `--cold`.
-    pub fn with_templates(scratch: &Scratch, args: &[&str]) -> Self {
-        Self::start_with(scratch, &[], args, &[], None, true)
+    pub fn with_templates(scratch: &Scratch, controls: &[TestControl], args: &[&str]) -> Self {
+        Self::start_with(scratch, controls, args, &[], None, true)
     }
 
     /// As [`Serve::with`], with `extra_env` set too and its stderr written to `log` instead of inherited.

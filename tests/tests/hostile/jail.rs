@@ -44,6 +44,11 @@ fn assert_init_of_its_pid_namespace(st: &[(String, String)]) {
 
 /// Checks everything `/proc` tells about a jailed VMM; returns its uid.
 fn assert_jailed(vmm: i32) -> u32 {
+    assert_jailed_with(vmm, &[])
+}
+
+/// [`assert_jailed`], for a jail whose root also holds `extra` (a template clone's `proc`).
+fn assert_jailed_with(vmm: i32, extra: &[&str]) -> u32 {
     let st = status(vmm);
     let (uid, gid) = (one_id(&field(&st, "Uid")), one_id(&field(&st, "Gid")));
     let driver_uid = rustix::process::getuid().as_raw();
@@ -62,8 +67,9 @@ fn assert_jailed(vmm: i32) -> u32 {
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    let expected: BTreeSet<String> =
+    let mut expected: BTreeSet<String> =
         ["chan.sock", "console.sock", "dev", "initrd", "kernel", "lib", "lib64", "usr"].map(String::from).into();
+    expected.extend(extra.iter().map(|e| (*e).to_owned()));
     assert!(root.is_subset(&expected) && root.contains("kernel"), "the jail holds {root:?}");
     let usr: BTreeSet<String> = std::fs::read_dir(format!("/proc/{vmm}/root/usr"))
         .unwrap()
@@ -316,7 +322,7 @@ fn escape(t: &Targets, outside: &Path, jailed: bool) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "the probe ran");
-    assert_eq!(report.lines().count(), 8, "every attempt reported");
+    assert_eq!(report.lines().count(), 9, "every attempt reported");
     report
 }
 
@@ -352,6 +358,54 @@ fn an_escape_from_a_launched_vmm_reaches_nothing() {
     let t = Targets { vmm, vmm_dir: dir.join(SandboxFile::VmmRoot.name()), ..t };
     assert_ne!(uid, assert_jailed(t.other.vmm.unwrap().pid), "a launch and a serve sandbox, two uids");
     assert_escape_fails(&t, &s.dir.join("escaped"));
+}
+
+/// Two sandboxes of a `serve` with templates, both restored from the template its first create made: their
+/// jails hold a `/proc` (QEMU names its RAM memfd through it).
+fn two_clones(s: &Scratch, controls: &[TestControl]) -> Targets {
+    let serve = Serve::with_templates(s, controls, &[]);
+    assert!(serve.cli("create", &["--memory", "128", "first"]).status.success());
+    s.waiting_for("the template the first create makes");
+    let made = || {
+        std::fs::read_dir(serve.state.join("templates"))
+            .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.path().join("digests").is_file())))
+    };
+    assert!(vm_test_support::wait_until(Duration::from_secs(180), made), "no template was made");
+    for id in ["a", "b"] {
+        let out = serve.cli("create", &["--memory", "128", id]);
+        assert!(String::from_utf8_lossy(&out.stdout).contains(" template"), "{id} was not restored: {out:?}");
+    }
+    let mine = SandboxPids::read(&serve.sandbox("a")).unwrap();
+    let other = SandboxPids::read(&serve.sandbox("b")).unwrap();
+    let vmm = ProcInfo::read(mine.vmm.unwrap().pid).unwrap();
+    Targets {
+        vmm_dir: serve.sandbox("a").join(SandboxFile::VmmRoot.name()),
+        other_dir: serve.sandbox("b"),
+        vmm,
+        other,
+        serve,
+    }
+}
+
+/// A template clone's VMM is jailed as a booted one is, and its `/proc` shows it none of the host's
+/// processes: the same escape reaches nothing (`see-driver-process` among the attempts).
+#[test]
+fn an_escape_from_a_template_clones_vmm_reaches_nothing() {
+    let s = Scratch::new("jail-escape-clone");
+    let t = two_clones(&s, &[]);
+    let uid = assert_jailed_with(t.vmm.pid, &["proc"]);
+    assert_ne!(uid, assert_jailed_with(t.other.vmm.unwrap().pid, &["proc"]), "two clones, two uids");
+    assert_escape_fails(&t, &s.dir.join("escaped"));
+}
+
+/// Control: a clone's `/proc` mounted without `hidepid=invisible,subset=pid` shows the escaped VMM the
+/// driver's process (and every other of the host's).
+#[test]
+fn control_a_clones_proc_without_hidepid_shows_the_hosts_processes() {
+    let s = Scratch::new("jail-escape-clone-ctl");
+    let t = two_clones(&s, &[TestControl::JailProcShowsAll]);
+    let report = escape(&t, &s.dir.join("escaped"), true);
+    assert!(report.lines().any(|l| l == "see-driver-process ok"), "control: the driver was hidden: {report}");
 }
 
 /// Control: with `--confinement none`, the same probe, as the same VMM, gets everything.

@@ -180,7 +180,7 @@ fn vmm_of(s: &Scratch, id: &str) -> i32 {
 #[test]
 fn clones_share_the_templates_memory_and_a_clones_writes_reach_no_other_clone_nor_the_template() {
     let s = Scratch::with_deadline("tpl-serve", Duration::from_secs(600));
-    let serve = Serve::with_templates(&s, &[]);
+    let serve = Serve::with_templates(&s, &[], &[]);
     assert!(ok(serve.cli("create", &["cold"])).contains(" cold"));
     s.waiting_for("the template the first create makes");
     assert!(
