@@ -76,7 +76,7 @@ fn probe(choice: &str) -> ExitCode {
     let Ok(choice) = choice.parse::<AccelChoice>() else { return ExitCode::from(SupervisorExit::Usage.code()) };
     let line = match Host::default().choose(choice) {
         Ok((accel, fallback)) => SupervisorStatus::Accelerator { accel, fallback: fallback.map(|w| w.to_string()) },
-        Err(why) => SupervisorStatus::Failed { error: why.to_string() },
+        Err(why) => SupervisorStatus::Failed { error: why.to_string(), saved_state_refused: false },
     };
     print!("{}", line.to_line());
     match line {

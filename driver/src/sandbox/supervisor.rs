@@ -55,6 +55,9 @@ pub enum SupervisorError {
     /// The supervisor reported a failed start.
     #[error("{0}")]
     StartFailed(String),
+    /// The supervisor reported a failed restore, on its saved state itself.
+    #[error("{0}")]
+    SavedStateRefused(String),
     /// The supervisor exited without a verdict.
     #[error("vm-supervisor exited during start-up ({}); see {}", describe(.status), log.display())]
     Died {
@@ -226,7 +229,12 @@ impl SupervisorProcess {
                         let (accel, fallback) = self.accel.clone();
                         return Ok(Ready { accel, fallback, vmm: None, pooled: true, saved: Some(bytes) });
                     }
-                    Some(SupervisorStatus::Failed { error }) => return Err(SupervisorError::StartFailed(error)),
+                    Some(SupervisorStatus::Failed { error, saved_state_refused: false }) => {
+                        return Err(SupervisorError::StartFailed(error))
+                    }
+                    Some(SupervisorStatus::Failed { error, saved_state_refused: true }) => {
+                        return Err(SupervisorError::SavedStateRefused(error))
+                    }
                     Some(SupervisorStatus::Stopping) => {}
                     Some(SupervisorStatus::Stopped { .. }) | None => {
                         let status = self.child.wait().await.ok();

@@ -419,8 +419,12 @@ impl Actor {
         match loaded {
             Ok(Some(found)) => match template::restore(vm, who, &found).await {
                 Ok(running) => return Some(running),
+                Err(e) if e.template_refused() => {
+                    tracing::warn!(sandbox = %who.id, error = %vm_contract::logs::chain(&e), "the template's restore failed; booting and making it again");
+                    templates.remove(&key);
+                }
                 Err(e) => {
-                    tracing::warn!(sandbox = %who.id, error = %vm_contract::logs::chain(&e), "restore from a template failed; booting")
+                    tracing::warn!(sandbox = %who.id, error = %vm_contract::logs::chain(&e), "restore from a template failed; booting");
                 }
             },
             Ok(None) => {}

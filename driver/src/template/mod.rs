@@ -185,6 +185,12 @@ impl Templates {
         Ok(Some(template))
     }
 
+    /// Removes the template of `key`, whose restore failed: the next start of its kind boots and makes it
+    /// again.
+    pub fn remove(&self, key: &TemplateKey) {
+        let _ = self.discard(key);
+    }
+
     /// Removes the template of `key` (renamed away first, so no restore finds half of it).
     fn discard(&self, key: &TemplateKey) -> TemplateError {
         self.lock_loaded().map(|mut l| l.remove(key));
@@ -268,6 +274,14 @@ pub enum RestoreError {
     /// It did not wait for its claim.
     #[error("the restored VM did not wait for its claim")]
     NotPooled,
+}
+
+impl RestoreError {
+    /// Whether the template itself failed (its saved state refused): it is to be made again. A restore that
+    /// failed on the host (a timeout under load) keeps it.
+    pub fn template_refused(&self) -> bool {
+        matches!(self, Self::Supervisor(sandbox::supervisor::SupervisorError::SavedStateRefused(_)))
+    }
 }
 
 /// Starts `who`'s sandbox on `vm` from `template`: restored as a pooled VM in the sandbox's own directory,

@@ -44,6 +44,10 @@ pub enum SupervisorStatus {
     Failed {
         /// The error and its causes, outermost first.
         error: String,
+        /// A restore failed on its saved state itself (QEMU refused or could not load it), not on the host:
+        /// a template it came from is to be made again.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        saved_state_refused: bool,
     },
     /// The VMM has exited; the supervisor drains its clients and flushes telemetry, within
     /// [`crate::stop::after_vmm_exit`], then says [`SupervisorStatus::Stopped`]. A supervisor that does not say

@@ -107,8 +107,11 @@ pub(crate) struct GuestLogs {
     pub(crate) vmm: Arc<Dropped>,
 }
 
-/// How long QEMU has to connect its console after it starts (it does so before anything else).
-const CONSOLE_CONNECT_MS: u64 = 5_000;
+/// The least time QEMU has to connect its console and monitor and have its pid reported after it starts (it
+/// does so before anything else); a boot allows its whole timeout when that is longer. A host under load (a
+/// burst of starts beside a hundred idle VMs on 2 cores) delays it by seconds, and a VM that never gets
+/// there is still bounded by the boot's timeout, where the driver stops waiting.
+const VMM_START_MS: u64 = 5_000;
 
 /// Boots the VM described by `vm` (which has no identity), with the safeguards `safeguards` leaves on. A stop request arriving
 /// meanwhile ends the boot.
@@ -139,12 +142,13 @@ pub(crate) async fn boot(
     };
     let mut vmm = VmmProcess::new(jailer, senders.vmm_kill.clone());
     let booted = async {
-        let logs = guest_logs(&mut vmm, &console, senders, safeguards).await?;
+        let start_wait = Duration::from_millis(vm.boot_timeout_ms.max(VMM_START_MS));
+        let logs = guest_logs(&mut vmm, &console, senders, safeguards, start_wait).await?;
         // QEMU's own pid first: from here on the kill switch names QEMU, whatever its monitor does.
-        let vmm_record = qemu_process(&mut vmm).await?;
+        let vmm_record = qemu_process(&mut vmm, start_wait).await?;
         vmm.arm(vmm_record);
         let monitor = match &monitor {
-            Some(listener) => Some(accept_from_vmm(&mut vmm, listener).await?.map_err(BootError::Monitor)?),
+            Some(listener) => Some(accept_from_vmm(&mut vmm, listener, start_wait).await?.map_err(BootError::Monitor)?),
             None => None,
         };
         let save = match (monitor, migration, &deferred) {
@@ -153,6 +157,8 @@ pub(crate) async fn boot(
             }
             (Some(monitor), None, Some(state)) => {
                 snapshot::restore_deferred(monitor, state).await.map_err(BootError::Restore)?;
+                // Its one use is over: no listener, and no socket left in the jail.
+                let _ = std::fs::remove_file(SandboxFile::Monitor.relative());
                 None
             }
             _ => None,
@@ -185,6 +191,7 @@ async fn guest_logs(
     console: &UnixListener,
     senders: &Senders,
     safeguards: &Safeguards,
+    wait: Duration,
 ) -> Result<GuestLogs, BootError> {
     let broken = |what: SandboxFile, e: std::io::Error| BootError::Log(what, e);
     let copy = |from, file: SandboxFile, cap: u64| {
@@ -198,19 +205,20 @@ async fn guest_logs(
         SandboxFile::VmmLog,
         guest_logs::VMM_LOG_CAP_BYTES,
     )?;
-    let stream = accept_from_vmm(vmm, console).await?.map_err(|e| broken(SandboxFile::ConsoleSocket, e))?;
+    let stream = accept_from_vmm(vmm, console, wait).await?.map_err(|e| broken(SandboxFile::ConsoleSocket, e))?;
     let console_dropped = copy(Box::new(stream), SandboxFile::Console, guest_logs::CONSOLE_CAP_BYTES)?;
     Ok(GuestLogs { console: console_dropped, vmm: vmm_dropped })
 }
 
-/// QEMU's connection on `listener` (its console or monitor, which it connects at start), within
-/// [`CONSOLE_CONNECT_MS`]; QEMU's exit meanwhile is the error.
+/// QEMU's connection on `listener` (its console or monitor, which it connects at start), within `wait`;
+/// QEMU's exit meanwhile is the error.
 async fn accept_from_vmm(
     vmm: &mut VmmProcess,
     listener: &UnixListener,
+    wait: Duration,
 ) -> Result<std::io::Result<tokio::net::UnixStream>, BootError> {
     tokio::select! {
-        accepted = tokio::time::timeout(Duration::from_millis(CONSOLE_CONNECT_MS), listener.accept()) => {
+        accepted = tokio::time::timeout(wait, listener.accept()) => {
             Ok(accepted.unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())).map(|(stream, _)| stream))
         }
         exit = vmm.wait() => {
@@ -229,13 +237,12 @@ struct Link<'a> {
 
 /// QEMU's own process: the pid the jailer reports ([`vm_contract::jail::vmm_pid_line`]), taken only if it is
 /// the jailer's child, or the jailer itself (which becomes QEMU when there is no PID namespace).
-async fn qemu_process(vmm: &mut VmmProcess) -> Result<ProcessRecord, BootError> {
+async fn qemu_process(vmm: &mut VmmProcess, wait: Duration) -> Result<ProcessRecord, BootError> {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt};
     let mut line = String::new();
     if let Some(stdout) = vmm.jailer.stdout.take() {
         // One short line; anything longer is not the contract.
         let mut reader = tokio::io::BufReader::new(stdout.take(24));
-        let wait = Duration::from_millis(CONSOLE_CONNECT_MS);
         let _ = tokio::time::timeout(wait, reader.read_line(&mut line)).await;
     }
     let jailer = vmm.jailer.id().and_then(|p| i32::try_from(p).ok());

@@ -186,6 +186,17 @@ pub enum RestoreError {
     Timeout,
 }
 
+impl RestoreError {
+    /// Whether the saved state itself failed (QEMU refused it, exited loading it, or did not run it), not the
+    /// host (a timeout).
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            Self::Monitor(QmpError::Monitor(_)) | Self::Open(_) | Self::NotRunning(_) => true,
+            Self::Monitor(QmpError::Timeout(_)) | Self::Timeout => false,
+        }
+    }
+}
+
 /// A template's restore: QEMU started with `-incoming defer`, its RAM the template's memfd. Its monitor
 /// turns on `x-ignore-shared` (the stream has no RAM; QEMU 7.2 has no command-line switch for it), takes the
 /// saved state as a descriptor sent over the monitor (the jail has no such file), loads it, and the VM runs.
@@ -194,6 +205,7 @@ pub enum RestoreError {
 /// [`RestoreError`].
 pub async fn restore_deferred(monitor: UnixStream, state: &Path) -> Result<(), RestoreError> {
     let file = std::fs::File::open(state).map_err(RestoreError::Open)?;
+    let started = std::time::Instant::now();
     let run = async {
         let mut qmp = Qmp::open(monitor).await?;
         qmp.execute("migrate-set-capabilities", qmp::IGNORE_SHARED.clone()).await?;
@@ -203,7 +215,10 @@ pub async fn restore_deferred(monitor: UnixStream, state: &Path) -> Result<(), R
             let status = qmp.execute("query-status", Value::Null).await?;
             match status.get("status").and_then(Value::as_str) {
                 Some("inmigrate") => tokio::time::sleep(Duration::from_millis(5)).await,
-                Some("running") => return Ok(()),
+                Some("running") => {
+                    tracing::info!(ms = started.elapsed().as_millis(), "restored from the template's saved state");
+                    return Ok(());
+                }
                 other => return Err(RestoreError::NotRunning(other.unwrap_or("unknown").chars().take(32).collect())),
             }
         }

@@ -59,21 +59,22 @@ impl Failure {
 /// installed yet); otherwise the status line comes first and an admitted sandbox still sends its final counts.
 pub(crate) async fn fail(outlet: Outlet, error: StartError) -> Result<StopReason, StartError> {
     let files: Vec<&str> = error.explained_by().iter().map(|f| f.name()).collect();
+    let saved_state_refused = error.saved_state_refused();
     let mut line = format!("{}{}", chain(&error), tails(&files));
     match outlet {
         Outlet::Console(console) => {
-            status::report(&SupervisorStatus::Failed { error: line });
+            status::report(&SupervisorStatus::Failed { error: line, saved_state_refused });
             console.shutdown(Instant::now() + CONSOLE_DRAIN);
         }
         Outlet::Refused { console, settings, sandbox_id, controls } => {
             refuse(&error, console, *settings, &sandbox_id, controls).await;
-            status::report(&SupervisorStatus::Failed { error: line });
+            status::report(&SupervisorStatus::Failed { error: line, saved_state_refused });
         }
         Outlet::Sandbox(mut sandbox) => {
             if let StartError::Boot(boot) = &error {
                 line.push_str(&sandbox.boot_failed(boot));
             }
-            status::report(&SupervisorStatus::Failed { error: line });
+            status::report(&SupervisorStatus::Failed { error: line, saved_state_refused });
             // Logged here, while the console still runs.
             tracing::error!(error = %chain(&error), "start-up failed");
             sandbox.end(stop::FLUSH_BUDGET).await;

@@ -77,6 +77,16 @@ impl StartError {
             _ => &[],
         }
     }
+
+    /// Whether a restore failed on its saved state itself (the driver then makes the template again), not
+    /// on the host (a timeout under load).
+    fn saved_state_refused(&self) -> bool {
+        match self {
+            Self::Boot(BootError::Restore(e)) => e.is_refusal(),
+            Self::Boot(BootError::Snapshot(_)) => true,
+            _ => false,
+        }
+    }
 }
 
 /// Enters the sandbox directory: every relative path from here on is the sandbox's.

@@ -1,7 +1,8 @@
 //! Templates (`docs/templates.md`) on real VMs: the first launch of a kind boots and saves its template, the
 //! next ones restore from it; clones read their own randomness and carry their own identity; a clone's
 //! writes reach neither another clone (which maps the same template memory, under `serve`) nor the template;
-//! a template changed on disk is refused and made again; one made stale by a changed image is not used.
+//! a template changed on disk is refused and made again, and so is one whose restore fails; one made stale
+//! by a changed image is not used.
 
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -133,6 +134,38 @@ fn a_template_changed_on_disk_is_refused_and_made_again() {
         again.succeeded();
         assert!(stderr(&again).contains(RESTORED), "after the changed {file}: {}", stderr(&again));
     }
+}
+
+/// Rewrites `file` of `template` with `edit` and its recorded digest to match, as a writer of the state
+/// directory could: what no digest catches.
+fn rewrite_consistently(template: &Path, file: &str, edit: impl FnOnce(&Path)) {
+    let path = template.join(file);
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    edit(&path);
+    let digests_file = template.join("digests");
+    let mut digests: serde_json::Value = serde_json::from_slice(&std::fs::read(&digests_file).unwrap()).unwrap();
+    digests[file] = vm_driver::template::ram::digest(&path).unwrap().into();
+    std::fs::set_permissions(&digests_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(&digests_file, serde_json::to_vec(&digests).unwrap()).unwrap();
+}
+
+#[test]
+fn a_template_whose_restore_fails_is_booted_past_and_made_again() {
+    let s = Scratch::with_deadline("tpl-broken", Duration::from_secs(600));
+    Launch::new(&s, &["true"]).templates().run().succeeded();
+    let [template] = &templates(&s)[..] else { panic!("{:?}", templates(&s)) };
+    // A stream QEMU refuses, with a digest that matches it.
+    rewrite_consistently(template, "state", |state| {
+        std::fs::OpenOptions::new().write(true).open(state).unwrap().set_len(4096).unwrap();
+    });
+    let out = Launch::new(&s, &["echo", "booted"]).templates().flag("--id").flag("past").run();
+    assert_eq!(out.succeeded(), "booted\n");
+    let said = stderr(&out);
+    assert!(said.contains("cannot restore from the template") && !said.contains(RESTORED), "{said}");
+    assert_eq!(start_origin(&s.sandbox("past")).0, "origin: cold");
+    let again = Launch::new(&s, &["true"]).templates().run();
+    again.succeeded();
+    assert!(stderr(&again).contains(RESTORED), "the template was not made again: {}", stderr(&again));
 }
 
 #[test]

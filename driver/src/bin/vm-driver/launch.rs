@@ -185,6 +185,13 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
                 eprintln!("vm-driver: restored from a template (a saved boot; --cold boots)");
                 Some(running)
             }
+            Err(e) if e.template_refused() => {
+                eprintln!("vm-driver: cannot restore from the template ({e}); booting and making it again");
+                if let Some(key) = &key {
+                    templates.remove(key);
+                }
+                None
+            }
             Err(e) => {
                 eprintln!("vm-driver: cannot restore from the template ({e}); booting");
                 None
@@ -192,6 +199,7 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
         },
         None => None,
     };
+    let running_restored = restored.is_some();
     let running = match restored {
         Some(running) => running,
         None => match sandbox::start(&vm, &who) {
@@ -203,8 +211,8 @@ pub async fn run(config: LaunchConfig) -> Result<u8> {
         },
     };
     // The next launch of this spec restores: its template is made beside this sandbox.
-    let making = match (&key, &template) {
-        (Some(key), None) => {
+    let making = match (&key, running_restored) {
+        (Some(key), false) => {
             let (templates, key, vm, state) = (templates.clone(), key.clone(), vm.clone(), state.clone());
             Some(tokio::spawn(async move { templates.make(&key, &vm, &state).await }))
         }
