@@ -65,17 +65,21 @@ impl Qmp {
         let text = request(COMMAND, json!({ "fdname": name }));
         let stream: &UnixStream = self.writer.as_ref();
         let fds = [file.as_fd()];
-        loop {
-            stream.writable().await.map_err(|_| QmpError::Monitor(COMMAND))?;
+        let send = || {
             let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
             let mut ancillary = SendAncillaryBuffer::new(&mut space);
             if !ancillary.push(SendAncillaryMessage::ScmRights(&fds)) {
-                return Err(QmpError::Monitor(COMMAND));
+                return Err(std::io::ErrorKind::InvalidInput.into());
             }
             let slices = [std::io::IoSlice::new(text.as_bytes())];
-            match rustix::net::sendmsg(stream, &slices, &mut ancillary, SendFlags::NOSIGNAL) {
+            rustix::net::sendmsg(stream, &slices, &mut ancillary, SendFlags::NOSIGNAL).map_err(std::io::Error::from)
+        };
+        loop {
+            stream.writable().await.map_err(|_| QmpError::Monitor(COMMAND))?;
+            // `try_io` clears the readiness a would-block leaves, so the next wait is a real one.
+            match stream.try_io(tokio::io::Interest::WRITABLE, send) {
                 Ok(n) if n == text.len() => break,
-                Err(rustix::io::Errno::AGAIN) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                 _ => return Err(QmpError::Monitor(COMMAND)),
             }
         }
