@@ -14,8 +14,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{ms, Report};
-use vm_protocol::driver_api::{ListPoolRequest, SandboxRef};
+use common::api::pool_full;
+use common::{ms, percentile, Report};
+use vm_protocol::driver_api::SandboxRef;
 use vm_test_support::api::{create_ready, Client};
 use vm_test_support::serve::Serve;
 use vm_test_support::Scratch;
@@ -23,26 +24,6 @@ use vm_test_support::Scratch;
 const POOL: usize = 2;
 const BURST: usize = 6;
 const BURST_GAP: Duration = Duration::from_millis(500);
-
-/// Waits until the pool holds `POOL` ready VMs (polled every 20 ms: refills are timed by it).
-async fn pool_full(client: &mut Client) {
-    for _ in 0..6000 {
-        let vms = client.list_pool(ListPoolRequest {}).await.unwrap().into_inner().vms;
-        if vms.iter().filter(|v| v.state == "ready").count() == POOL {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the pool never filled")
-}
-
-/// The `pct`-th percentile (nearest rank) of `xs`.
-fn percentile(xs: &[f64], pct: usize) -> f64 {
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let rank = (pct * v.len()).div_ceil(100).clamp(1, v.len());
-    v[rank - 1]
-}
 
 /// One pooled service.
 struct Pooled {
@@ -71,16 +52,16 @@ impl Pooled {
         let kind = self.kind;
         let (client, origins) = (&mut self.client, &mut self.origins);
         self.rt.block_on(async {
-            pool_full(client).await;
+            pool_full(client, POOL).await;
             let id = format!("claim-{i}");
             let (took, created) = create_ready(client, &id, None).await;
             assert_eq!(created.origin, "pool", "a full pool serves the create");
             report.sample(&format!("{kind}: pooled create -> ready (ms)"), ms(&took));
             let claimed = Instant::now();
-            pool_full(client).await;
+            pool_full(client, POOL).await;
             report.sample(&format!("{kind}: refill of one claimed VM (ms)"), ms(&claimed.elapsed()));
             client.delete_sandbox(SandboxRef { sandbox_id: id }).await.unwrap();
-            pool_full(client).await;
+            pool_full(client, POOL).await;
             let mut burst = Vec::with_capacity(BURST);
             for b in 0..BURST {
                 let id = format!("burst-{i}-{b}");
@@ -98,7 +79,7 @@ impl Pooled {
                 client.delete_sandbox(SandboxRef { sandbox_id: format!("burst-{i}-{b}") }).await.unwrap();
             }
             // Refilled before anything else is measured: a refill's boots would load the next measure.
-            pool_full(client).await;
+            pool_full(client, POOL).await;
         });
     }
 }

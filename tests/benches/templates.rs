@@ -19,9 +19,10 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ms, Report};
+use common::api::pool_full;
+use common::{ms, percentile, Report};
 use vm_contract::pids::SandboxPids;
-use vm_protocol::driver_api::{ListPoolRequest, SandboxRef, SandboxSpec};
+use vm_protocol::driver_api::{SandboxRef, SandboxSpec};
 use vm_test_support::api::{create_ready, Client};
 use vm_test_support::procs::unique_kib;
 use vm_test_support::serve::Serve;
@@ -67,14 +68,6 @@ fn small() -> Option<SandboxSpec> {
     Some(SandboxSpec { memory_mib: 128, ..SandboxSpec::default() })
 }
 
-/// The `pct`-th percentile (nearest rank) of `xs`.
-fn percentile(xs: &[f64], pct: usize) -> f64 {
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let rank = (pct * v.len()).div_ceil(100).clamp(1, v.len());
-    v[rank - 1]
-}
-
 /// Waits until `serve`'s template directory holds a whole template.
 fn template_made(state: &std::path::Path) {
     let made = || {
@@ -83,18 +76,6 @@ fn template_made(state: &std::path::Path) {
             .unwrap_or(false)
     };
     assert!(vm_test_support::wait_until(Duration::from_secs(300), made), "no template was made");
-}
-
-/// Waits until the pool holds `POOL` ready VMs.
-async fn pool_full(client: &mut Client) {
-    for _ in 0..6000 {
-        let vms = client.list_pool(ListPoolRequest {}).await.unwrap().into_inner().vms;
-        if vms.iter().filter(|v| v.state == "ready").count() == POOL {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the pool never filled")
 }
 
 /// A burst of creates on `client`, one every [`BURST_GAP`]: each create -> ready (ms), and how many were
@@ -178,9 +159,9 @@ fn main() {
         let (took, n) = restore_rt.block_on(burst(&mut restore_client, i, "template"));
         report.sample("templates: burst create -> ready p99 (ms)", percentile(&took, 99));
         let (took, m) = pool_rt.block_on(async {
-            pool_full(&mut pool_client).await;
+            pool_full(&mut pool_client, POOL).await;
             let measured = burst(&mut pool_client, i, "pool").await;
-            pool_full(&mut pool_client).await;
+            pool_full(&mut pool_client, POOL).await;
             measured
         });
         report.sample("pool from templates: burst create -> ready p99 (ms)", percentile(&took, 99));

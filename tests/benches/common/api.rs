@@ -3,7 +3,9 @@
 use std::time::{Duration, Instant};
 
 use tokio_stream::StreamExt;
-use vm_protocol::driver_api::{exec_request, exec_response, ExecRequest, ExecStart, SandboxRef, StdinEof};
+use vm_protocol::driver_api::{
+    exec_request, exec_response, ExecRequest, ExecStart, ListPoolRequest, SandboxRef, StdinEof,
+};
 use vm_test_support::api::{create_ready, Client};
 
 use super::{median, ms};
@@ -36,4 +38,16 @@ pub async fn exec_true(client: &mut Client, id: &str) -> Duration {
         }
     }
     panic!("exec stream ended without an exit status")
+}
+
+/// Waits until the pool holds `count` ready VMs (polled every 20 ms: refills are timed by it).
+pub async fn pool_full(client: &mut Client, count: usize) {
+    for _ in 0..6000 {
+        let vms = client.list_pool(ListPoolRequest {}).await.unwrap().into_inner().vms;
+        if vms.iter().filter(|v| v.state == "ready").count() == count {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the pool never filled")
 }

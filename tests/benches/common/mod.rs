@@ -6,7 +6,7 @@ pub mod api;
 mod report;
 pub mod served;
 #[allow(unused_imports, reason = "each benchmark uses part of this module")]
-pub use report::{median, Report};
+pub use report::{median, percentile, Report};
 #[allow(unused_imports, reason = "each benchmark uses part of this module")]
 pub use vm_test_support::image::CHANNEL_UP;
 

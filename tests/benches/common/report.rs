@@ -22,6 +22,14 @@ pub fn stats(xs: &[f64]) -> (f64, f64, f64) {
     (median(&v), v.first().copied().unwrap_or(f64::NAN), v.last().copied().unwrap_or(f64::NAN))
 }
 
+/// The `pct`-th percentile (nearest rank) of `xs`.
+pub fn percentile(xs: &[f64], pct: usize) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = (pct * v.len()).div_ceil(100).clamp(1, v.len());
+    v[rank - 1]
+}
+
 /// The median of `xs`.
 pub fn median(xs: &[f64]) -> f64 {
     let mut v = xs.to_vec();
