@@ -97,11 +97,7 @@ fn main() {
     let serve = Serve::with_templates(&s, &[], &args);
     // The first sandbox boots and makes the template the others are restored from.
     assert!(serve.cli("create", &["--memory", MEMORY_MIB, "d-0"]).status.success(), "the first create failed");
-    assert!(
-        vm_test_support::wait_until(Duration::from_secs(300), || std::fs::read_dir(serve.state.join("templates"))
-            .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.path().join("digests").is_file())))),
-        "no template was made"
-    );
+    serve.wait_template(Duration::from_secs(300));
     for burst in 0..(count - 1).div_ceil(BURST) {
         eprintln!("bench: burst {}", burst + 1);
         let creates: Vec<_> = (1 + burst * BURST..count.min(1 + (burst + 1) * BURST))

@@ -68,16 +68,6 @@ fn small() -> Option<SandboxSpec> {
     Some(SandboxSpec { memory_mib: 128, ..SandboxSpec::default() })
 }
 
-/// Waits until `serve`'s template directory holds a whole template.
-fn template_made(state: &std::path::Path) {
-    let made = || {
-        std::fs::read_dir(state.join("templates"))
-            .map(|d| d.flatten().any(|e| e.path().join("digests").is_file()))
-            .unwrap_or(false)
-    };
-    assert!(vm_test_support::wait_until(Duration::from_secs(300), made), "no template was made");
-}
-
 /// A burst of creates on `client`, one every [`BURST_GAP`]: each create -> ready (ms), and how many were
 /// served by `origin`.
 async fn burst(client: &mut Client, run: usize, origin: &str) -> (Vec<f64>, usize) {
@@ -122,7 +112,7 @@ fn main() {
     let serve = Serve::with_templates(&mem_scratch, &[], &[]);
     let (rt, mut client) = serve.grpc();
     rt.block_on(create_ready(&mut client, "booted", small()));
-    template_made(&serve.state);
+    serve.wait_template(Duration::from_secs(300));
     for c in 0..CLONES {
         let (_, created) = rt.block_on(create_ready(&mut client, &format!("clone-{c}"), small()));
         assert_eq!(created.origin, "template");
@@ -143,11 +133,11 @@ fn main() {
     let restoring = Serve::with_templates(&restore_scratch, &[], &[]);
     let (restore_rt, mut restore_client) = restoring.grpc();
     restore_rt.block_on(create_ready(&mut restore_client, "first", small()));
-    template_made(&restoring.state);
+    restoring.wait_template(Duration::from_secs(300));
     let pool_scratch = Scratch::new("bench-templates-pool");
     let pooled = Serve::with_templates(&pool_scratch, &[], &["--pool", &format!("{POOL}:1:128")]);
     let (pool_rt, mut pool_client) = pooled.grpc();
-    template_made(&pooled.state);
+    pooled.wait_template(Duration::from_secs(300));
     let mut served = (0, 0, 0);
     for i in 0..runs {
         eprintln!("bench: burst run {}/{runs}", i + 1);

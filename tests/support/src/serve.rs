@@ -241,6 +241,19 @@ impl Serve {
         self.seen().into_iter().filter(procs::ProcInfo::is_qemu).collect()
     }
 
+    /// Waits until this service has made a whole template (its `digests` written, `docs/templates.md`).
+    ///
+    /// # Panics
+    ///
+    /// If none is made within `limit`.
+    pub fn wait_template(&self, limit: Duration) {
+        let made = || {
+            std::fs::read_dir(self.state.join("templates"))
+                .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.path().join("digests").is_file())))
+        };
+        assert!(wait_until(limit, made), "no template was made");
+    }
+
     /// Every process seen so far under this test.
     pub fn seen(&self) -> Vec<procs::ProcInfo> {
         self.watcher.as_ref().map(Watcher::seen).unwrap_or_default()

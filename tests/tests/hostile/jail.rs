@@ -366,11 +366,7 @@ fn two_clones(s: &Scratch, controls: &[TestControl]) -> Targets {
     let serve = Serve::with_templates(s, controls, &[]);
     assert!(serve.cli("create", &["--memory", "128", "first"]).status.success());
     s.waiting_for("the template the first create makes");
-    let made = || {
-        std::fs::read_dir(serve.state.join("templates"))
-            .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.path().join("digests").is_file())))
-    };
-    assert!(vm_test_support::wait_until(Duration::from_secs(180), made), "no template was made");
+    serve.wait_template(Duration::from_secs(180));
     for id in ["a", "b"] {
         let out = serve.cli("create", &["--memory", "128", id]);
         assert!(String::from_utf8_lossy(&out.stdout).contains(" template"), "{id} was not restored: {out:?}");

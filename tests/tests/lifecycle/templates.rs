@@ -13,7 +13,7 @@ use vm_test_support::launch::Outcome;
 use vm_test_support::leaks;
 use vm_test_support::output::ok;
 use vm_test_support::serve::Serve;
-use vm_test_support::{wait_until, Launch, Scratch};
+use vm_test_support::{Launch, Scratch};
 
 /// What a launch says when its VM was restored from a template.
 const RESTORED: &str = "restored from a template";
@@ -216,10 +216,7 @@ fn clones_share_the_templates_memory_and_a_clones_writes_reach_no_other_clone_no
     let serve = Serve::with_templates(&s, &[], &[]);
     assert!(ok(serve.cli("create", &["cold"])).contains(" cold"));
     s.waiting_for("the template the first create makes");
-    assert!(
-        wait_until(Duration::from_secs(180), || templates(&s).iter().any(|t| t.join("digests").is_file())),
-        "no template was made"
-    );
+    serve.wait_template(Duration::from_secs(180));
     let [template] = &templates(&s)[..] else { panic!("{:?}", templates(&s)) };
     let digests = std::fs::read(template.join("digests")).unwrap();
     for id in ["a", "b"] {
