@@ -241,15 +241,19 @@ impl Serve {
         self.seen().into_iter().filter(procs::ProcInfo::is_qemu).collect()
     }
 
-    /// Waits until this service has made a whole template (its `digests` written, `docs/templates.md`).
+    /// Waits until this service has made a whole template: a directory named by its key, which the driver
+    /// renames into place once its `digests` are written (`docs/templates.md`; a half-made one's name starts
+    /// with a dot).
     ///
     /// # Panics
     ///
     /// If none is made within `limit`.
     pub fn wait_template(&self, limit: Duration) {
+        let is_key = |name: &std::ffi::OsStr| name.len() == 64;
         let made = || {
-            std::fs::read_dir(self.state.join("templates"))
-                .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.path().join("digests").is_file())))
+            std::fs::read_dir(self.state.join("templates")).is_ok_and(|mut d| {
+                d.any(|e| e.is_ok_and(|e| is_key(&e.file_name()) && e.path().join("digests").is_file()))
+            })
         };
         assert!(wait_until(limit, made), "no template was made");
     }
