@@ -82,9 +82,17 @@ pub const SYSTEM_BUNDLE_FILES: [&str; 4] = [
     "/etc/ssl/cert.pem",
 ];
 
-/// Receive window each side grants a stream when it opens: with [`crate::frame::MAX_DATA_BYTES`] frames
-/// this keeps a stream moving across a credit round trip, and 64 streams cost the supervisor 32 MiB at most.
+/// Receive window each side grants a stream when it opens, but the agent's for an egress stream
+/// ([`EGRESS_DOWNLOAD_WINDOW_BYTES`]): what the supervisor holds of a workload's uploads, so 64 streams cost
+/// it 16 MiB at most.
 pub const NET_WINDOW_BYTES: u32 = 256 * 1024;
+
+/// Receive window the agent grants an egress stream it opens: what the host may send ahead towards the
+/// workload. Larger than [`NET_WINDOW_BYTES`] because a download under emulation otherwise waits on the credit
+/// round trip; the host's memory does not grow with it, since what the supervisor holds of every download
+/// together is bounded apart from the windows (its download budget). Port forwards keep [`NET_WINDOW_BYTES`]
+/// both ways: a forward's client sends within the guest's window, and the supervisor queues what it sends.
+pub const EGRESS_DOWNLOAD_WINDOW_BYTES: u32 = 2 * 1024 * 1024;
 
 /// What flows on an open stream, the same in both directions and on both channels.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

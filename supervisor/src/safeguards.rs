@@ -37,6 +37,8 @@ pub struct Safeguards {
     pub address_check: bool,
     /// Intercepted requests get their placeholders swapped, refused or injected (off: `pass-placeholders`).
     pub swap_placeholders: bool,
+    /// Egress downloads together stay within the download budget (off: `no-download-budget`).
+    pub download_budget: bool,
     /// Egress follows policy updates (off: `egress-ignores-updates`).
     pub egress_updates: bool,
     /// Failures are logged in fixed text and library logs are silenced (off: `verbose-failure-logs`).
@@ -72,6 +74,7 @@ impl Safeguards {
             quiet_failures: on(TestControl::VerboseFailureLogs),
             address_check: on(TestControl::NoAddressCheck),
             swap_placeholders: on(TestControl::PassPlaceholders),
+            download_budget: on(TestControl::NoDownloadBudget),
             egress_updates: on(TestControl::EgressIgnoresUpdates),
             telemetry: TelemetryControls {
                 jsonl_fails: !on(TestControl::JsonlSinkFails),

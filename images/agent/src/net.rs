@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use vm_protocol::frame::MAX_DATA_BYTES;
 use vm_protocol::link::ToHost;
-use vm_protocol::net::{Listener, NetToGuest, NetToHost, StreamFrame, StreamId, HOST_OPENED, NET_WINDOW_BYTES};
+use vm_protocol::net::{
+    Listener, NetToGuest, NetToHost, StreamFrame, StreamId, EGRESS_DOWNLOAD_WINDOW_BYTES, HOST_OPENED, NET_WINDOW_BYTES,
+};
 use vm_protocol::Window;
 
 use crate::credit::Credit;
@@ -150,20 +152,21 @@ fn accept_loop(shared: &Arc<Shared>, listener: Listener, socket: &TcpListener, s
         state.next_guest += 1;
         let id = StreamId(state.next_guest);
         let (accept_tx, accept_rx) = mpsc::channel();
-        let Some(entry) = entry(conn, Some(accept_tx)) else { continue };
+        let Some(entry) = entry(conn, Some(accept_tx), EGRESS_DOWNLOAD_WINDOW_BYTES) else { continue };
         let Ok(reader) = entry.socket.try_clone() else { continue };
         let closed = Arc::clone(&entry.closed);
         state.live.insert(id, entry);
         drop(state);
-        shared.send(NetToHost::Opened { id, listener, window: NET_WINDOW_BYTES });
+        shared.send(NetToHost::Opened { id, listener, window: EGRESS_DOWNLOAD_WINDOW_BYTES });
         start_pump(shared, id, reader, closed, accept_rx);
     }
 }
 
-fn entry(socket: TcpStream, accept: Option<Sender<Arc<Credit>>>) -> Option<Entry> {
+/// A stream's entry, granting the host `window`.
+fn entry(socket: TcpStream, accept: Option<Sender<Arc<Credit>>>, window: u32) -> Option<Entry> {
     let _ = socket.set_nodelay(true);
     Some(Entry {
-        recv: Arc::new(Mutex::new(Window::new(NET_WINDOW_BYTES))),
+        recv: Arc::new(Mutex::new(Window::new(window))),
         writer: None,
         accept,
         credit: None,
@@ -286,7 +289,8 @@ fn connect(shared: &Arc<Shared>, id: StreamId, port: u16, window: u32) -> Result
     let shared = Arc::clone(shared);
     let dial = move || {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        let dialed = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).ok().and_then(|s| entry(s, None));
+        let dialed =
+            TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).ok().and_then(|s| entry(s, None, NET_WINDOW_BYTES));
         let mut state = shared.net.state();
         if !state.connecting.remove(&id) {
             return; // The host closed it meanwhile.

@@ -63,6 +63,7 @@ controls! {
     SnapshotStreamCap = "snapshot-stream-cap": "supervisor: fault injection, a saved VM's migration stream may hold 1 MiB at most, so every save is refused as too large (as for a QEMU that sends more than its guest's memory).",
     NoAddressCheck = "no-address-check": "supervisor: egress dials every resolved address unchecked (loopback, private, metadata).",
     PassPlaceholders = "pass-placeholders": "supervisor: intercepted requests go out as the workload wrote them (no placeholder swapped or refused, nothing injected).",
+    NoDownloadBudget = "no-download-budget": "supervisor: egress downloads are held by the guest's windows alone, with no budget for all of them together.",
     EgressIgnoresUpdates = "egress-ignores-updates": "supervisor: egress keeps deciding by the network rules approved at create; policy updates do not reach it.",
     WatchdogEofOnly = "watchdog-eof-only": "watchdog: silence does not kill, only EOF does.",
     WatchdogNeverReady = "watchdog-never-ready": "watchdog: fault injection, never send the ready byte.",

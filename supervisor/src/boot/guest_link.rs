@@ -3,17 +3,60 @@
 
 use std::time::Duration;
 
+use serde::{Serialize, Serializer};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use vm_protocol::codec::{self, HostFrameReader};
 use vm_protocol::handshake::FirstFrameError;
 use vm_protocol::link::{HostEntropy, ToGuest, ToHost, VmRequest, RESEED_BYTES};
+use vm_protocol::net::NetToGuest;
 use vm_protocol::{frame, Capabilities, Hello};
 
 use crate::inbox::Senders;
 
-/// Messages to the guest waiting to be written. Stdin travels within the guest's credit; the rest is small.
+/// Messages to the guest waiting to be written. Stdin and forwards travel within the guest's credit, egress
+/// downloads within the download budget; the rest is small.
 pub const TO_GUEST_ITEMS: usize = 4096;
+
+/// A message in the link writer's queue. An egress download's bytes hold their share of the sandbox's
+/// download budget until the writer has taken them.
+#[derive(Debug)]
+pub struct Queued {
+    /// The message.
+    pub msg: ToGuest,
+    budget: Option<OwnedSemaphorePermit>,
+}
+
+impl Queued {
+    /// `msg`, holding `budget` until it is written.
+    pub fn budgeted(msg: impl Into<ToGuest>, budget: OwnedSemaphorePermit) -> Self {
+        Self { msg: msg.into(), budget: Some(budget) }
+    }
+
+    /// Whether it holds a share of the download budget.
+    pub fn holds_budget(&self) -> bool {
+        self.budget.is_some()
+    }
+}
+
+impl From<ToGuest> for Queued {
+    fn from(msg: ToGuest) -> Self {
+        Self { msg, budget: None }
+    }
+}
+
+impl From<NetToGuest> for Queued {
+    fn from(msg: NetToGuest) -> Self {
+        ToGuest::from(msg).into()
+    }
+}
+
+/// Written as the message alone.
+impl Serialize for Queued {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.msg.serialize(serializer)
+    }
+}
 
 /// What the supervisor needs from any agent.
 pub const REQUIRED: Capabilities = Capabilities::EXEC.union(Capabilities::SIGNALS).union(Capabilities::POWER_OFF);
@@ -47,7 +90,7 @@ pub struct GuestLink {
     /// The agent's hello.
     pub hello: Hello,
     /// Messages to the guest, in order.
-    pub tx: mpsc::Sender<ToGuest>,
+    pub tx: mpsc::Sender<Queued>,
 }
 
 /// How the link starts.
@@ -101,7 +144,7 @@ pub async fn connect(
     // Before anything else is queued: the guest reseeds before any process runs. The queue is new and
     // empty, so this cannot fail.
     for msg in first {
-        let _ = tx.try_send(msg);
+        let _ = tx.try_send(msg.into());
     }
     Ok(GuestLink { hello, tx })
 }
@@ -141,9 +184,9 @@ fn host_random(buf: &mut [u8]) -> std::io::Result<()> {
     }
 }
 
-fn pump(stream: UnixStream, senders: Senders) -> mpsc::Sender<ToGuest> {
+fn pump(stream: UnixStream, senders: Senders) -> mpsc::Sender<Queued> {
     let (read, write) = stream.into_split();
-    let (tx, rx) = mpsc::channel::<ToGuest>(TO_GUEST_ITEMS);
+    let (tx, rx) = mpsc::channel::<Queued>(TO_GUEST_ITEMS);
     tokio::spawn(crate::framed::drain_into(write, rx));
     tokio::spawn(async move {
         // Output data goes into the message's own buffer, mostly straight from the socket (at most one read

@@ -16,8 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, watch};
-use vm_protocol::link::ToGuest;
+use tokio::sync::{mpsc, watch, Semaphore};
 use vm_protocol::net::{Listener, NetToGuest, StreamFrame, StreamId};
 
 use self::relay::{describe, download, upload, Activity, DESTINATION_CLOSED};
@@ -29,6 +28,7 @@ use super::request::{self, Kind, ProxyRequest};
 use super::resolve::Resolver;
 use super::socks::{self, Socks, Step};
 use super::upstream::Upstream;
+use crate::boot::guest_link::Queued;
 use crate::policy::NetView;
 use vm_protocol::policy::network::TlsMode;
 
@@ -42,6 +42,9 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 const LINGER: Duration = Duration::from_secs(2);
 /// Largest chunk read from a destination at once.
 const CHUNK_BYTES: usize = 256 * 1024;
+/// What the supervisor holds of all a sandbox's downloads together, read from their destinations and not yet
+/// taken by the guest link's writer: the bound on its memory for them, whatever windows the guest grants.
+pub const DOWNLOAD_BUDGET_BYTES: usize = 4 * 1024 * 1024;
 /// Bytes buffered between an intercepted stream and its TLS server, each way.
 const INTERCEPT_BUFFER_BYTES: usize = 64 * 1024;
 
@@ -54,6 +57,8 @@ pub struct EgressSettings {
     pub upstream: Option<Upstream>,
     /// When off (the `no-address-check` control), resolved addresses are dialed unchecked.
     pub check_addresses: bool,
+    /// When off (the `no-download-budget` control), downloads are held by the guest's windows alone.
+    pub download_budget: bool,
     /// The sandbox's credentials.
     pub secrets: Secrets,
     /// TLS interception, when some approved rule asks for it.
@@ -68,13 +73,18 @@ impl Context {
     /// (`view`, published by the boundary). Returns the loop's end of the reports and of the rules.
     pub fn new(
         settings: EgressSettings,
-        guest: mpsc::Sender<ToGuest>,
+        guest: mpsc::Sender<Queued>,
         view: NetView,
     ) -> (Arc<Self>, mpsc::Receiver<Report>, watch::Sender<NetView>) {
         let (reports, reports_rx) = mpsc::channel(REPORT_QUEUE_ITEMS);
         let (view_tx, view_rx) = watch::channel(view);
         let ctx = Self {
             guest,
+            download_budget: Arc::new(Semaphore::new(if settings.download_budget {
+                DOWNLOAD_BUDGET_BYTES
+            } else {
+                Semaphore::MAX_PERMITS
+            })),
             reports,
             view: view_rx,
             resolver: settings.resolver,
@@ -91,7 +101,9 @@ impl Context {
 #[derive(Debug)]
 pub struct Context {
     /// The guest link's queue.
-    pub guest: mpsc::Sender<ToGuest>,
+    pub guest: mpsc::Sender<Queued>,
+    /// Bytes of [`DOWNLOAD_BUDGET_BYTES`] not held by a download's queued data.
+    pub download_budget: Arc<Semaphore>,
     /// Reports to the event loop.
     pub reports: mpsc::Sender<Report>,
     /// The network rules in force.

@@ -11,18 +11,20 @@ use std::collections::VecDeque;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use vm_protocol::link::ToGuest;
 
+use crate::boot::guest_link::Queued;
+
 /// Messages waiting for room in the link writer's queue.
 pub const BACKLOG_ITEMS: usize = 8192;
 
 /// The loop's end of the guest link.
 #[derive(Debug)]
 pub(super) struct GuestQueue {
-    tx: mpsc::Sender<ToGuest>,
+    tx: mpsc::Sender<Queued>,
     backlog: VecDeque<ToGuest>,
 }
 
 impl GuestQueue {
-    pub(super) fn new(tx: mpsc::Sender<ToGuest>) -> Self {
+    pub(super) fn new(tx: mpsc::Sender<Queued>) -> Self {
         Self { tx, backlog: VecDeque::new() }
     }
 
@@ -35,8 +37,8 @@ impl GuestQueue {
             self.backlog.push_back(msg);
             return None;
         }
-        match self.tx.try_send(msg) {
-            Err(TrySendError::Full(msg)) => self.backlog.push_back(msg),
+        match self.tx.try_send(msg.into()) {
+            Err(TrySendError::Full(queued)) => self.backlog.push_back(queued.msg),
             Ok(()) | Err(TrySendError::Closed(_)) => {}
         }
         None
@@ -45,7 +47,7 @@ impl GuestQueue {
     /// Sends `msg` ahead of what waits, if there is room now (a stop's shutdown: its deadline covers a guest
     /// that does not read).
     pub(super) fn push_first(&mut self, msg: ToGuest) {
-        let _ = self.tx.try_send(msg);
+        let _ = self.tx.try_send(msg.into());
     }
 
     /// Whether messages wait for room.
@@ -54,14 +56,14 @@ impl GuestQueue {
     }
 
     /// Room came in the writer's queue: the backlog goes, as much as fits.
-    pub(super) fn flush(&mut self, permit: mpsc::Permit<'_, ToGuest>) {
+    pub(super) fn flush(&mut self, permit: mpsc::Permit<'_, Queued>) {
         let Some(first) = self.backlog.pop_front() else { return };
-        permit.send(first);
+        permit.send(first.into());
         while let Some(msg) = self.backlog.pop_front() {
-            match self.tx.try_send(msg) {
+            match self.tx.try_send(msg.into()) {
                 Ok(()) => {}
-                Err(TrySendError::Full(msg)) => {
-                    self.backlog.push_front(msg);
+                Err(TrySendError::Full(queued)) => {
+                    self.backlog.push_front(queued.msg);
                     return;
                 }
                 Err(TrySendError::Closed(_)) => {

@@ -33,10 +33,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use vm_contract::args::SupervisorArgs;
-use vm_protocol::link::ToGuest;
 
 use self::attach_server::ClientHandle;
 use self::guest_queue::GuestQueue;
+use crate::boot::guest_link::Queued;
 use crate::boot::lease::Lease;
 use crate::boundary::{Boundary, ClientId, ClientViolation, GuestViolation, Input, Note, Outgoing};
 use crate::inbox::{FromClient, FromGuest, Inbox, Notice};
@@ -73,7 +73,7 @@ struct Serving<'a, 'r> {
 /// What a booted sandbox serves with: the guest link's queue, its boundary, and how its egress leaves.
 pub(crate) struct Attached {
     /// The guest link's queue.
-    pub(crate) guest: mpsc::Sender<ToGuest>,
+    pub(crate) guest: mpsc::Sender<Queued>,
     /// The boundary core, with the policy approved at create.
     pub(crate) boundary: Boundary,
     /// How egress resolves, leaves and checks.

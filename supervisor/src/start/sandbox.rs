@@ -154,6 +154,7 @@ impl Admitted {
                 .clone()
                 .map(|address| Upstream { address, authorization: egress.proxy_authorization }),
             check_addresses: safeguards.address_check,
+            download_budget: safeguards.download_budget,
             secrets: egress.secrets,
             intercept: egress.intercept,
         };

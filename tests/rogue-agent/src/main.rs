@@ -14,6 +14,7 @@
 //! | `exit-signal-max` / `exit-signal-negative` | a process "killed by" signal `i32::MAX` / `-128` |
 //! | `stream-data-after-close` | opens a network stream, then sends data on it after the host refused it |
 //! | `stream-open-flood` | opens network streams without end and never reads what the host sends |
+//! | `download-hoard` | at the first `Spawn` (`hoard PORT`), opens [`HOARD_STREAMS`] egress streams, each granting the largest download window, to the host's `PORT`, and never reads its link again |
 //! | `console-flood` | answers politely, and writes to the serial console without end |
 //! | `ignore-shutdown` | answers politely, and never powers off when told to |
 //! | `one-byte-output` | legal: 1 MiB of stdout in 1-byte frames within the credit, then `Exited(3)` |
@@ -38,8 +39,14 @@ use vm_protocol::flow::DEFAULT_WINDOW_BYTES;
 use vm_protocol::frame::{self, MAX_FRAME_BYTES};
 use vm_protocol::handshake::{self, Capabilities, Hello};
 use vm_protocol::link::{ToGuest, ToHost, VmRequest};
-use vm_protocol::net::{Listener, NetToHost, StreamFrame, StreamId, HOST_OPENED, NET_WINDOW_BYTES};
-use vm_protocol::{ExitStatus, ProcId, ProcessEvent, ProcessRequest, Stream, CHANNEL_PORT_NAME};
+use vm_protocol::net::{
+    Listener, NetToHost, StreamFrame, StreamId, EGRESS_DOWNLOAD_WINDOW_BYTES, HOST_OPENED, NET_WINDOW_BYTES,
+};
+use vm_protocol::policy::network::HOST_GATEWAY;
+use vm_protocol::{ExitStatus, ProcId, ProcessEvent, ProcessRequest, Spawn, Stream, CHANNEL_PORT_NAME};
+
+/// Streams the `download-hoard` mode opens.
+const HOARD_STREAMS: u32 = 16;
 
 const CAPABILITIES: Capabilities = Capabilities::EXEC
     .union(Capabilities::SIGNALS)
@@ -86,6 +93,20 @@ fn main() {
                     break;
                 }
             }
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+        "download-hoard" => {
+            let spawn = first_spawn(&mut port);
+            let target: u16 = spawn.argv.get(1).and_then(|p| p.parse().ok()).expect("hoard PORT");
+            let connect = format!("CONNECT {HOST_GATEWAY}:{target} HTTP/1.1\r\n\r\n");
+            for n in 1..=HOARD_STREAMS {
+                let id = StreamId(n);
+                let window = EGRESS_DOWNLOAD_WINDOW_BYTES;
+                send(&mut out, &ToHost::Net(NetToHost::Opened { id, listener: Listener::Http, window }));
+                let data = StreamFrame::Data { id, data: connect.as_bytes().to_vec().into() };
+                send(&mut out, &ToHost::Net(NetToHost::Stream(data)));
+            }
+            eprintln!("vm-rogue-agent: {HOARD_STREAMS} downloads asked for; the link is read no more");
             std::thread::sleep(Duration::from_secs(3600));
         }
         "console-flood" => {
@@ -263,12 +284,18 @@ fn polite(port: &mut File, out: &mut File, ignore_shutdown: bool) {
 
 /// The id and output window of the first `Spawn`.
 fn wait_for_spawn(port: &mut File) -> (ProcId, u32) {
+    let spawn = first_spawn(port);
+    (spawn.id, spawn.output_window)
+}
+
+/// The first `Spawn`.
+fn first_spawn(port: &mut File) -> Spawn {
     let mut scratch = Vec::new();
     loop {
         match frame::read_body(port, &mut scratch) {
             Ok(true) => {
                 if let Ok(ToGuest::Process(ProcessRequest::Spawn(spawn))) = frame::decode_body::<ToGuest>(&scratch) {
-                    return (spawn.id, spawn.output_window);
+                    return spawn;
                 }
             }
             _ => std::thread::sleep(Duration::from_secs(3600)),

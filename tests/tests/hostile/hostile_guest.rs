@@ -10,6 +10,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::RSS_BOUND_KIB;
 use nix::sys::signal::Signal::{SIGCONT, SIGKILL, SIGSTOP, SIGTERM};
 use vm_contract::layout::SandboxFile;
 use vm_contract::pids::SandboxPids;
@@ -27,8 +28,6 @@ use vm_test_support::{
     gone_within, sandbox, wait_for_count, wait_until, Launch, Running, Scratch, TestControl, DRIVER_ERROR,
 };
 
-/// The supervisor's resident memory must stay under this whatever the guest does (issue 9).
-const RSS_BOUND_KIB: u64 = 32 * 1024;
 /// The rogue agent's polite mode runs a `Spawn` of this until it is signalled.
 const HANG: &str = "hang";
 

@@ -15,7 +15,8 @@ use std::sync::Arc;
 
 use vm_protocol::message::Refusal;
 use vm_protocol::net::{
-    ForwardEvent, ForwardRequest, Listener, NetToGuest, NetToHost, StreamFrame, StreamId, HOST_OPENED, NET_WINDOW_BYTES,
+    ForwardEvent, ForwardRequest, Listener, NetToGuest, NetToHost, StreamFrame, StreamId, EGRESS_DOWNLOAD_WINDOW_BYTES,
+    HOST_OPENED, NET_WINDOW_BYTES,
 };
 use vm_protocol::Window;
 
@@ -126,9 +127,11 @@ fn client(id: StreamId, what: &'static str) -> ClientViolation {
     ClientViolation::Stream(id, what)
 }
 
-/// A peer's window: what the supervisor may queue towards it, so no more than it grants itself.
-fn window_ok(window: u32) -> bool {
-    window > 0 && window <= NET_WINDOW_BYTES
+/// A window a peer grants: at most `most`. A forward's (either peer's) is at most what the supervisor grants
+/// itself, as it queues a client's bytes within it; an egress stream's at most
+/// [`EGRESS_DOWNLOAD_WINDOW_BYTES`], as its task holds no more than the download budget.
+fn window_ok(window: u32, most: u32) -> bool {
+    window > 0 && window <= most
 }
 
 impl StreamRouter {
@@ -202,7 +205,7 @@ impl StreamRouter {
                 if id.host_opened() || self.highest_guest.is_some_and(|h| id <= h) {
                     return Err(guest(id, "an opened id not increasing in the guest's range"));
                 }
-                if !window_ok(window) {
+                if !window_ok(window, EGRESS_DOWNLOAD_WINDOW_BYTES) {
                     return Err(guest(id, "a window out of range"));
                 }
                 self.highest_guest = Some(id);
@@ -235,7 +238,7 @@ impl StreamRouter {
                 let Some(Stream::Forward(fwd)) = self.live.get_mut(&id) else {
                     return Err(guest(id, "Connected for no port forward being dialed"));
                 };
-                if fwd.connected || !window_ok(window) {
+                if fwd.connected || !window_ok(window, NET_WINDOW_BYTES) {
                     return Err(guest(id, "a second Connected, or a window out of range"));
                 }
                 fwd.connected = true;
@@ -345,7 +348,7 @@ impl StreamRouter {
                     return refuse(Refusal::IdNotIncreasing);
                 }
                 state.highest = Some(id);
-                if !window_ok(window) || port == 0 {
+                if !window_ok(window, NET_WINDOW_BYTES) || port == 0 {
                     return refuse(Refusal::Invalid);
                 }
                 let reason = if self.stopping {

@@ -1,12 +1,14 @@
 //! Relaying an egress stream's bytes both ways once it is open, within the stream's windows, and the idle
 //! clock that ends a stream no byte crossed for [`IDLE_TIMEOUT`].
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use vm_protocol::net::{NetToGuest, StreamFrame, StreamId};
 
 use super::{credit, Context, CHUNK_BYTES, IDLE_TIMEOUT, LEAK};
+use crate::boot::guest_link::Queued;
 use crate::network::intercept::secrets::Scanner;
 use crate::network::pipe::{End, Inbound, Pipe};
 
@@ -39,8 +41,14 @@ pub(super) async fn download(
         }
         activity.touch(read as u64, 0);
         total += read as u64;
+        // Within the budget before the copy is made; the writer gives it back once it took the frame.
+        let share = u32::try_from(read).unwrap_or(u32::MAX);
+        let Ok(budget) = Arc::clone(&ctx.download_budget).acquire_many_owned(share).await else {
+            return (total, Some("the sandbox is stopping"));
+        };
         let data = buf[..read].to_vec().into();
-        if ctx.guest.send(NetToGuest::Stream(StreamFrame::Data { id, data }).into()).await.is_err() {
+        let queued = Queued::budgeted(NetToGuest::Stream(StreamFrame::Data { id, data }), budget);
+        if ctx.guest.send(queued).await.is_err() {
             return (total, Some("the sandbox is stopping"));
         }
     }

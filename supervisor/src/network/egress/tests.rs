@@ -1,12 +1,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Semaphore};
 use vm_protocol::link::ToGuest;
-use vm_protocol::net::{Listener, NetToGuest, StreamFrame, StreamId, NET_WINDOW_BYTES};
+use vm_protocol::net::{Listener, NetToGuest, StreamFrame, StreamId, EGRESS_DOWNLOAD_WINDOW_BYTES, NET_WINDOW_BYTES};
 use vm_protocol::policy::network::{NetRule, HOST_GATEWAY};
 
-use super::{run, Context, Report};
+use super::{run, Context, Report, DOWNLOAD_BUDGET_BYTES};
+use crate::boot::guest_link::Queued;
 use crate::network::intercept::secrets::Secrets;
 use crate::network::pipe::Pipe;
 use crate::network::resolve::Resolver;
@@ -17,21 +18,27 @@ use crate::policy::NetView;
 struct Tunnel {
     server: std::net::TcpListener,
     pipe: Arc<Pipe>,
-    to_guest: mpsc::Receiver<ToGuest>,
+    to_guest: mpsc::Receiver<Queued>,
     reported: mpsc::Receiver<Report>,
     task: tokio::task::JoinHandle<()>,
 }
 
 /// A [`Tunnel`] whose guest granted `send_window` bytes.
 fn tunnel(send_window: u32) -> Tunnel {
+    tunnel_within(send_window, DOWNLOAD_BUDGET_BYTES)
+}
+
+/// A [`Tunnel`] whose guest granted `send_window` bytes, with a download budget of `budget`.
+fn tunnel_within(send_window: u32, budget: usize) -> Tunnel {
     let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = server.local_addr().unwrap().port();
     let rule: NetRule = serde_json::from_str(&format!(r#"{{"host":"{HOST_GATEWAY}","ports":[{port}]}}"#)).unwrap();
-    let (guest, to_guest) = mpsc::channel::<ToGuest>(64);
+    let (guest, to_guest) = mpsc::channel::<Queued>(64);
     let (reports, reported) = mpsc::channel(64);
     let (_rules, view) = watch::channel(NetView { rules: vec![rule], revision: 0, max_connections: 8 });
     let ctx = Context {
         guest,
+        download_budget: Arc::new(Semaphore::new(budget)),
         reports,
         view,
         resolver: Resolver::System,
@@ -57,7 +64,7 @@ async fn a_destination_that_resets_ends_both_directions_at_once() {
     // completion is a failed connect, refused, which is another test's.
     let mut seen = Vec::new();
     loop {
-        let msg = tokio::time::timeout(Duration::from_secs(10), to_guest.recv()).await.unwrap().unwrap();
+        let msg = tokio::time::timeout(Duration::from_secs(10), to_guest.recv()).await.unwrap().unwrap().msg;
         let reply = matches!(msg, ToGuest::Net(NetToGuest::Stream(StreamFrame::Data { .. })));
         seen.push(msg);
         if reply {
@@ -81,7 +88,7 @@ async fn a_destination_that_resets_ends_both_directions_at_once() {
     assert_eq!(why, Some("the destination reset the connection"));
     tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
     let mut closed = false;
-    while let Some(msg) = seen.pop().or_else(|| to_guest.try_recv().ok()) {
+    while let Some(msg) = seen.pop().or_else(|| to_guest.try_recv().ok().map(|q| q.msg)) {
         closed |= matches!(msg, ToGuest::Net(NetToGuest::Stream(StreamFrame::Close { .. })));
     }
     assert!(closed, "the guest's side is closed, not half-closed");
@@ -99,7 +106,7 @@ async fn a_last_answer_before_the_destinations_close_reaches_the_workload() {
     // What reaches the workload, until the stream's task is gone.
     let workload = tokio::spawn(async move {
         let mut received = Vec::new();
-        while let Some(msg) = to_guest.recv().await {
+        while let Some(Queued { msg, .. }) = to_guest.recv().await {
             if let ToGuest::Net(NetToGuest::Stream(StreamFrame::Data { data, .. })) = msg {
                 received.extend_from_slice(&data);
             }
@@ -138,4 +145,56 @@ async fn a_last_answer_before_the_destinations_close_reaches_the_workload() {
     let received = tokio::time::timeout(Duration::from_secs(5), workload).await.unwrap().unwrap();
     let text = String::from_utf8_lossy(&received);
     assert!(text.ends_with("LAST ANSWER"), "the destination's answer reached the workload: {text:?}");
+}
+
+/// Downloads whose guest grants a large window but whose link is not written (a guest that stops reading its
+/// link): what the supervisor holds of them stays within the download budget. The control, a budget as large
+/// as the window, holds the whole window: without the budget, the windows alone would bound the supervisor's
+/// memory.
+#[tokio::test]
+async fn a_download_holds_no_more_than_the_budget_whatever_the_window() {
+    const BUDGET: usize = 512 * 1024;
+    let window = EGRESS_DOWNLOAD_WINDOW_BYTES;
+    let window_bytes = usize::try_from(window).unwrap();
+    assert!(window_bytes > 2 * BUDGET, "the window alone would let the stream hold more");
+    for budget in [BUDGET, window_bytes] {
+        let Tunnel { server, pipe: _pipe, mut to_guest, reported: _reported, task } = tunnel_within(window, budget);
+        // A destination sending without end until the stream goes.
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let (mut conn, _) = server.accept().unwrap();
+            while conn.write_all(&[b'd'; 64 * 1024]).is_ok() {}
+        });
+        // Frames taken off the queue but kept, as a writer stuck on the guest's socket keeps them.
+        let mut held = Vec::new();
+        let data = |held: &Vec<Queued>| -> usize {
+            held.iter()
+                .filter(|q| q.holds_budget())
+                .map(|q| match &q.msg {
+                    ToGuest::Net(NetToGuest::Stream(StreamFrame::Data { data, .. })) => data.len(),
+                    _ => 0,
+                })
+                .sum()
+        };
+        // Within 256 KiB of the bound (a read is at most one chunk), then a while longer to overshoot it.
+        let reach = budget - 256 * 1024;
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while data(&held) < reach {
+                held.push(to_guest.recv().await.unwrap());
+            }
+        })
+        .await
+        .expect("the download moved");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        while let Ok(q) = to_guest.try_recv() {
+            held.push(q);
+        }
+        let bytes = data(&held);
+        assert!(bytes <= budget, "{bytes} bytes held with a budget of {budget}");
+        if budget == window_bytes {
+            // The control: what stops it is the window, four times the budget above.
+            assert!(bytes > 2 * BUDGET, "the window held only {bytes} bytes");
+        }
+        task.abort();
+    }
 }
