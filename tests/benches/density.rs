@@ -88,6 +88,11 @@ fn main() {
     // 128 idle TCG guests saturate 2 cores: the exec asked of each after the hold takes about 13 s there.
     let s = Scratch::with_deadline("bench-density", hold + Duration::from_secs(5400));
     let mut report = Report::new("density");
+    // The baseline first, on a host not yet loaded: beside 128 idle guests it gets about 1% of a core (each
+    // sandbox's cgroup weighs as much as the bench's) and took more than 15 min to boot.
+    let (bare_rss, bare_cpu) = bare(&s);
+    report.sample("bare QEMU memory (MiB)", bare_rss);
+    report.sample("bare QEMU idle CPU (% of a core)", bare_cpu);
     // The last bursts boot beside dozens of idle guests that take most of 2 cores under TCG: a minute is
     // not enough for them there, so this run allows five.
     // Admission counts each sandbox's whole guest memory and vCPU (a clone may dirty all of its memory and
@@ -142,11 +147,7 @@ fn main() {
         })
         .count();
     report.sample("answered an exec after the hold", answered as f64);
-    // Said now too: the baseline below boots beside them, on a saturated host.
     eprintln!("bench: {lowest} of {count} ready throughout the hold; {answered} answered an exec after it");
-    let (bare_rss, bare_cpu) = bare(&s);
-    report.sample("bare QEMU memory (MiB)", bare_rss);
-    report.sample("bare QEMU idle CPU (% of a core)", bare_cpu);
     drop(serve);
 
     report.compare(
