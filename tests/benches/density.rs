@@ -20,7 +20,7 @@ mod common;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{Report, CHANNEL_UP};
+use common::{percentile, Report, CHANNEL_UP};
 use vm_contract::pids::SandboxPids;
 use vm_test_support::procs::{cpu_ticks, status_kib, unique_kib};
 use vm_test_support::serve::Serve;
@@ -53,12 +53,6 @@ fn unique_mib(pid: i32) -> f64 {
 
 fn rss_mib(pids: &[i32]) -> f64 {
     pids.iter().map(|p| status_kib(*p, "VmRSS").unwrap_or(0)).sum::<u64>() as f64 / 1024.0
-}
-
-fn percentile(mut xs: Vec<f64>, p: f64) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let at = ((xs.len() as f64 - 1.0) * p).round() as usize;
-    xs[at.min(xs.len() - 1)]
 }
 
 /// A bare QEMU with QEMU's own defaults (no translation-cache cap, huge pages as the host has them),
@@ -118,7 +112,7 @@ fn main() {
         }
     }
     let latencies = report.samples_of("create -> ready (s)").to_vec();
-    report.sample("create -> ready p95 (s)", percentile(latencies, 0.95));
+    report.sample("create -> ready p95 (s)", percentile(&latencies, 95));
     eprintln!("bench: {count} ready; holding {hold:?}");
     let start = Instant::now();
     let mut lowest = count;

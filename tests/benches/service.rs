@@ -19,7 +19,7 @@ use common::{channel_up_then_one_byte, median, ms, BareVm, Report, CHANNEL_UP};
 use vm_contract::pids::SandboxPids;
 use vm_protocol::driver_api::SandboxRef;
 use vm_test_support::api::create_ready;
-use vm_test_support::procs::cpu_ticks;
+use vm_test_support::procs::{cpu_ticks, thread_cpu_ticks};
 use vm_test_support::serve::Serve;
 use vm_test_support::Scratch;
 
@@ -36,14 +36,6 @@ enum Meter {
     Rest(i32, i32),
 }
 
-/// User and system ticks of thread `tid` of `pid`.
-fn thread_ticks(pid: i32, tid: i32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit_once(") ").map_or("", |s| s.1).split(' ').collect();
-    fields.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
-        + fields.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
-}
-
 /// QEMU's busiest thread so far: with one vCPU under TCG, the vCPU thread, which ran the guest's whole boot
 /// (QEMU names its threads only with `-name debug-threads=on`). The rest is its main loop, which serves the
 /// devices (the channel's socket and virtqueues), and helpers.
@@ -52,7 +44,7 @@ fn vcpu_thread(qemu: i32) -> i32 {
         .unwrap()
         .flatten()
         .filter_map(|t| t.file_name().to_str()?.parse::<i32>().ok())
-        .max_by_key(|tid| thread_ticks(qemu, *tid))
+        .max_by_key(|tid| thread_cpu_ticks(qemu, *tid).unwrap_or(0))
         .unwrap()
 }
 
@@ -60,8 +52,12 @@ impl Meter {
     fn ticks(self) -> u64 {
         match self {
             Self::Process(pid) => cpu_ticks(pid).unwrap(),
-            Self::Thread(pid, tid) => thread_ticks(pid, tid),
-            Self::Rest(pid, tid) => cpu_ticks(pid).unwrap() - thread_ticks(pid, tid),
+            Self::Thread(pid, tid) => thread_cpu_ticks(pid, tid).unwrap(),
+            Self::Rest(pid, tid) => {
+                // The thread first: the process's total, read after, already holds what it counted.
+                let thread = thread_cpu_ticks(pid, tid).unwrap();
+                cpu_ticks(pid).unwrap().saturating_sub(thread)
+            }
         }
     }
 

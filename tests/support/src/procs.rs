@@ -180,7 +180,16 @@ impl Watcher {
 /// The CPU time `pid` used, user and system, in clock ticks (`rustix::param::clock_ticks_per_second`);
 /// `None` once it is gone.
 pub fn cpu_ticks(pid: i32) -> Option<u64> {
-    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_ticks(&format!("/proc/{pid}/stat"))
+}
+
+/// The same for thread `tid` of `pid` alone.
+pub fn thread_cpu_ticks(pid: i32, tid: i32) -> Option<u64> {
+    stat_ticks(&format!("/proc/{pid}/task/{tid}/stat"))
+}
+
+fn stat_ticks(path: &str) -> Option<u64> {
+    let text = fs::read_to_string(path).ok()?;
     let fields: Vec<&str> = text.rsplit_once(") ")?.1.split(' ').collect();
     Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }
